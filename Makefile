@@ -1,0 +1,51 @@
+# Two commands do all set-up on a fresh machine with Python >= 3.10 and make:
+#   make lab    creates .venv, installs, starts JupyterLab on chapters/
+#   make test   the same environment, then the whole suite (ruff, unit and checker tests, nbval)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+TORCH_SPEC ?= torch==2.13.0
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: lab test lint unit nbval notebooks tiny demo clean help
+
+help:
+	@echo "make lab | make test | make demo | make notebooks | make tiny | make clean"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
+	$(BIN)/python -m pip install --quiet --progress-bar off "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=chapters $(LAB_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check rlhf_tutorial tests course
+
+unit: $(STAMP)
+	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+nbval: $(STAMP)
+	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_STRICT=1 \
+	  $(BIN)/python -m pytest --nbval-lax -p no:cacheprovider solutions $(PYTEST_ARGS)
+
+test: lint unit nbval
+
+notebooks: $(STAMP)
+	$(BIN)/python -m rlhf_tutorial build-notebooks
+
+tiny: $(STAMP)
+	$(BIN)/python -m rlhf_tutorial build-tiny
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0 --report reports/demo.html
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from rlhf_tutorial.cli import main
+
+sys.exit(main())

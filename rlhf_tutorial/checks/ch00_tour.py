@@ -1,0 +1,90 @@
+"""Checkers for chapter 00: the tour of HookedTransformer."""
+
+from __future__ import annotations
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from rlhf_tutorial import tour
+from rlhf_tutorial.checks.core import Case, Mistake, checker, compare_to_reference
+
+CHAPTER = "00_setup_and_tour"
+
+
+def small_model(seed: int = 0, d_vocab: int = 50) -> HookedTransformer:
+    """A seeded random GPT-2-style model, small enough to build in milliseconds."""
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=d_vocab,
+        act_fn="gelu_new", normalization_type="LN", seed=seed,
+    )
+    return HookedTransformer(cfg).eval()
+
+
+def _token_cases(model: HookedTransformer) -> list[Case]:
+    g = torch.Generator().manual_seed(0)
+    vocab = model.cfg.d_vocab
+    return [
+        Case("a batch of 1", (model, torch.randint(0, vocab, (1, 5), generator=g))),
+        Case("a batch of 3", (model, torch.randint(0, vocab, (3, 7), generator=g))),
+        Case("one token per row", (model, torch.randint(0, vocab, (2, 1), generator=g))),
+    ]
+
+
+@checker(
+    "next_token_probs",
+    chapter=CHAPTER,
+    hint="Run the model to get logits of shape [batch, seq, vocab]; the last position's logits predict "
+    "the next token; turn them into probabilities with softmax over the vocabulary (last) dimension.",
+)
+def check_next_token_probs(candidate) -> str:
+    model = small_model()
+    return compare_to_reference(
+        candidate,
+        tour.next_token_probs,
+        _token_cases(model),
+        arg_names=["model", "tokens"],
+        mistakes=[
+            Mistake("These are raw logits: apply softmax to get probabilities.", lambda m, t: m(t)[:, -1]),
+            Mistake("These are log-probabilities: use softmax, not log_softmax.",
+                    lambda m, t: m(t)[:, -1].log_softmax(-1)),
+            Mistake("You read the first position: the next token is predicted by the LAST position, "
+                    "logits[:, -1].", lambda m, t: m(t)[:, 0].softmax(-1)),
+            Mistake("The softmax is over the batch dimension: use dim=-1 (the vocabulary).",
+                    lambda m, t: m(t)[:, -1].softmax(0)),
+        ],
+    )
+
+
+@checker(
+    "final_normalized_residual",
+    chapter=CHAPTER,
+    hint="Add a forward hook on 'ln_final.hook_normalized' with model.run_with_hooks(tokens, "
+    "fwd_hooks=[(name, fn)]) whose fn stores the activation (or use model.run_with_cache and read "
+    "cache['ln_final.hook_normalized']).",
+)
+def check_final_normalized_residual(candidate) -> str:
+    model = small_model(seed=1)
+    last = model.cfg.n_layers - 1
+
+    def residual_before_ln(m, t):
+        _, cache = m.run_with_cache(t)
+        return cache[f"blocks.{last}.hook_resid_post"]
+
+    def last_block_ln2(m, t):
+        _, cache = m.run_with_cache(t)
+        return cache[f"blocks.{last}.ln2.hook_normalized"]
+
+    return compare_to_reference(
+        candidate,
+        tour.final_normalized_residual,
+        _token_cases(model),
+        arg_names=["model", "tokens"],
+        mistakes=[
+            Mistake("That is the residual stream BEFORE the final LayerNorm (blocks.L-1.hook_resid_post): "
+                    "hook 'ln_final.hook_normalized' instead.", residual_before_ln),
+            Mistake("That is the last block's MLP LayerNorm (blocks.L-1.ln2.hook_normalized): the one you "
+                    "want is the final LayerNorm, 'ln_final.hook_normalized'.", last_block_ln2),
+            Mistake("Those are the logits, not the residual stream: read the activation in a hook.",
+                    lambda m, t: m(t)),
+        ],
+    )

@@ -1,0 +1,381 @@
+"""The checking framework: every exercise's checker is built from these pieces.
+
+A checker is a function ``check_x(candidate) -> str | None`` registered with :func:`checker`. It calls
+the learner's object only through :func:`call`, compares against the reference with
+:func:`compare_to_reference`, and fails by raising :class:`CheckFailure`. :func:`run_check` turns every
+outcome, including exceptions the checker did not expect, into a :class:`CheckResult`: it never raises
+because of the candidate, and never shows a traceback of the checker's own code.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Results and failures
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class CheckResult:
+    """The verdict on one exercise: ``passed`` and a human-readable ``message``."""
+
+    name: str
+    passed: bool
+    message: str
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        mark = "PASSED" if self.passed else "FAILED"
+        text = f"[{mark}] {self.name}: {self.message}"
+        if self.hint and not self.passed:
+            text += f"\n  Hint: {self.hint}"
+        return text
+
+    def _repr_html_(self) -> str:
+        colour, mark = ("#1a7f37", "&#10004; passed") if self.passed else ("#cf222e", "&#10008; failed")
+        body = html.escape(self.message).replace("\n", "<br>")
+        hint = ""
+        if self.hint and not self.passed:
+            hint = f"<div style='margin-top:4px'><b>Hint:</b> {html.escape(self.hint)}</div>"
+        return (
+            f"<div style='border-left:4px solid {colour};padding:4px 10px;margin:4px 0;"
+            f"font-family:sans-serif'><b style='color:{colour}'>{html.escape(self.name)}: {mark}</b>"
+            f"<div style='white-space:pre-wrap;font-family:monospace;font-size:90%'>{body}</div>{hint}</div>"
+        )
+
+
+class CheckFailure(Exception):
+    """Raised inside a checker to fail the exercise with a message (and optionally a targeted hint)."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+@dataclass
+class Checker:
+    name: str
+    chapter: str
+    hint: str
+    fn: Callable[[Any], str | None]
+
+
+REGISTRY: dict[str, Checker] = {}
+
+
+def checker(name: str, *, chapter: str, hint: str) -> Callable:
+    """Register ``fn(candidate) -> str | None`` as the checker of exercise ``name``.
+
+    ``hint`` is the general hint shown in the notebook's hint cell and on failures that have no more
+    specific hint.
+    """
+
+    def register(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        if name in REGISTRY and REGISTRY[name].fn.__module__ != fn.__module__:
+            raise ValueError(f"two checkers for exercise {name!r}")
+        REGISTRY[name] = Checker(name=name, chapter=chapter, hint=hint, fn=fn)
+        return fn
+
+    return register
+
+
+# ----------------------------------------------------------------------------------------------------
+# Calling the learner's code
+# ----------------------------------------------------------------------------------------------------
+def _learner_frame(tb) -> str:
+    """The innermost traceback frame outside this package, as 'line N: code' (the learner's line)."""
+    frames = [f for f in traceback.extract_tb(tb) if not os.path.abspath(f.filename).startswith(PACKAGE_DIR)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    where = f"line {f.lineno}" if f.filename.startswith("<") else f"{os.path.basename(f.filename)}:{f.lineno}"
+    code = (f.line or "").strip()
+    return f" (at {where}: `{code}`)" if code else f" (at {where})"
+
+
+def describe_exception(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}{_learner_frame(exc.__traceback__)}"
+
+
+def _tensors_in(obj: Any, path: str = "") -> Iterable[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            yield from _tensors_in(x, f"{path}[{i}]")
+    elif isinstance(obj, dict):
+        for k, x in obj.items():
+            yield from _tensors_in(x, f"{path}[{k!r}]")
+
+
+def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None, **kwargs: Any) -> Any:
+    """Call the learner's ``candidate``; every way it can go wrong becomes a :class:`CheckFailure`.
+
+    - ``NotImplementedError`` -> "not implemented yet";
+    - any other exception -> a failure naming the exception and the learner's line;
+    - a tensor argument modified in place -> a failure naming the argument.
+    """
+    if not callable(candidate):
+        raise CheckFailure(f"expected a function or class, got {type(candidate).__name__}: {candidate!r}")
+    snapshot = [(p, t, t.detach().clone()) for p, t in _tensors_in((args, kwargs))]
+    try:
+        with torch.enable_grad():
+            out = candidate(*args, **kwargs)
+    except NotImplementedError:
+        raise CheckFailure(
+            "not implemented yet: replace the `raise NotImplementedError(...)` line with your code."
+        ) from None
+    except CheckFailure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
+        raise CheckFailure(f"your code raised {describe_exception(exc)}") from None
+    for path, tensor, before in snapshot:
+        same_shape = tensor.shape == before.shape
+        if not same_shape or not torch.equal(tensor.detach(), before):
+            raise CheckFailure(
+                f"your code modified an input tensor in place (argument {_pretty_path(path, _arg_names)}).",
+                hint="Use out-of-place operations (x = x - m, not x -= m or x.sub_(m)), or .clone() first.",
+            )
+    return out
+
+
+def _pretty_path(path: str, names: Sequence[str] | None) -> str:
+    # path looks like "[0][2]..." (args) or "[1]['key']..." (kwargs)
+    if path.startswith("[0]["):
+        idx = int(path[4 : path.index("]", 4)])
+        rest = path[path.index("]", 4) + 1 :]
+        name = names[idx] if names and idx < len(names) else f"#{idx + 1}"
+        return f"{name}{rest}"
+    if path.startswith("[1]["):
+        return path[4:].split("]", 1)[0].strip("'\"") + path[4:].split("]", 1)[1]
+    return path
+
+
+def get_attr(obj: Any, name: str) -> Any:
+    """``getattr`` for the learner's objects: a missing attribute is a failure, not a crash."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise CheckFailure(f"your {type(obj).__name__} object has no attribute `{name}`.") from None
+    except Exception as exc:  # noqa: BLE001 - a property of the learner's may raise
+        raise CheckFailure(f"reading `{name}` raised {describe_exception(exc)}") from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Comparing outputs
+# ----------------------------------------------------------------------------------------------------
+def fmt(x: Any, limit: int = 6) -> str:
+    """A short printable form of a tensor / number / other value, for expected-vs-got messages."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        flat = x.flatten()[:limit].tolist()
+        vals = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat)
+        more = ", ..." if x.numel() > limit else ""
+        return f"tensor(shape={tuple(x.shape)}, dtype={str(x.dtype).replace('torch.', '')}, [{vals}{more}])"
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    text = repr(x)
+    return text if len(text) < 200 else text[:200] + "..."
+
+
+def expect_tensor(
+    out: Any,
+    *,
+    shape: Sequence[int] | None = None,
+    dtype: torch.dtype | None = None,
+    what: str = "your function's output",
+    allow_nan: bool = False,
+) -> torch.Tensor:
+    """Fail unless ``out`` is a tensor of the given shape and dtype with no NaN."""
+    if out is None:
+        raise CheckFailure(f"{what} is None: did you forget a `return`?")
+    if not isinstance(out, torch.Tensor):
+        raise CheckFailure(f"{what} should be a torch.Tensor, got {type(out).__name__}: {fmt(out)}")
+    if shape is not None and tuple(out.shape) != tuple(shape):
+        hint = None
+        if out.numel() == math.prod(shape):
+            hint = "Same number of elements, different shape: check a reshape/transpose or a missing squeeze."
+        elif out.ndim == len(shape) + 1 and out.shape[-1] == 1:
+            hint = "There is an extra trailing dimension of size 1: squeeze(-1) it."
+        elif out.ndim < len(shape):
+            hint = "A dimension is missing: did you reduce (sum/mean) over a dimension that should stay?"
+        raise CheckFailure(f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)}.", hint=hint)
+    if dtype is not None and out.dtype != dtype:
+        raise CheckFailure(
+            f"{what} has dtype {out.dtype}, expected {dtype}.",
+            hint="Build new tensors with an explicit dtype (e.g. torch.tensor(xs, dtype=torch.float32)).",
+        )
+    if not allow_nan and out.is_floating_point() and not torch.isfinite(out).all():
+        raise CheckFailure(
+            f"{what} contains NaN or inf: {fmt(out)}",
+            hint="Look for exp/log of large or zero values: log_softmax and logsigmoid are the stable forms.",
+        )
+    return out
+
+
+def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
+    """Whether two outputs agree (tensors, numbers, or tuples/lists of them)."""
+    if isinstance(b, torch.Tensor):
+        if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+            return False
+        a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
+        return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=False))
+    if isinstance(b, (tuple, list)):
+        return isinstance(a, (tuple, list)) and len(a) == len(b) and all(
+            _close(x, y, atol, rtol) for x, y in zip(a, b)
+        )
+    if isinstance(b, (float, int)) and not isinstance(b, bool):
+        if isinstance(a, torch.Tensor) and a.numel() == 1:
+            a = a.item()
+        return isinstance(a, (float, int)) and math.isclose(float(a), float(b), rel_tol=rtol, abs_tol=atol)
+    return a == b
+
+
+@dataclass
+class Case:
+    """One test input: a label for messages, positional args and keyword args."""
+
+    label: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Mistake:
+    """A known wrong implementation: when the learner's output matches ``fn``'s, show ``hint``."""
+
+    hint: str
+    fn: Callable
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    return obj
+
+
+def _check_output_form(out: Any, expected: Any, label: str) -> None:
+    if isinstance(expected, torch.Tensor):
+        expect_tensor(out, shape=expected.shape, dtype=expected.dtype, what=f"On {label}, your output")
+    elif isinstance(expected, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(expected):
+            raise CheckFailure(
+                f"On {label}, expected a {type(expected).__name__} of {len(expected)} items, got {fmt(out)}."
+            )
+        for i, (o, e) in enumerate(zip(out, expected)):
+            _check_output_form(o, e, f"{label} (item {i})")
+    elif isinstance(expected, float) and out is None:
+        raise CheckFailure(f"On {label}, your function returned None: did you forget a `return`?")
+
+
+def _known_mistake(got: Any, case: Case, mistakes: Sequence[Mistake], atol: float, rtol: float) -> str | None:
+    """The hint of the first known mistake whose output on ``case`` equals the candidate's."""
+    for mistake in mistakes:
+        try:
+            wrong = mistake.fn(*_clone(case.args), **_clone(case.kwargs))
+        except Exception:  # noqa: BLE001 - a mistake variant may not apply to this case
+            continue
+        if _close(got, wrong, atol, rtol):
+            return mistake.hint
+    return None
+
+
+def compare_to_reference(
+    candidate: Callable,
+    reference: Callable,
+    cases: Sequence[Case],
+    *,
+    mistakes: Sequence[Mistake] = (),
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    arg_names: Sequence[str] | None = None,
+) -> str:
+    """Run every case on the candidate and the reference; fail on the first disagreement.
+
+    On a disagreement, each known mistake is run on the same case: if the candidate's output matches
+    a mistake's, its hint is given. Returns a one-line summary for the pass message.
+    """
+    for case in cases:
+        expected = reference(*_clone(case.args), **_clone(case.kwargs))
+        got = call(candidate, *_clone(case.args), _arg_names=arg_names, **_clone(case.kwargs))
+        try:
+            _check_output_form(got, expected, case.label)
+        except CheckFailure as failure:
+            raise CheckFailure(failure.message, _known_mistake(got, case, mistakes, atol, rtol) or failure.hint) from None
+        if _close(got, expected, atol, rtol):
+            continue
+        raise CheckFailure(
+            f"Wrong values on {case.label}.\n  expected: {fmt(expected)}\n  got:      {fmt(got)}",
+            _known_mistake(got, case, mistakes, atol, rtol),
+        )
+    return f"matches the reference on {len(cases)} cases ({', '.join(c.label for c in cases)})."
+
+
+# ----------------------------------------------------------------------------------------------------
+# Running a checker
+# ----------------------------------------------------------------------------------------------------
+RESULTS: dict[str, bool] = {}
+
+
+def run_check(name: str, candidate: Any) -> CheckResult:
+    """Run the checker of exercise ``name`` on ``candidate``. Never raises because of the candidate."""
+    from rlhf_tutorial.checks import load_all
+
+    load_all()
+    if name not in REGISTRY:
+        known = ", ".join(sorted(REGISTRY)) or "none"
+        return CheckResult(name, False, f"there is no exercise called {name!r}. Exercises: {known}")
+    entry = REGISTRY[name]
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            detail = entry.fn(candidate)
+        result = CheckResult(name, True, detail or "all checks passed.")
+    except CheckFailure as failure:
+        result = CheckResult(name, False, failure.message, failure.hint or entry.hint)
+    except RecursionError:
+        result = CheckResult(name, False, "your code recursed without end (RecursionError).", entry.hint)
+    except Exception as exc:  # noqa: BLE001 - never show a traceback of the checker itself
+        result = CheckResult(
+            name,
+            False,
+            f"checking stopped on {describe_exception(exc)}. If your code looks right, this may be a bug in "
+            "the checker: please report it with this message.",
+            entry.hint,
+        )
+    RESULTS[name] = result.passed
+    return result
+
+
+def in_notebook() -> bool:
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def show(obj: Any) -> None:
+    """Display an object with an HTML form in Jupyter, or print its text form elsewhere."""
+    if in_notebook():
+        from IPython.display import display
+
+        display(obj)
+    else:
+        print(str(obj))

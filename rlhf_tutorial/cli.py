@@ -1,0 +1,46 @@
+"""Command line: ``python -m rlhf_tutorial <command> [args]``.
+
+Every command is a function ``main(argv: list[str]) -> dict`` somewhere in the package; the dict is
+printed as one JSON object on the last line of output, so scripts can read the result with
+``tail -n 1``. Long runs show a tqdm progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "build-tiny": ("rlhf_tutorial.tiny.build:main", "rebuild the offline tiny world from its seed"),
+    "world-info": ("rlhf_tutorial.worlds:info_main", "load a world and report what it contains"),
+    "build-notebooks": ("rlhf_tutorial.notebooks:main", "write chapters/ and solutions/ from course/"),
+    "train-ppo": ("rlhf_tutorial.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),
+    "probes": ("rlhf_tutorial.probes:main", "chapter 01: run the reference PPO on every probe env"),
+    "train-reward-model": ("rlhf_tutorial.rewards:main", "chapter 02: train a Bradley-Terry reward model"),
+    "train-rlhf": ("rlhf_tutorial.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
+    "train-grpo": ("rlhf_tutorial.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m rlhf_tutorial <command> [args]", "", "commands:"]
+    lines += [f"  {name:<20} {doc}" for name, (_, doc) in COMMANDS.items()]
+    lines.append("\n`python -m rlhf_tutorial <command> --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = COMMANDS[name][0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    summary = func(rest)
+    print(json.dumps(summary, sort_keys=True, default=float))
+    return 0

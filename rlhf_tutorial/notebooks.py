@@ -1,0 +1,226 @@
+"""Build ``chapters/`` (stubs) and ``solutions/`` (solved) notebooks from the one source in ``course/``.
+
+A source is a Python file cut into cells by ``# %%`` headers (see docs/AUTHORING.md). An exercise cell
+names reference objects in the package (``# %% exercise rlhf_tutorial.ppo:compute_gae``): the solution
+notebook gets their source, the chapter notebook the same signatures and docstrings with the bodies
+replaced by ``raise NotImplementedError``. After each exercise the build adds a hint cell (the
+checker's hint) and a ``check(name)`` cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+COURSE_DIR = ROOT / "course"
+BEGIN, END = "# >>> exercise", "# <<< exercise"
+_HEADER = re.compile(r"^# %%(.*)$")
+
+
+@dataclass
+class Cell:
+    kind: str  # "markdown" | "code" | "imports" | "solution" | "stub" | "exercise"
+    source: str
+    refs: tuple[str, ...] = ()  # for exercises: "module:name"
+
+
+def parse_source(text: str) -> list[Cell]:
+    """Cut a course source into cells."""
+    cells: list[Cell] = []
+    header, lines = None, []
+
+    def flush() -> None:
+        if header is None:
+            if "".join(lines).strip():
+                raise ValueError("course source: text before the first '# %%' header")
+            return
+        words = header.split()
+        body = "\n".join(lines).strip("\n")
+        if words[:1] == ["[markdown]"]:
+            md = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
+            cells.append(Cell("markdown", md.strip("\n")))
+        elif not words:
+            cells.append(Cell("code", body))
+        elif words[0] in {"imports", "solution", "stub"}:
+            cells.append(Cell(words[0], body))
+        elif words[0] == "exercise" and len(words) > 1:
+            cells.append(Cell("exercise", body, tuple(words[1:])))
+        else:
+            raise ValueError(f"course source: unknown cell header '# %%{header}'")
+
+    for line in text.splitlines():
+        match = _HEADER.match(line)
+        if match:
+            flush()
+            header, lines = match.group(1), []
+        else:
+            lines.append(line)
+    flush()
+    return cells
+
+
+def resolve(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def exercise_name(ref: str) -> str:
+    return ref.partition(":")[2]
+
+
+def stub_message(name: str) -> str:
+    return f'raise NotImplementedError("exercise {name}: your code here (stuck? see the hint below, or hint(\\"{name}\\"))")'
+
+
+def solution_source(obj: Any) -> str:
+    """The reference's source as the solution notebook shows it (exercise markers removed)."""
+    src = textwrap.dedent(inspect.getsource(obj))
+    return "\n".join(line for line in src.splitlines() if line.strip() not in {BEGIN, END})
+
+
+def stub_source(obj: Any, name: str) -> str:
+    """The reference's source with the learner's part replaced by ``raise NotImplementedError``.
+
+    With exercise markers, only the marked region is replaced; otherwise every function body (every
+    method body, for a class) after its docstring.
+    """
+    lines = textwrap.dedent(inspect.getsource(obj)).splitlines()
+    raise_line = stub_message(name)
+    if any(line.strip() == BEGIN for line in lines):
+        out, skipping = [], False
+        for line in lines:
+            if line.strip() == BEGIN:
+                indent = line[: len(line) - len(line.lstrip())]
+                out.append(indent + raise_line)
+                skipping = True
+            elif line.strip() == END:
+                skipping = False
+            elif not skipping:
+                out.append(line)
+        return "\n".join(out)
+
+    tree = ast.parse("\n".join(lines))
+    functions = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append(node)
+        elif isinstance(node, ast.ClassDef):
+            functions += [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not functions:
+        raise ValueError(f"{name}: nothing to stub (no function or method found)")
+    # Replace bodies from the last function up, so earlier line numbers stay valid.
+    for fn in sorted(functions, key=lambda f: f.lineno, reverse=True):
+        body = fn.body
+        has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+        has_doc = has_doc and isinstance(body[0].value.value, str)
+        first = body[0].end_lineno if has_doc else fn.body[0].lineno - 1  # last kept line (1-based)
+        if has_doc and len(body) == 1:
+            continue  # docstring only: nothing to write
+        indent = " " * body[0].col_offset
+        lines[first : fn.end_lineno] = [indent + raise_line]
+    return "\n".join(lines)
+
+
+def hint_markdown(name: str) -> str:
+    from rlhf_tutorial.checks import load_all
+    from rlhf_tutorial.checks.core import REGISTRY
+
+    load_all()
+    if name not in REGISTRY:
+        raise ValueError(f"exercise {name!r} has no registered checker: every exercise needs one")
+    return f"<details><summary><b>Hint</b> for <code>{name}</code></summary>\n\n{REGISTRY[name].hint}\n\n</details>"
+
+
+def build(cells: list[Cell], variant: str) -> nbformat.NotebookNode:
+    """The notebook for ``variant`` ("chapter" or "solution")."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    out = []
+    for cell in cells:
+        if cell.kind == "markdown":
+            out.append(nbformat.v4.new_markdown_cell(cell.source))
+        elif cell.kind in {"code", "imports"} or cell.kind == variant.replace("chapter", "stub"):
+            out.append(nbformat.v4.new_code_cell(cell.source))
+        elif cell.kind == "exercise":
+            parts = []
+            for ref in cell.refs:
+                obj, name = resolve(ref), exercise_name(ref)
+                parts.append(solution_source(obj) if variant == "solution" else stub_source(obj, name))
+            if cell.source.strip():
+                parts.append(cell.source)
+            out.append(nbformat.v4.new_code_cell("\n\n\n".join(parts)))
+            for ref in cell.refs:
+                out.append(nbformat.v4.new_markdown_cell(hint_markdown(exercise_name(ref))))
+                out.append(nbformat.v4.new_code_cell(f"check({exercise_name(ref)})"))
+    for i, c in enumerate(out):
+        c.id = f"cell-{i:03d}"
+    nb.cells = out
+    return nb
+
+
+def render(cells: list[Cell], variant: str) -> str:
+    return nbformat.writes(build(cells, variant)) + "\n"
+
+
+def sources() -> list[Path]:
+    return sorted(COURSE_DIR.glob("[0-9][0-9]_*.py"))
+
+
+def expected_files(root: Path = ROOT) -> dict[Path, str]:
+    """Every generated notebook path and the text the build writes there."""
+    files = {}
+    for src in sources():
+        cells = parse_source(src.read_text())
+        files[root / "chapters" / f"{src.stem}.ipynb"] = render(cells, "chapter")
+        files[root / "solutions" / f"{src.stem}.ipynb"] = render(cells, "solution")
+    return files
+
+
+def load_stub(chapter: str, name: str) -> Any:
+    """Execute chapter ``chapter``'s imports cells and the stub of exercise ``name``; return the stub.
+
+    Tests use it to check that the untouched exercise, exactly as a learner gets it, fails its checker.
+    """
+    cells = parse_source((COURSE_DIR / f"{chapter}.py").read_text())
+    namespace: dict[str, Any] = {"__name__": f"stub_{chapter}"}
+    for cell in cells:
+        if cell.kind == "imports":
+            exec(compile(cell.source, f"<{chapter} imports>", "exec"), namespace)
+    for cell in cells:
+        if cell.kind == "exercise" and name in map(exercise_name, cell.refs):
+            ref = next(r for r in cell.refs if exercise_name(r) == name)
+            exec(compile(stub_source(resolve(ref), name), f"<{chapter} stub {name}>", "exec"), namespace)
+            return namespace[name]
+    raise KeyError(f"no exercise {name!r} in course/{chapter}.py")
+
+
+def main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial build-notebooks", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="write nothing; fail if a notebook is stale")
+    args = parser.parse_args(argv)
+    written, stale = [], []
+    for path, text in expected_files().items():
+        current = path.read_text() if path.exists() else None
+        if current == text:
+            continue
+        stale.append(str(path.relative_to(ROOT)))
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written.append(str(path.relative_to(ROOT)))
+    if args.check and stale:
+        raise SystemExit(f"stale notebooks (run `python -m rlhf_tutorial build-notebooks`): {stale}")
+    return {"written": written, "stale": stale, "sources": [s.name for s in sources()]}

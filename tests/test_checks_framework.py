@@ -1,0 +1,98 @@
+"""The checking framework: verdicts for every way a candidate can go wrong, never an exception."""
+
+import pytest
+import torch
+
+from rlhf_tutorial import tour
+from rlhf_tutorial.checks import check, progress, run_check
+from rlhf_tutorial.checks.core import RESULTS, CheckResult
+
+
+def test_reference_passes_and_result_renders():
+    result = run_check("next_token_probs", tour.next_token_probs)
+    assert result.passed, result.message
+    assert "PASSED" in str(result)
+    assert "passed" in result._repr_html_()
+
+
+def test_unknown_exercise_is_a_failure_listing_the_known_ones():
+    result = run_check("no_such_exercise", tour.next_token_probs)
+    assert not result.passed
+    assert "next_token_probs" in result.message
+
+
+@pytest.mark.parametrize(
+    "candidate, fragment",
+    [
+        (42, "expected a function"),
+        (lambda model, tokens: None, "forget a `return`"),
+        (lambda model, tokens: [0.0], "should be a torch.Tensor"),
+        (lambda model, tokens: torch.zeros(3), "has shape"),
+        (lambda model, tokens: torch.full((tokens.shape[0], model.cfg.d_vocab), float("nan")), "NaN"),
+        (lambda model, tokens: model(tokens)[:, -1].softmax(-1).double(), "dtype"),
+        (lambda model, tokens: {}["missing"], "KeyError"),
+    ],
+)
+def test_bad_candidates_fail_with_a_message_and_never_raise(candidate, fragment):
+    result = run_check("next_token_probs", candidate)
+    assert not result.passed
+    assert fragment in result.message
+    assert "Traceback" not in result.message
+
+
+def test_not_implemented_says_so():
+    def stub(model, tokens):
+        raise NotImplementedError("exercise next_token_probs")
+
+    result = run_check("next_token_probs", stub)
+    assert not result.passed and "not implemented yet" in result.message
+
+
+def test_in_place_mutation_of_an_input_is_caught():
+    def mutating(model, tokens):
+        tokens[:, 0] = 0
+        return model(tokens)[:, -1].softmax(-1)
+
+    result = run_check("next_token_probs", mutating)
+    assert not result.passed and "in place" in result.message and "tokens" in result.message
+
+
+def test_the_learner_line_is_named_when_their_code_raises():
+    def broken(model, tokens):
+        logits = model(tokens)
+        return logits[:, -1].softmax(dim=5)
+
+    result = run_check("next_token_probs", broken)
+    assert not result.passed
+    assert "IndexError" in result.message and "softmax(dim=5)" in result.message
+
+
+def test_check_prints_in_a_terminal_and_records_progress(capsys, monkeypatch):
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    RESULTS.pop("final_normalized_residual", None)
+    assert "[ ] final_normalized_residual" in str(progress("00"))
+    check(tour.final_normalized_residual)
+    assert "[PASSED] final_normalized_residual" in capsys.readouterr().out
+    check(lambda m, t: m(t), name="final_normalized_residual")
+    out = capsys.readouterr().out
+    assert "[FAILED]" in out and "Hint" in out
+    assert "[!] final_normalized_residual" in str(progress("00"))
+
+
+def test_strict_mode_raises_on_failure_only(monkeypatch):
+    monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
+    check(tour.next_token_probs)  # passes: no exception
+    with pytest.raises(AssertionError, match="next_token_probs"):
+        check(lambda m, t: m(t)[:, -1], name="next_token_probs")
+
+
+def test_checking_does_not_disturb_the_learners_random_state():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    run_check("next_token_probs", tour.next_token_probs)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_check_result_text_has_no_hint_when_passed():
+    assert "Hint" not in str(CheckResult("x", True, "ok", hint="h"))
