@@ -7,6 +7,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 LAB_ARGS ?=
+# JupyterLab refuses to run as root unless told to (containers, CI machines).
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 PYTEST_ARGS ?=
 
 .PHONY: lab test lint unit nbval notebooks tiny demo clean help
@@ -24,7 +26,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=chapters $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=chapters $(ROOT_FLAG) $(LAB_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check rlhf_tutorial tests course

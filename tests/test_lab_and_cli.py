@@ -1,0 +1,72 @@
+"""The two front doors: `make lab` serves JupyterLab, and the command line prints a JSON last line."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_lab_serves_the_lab_page():
+    port = _free_port()
+    args = f"--no-browser --port={port} --ip=127.0.0.1 --ServerApp.token= --ServerApp.password="
+    proc = subprocess.Popen(
+        ["make", "-s", "lab", f"LAB_ARGS={args}", f"PYTHON={sys.executable}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline, status = time.time() + 90, None
+        while time.time() < deadline and status is None:
+            if proc.poll() is not None:
+                pytest.fail(f"make lab exited early:\n{proc.stdout.read().decode()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab", timeout=5) as response:
+                    status, body = response.status, response.read().decode()
+            except OSError:
+                time.sleep(1)
+        assert status == 200, "JupyterLab did not answer on /lab within 90 s"
+        assert "JupyterLab" in body
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlhf_tutorial", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_cli_help_lists_every_command():
+    from rlhf_tutorial.cli import COMMANDS
+
+    result = _cli("--help")
+    assert result.returncode == 0
+    for name in COMMANDS:
+        assert name in result.stdout
+
+
+def test_cli_unknown_command_is_an_error_with_usage():
+    result = _cli("no-such-command")
+    assert result.returncode == 2 and "unknown command" in result.stderr
+
+
+def test_build_notebooks_check_prints_a_json_summary_last():
+    result = _cli("build-notebooks", "--check")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["stale"] == [] and "00_setup_and_tour.py" in summary["sources"]
