@@ -36,7 +36,7 @@ unit: $(STAMP)
 
 nbval: $(STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_STRICT=1 \
-	  $(BIN)/python -m pytest --nbval-lax -p no:cacheprovider solutions $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider solutions $(PYTEST_ARGS)
 
 test: lint unit nbval
 

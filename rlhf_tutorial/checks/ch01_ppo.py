@@ -1,0 +1,739 @@
+"""Checkers for chapter 01: PPO from scratch (the pieces of rlhf_tutorial/ppo.py)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import einops
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical
+
+from rlhf_tutorial import ppo
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    expect_tensor,
+    fmt,
+)
+
+CHAPTER = "01_ppo"
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------------
+# layer_init
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "layer_init",
+    chapter=CHAPTER,
+    hint="Two in-place initialisers do it: nn.init.orthogonal_(layer.weight, gain=std) and "
+    "nn.init.constant_(layer.bias, bias_const); then return the same layer object.",
+)
+def check_layer_init(candidate) -> str:
+    cases = [((64, 4), {}), ((4, 64), {"std": 0.01}), ((8, 8), {"std": 1.0, "bias_const": 0.5}),
+             ((3, 16), {"std": 2.0, "bias_const": -0.25})]
+    for (out_f, in_f), kwargs in cases:
+        torch.manual_seed(out_f * 100 + in_f)
+        layer = nn.Linear(in_f, out_f)
+        std = kwargs.get("std", math.sqrt(2))
+        bias_const = kwargs.get("bias_const", 0.0)
+        label = f"nn.Linear({in_f}, {out_f}) with {kwargs or 'the defaults'}"
+        got = call(candidate, layer, **kwargs)
+        if got is None:
+            raise CheckFailure(f"On {label}, your function returned None.",
+                               hint="End with `return layer`, so it can be used inline in nn.Sequential.")
+        if got is not layer:
+            raise CheckFailure(f"On {label}, your function returned a different object than the layer it got.",
+                               hint="Initialise the given layer in place and return that same layer "
+                                    "(do not build a new nn.Linear).")
+        w = layer.weight.detach().double()
+        gram = w @ w.T if out_f <= in_f else w.T @ w  # = std^2 I for a scaled orthogonal matrix
+        scale = gram.diagonal().mean().item()
+        off_diag = (gram - torch.diag(gram.diagonal())).abs().max().item()
+        orthogonal = off_diag < 1e-4 * max(1.0, scale) and gram.diagonal().std().item() < 1e-4 * max(1.0, scale)
+        if not orthogonal:
+            raise CheckFailure(
+                f"On {label}, the weight is not a scaled orthogonal matrix: W W^T has off-diagonal entries "
+                f"up to {off_diag:.3g} (expected 0).",
+                hint="Use nn.init.orthogonal_(layer.weight, gain=std): the rows (or columns) must be orthogonal, "
+                     "which normal, uniform, xavier or kaiming initialisation are not.",
+            )
+        if not math.isclose(scale, std**2, rel_tol=1e-3, abs_tol=1e-8):
+            gain = math.sqrt(scale)
+            hint = ("The gain is 1: pass gain=std to orthogonal_." if math.isclose(gain, 1.0, rel_tol=1e-3)
+                    else "The weight was scaled twice: gain=std already scales it, do not also multiply by std."
+                    if math.isclose(gain, std**2, rel_tol=1e-3)
+                    else "The orthogonal matrix must be scaled by exactly `std` (gain=std).")
+            raise CheckFailure(f"On {label}, the weight is orthogonal with gain {gain:.4g}, expected std = {std:.4g}.",
+                               hint=hint)
+        if not torch.allclose(layer.bias.detach(), torch.full_like(layer.bias, bias_const)):
+            raise CheckFailure(f"On {label}, the bias is {fmt(layer.bias)}, expected every entry = {bias_const}.",
+                               hint="Fill the bias with bias_const: nn.init.constant_(layer.bias, bias_const).")
+    return f"orthogonal weights with gain std and constant bias on {len(cases)} layer shapes."
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_gae
+# ----------------------------------------------------------------------------------------------------
+def _gae_case(label: str, steps: int, envs: int, seed: int, p_done: float = 0.3, gamma: float = 0.99,
+              lam: float = 0.95, rewards: torch.Tensor | None = None, dones: torch.Tensor | None = None) -> Case:
+    g = _gen(seed)
+    r = torch.randn(steps, envs, generator=g) if rewards is None else rewards
+    v = torch.randn(steps, envs, generator=g)
+    nv = torch.randn(envs, generator=g)
+    d = (torch.rand(steps, envs, generator=g) < p_done) if dones is None else dones
+    return Case(label, (r, v, nv, d, gamma, lam))
+
+
+def _gae_loop(rewards, values, next_value, dones, gamma, lam, *, mask="t", use_next_value=True,
+              lam_in=True, gamma_in_rec=True, gamma_in_delta=True, accumulate=True, add_values=False):
+    """A configurable GAE used to build the catalogue of wrong variants."""
+    steps = rewards.shape[0]
+    d = dones.float()
+    if mask == "t+1":  # the CleanRL 'next_done' convention applied to this contract's dones
+        d = torch.cat([d[1:], torch.zeros_like(d[:1])])
+    elif mask == "none":
+        d = torch.zeros_like(d)
+    nv = next_value if use_next_value else torch.zeros_like(next_value)
+    nxt = torch.cat([values[1:], nv[None]])
+    g_delta = gamma if gamma_in_delta else 1.0
+    delta = rewards + g_delta * (1 - d) * nxt - values
+    if not accumulate:
+        return delta + (values if add_values else 0)
+    out, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    coef = (gamma if gamma_in_rec else 1.0) * (lam if lam_in else 1.0)
+    for t in reversed(range(steps)):
+        last = delta[t] + coef * (1 - d[t]) * last
+        out[t] = last
+    return out + (values if add_values else 0)
+
+
+def _gae_forward(rewards, values, next_value, dones, gamma, lam):
+    d = dones.float()
+    nxt = torch.cat([values[1:], next_value[None]])
+    delta = rewards + gamma * (1 - d) * nxt - values
+    out, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in range(rewards.shape[0]):
+        last = delta[t] + gamma * lam * (1 - d[t]) * last
+        out[t] = last
+    return out
+
+
+@checker(
+    "compute_gae",
+    chapter=CHAPTER,
+    hint="Walk backwards from t = T-1 to 0 keeping A_{t+1} (0 after the last step). V_{t+1} is values[t+1], or "
+    "next_value at t = T-1. With not_done = 1 - dones[t].float(): delta = r_t + gamma * not_done * V_{t+1} - V_t "
+    "and A_t = delta + gamma * gae_lambda * not_done * A_{t+1}.",
+)
+def check_compute_gae(candidate) -> str:
+    cases = [
+        _gae_case("6 steps x 3 envs with random episode ends", 6, 3, seed=1),
+        _gae_case("a batch of 1 (1 step, 1 env)", 1, 1, seed=2),
+        _gae_case("no episode ends", 5, 2, seed=3, p_done=0.0),
+        _gae_case("every step ends an episode", 4, 2, seed=4, p_done=1.1),
+        _gae_case("gamma = gae_lambda = 1 (Monte Carlo)", 7, 2, seed=5, gamma=1.0, lam=1.0),
+        _gae_case("gae_lambda = 0 (one-step TD)", 5, 3, seed=6, lam=0.0),
+        _gae_case("gamma = 0.9, gae_lambda = 0.8", 8, 4, seed=7, gamma=0.9, lam=0.8),
+        _gae_case("all-equal rewards", 6, 2, seed=8, rewards=torch.ones(6, 2)),
+    ]
+    return compare_to_reference(
+        candidate, ppo.compute_gae, cases,
+        arg_names=["rewards", "values", "next_value", "dones", "gamma", "gae_lambda"],
+        mistakes=[
+            Mistake("You bootstrap across episode ends: multiply both the V_{t+1} term and the A_{t+1} term "
+                    "by (1 - dones[t]).", lambda *a: _gae_loop(*a, mask="none")),
+            Mistake("You mask with dones[t+1] (CleanRL's 'next_done' convention). Here dones[t] is True when "
+                    "transition t itself ended the episode: use (1 - dones[t]).", lambda *a: _gae_loop(*a, mask="t+1")),
+            Mistake("gae_lambda is missing: A_t = delta_t + gamma * gae_lambda * (1 - dones[t]) * A_{t+1}.",
+                    lambda *a: _gae_loop(*a, lam_in=False)),
+            Mistake("gamma is missing from the recursion: A_t = delta_t + gamma * gae_lambda * (1 - dones[t]) * A_{t+1}.",
+                    lambda *a: _gae_loop(*a, gamma_in_rec=False)),
+            Mistake("gamma is missing from delta: delta_t = r_t + gamma * (1 - dones[t]) * V_{t+1} - V_t.",
+                    lambda *a: _gae_loop(*a, gamma_in_delta=False)),
+            Mistake("next_value is unused: at t = T-1, V_{t+1} is next_value (the value after the last step), not 0.",
+                    lambda *a: _gae_loop(*a, use_next_value=False)),
+            Mistake("That is delta_t alone: accumulate A_t = delta_t + gamma * gae_lambda * (1 - dones[t]) * A_{t+1} "
+                    "backwards in time.", lambda *a: _gae_loop(*a, accumulate=False)),
+            Mistake("Those are returns (A + V): return the advantages only.", lambda *a: _gae_loop(*a, add_values=True)),
+            Mistake("You accumulate forwards in time: A_t depends on A_{t+1}, so loop t = T-1, ..., 0.", _gae_forward),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_clipped_surrogate_objective
+# ----------------------------------------------------------------------------------------------------
+def _surrogate(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8, *, norm="unbiased", op="min",
+               clip_what="ratio", invert=False, sign=1.0, dim=None):
+    if norm == "unbiased":
+        a = (advantages - advantages.mean()) / (advantages.std() + eps)
+    elif norm == "biased":
+        a = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + eps)
+    elif norm == "no_center":
+        a = advantages / (advantages.std() + eps)
+    elif norm == "per_row":
+        a = (advantages - advantages.mean(-1, keepdim=True)) / (advantages.std(-1, keepdim=True) + eps)
+    else:
+        a = advantages
+    ratio = torch.exp(old_logprobs - logprobs) if invert else torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * a
+    clipped = (torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * a if clip_what == "ratio"
+               else ratio * torch.clamp(a, 1 - clip_coef, 1 + clip_coef))
+    if op == "min":
+        out = torch.minimum(unclipped, clipped)
+    elif op == "max":
+        out = torch.maximum(unclipped, clipped)
+    elif op == "clipped":
+        out = clipped
+    else:
+        out = unclipped
+    return sign * out.mean()
+
+
+def _surrogate_case(label: str, shape: tuple[int, ...], seed: int, spread: float, clip_coef: float = 0.2,
+                    advantages: torch.Tensor | None = None, **kwargs) -> Case:
+    g = _gen(seed)
+    old = -torch.rand(shape, generator=g) * 2 - 0.1
+    new = old + spread * torch.randn(shape, generator=g)
+    adv = torch.randn(shape, generator=g) * 3 + 0.5 if advantages is None else advantages
+    return Case(label, (new, old, adv, clip_coef), kwargs)
+
+
+@checker(
+    "calc_clipped_surrogate_objective",
+    chapter=CHAPTER,
+    hint="Normalise first: A = (A - A.mean()) / (A.std() + eps). Then ratio = exp(logprobs - old_logprobs) and "
+    "return torch.minimum(ratio * A, ratio.clamp(1 - clip_coef, 1 + clip_coef) * A).mean(): a value to maximise, "
+    "so no minus sign.",
+)
+def check_calc_clipped_surrogate_objective(candidate) -> str:
+    cases = [
+        _surrogate_case("5 samples, ratios inside and outside the clip range", (5,), seed=1, spread=0.4),
+        _surrogate_case("a [4, 6] batch", (4, 6), seed=2, spread=0.3),
+        _surrogate_case("ratios far from 1", (16,), seed=3, spread=1.5, clip_coef=0.1),
+        _surrogate_case("new == old (ratio 1)", (7,), seed=4, spread=0.0),
+        _surrogate_case("all-equal advantages", (6,), seed=5, spread=0.5, advantages=torch.full((6,), 2.0)),
+        _surrogate_case("eps = 1e-3, clip_coef = 0.3", (3, 4), seed=6, spread=0.5, clip_coef=0.3, eps=1e-3),
+    ]
+    return compare_to_reference(
+        candidate, ppo.calc_clipped_surrogate_objective, cases,
+        arg_names=["logprobs", "old_logprobs", "advantages", "clip_coef", "eps"],
+        mistakes=[
+            Mistake("The advantages are not normalised: start with A = (A - A.mean()) / (A.std() + eps).",
+                    lambda *a, **k: _surrogate(*a, **k, norm="none")),
+            Mistake("You used the biased std (unbiased=False / population std): the contract uses torch's default "
+                    "A.std().", lambda *a, **k: _surrogate(*a, **k, norm="biased")),
+            Mistake("You divided by the std but did not subtract the mean: A = (A - A.mean()) / (A.std() + eps).",
+                    lambda *a, **k: _surrogate(*a, **k, norm="no_center")),
+            Mistake("You normalised each row separately: normalise over all elements (A.mean(), A.std() with no dim).",
+                    lambda *a, **k: _surrogate(*a, **k, norm="per_row")),
+            Mistake("That takes the max of the two terms: PPO takes the min (a pessimistic bound).",
+                    lambda *a, **k: _surrogate(*a, **k, op="max")),
+            Mistake("You clipped the advantages: clip the ratio, clip(ratio, 1 - clip_coef, 1 + clip_coef) * A.",
+                    lambda *a, **k: _surrogate(*a, **k, clip_what="advantages")),
+            Mistake("The ratio is inverted: ratio = exp(logprobs - old_logprobs) = pi_new / pi_old.",
+                    lambda *a, **k: _surrogate(*a, **k, invert=True)),
+            Mistake("The sign is flipped: this function returns an objective to maximise, not a loss.",
+                    lambda *a, **k: _surrogate(*a, **k, sign=-1.0)),
+            Mistake("That is only the clipped term: take the min of ratio * A and the clipped term.",
+                    lambda *a, **k: _surrogate(*a, **k, op="clipped")),
+            Mistake("That is the unclipped ratio * A: take the min with the clipped term.",
+                    lambda *a, **k: _surrogate(*a, **k, op="unclipped")),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_value_function_loss
+# ----------------------------------------------------------------------------------------------------
+def _vcase(label: str, shape: tuple[int, ...], seed: int, vf_coef: float, equal: bool = False) -> Case:
+    g = _gen(seed)
+    v = torch.randn(shape, generator=g) * 2
+    r = v.clone() if equal else torch.randn(shape, generator=g) * 2 + 0.5
+    return Case(label, (v, r, vf_coef))
+
+
+@checker(
+    "calc_value_function_loss",
+    chapter=CHAPTER,
+    hint="0.5 * vf_coef * ((values - returns) ** 2).mean(): the mean squared error, halved and weighted. It is a "
+    "loss (positive); the training objective subtracts it.",
+)
+def check_calc_value_function_loss(candidate) -> str:
+    cases = [
+        _vcase("8 values, vf_coef = 0.5", (8,), 1, 0.5),
+        _vcase("a [3, 5] batch, vf_coef = 1", (3, 5), 2, 1.0),
+        _vcase("a batch of 1", (1,), 3, 0.5),
+        _vcase("vf_coef = 0.25", (10,), 4, 0.25),
+        _vcase("values == returns", (4,), 5, 0.5, equal=True),
+    ]
+    return compare_to_reference(
+        candidate, ppo.calc_value_function_loss, cases, arg_names=["values", "returns", "vf_coef"],
+        mistakes=[
+            Mistake("The 0.5 is missing: 0.5 * vf_coef * mean((values - returns) ** 2).",
+                    lambda v, r, c: c * (v - r).pow(2).mean()),
+            Mistake("vf_coef is missing: 0.5 * vf_coef * mean(...).", lambda v, r, c: 0.5 * (v - r).pow(2).mean()),
+            Mistake("You summed the squared errors: take their mean.", lambda v, r, c: 0.5 * c * (v - r).pow(2).sum()),
+            Mistake("That is an absolute (L1) error: square the differences.",
+                    lambda v, r, c: 0.5 * c * (v - r).abs().mean()),
+            Mistake("That is a root mean squared error: no square root.",
+                    lambda v, r, c: 0.5 * c * (v - r).pow(2).mean().sqrt()),
+            Mistake("You squared the mean difference: take the mean of the squared differences.",
+                    lambda v, r, c: 0.5 * c * (v - r).mean().pow(2)),
+            Mistake("The sign is flipped: this is a loss (>= 0); the objective subtracts it.",
+                    lambda v, r, c: -0.5 * c * (v - r).pow(2).mean()),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_entropy_bonus
+# ----------------------------------------------------------------------------------------------------
+def _ecase(label: str, shape: tuple[int, ...], seed: int, ent_coef: float, scale: float = 2.0) -> Case:
+    logits = torch.randn(shape, generator=_gen(seed)) * scale
+    return Case(label, (logits, ent_coef))
+
+
+def _entropy(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    logp = torch.log_softmax(logits, dim=dim)
+    return -(logp.exp() * logp).sum(dim)
+
+
+@checker(
+    "calc_entropy_bonus",
+    chapter=CHAPTER,
+    hint="logp = torch.log_softmax(logits, dim=-1); entropy = -(logp.exp() * logp).sum(-1) (or "
+    "Categorical(logits=logits).entropy()); return ent_coef * entropy.mean(). log(softmax(.)) underflows to "
+    "-inf for large logits; log_softmax does not.",
+)
+def check_calc_entropy_bonus(candidate) -> str:
+    cases = [
+        _ecase("5 x 4 logits, ent_coef = 0.01", (5, 4), 1, 0.01),
+        _ecase("[2, 3, 6] logits", (2, 3, 6), 2, 0.1),
+        _ecase("a batch of 1", (1, 3), 3, 0.5),
+        Case("ties (all logits equal: entropy log n)", (torch.zeros(3, 5), 1.0)),
+        _ecase("large logits (scale 1e4)", (4, 6), 4, 0.2, scale=1e4),
+    ]
+    return compare_to_reference(
+        candidate, ppo.calc_entropy_bonus, cases, arg_names=["logits", "ent_coef"],
+        mistakes=[
+            Mistake("ent_coef is missing: ent_coef * mean(entropy).", lambda x, c: _entropy(x).mean()),
+            Mistake("The sign is flipped: entropy -sum p log p is >= 0, and this bonus is maximised.",
+                    lambda x, c: -c * _entropy(x).mean()),
+            Mistake("You summed the entropies over the batch: take their mean.", lambda x, c: c * _entropy(x).sum()),
+            Mistake("The softmax is over the wrong dimension: the actions are on the last dim (dim=-1).",
+                    lambda x, c: c * _entropy(x, dim=0).mean()),
+            Mistake("You averaged p log p over the actions: entropy sums over actions, then average over the batch.",
+                    lambda x, c: c * (-(x.softmax(-1) * x.log_softmax(-1))).mean()),
+            Mistake("That is -mean(log p) (a cross-entropy with the uniform distribution): weight each log p by p.",
+                    lambda x, c: c * (-x.log_softmax(-1)).mean(-1).mean()),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_minibatch_indices
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "get_minibatch_indices",
+    chapter=CHAPTER,
+    hint="perm = torch.randperm(batch_size, generator=generator) gives every index once in random order; cut it "
+    "into batch_size // minibatch_size pieces of minibatch_size, e.g. list(perm.reshape(-1, minibatch_size)).",
+)
+def check_get_minibatch_indices(candidate) -> str:
+    def run(batch_size: int, minibatch_size: int, seed: int) -> list[torch.Tensor]:
+        out = call(candidate, batch_size, minibatch_size, _gen(seed))
+        label = f"batch_size={batch_size}, minibatch_size={minibatch_size}"
+        if out is None:
+            raise CheckFailure(f"On {label}, your function returned None: did you forget a `return`?")
+        if isinstance(out, torch.Tensor) and out.ndim == 1:
+            raise CheckFailure(f"On {label}, you returned one flat tensor of {out.numel()} indices: return a list of "
+                               "minibatches (one index tensor each).")
+        try:
+            mbs = list(out)
+        except TypeError:
+            raise CheckFailure(f"On {label}, expected a list of index tensors, got {fmt(out)}.") from None
+        n_expected = batch_size // minibatch_size
+        if len(mbs) != n_expected:
+            hint = ("You made minibatch_size minibatches of batch_size // minibatch_size each: the arguments are "
+                    "the size of the batch and of ONE minibatch." if len(mbs) == minibatch_size else None)
+            raise CheckFailure(f"On {label}, you returned {len(mbs)} minibatches, expected "
+                               f"{batch_size} // {minibatch_size} = {n_expected}.", hint=hint)
+        for i, mb in enumerate(mbs):
+            mb = expect_tensor(mb, shape=(minibatch_size,), what=f"On {label}, minibatch {i}")
+            if mb.dtype.is_floating_point or mb.dtype == torch.bool:
+                raise CheckFailure(f"On {label}, minibatch {i} has dtype {mb.dtype}: indices must be integers "
+                                   "(torch.long).")
+        flat = torch.cat([mb.long() for mb in mbs])
+        if flat.unique().numel() != batch_size or flat.min() < 0 or flat.max() >= batch_size:
+            raise CheckFailure(f"On {label}, the minibatches do not use every index 0..{batch_size - 1} exactly once "
+                               f"({flat.unique().numel()} distinct indices).",
+                               hint="Draw without replacement: one torch.randperm(batch_size) per epoch, cut into "
+                                    "pieces (torch.randint samples with replacement).")
+        return mbs
+
+    for batch_size, minibatch_size in [(16, 4), (12, 12), (6, 1), (512, 128)]:
+        run(batch_size, minibatch_size, seed=0)
+    flat = torch.cat(list(run(512, 128, seed=0)))
+    if torch.equal(flat.long(), torch.arange(512)):
+        raise CheckFailure("The minibatches are in order 0, 1, 2, ...: shuffle the indices every epoch.",
+                           hint="Use torch.randperm(batch_size, generator=generator) instead of arange.")
+    again = torch.cat(list(run(512, 128, seed=0)))
+    if not torch.equal(flat, again):
+        raise CheckFailure("Two calls with generators seeded the same gave different minibatches: the order must "
+                           "come from `generator`.",
+                           hint="Pass it on: torch.randperm(batch_size, generator=generator).")
+    other = torch.cat(list(run(512, 128, seed=1)))
+    if torch.equal(flat, other):
+        raise CheckFailure("Generators with different seeds gave the same minibatches: draw the permutation from "
+                           "`generator` rather than a fixed seed.")
+    return "every index once per epoch, shuffled, reproducible from the generator, on 4 batch shapes."
+
+
+# ----------------------------------------------------------------------------------------------------
+# rollout_step
+# ----------------------------------------------------------------------------------------------------
+class _ScriptedEnv(gym.Env):
+    """A deterministic env for checking rollouts: 3-d observations, 3 actions, reward = action + t / 10.
+
+    Env ``k`` ends its episodes after ``k + 2`` steps, by truncation when ``k`` is odd, by termination
+    otherwise; the observation records (time, env, episode, last action).
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.observation_space = gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.t, self.episode = 0, 0
+
+    def _obs(self, last_action: int) -> np.ndarray:
+        return np.array([self.t / 4 + self.k / 10, self.episode / 3 - self.k, last_action - 1.0], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.episode += 1
+        return self._obs(1), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(action) + self.t / 10
+        end = self.t >= self.k + 2
+        terminated, truncated = (end and self.k % 2 == 0), (end and self.k % 2 == 1)
+        return self._obs(int(action)), reward, terminated, truncated, {}
+
+
+def _scripted_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
+    return gym.vector.SyncVectorEnv([lambda k=k: _ScriptedEnv(k) for k in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+@checker(
+    "rollout_step",
+    chapter=CHAPTER,
+    hint="Under torch.no_grad(): logits = agent.actor(obs), value = agent.critic(obs).squeeze(-1); "
+    "dist = Categorical(logits=logits); action = dist.sample(). Step once: envs.step(action.numpy()). Store at "
+    "index `step`: obs (the one you acted in), action, dist.log_prob(action), value, the rewards and "
+    "terminated | truncated. Return the next observation as a float32 tensor.",
+)
+def check_rollout_step(candidate) -> str:
+    num_envs, num_steps = 3, 7
+    torch.manual_seed(0)
+    agent = ppo.Agent(3, 3, hidden=16)
+    envs, twin = _scripted_envs(num_envs), _scripted_envs(num_envs)
+    obs = torch.as_tensor(envs.reset(seed=0)[0], dtype=torch.float32)
+    twin.reset(seed=0)
+    buffer = ppo.RolloutBuffer.zeros(num_steps, num_envs, (3,))
+    verified: list[dict[str, torch.Tensor]] = []
+    names = ["agent", "envs", "obs", "buffer", "step"]
+    for step in range(num_steps):
+        where = f"at step {step}"
+        obs_before = obs.clone()
+        out = call(candidate, agent, envs, obs, buffer, step, _arg_names=names)
+        out = expect_tensor(out, shape=(num_envs, 3), dtype=torch.float32, what=f"{where}, the observation you returned")
+
+        actions = buffer.actions[step]
+        if ((actions < 0) | (actions > 2)).any():
+            raise CheckFailure(f"{where}, buffer.actions[step] = {fmt(actions)} is not a valid action (0, 1 or 2).")
+        next_obs, reward, terminated, truncated, _ = twin.step(actions.numpy())
+        next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+        if not torch.equal(out, next_obs):
+            raise CheckFailure(f"{where}, the observation you returned is {fmt(out)}, but stepping the envs with the "
+                               f"actions you stored gives {fmt(next_obs)}.",
+                               hint="Call envs.step(actions) exactly once per call, with the actions you store, and "
+                                    "return its observation (do not reset: the vector env resets finished episodes).")
+        if torch.equal(buffer.obs[step], next_obs) and not torch.equal(obs_before, next_obs):
+            raise CheckFailure(f"{where}, buffer.obs[step] holds the observation after the step.",
+                               hint="Store the observation the action was chosen in (the `obs` argument), not the "
+                                    "one envs.step returns.")
+        if not torch.equal(buffer.obs[step], obs_before):
+            raise CheckFailure(f"{where}, buffer.obs[step] = {fmt(buffer.obs[step])}, expected the obs argument "
+                               f"{fmt(obs_before)}.")
+        with torch.no_grad():
+            logits = agent.actor(obs_before)
+            values = agent.critic(obs_before).squeeze(-1)
+        logp = torch.log_softmax(logits, -1)
+        want_logp = logp.gather(-1, actions[:, None]).squeeze(-1)
+        got_logp = buffer.logprobs[step]
+        if not torch.allclose(got_logp, want_logp, atol=1e-5):
+            hint = None
+            if torch.allclose(got_logp, want_logp.exp(), atol=1e-5):
+                hint = "Those are probabilities: store the log-probability, dist.log_prob(action)."
+            elif torch.allclose(got_logp, Categorical(logits=logits).entropy(), atol=1e-5):
+                hint = "That is the entropy: store dist.log_prob(action)."
+            elif torch.allclose(got_logp, logp[:, 0], atol=1e-5) or torch.allclose(got_logp, logits.gather(
+                    -1, actions[:, None]).squeeze(-1), atol=1e-5):
+                hint = "Store the log-probability of the action you took: dist.log_prob(action)."
+            raise CheckFailure(f"{where}, buffer.logprobs[step] = {fmt(got_logp)}, expected log pi(action | obs) = "
+                               f"{fmt(want_logp)}.", hint=hint)
+        if buffer.values.requires_grad or buffer.logprobs.requires_grad:
+            raise CheckFailure(f"{where}, the buffer holds tensors that require grad.",
+                               hint="Compute the logits and values under torch.no_grad(): the rollout only "
+                                    "collects data, and the stored graphs would waste memory.")
+        if not torch.allclose(buffer.values[step], values, atol=1e-5):
+            with torch.no_grad():
+                v_next = agent.critic(next_obs).squeeze(-1)
+            hint = ("That is the value of the next observation: store V(obs) of the observation you acted in."
+                    if torch.allclose(buffer.values[step], v_next, atol=1e-5) else None)
+            raise CheckFailure(f"{where}, buffer.values[step] = {fmt(buffer.values[step])}, expected "
+                               f"agent.critic(obs).squeeze(-1) = {fmt(values)}.", hint=hint)
+        want_rewards = torch.as_tensor(reward, dtype=torch.float32)
+        if not torch.allclose(buffer.rewards[step], want_rewards):
+            raise CheckFailure(f"{where}, buffer.rewards[step] = {fmt(buffer.rewards[step])}, expected the rewards "
+                               f"from envs.step: {fmt(want_rewards)}.")
+        want_dones = torch.as_tensor(np.logical_or(terminated, truncated))
+        if not torch.equal(buffer.dones[step].bool(), want_dones):
+            hint = None
+            if torch.equal(buffer.dones[step].bool(), torch.as_tensor(terminated)):
+                hint = ("You stored only `terminated`: an episode also ends when it is truncated (a time limit): "
+                        "dones = terminated | truncated.")
+            raise CheckFailure(f"{where}, buffer.dones[step] = {fmt(buffer.dones[step])}, expected terminated | "
+                               f"truncated = {fmt(want_dones)}.", hint=hint)
+        verified.append({k: getattr(buffer, k)[step].clone() for k in
+                         ("obs", "actions", "logprobs", "values", "rewards", "dones")})
+        obs = out
+
+    for step, row in enumerate(verified):
+        for k, v in row.items():
+            if not torch.equal(getattr(buffer, k)[step], v):
+                raise CheckFailure(f"buffer.{k}[{step}] changed after step {step}: write only row `step` of the buffer.")
+    with torch.no_grad():
+        greedy = agent.actor(buffer.obs).argmax(-1)
+    if torch.equal(greedy, buffer.actions):
+        raise CheckFailure("Every stored action is the most probable one: the rollout must sample.",
+                           hint="action = Categorical(logits=logits).sample(), not logits.argmax(-1).")
+    return (f"{num_steps} steps of {num_envs} scripted envs (episode ends by termination and truncation): obs, "
+            "actions, log-probs, values, rewards, dones and the next obs all as expected.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# ppo_learning_phase
+# ----------------------------------------------------------------------------------------------------
+def _learning_setup(seed: int, num_envs: int, num_steps: int, obs_dim: int = 4, n_actions: int = 3):
+    g = _gen(seed)
+    torch.manual_seed(seed)
+    agent = ppo.Agent(obs_dim, n_actions, hidden=16)
+    ppo.layer_init(agent.actor[-1], std=1.0)  # a policy far from uniform, so the entropy term has a gradient
+    buffer = ppo.RolloutBuffer.zeros(num_steps, num_envs, (obs_dim,))
+    buffer.obs[:] = torch.randn(num_steps, num_envs, obs_dim, generator=g)
+    with torch.no_grad():
+        dist = Categorical(logits=agent.actor(buffer.obs))
+        buffer.actions[:] = dist.sample()
+        # Old log-probs a little off the current policy, so that ratios differ from 1 and some get clipped.
+        buffer.logprobs[:] = dist.log_prob(buffer.actions) + 0.3 * torch.randn(num_steps, num_envs, generator=g)
+        buffer.values[:] = agent.critic(buffer.obs).squeeze(-1)
+    buffer.rewards[:] = torch.randn(num_steps, num_envs, generator=g)
+    buffer.dones[:] = torch.rand(num_steps, num_envs, generator=g) < 0.2
+    next_obs = torch.randn(num_envs, obs_dim, generator=g)
+    return agent, buffer, next_obs
+
+
+def _buffer_copy(buffer: ppo.RolloutBuffer) -> ppo.RolloutBuffer:
+    return ppo.RolloutBuffer(*(getattr(buffer, k).clone() for k in
+                               ("obs", "actions", "logprobs", "values", "rewards", "dones")))
+
+
+def _learning_variant(agent, optimizer, buffer, next_obs, args, generator=None, *, bug: str):
+    """The reference learning phase with one deliberate bug (for the hints)."""
+    with torch.no_grad():
+        next_value = agent.critic(next_obs).squeeze(-1)
+        if bug == "next_value_zero":
+            next_value = torch.zeros_like(next_value)
+        adv = ppo.compute_gae(buffer.rewards, buffer.values, next_value, buffer.dones, args.gamma, args.gae_lambda)
+        returns = adv if bug == "returns_are_advantages" else adv + buffer.values
+    flat = [einops.rearrange(x, "s e ... -> (s e) ...") for x in
+            (buffer.obs, buffer.actions, buffer.logprobs, adv, returns)]
+    b_obs, b_act, b_logp, b_adv, b_ret = flat
+    for _ in range(args.update_epochs):
+        for mb in ppo.get_minibatch_indices(args.batch_size, args.minibatch_size, generator):
+            logits = agent.actor(b_obs[mb])
+            new_logp = Categorical(logits=logits).log_prob(b_act[mb])
+            old_logp = new_logp.detach() if bug == "old_is_new" else b_logp[mb]
+            pol = ppo.calc_clipped_surrogate_objective(new_logp, old_logp, b_adv[mb], args.clip_coef)
+            vl = ppo.calc_value_function_loss(agent.critic(b_obs[mb]).squeeze(-1), b_ret[mb], args.vf_coef)
+            ent = ppo.calc_entropy_bonus(logits, args.ent_coef)
+            objective = {"value_sign": pol + vl + ent, "minimise": -(pol - vl + ent),
+                         "no_entropy": pol - vl}.get(bug, pol - vl + ent)
+            if bug != "no_zero_grad":
+                optimizer.zero_grad()
+            objective.backward()
+            if bug != "no_clip":
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+    return {"approx_kl": 0.0, "clipfrac": 0.0}
+
+
+_LEARNING_MISTAKES = {
+    "no_clip": "The gradient is not clipped: call nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm) "
+               "after backward() and before optimizer.step().",
+    "no_zero_grad": "Gradients pile up across minibatches: call optimizer.zero_grad() before every backward().",
+    "minimise": "The update goes the wrong way: the optimizer maximises (maximize=True), so step on "
+                "objective = L_clip - L_value + L_entropy itself, not on its negative.",
+    "value_sign": "The value loss enters with the wrong sign: objective = L_clip - L_value + L_entropy (the "
+                  "optimizer maximises, and the value loss must go down).",
+    "no_entropy": "The entropy bonus is missing from the objective: objective = L_clip - L_value + L_entropy.",
+    "returns_are_advantages": "The value targets are the advantages: returns = advantages + buffer.values.",
+    "next_value_zero": "next_value should be the critic's value of next_obs (the observation after the rollout), "
+                       "not 0.",
+    "old_is_new": "old_logprobs must be the stored buffer.logprobs (the policy that collected the data), not the "
+                  "new log-probs detached: then the ratio is always 1 and nothing is clipped.",
+}
+
+
+class _CountingSGD(torch.optim.SGD):
+    def __init__(self, params, **kwargs):
+        super().__init__(params, **kwargs)
+        self.steps = 0
+
+    def step(self, closure=None):
+        self.steps += 1
+        return super().step(closure)
+
+
+def _run_learning(fn, agent, buffer, next_obs, args, seed: int, via_call: bool):
+    agent = copy.deepcopy(agent)
+    buffer = _buffer_copy(buffer)
+    # SGD, not Adam: Adam divides out the scale of the gradient, which would hide a missing gradient clip.
+    optimizer = _CountingSGD(agent.parameters(), lr=0.05, maximize=True)
+    if via_call:
+        stats = call(fn, agent, optimizer, buffer, next_obs.clone(), args, _gen(seed),
+                     _arg_names=["agent", "optimizer", "buffer", "next_obs", "args", "generator"])
+    else:
+        stats = fn(agent, optimizer, buffer, next_obs.clone(), args, _gen(seed))
+    return agent, optimizer, buffer, stats
+
+
+def _params(agent) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in agent.parameters()])
+
+
+def _same_update(got: torch.Tensor, want: torch.Tensor, start: torch.Tensor) -> bool:
+    """Whether two parameter updates agree to 0.1% of the update's size."""
+    return bool((got - want).norm() <= 1e-3 * (want - start).norm() + 1e-7)
+
+
+@checker(
+    "ppo_learning_phase",
+    chapter=CHAPTER,
+    hint="Under no_grad: next_value = agent.critic(next_obs).squeeze(-1), advantages = compute_gae(...), "
+    "returns = advantages + buffer.values. Flatten every buffer field with the same '(steps env)' order. Then for "
+    "each epoch, for each minibatch index tensor mb from get_minibatch_indices(args.batch_size, args.minibatch_size, "
+    "generator): recompute logits and values on b_obs[mb], objective = L_clip - L_value + L_entropy, "
+    "optimizer.zero_grad(), objective.backward(), nn.utils.clip_grad_norm_(...), optimizer.step(). Return a dict "
+    "with at least approx_kl and clipfrac.",
+)
+def check_learning_phase(candidate) -> str:
+    # 1. One minibatch per epoch: the update is deterministic whatever the minibatch order, so the
+    #    parameters must match the reference's after two epochs; once with a gradient-norm limit far
+    #    above the gradient's norm (about 1 here), once with one that clips every step.
+    for max_grad_norm, label in ((10.0, "without gradient clipping active"), (0.3, "with gradient clipping active")):
+        args = ppo.PPOArgs(num_envs=2, num_steps=8, num_minibatches=1, update_epochs=2,
+                           max_grad_norm=max_grad_norm, ent_coef=0.05, hidden=16)
+        agent, buffer, next_obs = _learning_setup(0, args.num_envs, args.num_steps)
+        before = _buffer_copy(buffer)
+        start = _params(agent)
+        ref_agent, _, _, ref_stats = _run_learning(ppo.ppo_learning_phase, agent, buffer, next_obs, args, 0,
+                                                   via_call=False)
+        got_agent, opt, got_buffer, stats = _run_learning(candidate, agent, buffer, next_obs, args, 0, via_call=True)
+        for k in ("obs", "actions", "logprobs", "values", "rewards", "dones"):
+            if not torch.equal(getattr(got_buffer, k), getattr(before, k)):
+                raise CheckFailure(f"Your learning phase changed buffer.{k}: read the buffer, do not write to it.")
+        if opt.steps != args.update_epochs * args.num_minibatches:
+            raise CheckFailure(f"With update_epochs = {args.update_epochs} and num_minibatches = "
+                               f"{args.num_minibatches} your code called optimizer.step() {opt.steps} times, expected "
+                               f"{args.update_epochs * args.num_minibatches}.",
+                               hint="One optimizer step per minibatch, for every epoch.")
+        got, want = _params(got_agent), _params(ref_agent)
+        if torch.equal(got, start):
+            raise CheckFailure("The agent's parameters did not change.",
+                               hint="Build the objective from the recomputed logits and values (with gradients), "
+                                    "call backward() on it and optimizer.step().")
+        if not _same_update(got, want, start):
+            message = (f"{label.capitalize()}, your update of the agent's parameters differs from the reference's "
+                       f"(by {(got - want).norm() / (want - start).norm():.1%} of its size).")
+            for bug, hint in _LEARNING_MISTAKES.items():
+                wrong = lambda *a, bug=bug: _learning_variant(*a, bug=bug)  # noqa: E731
+                if _same_update(got, _params(_run_learning(wrong, agent, buffer, next_obs, args, 0, False)[0]), start):
+                    raise CheckFailure(message, hint=hint)
+            raise CheckFailure(message)
+    if not isinstance(stats, dict):
+        raise CheckFailure(f"Your learning phase returned {fmt(stats)}: return a dict of diagnostics.")
+    for key in ("approx_kl", "clipfrac"):
+        if key not in stats:
+            raise CheckFailure(f"The dict you returned has no {key!r} (keys: {sorted(stats)}).",
+                               hint="Compute approx_kl = mean((ratio - 1) - log ratio) and clipfrac = "
+                                    "mean(|ratio - 1| > clip_coef) beside the loss, under no_grad.")
+        try:
+            value = float(stats[key])
+        except (TypeError, ValueError):
+            raise CheckFailure(f"stats[{key!r}] = {fmt(stats[key])} is not a number.") from None
+        if not math.isfinite(value):
+            raise CheckFailure(f"stats[{key!r}] = {value} is not finite.")
+    if not 0.0 <= float(stats["clipfrac"]) <= 1.0:
+        raise CheckFailure(f"clipfrac = {float(stats['clipfrac']):.4g} is a fraction: it must lie in [0, 1].")
+    if float(stats["clipfrac"]) == 0.0 and ref_stats["clipfrac"] > 0.05:
+        raise CheckFailure(f"clipfrac = 0, but {ref_stats['clipfrac']:.0%} of the ratios are outside the clip range.",
+                           hint="clipfrac = ((ratio - 1).abs() > clip_coef).float().mean(), with ratio = "
+                                "exp(new_logprobs - buffer's old logprobs).")
+    if float(stats["approx_kl"]) < -1e-6:
+        raise CheckFailure(f"approx_kl = {float(stats['approx_kl']):.4g} < 0.",
+                           hint="Use the estimator that is never negative: mean((ratio - 1) - log ratio).")
+
+    # 2. Several minibatches and epochs: the order is the learner's, so check the structure instead.
+    args = ppo.PPOArgs(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=3, hidden=16)
+    agent, buffer, next_obs = _learning_setup(1, args.num_envs, args.num_steps)
+    seen: list[torch.Tensor] = []
+    agent.actor.register_forward_pre_hook(
+        lambda module, inputs: seen.append(inputs[0].detach().clone()) if torch.is_grad_enabled() else None)
+    _, opt, _, _ = _run_learning(candidate, agent, buffer, next_obs, args, 1, via_call=True)
+    expected_steps = args.update_epochs * args.num_minibatches
+    if opt.steps != expected_steps:
+        raise CheckFailure(f"With update_epochs = {args.update_epochs} and num_minibatches = {args.num_minibatches} "
+                           f"your code called optimizer.step() {opt.steps} times, expected {expected_steps}.",
+                           hint="Loop over epochs, and inside over the minibatches of get_minibatch_indices: one "
+                                "optimizer step per minibatch.")
+    sizes = sorted({x.shape[0] for x in seen})
+    if sizes != [args.minibatch_size]:
+        raise CheckFailure(f"The actor was trained on batches of {sizes} observations, expected minibatches of "
+                           f"{args.minibatch_size} (batch_size {args.batch_size} / {args.num_minibatches}).",
+                           hint="Index the flattened buffer with each minibatch: b_obs[mb].")
+    rows = {tuple(r.tolist()) for x in seen for r in x}
+    all_rows = {tuple(r.tolist()) for r in einops.rearrange(buffer.obs, "s e d -> (s e) d")}
+    if rows != all_rows:
+        raise CheckFailure("The minibatches do not cover the whole rollout.",
+                           hint="Use every index of get_minibatch_indices(args.batch_size, args.minibatch_size, "
+                                "generator) each epoch.")
+    return ("matches the reference's update (one minibatch, two epochs, clipped gradients), reports approx_kl and "
+            f"clipfrac, and makes {expected_steps} minibatch steps covering the rollout with 4 minibatches x 3 epochs.")

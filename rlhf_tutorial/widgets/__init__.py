@@ -1,0 +1,1 @@
+"""Plotly and ipywidgets visuals, one module per chapter; ``live`` is the shared training dashboard."""

@@ -1,0 +1,589 @@
+"""Checkers of chapter 01: the reference passes, the stub fails, known mistakes get their hint, and a
+correct implementation written differently passes."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import Categorical
+
+from rlhf_tutorial import ppo
+from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.notebooks import load_stub
+
+CHAPTER = "01_ppo"
+SQRT2 = math.sqrt(2)
+EXERCISES = [
+    "layer_init",
+    "compute_gae",
+    "calc_clipped_surrogate_objective",
+    "calc_value_function_loss",
+    "calc_entropy_bonus",
+    "get_minibatch_indices",
+    "rollout_step",
+    "ppo_learning_phase",
+]
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_reference_passes_and_stub_fails(name):
+    result = run_check(name, getattr(ppo, name))
+    assert result.passed, result.message
+    stub = run_check(name, load_stub(CHAPTER, name))
+    assert not stub.passed and "not implemented" in stub.message
+
+
+def assert_fails_with(name, fn, fragment):
+    result = run_check(name, fn)
+    assert not result.passed, f"{fn.__name__} passed the {name} checker"
+    text = f"{result.message}\n{result.hint}"
+    assert fragment in text, text
+
+
+# ----------------------------------------------------------------------------------------------------
+# layer_init
+# ----------------------------------------------------------------------------------------------------
+def init_gain_ignored(layer, std=SQRT2, bias_const=0.0):
+    nn.init.orthogonal_(layer.weight)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def init_normal(layer, std=SQRT2, bias_const=0.0):
+    nn.init.normal_(layer.weight, std=std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def init_bias_untouched(layer, std=SQRT2, bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, gain=std)
+    return layer
+
+
+def init_new_layer(layer, std=SQRT2, bias_const=0.0):
+    new = nn.Linear(layer.in_features, layer.out_features)
+    nn.init.orthogonal_(new.weight, gain=std)
+    nn.init.constant_(new.bias, bias_const)
+    return new
+
+
+def init_no_return(layer, std=SQRT2, bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, gain=std)
+    nn.init.constant_(layer.bias, bias_const)
+
+
+def init_scaled_twice(layer, std=SQRT2, bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, gain=std)
+    with torch.no_grad():
+        layer.weight.mul_(std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (init_gain_ignored, "gain=std"),
+    (init_normal, "orthogonal_"),
+    (init_bias_untouched, "bias_const"),
+    (init_new_layer, "same layer"),
+    (init_no_return, "return layer"),
+    (init_scaled_twice, "scaled twice"),
+])
+def test_layer_init_mistakes(fn, fragment):
+    assert_fails_with("layer_init", fn, fragment)
+
+
+def test_layer_init_written_differently():
+    def by_qr(layer, std=SQRT2, bias_const=0.0):
+        out_f, in_f = layer.weight.shape
+        q, r = torch.linalg.qr(torch.randn(max(out_f, in_f), min(out_f, in_f)))
+        q = q * torch.sign(torch.diagonal(r))  # columns orthonormal
+        with torch.no_grad():
+            layer.weight.copy_(std * (q if out_f >= in_f else q.T))
+            layer.bias.fill_(bias_const)
+        return layer
+
+    assert run_check("layer_init", by_qr).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_gae
+# ----------------------------------------------------------------------------------------------------
+def _deltas(rewards, values, next_value, not_done, gamma):
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    return rewards + gamma * not_done * next_values - values
+
+
+def gae_ignores_dones(rewards, values, next_value, dones, gamma, gae_lambda):
+    ones = torch.ones_like(rewards)
+    delta = _deltas(rewards, values, next_value, ones, gamma)
+    adv, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(len(rewards))):
+        last = delta[t] + gamma * gae_lambda * last
+        adv[t] = last
+    return adv
+
+
+def gae_next_done_convention(rewards, values, next_value, dones, gamma, gae_lambda):
+    # CleanRL stores "the next obs starts a new episode" flags: used here with dones[t+1]
+    next_dones = torch.cat([dones[1:], torch.zeros_like(dones[:1])]).float()
+    delta = _deltas(rewards, values, next_value, 1 - next_dones, gamma)
+    adv, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(len(rewards))):
+        last = delta[t] + gamma * gae_lambda * (1 - next_dones[t]) * last
+        adv[t] = last
+    return adv
+
+
+def gae_without_lambda(rewards, values, next_value, dones, gamma, gae_lambda):
+    nd = 1 - dones.float()
+    delta = _deltas(rewards, values, next_value, nd, gamma)
+    adv, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(len(rewards))):
+        last = delta[t] + gamma * nd[t] * last
+        adv[t] = last
+    return adv
+
+
+def gae_forwards(rewards, values, next_value, dones, gamma, gae_lambda):
+    nd = 1 - dones.float()
+    delta = _deltas(rewards, values, next_value, nd, gamma)
+    adv, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in range(len(rewards)):
+        last = delta[t] + gamma * gae_lambda * nd[t] * last
+        adv[t] = last
+    return adv
+
+
+def gae_no_bootstrap(rewards, values, next_value, dones, gamma, gae_lambda):
+    nd = 1 - dones.float()
+    delta = _deltas(rewards, values, torch.zeros_like(next_value), nd, gamma)
+    adv, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(len(rewards))):
+        last = delta[t] + gamma * gae_lambda * nd[t] * last
+        adv[t] = last
+    return adv
+
+
+def gae_bool_arithmetic(rewards, values, next_value, dones, gamma, gae_lambda):
+    return rewards + gamma * (1 - dones) * values  # `1 - bool tensor` raises in torch
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (gae_ignores_dones, "bootstrap across episode ends"),
+    (gae_next_done_convention, "dones[t+1]"),
+    (gae_without_lambda, "gae_lambda is missing"),
+    (gae_forwards, "forwards in time"),
+    (gae_no_bootstrap, "next_value is unused"),
+    (gae_bool_arithmetic, "raised RuntimeError"),
+])
+def test_compute_gae_mistakes(fn, fragment):
+    assert_fails_with("compute_gae", fn, fragment)
+
+
+def test_compute_gae_written_differently():
+    def gae_as_explicit_sums(rewards, values, next_value, dones, gamma, gae_lambda):
+        # A_t = sum_l (gamma lambda)^l delta_{t+l}, stopping after the first episode end
+        steps, envs = rewards.shape
+        out = torch.zeros(steps, envs)
+        for e in range(envs):
+            for t in range(steps):
+                total, weight = 0.0, 1.0
+                for k in range(t, steps):
+                    v_next = next_value[e] if k == steps - 1 else values[k + 1, e]
+                    live = 0.0 if dones[k, e] else 1.0
+                    total += weight * (rewards[k, e] + gamma * live * v_next - values[k, e])
+                    if dones[k, e]:
+                        break
+                    weight *= gamma * gae_lambda
+                out[t, e] = total
+        return out
+
+    result = run_check("compute_gae", gae_as_explicit_sums)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_clipped_surrogate_objective
+# ----------------------------------------------------------------------------------------------------
+def _norm(a, eps):
+    return (a - a.mean()) / (a.std() + eps)
+
+
+def surrogate_not_normalised(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    ratio = (logprobs - old_logprobs).exp()
+    return torch.min(ratio * advantages, ratio.clamp(1 - clip_coef, 1 + clip_coef) * advantages).mean()
+
+
+def surrogate_max(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    a = _norm(advantages, eps)
+    ratio = (logprobs - old_logprobs).exp()
+    return torch.max(ratio * a, ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).mean()
+
+
+def surrogate_inverted_ratio(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    a = _norm(advantages, eps)
+    ratio = (old_logprobs - logprobs).exp()
+    return torch.min(ratio * a, ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).mean()
+
+
+def surrogate_as_loss(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    a = _norm(advantages, eps)
+    ratio = (logprobs - old_logprobs).exp()
+    return -torch.min(ratio * a, ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).mean()
+
+
+def surrogate_biased_std(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    a = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + eps)
+    ratio = (logprobs - old_logprobs).exp()
+    return torch.min(ratio * a, ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).mean()
+
+
+def surrogate_clips_advantages(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    a = _norm(advantages, eps)
+    ratio = (logprobs - old_logprobs).exp()
+    return torch.min(ratio * a, ratio * a.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (surrogate_not_normalised, "not normalised"),
+    (surrogate_max, "takes the max"),
+    (surrogate_inverted_ratio, "ratio is inverted"),
+    (surrogate_as_loss, "not a loss"),
+    (surrogate_biased_std, "biased std"),
+    (surrogate_clips_advantages, "clip the ratio"),
+])
+def test_surrogate_mistakes(fn, fragment):
+    assert_fails_with("calc_clipped_surrogate_objective", fn, fragment)
+
+
+def test_surrogate_written_differently():
+    def by_cases(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+        n = advantages.numel()
+        mean = advantages.sum() / n
+        std = torch.sqrt(((advantages - mean) ** 2).sum() / (n - 1))
+        a = (advantages - mean) / (std + eps)
+        ratio = torch.exp(logprobs) / torch.exp(old_logprobs)
+        # A >= 0: capped above at 1 + eps; A < 0: capped below at 1 - eps
+        per_sample = torch.where(a >= 0, torch.clamp(ratio, max=1 + clip_coef) * a,
+                                 torch.clamp(ratio, min=1 - clip_coef) * a)
+        return per_sample.sum() / n
+
+    result = run_check("calc_clipped_surrogate_objective", by_cases)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_value_function_loss
+# ----------------------------------------------------------------------------------------------------
+def value_no_half(values, returns, vf_coef):
+    return vf_coef * ((values - returns) ** 2).mean()
+
+
+def value_summed(values, returns, vf_coef):
+    return 0.5 * vf_coef * ((values - returns) ** 2).sum()
+
+
+def value_l1(values, returns, vf_coef):
+    return 0.5 * vf_coef * (values - returns).abs().mean()
+
+
+def value_negated(values, returns, vf_coef):
+    return -0.5 * vf_coef * ((values - returns) ** 2).mean()
+
+
+def value_not_squared(values, returns, vf_coef):
+    return 0.5 * vf_coef * (values - returns).mean()
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (value_no_half, "0.5 is missing"),
+    (value_summed, "summed"),
+    (value_l1, "L1"),
+    (value_negated, "sign is flipped"),
+])
+def test_value_loss_mistakes(fn, fragment):
+    assert_fails_with("calc_value_function_loss", fn, fragment)
+
+
+def test_value_loss_not_squared_fails():
+    assert not run_check("calc_value_function_loss", value_not_squared).passed
+
+
+def test_value_loss_written_differently():
+    def with_mse(values, returns, vf_coef):
+        return vf_coef * F.mse_loss(values, returns) / 2
+
+    assert run_check("calc_value_function_loss", with_mse).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_entropy_bonus
+# ----------------------------------------------------------------------------------------------------
+def entropy_naive_log(logits, ent_coef):
+    p = torch.softmax(logits, dim=-1)
+    return ent_coef * (-(p * torch.log(p)).sum(-1)).mean()
+
+
+def entropy_no_coef(logits, ent_coef):
+    logp = logits.log_softmax(-1)
+    return (-(logp.exp() * logp).sum(-1)).mean()
+
+
+def entropy_summed_over_batch(logits, ent_coef):
+    logp = logits.log_softmax(-1)
+    return ent_coef * (-(logp.exp() * logp).sum(-1)).sum()
+
+
+def entropy_wrong_dim(logits, ent_coef):
+    logp = logits.log_softmax(0)
+    return ent_coef * (-(logp.exp() * logp).sum(0)).mean()
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (entropy_naive_log, "log_softmax"),
+    (entropy_no_coef, "ent_coef is missing"),
+    (entropy_summed_over_batch, "summed the entropies"),
+    (entropy_wrong_dim, "wrong dimension"),
+])
+def test_entropy_mistakes(fn, fragment):
+    assert_fails_with("calc_entropy_bonus", fn, fragment)
+
+
+def test_entropy_written_differently():
+    def with_distribution(logits, ent_coef):
+        return Categorical(logits=logits).entropy().mean() * ent_coef
+
+    assert run_check("calc_entropy_bonus", with_distribution).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_minibatch_indices
+# ----------------------------------------------------------------------------------------------------
+def minibatches_in_order(batch_size, minibatch_size, generator=None):
+    return list(torch.arange(batch_size).split(minibatch_size))
+
+
+def minibatches_with_replacement(batch_size, minibatch_size, generator=None):
+    return [torch.randint(0, batch_size, (minibatch_size,), generator=generator)
+            for _ in range(batch_size // minibatch_size)]
+
+
+def minibatches_ignore_generator(batch_size, minibatch_size, generator=None):
+    return list(torch.randperm(batch_size).split(minibatch_size))
+
+
+def minibatches_swapped_sizes(batch_size, minibatch_size, generator=None):
+    return list(torch.randperm(batch_size, generator=generator).split(batch_size // minibatch_size))
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (minibatches_in_order, "shuffle"),
+    (minibatches_with_replacement, "without replacement"),
+    (minibatches_ignore_generator, "generator=generator"),
+    (minibatches_swapped_sizes, "ONE minibatch"),
+])
+def test_minibatch_mistakes(fn, fragment):
+    assert_fails_with("get_minibatch_indices", fn, fragment)
+
+
+def test_minibatches_written_differently():
+    def by_argsort(batch_size, minibatch_size, generator=None):
+        order = torch.argsort(torch.rand(batch_size, generator=generator))
+        return tuple(order[i:i + minibatch_size] for i in range(0, batch_size, minibatch_size))
+
+    assert run_check("get_minibatch_indices", by_argsort).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# rollout_step
+# ----------------------------------------------------------------------------------------------------
+def _store(buffer, step, obs, action, logprob, value, reward, terminated, truncated):
+    buffer.obs[step] = obs
+    buffer.actions[step] = action
+    buffer.logprobs[step] = logprob
+    buffer.values[step] = value
+    buffer.rewards[step] = torch.as_tensor(reward, dtype=torch.float32)
+    buffer.dones[step] = torch.as_tensor(np.logical_or(terminated, truncated))
+
+
+def rollout_stores_next_obs(agent, envs, obs, buffer, step):
+    with torch.no_grad():
+        dist = Categorical(logits=agent.actor(obs))
+        value = agent.critic(obs).squeeze(-1)
+    action = dist.sample()
+    next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+    _store(buffer, step, next_obs, action, dist.log_prob(action), value, reward, terminated, truncated)
+    return next_obs
+
+
+def rollout_greedy(agent, envs, obs, buffer, step):
+    with torch.no_grad():
+        logits = agent.actor(obs)
+        value = agent.critic(obs).squeeze(-1)
+    action = logits.argmax(-1)
+    next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+    _store(buffer, step, obs, action, Categorical(logits=logits).log_prob(action), value, reward, terminated,
+           truncated)
+    return torch.as_tensor(next_obs, dtype=torch.float32)
+
+
+def rollout_ignores_truncation(agent, envs, obs, buffer, step):
+    with torch.no_grad():
+        dist = Categorical(logits=agent.actor(obs))
+        value = agent.critic(obs).squeeze(-1)
+    action = dist.sample()
+    next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+    _store(buffer, step, obs, action, dist.log_prob(action), value, reward, terminated, np.zeros_like(truncated))
+    return torch.as_tensor(next_obs, dtype=torch.float32)
+
+
+def rollout_stores_probs(agent, envs, obs, buffer, step):
+    with torch.no_grad():
+        dist = Categorical(logits=agent.actor(obs))
+        value = agent.critic(obs).squeeze(-1)
+    action = dist.sample()
+    next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+    _store(buffer, step, obs, action, dist.probs.gather(-1, action[:, None]).squeeze(-1), value, reward,
+           terminated, truncated)
+    return torch.as_tensor(next_obs, dtype=torch.float32)
+
+
+def rollout_with_grad(agent, envs, obs, buffer, step):
+    dist = Categorical(logits=agent.actor(obs))
+    value = agent.critic(obs).squeeze(-1)
+    action = dist.sample()
+    next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+    _store(buffer, step, obs, action, dist.log_prob(action), value, reward, terminated, truncated)
+    return torch.as_tensor(next_obs, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (rollout_stores_next_obs, "not the one envs.step returns"),
+    (rollout_greedy, "not logits.argmax"),
+    (rollout_ignores_truncation, "truncated"),
+    (rollout_stores_probs, "probabilities"),
+    (rollout_with_grad, "torch.no_grad()"),
+])
+def test_rollout_step_mistakes(fn, fragment):
+    assert_fails_with("rollout_step", fn, fragment)
+
+
+def test_rollout_step_written_differently():
+    def rollout_by_hand(agent, envs, obs, buffer, step):
+        with torch.inference_mode():
+            logp_all = torch.log_softmax(agent.actor(obs), dim=-1)
+            value = agent.critic(obs)[:, 0]
+        action = torch.multinomial(logp_all.exp(), 1).squeeze(1)
+        next_obs, reward, terminated, truncated, _ = envs.step(action.tolist())
+        for e in range(obs.shape[0]):
+            buffer.obs[step, e] = obs[e]
+            buffer.actions[step, e] = int(action[e])
+            buffer.logprobs[step, e] = float(logp_all[e, action[e]])
+            buffer.values[step, e] = float(value[e])
+            buffer.rewards[step, e] = float(reward[e])
+            buffer.dones[step, e] = bool(terminated[e] or truncated[e])
+        return torch.tensor(np.asarray(next_obs), dtype=torch.float32)
+
+    result = run_check("rollout_step", rollout_by_hand)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# ppo_learning_phase
+# ----------------------------------------------------------------------------------------------------
+def _learning(agent, optimizer, buffer, next_obs, args, generator=None, *, bug=None):
+    """An implementation written here (reshape instead of einops), with one optional bug."""
+    with torch.no_grad():
+        next_value = agent.critic(next_obs).squeeze(-1)
+        adv = ppo.compute_gae(buffer.rewards, buffer.values, next_value, buffer.dones, args.gamma,
+                              args.gae_lambda)
+        returns = adv if bug == "returns_are_advantages" else adv + buffer.values
+    n = args.batch_size
+    b_obs = buffer.obs.reshape(n, -1)
+    b_act, b_logp, b_adv, b_ret = (x.reshape(n) for x in (buffer.actions, buffer.logprobs, adv, returns))
+    kls, fracs = [], []
+    for _ in range(args.update_epochs):
+        batches = [torch.arange(n)] if bug == "full_batch" else \
+            ppo.get_minibatch_indices(n, args.minibatch_size, generator)
+        for mb in batches:
+            logits = agent.actor(b_obs[mb])
+            new_logp = Categorical(logits=logits).log_prob(b_act[mb])
+            pol = ppo.calc_clipped_surrogate_objective(new_logp, b_logp[mb], b_adv[mb], args.clip_coef)
+            vl = ppo.calc_value_function_loss(agent.critic(b_obs[mb]).squeeze(-1), b_ret[mb], args.vf_coef)
+            ent = ppo.calc_entropy_bonus(logits, args.ent_coef)
+            objective = pol + vl + ent if bug == "value_sign" else pol - vl + ent
+            if bug != "no_zero_grad":
+                optimizer.zero_grad()
+            objective.backward()
+            if bug != "no_clip":
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            with torch.no_grad():
+                logratio = new_logp - b_logp[mb]
+                kls.append(((logratio.exp() - 1) - logratio).mean().item())
+                fracs.append(((logratio.exp() - 1).abs() > args.clip_coef).float().mean().item())
+    stats = {"approx_kl": sum(kls) / len(kls), "clipfrac": sum(fracs) / len(fracs)}
+    if bug == "no_diagnostics":
+        return {}
+    return stats
+
+
+def _with_bug(bug):
+    def learning_phase(agent, optimizer, buffer, next_obs, args, generator=None):
+        return _learning(agent, optimizer, buffer, next_obs, args, generator, bug=bug)
+
+    learning_phase.__name__ = f"learning_{bug}"
+    return learning_phase
+
+
+@pytest.mark.parametrize("bug, fragment", [
+    ("no_clip", "clip_grad_norm_"),
+    ("no_zero_grad", "zero_grad()"),
+    ("value_sign", "wrong sign"),
+    ("returns_are_advantages", "returns = advantages + buffer.values"),
+    ("no_diagnostics", "approx_kl"),
+    ("full_batch", "optimizer.step()"),
+])
+def test_learning_phase_mistakes(bug, fragment):
+    assert_fails_with("ppo_learning_phase", _with_bug(bug), fragment)
+
+
+def test_learning_phase_written_differently():
+    def learning_own_minibatches(agent, optimizer, buffer, next_obs, args, generator=None):
+        # Its own permutation (not get_minibatch_indices), the entropy from Categorical, and the
+        # objective assembled as a single expression.
+        with torch.no_grad():
+            next_value = agent.critic(next_obs)[:, 0]
+            adv = ppo.compute_gae(buffer.rewards, buffer.values, next_value, buffer.dones, args.gamma,
+                                  args.gae_lambda)
+            ret = adv + buffer.values
+        flat = lambda x: x.flatten(0, 1)  # noqa: E731
+        obs, act, old, adv, ret = map(flat, (buffer.obs, buffer.actions, buffer.logprobs, adv, ret))
+        kl_sum, frac_sum, count = 0.0, 0.0, 0
+        for _ in range(args.update_epochs):
+            perm = torch.randperm(args.batch_size, generator=generator)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb = perm[start:start + args.minibatch_size]
+                dist = Categorical(logits=agent.actor(obs[mb]))
+                new = dist.log_prob(act[mb])
+                values = agent.critic(obs[mb])[:, 0]
+                objective = (ppo.calc_clipped_surrogate_objective(new, old[mb], adv[mb], args.clip_coef)
+                             - 0.5 * args.vf_coef * ((values - ret[mb]) ** 2).mean()
+                             + args.ent_coef * dist.entropy().mean())
+                optimizer.zero_grad()
+                objective.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                with torch.no_grad():
+                    ratio = torch.exp(new - old[mb])
+                    kl_sum += (ratio - 1 - ratio.log()).mean().item()
+                    frac_sum += ((ratio - 1).abs() > args.clip_coef).float().mean().item()
+                    count += 1
+        return {"approx_kl": kl_sum / count, "clipfrac": frac_sum / count}
+
+    result = run_check("ppo_learning_phase", learning_own_minibatches)
+    assert result.passed, result.message

@@ -1,0 +1,270 @@
+"""The reference PPO (rlhf_tutorial/ppo.py), its command line and the chapter-01 widgets. No CartPole
+solving here: the timing and the solved figure come from the CLI run."""
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from rlhf_tutorial import ppo
+from rlhf_tutorial.widgets import live
+from rlhf_tutorial.widgets import ppo as ppo_widgets
+
+TINY = dict(num_envs=2, num_steps=16, total_timesteps=2 * 16 * 3, num_minibatches=2, update_epochs=2, hidden=8)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The pieces, on numbers worked out by hand
+# ----------------------------------------------------------------------------------------------------
+def test_compute_gae_by_hand():
+    # one env, three steps, the episode ends with step 1; gamma = 0.5, lambda = 0.5
+    rewards = torch.tensor([[1.0], [2.0], [3.0]])
+    values = torch.tensor([[0.5], [1.0], [2.0]])
+    next_value = torch.tensor([4.0])
+    dones = torch.tensor([[False], [True], [False]])
+    adv = ppo.compute_gae(rewards, values, next_value, dones, gamma=0.5, gae_lambda=0.5)
+    d2 = 3 + 0.5 * 4 - 2  # 3.0, bootstraps from next_value
+    d1 = 2 - 1.0  # 1.0, the episode ended: no bootstrap
+    d0 = 1 + 0.5 * 1.0 - 0.5  # 1.0
+    a1 = d1
+    a0 = d0 + 0.25 * a1
+    assert torch.allclose(adv, torch.tensor([[a0], [a1], [d2]]))
+
+
+def test_clipped_surrogate_by_hand():
+    # advantages [1, -1] normalise to [1/sqrt 2, -1/sqrt 2]; ratio 1.5 for both, clip_coef 0.2
+    old = torch.log(torch.tensor([0.2, 0.4]))
+    new = old + math.log(1.5)
+    obj = ppo.calc_clipped_surrogate_objective(new, old, torch.tensor([1.0, -1.0]), clip_coef=0.2)
+    a = 1 / math.sqrt(2)
+    expected = (1.2 * a + (-1.5 * a)) / 2  # good action: clipped at 1.2; bad action: unclipped 1.5
+    assert obj.shape == () and math.isclose(obj.item(), expected, rel_tol=1e-5)
+
+
+def test_value_loss_and_entropy_by_hand():
+    loss = ppo.calc_value_function_loss(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 1.0]), vf_coef=0.5)
+    assert math.isclose(loss.item(), 0.5 * 0.5 * (1 + 4) / 2)
+    uniform = ppo.calc_entropy_bonus(torch.zeros(3, 4), ent_coef=0.1)
+    assert math.isclose(uniform.item(), 0.1 * math.log(4), rel_tol=1e-6)
+    peaked = ppo.calc_entropy_bonus(torch.tensor([[1e4, 0.0, -1e4]]), ent_coef=1.0)
+    assert torch.isfinite(peaked) and abs(peaked.item()) < 1e-6
+
+
+def test_layer_init_is_orthogonal_and_in_place():
+    layer = torch.nn.Linear(5, 3)
+    assert ppo.layer_init(layer, std=2.0, bias_const=0.1) is layer
+    w = layer.weight.detach()
+    assert torch.allclose(w @ w.T, 4.0 * torch.eye(3), atol=1e-5)
+    assert torch.allclose(layer.bias.detach(), torch.full((3,), 0.1))
+
+
+def test_minibatch_indices_cover_the_batch_once():
+    mbs = ppo.get_minibatch_indices(12, 4, torch.Generator().manual_seed(0))
+    assert len(mbs) == 3 and all(mb.shape == (4,) for mb in mbs)
+    assert sorted(torch.cat(mbs).tolist()) == list(range(12))
+    again = ppo.get_minibatch_indices(12, 4, torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(mbs, again))
+
+
+def test_explained_variance():
+    returns = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert ppo.explained_variance(returns, returns) == 1.0
+    assert abs(ppo.explained_variance(torch.full((4,), 2.5), returns)) < 1e-6
+    assert math.isnan(ppo.explained_variance(returns, torch.ones(4)))
+
+
+def test_agent_initial_policy_is_near_uniform():
+    torch.manual_seed(0)
+    agent = ppo.Agent(4, 2)
+    logits = agent.actor(torch.randn(16, 4))
+    assert logits.shape == (16, 2) and logits.abs().max() < 0.1
+    assert agent.critic(torch.randn(16, 4)).shape == (16, 1)
+
+
+def test_vector_env_resets_in_the_same_step():
+    from rlhf_tutorial.probes import Probe3
+
+    envs = ppo.make_vector_env(Probe3, 2)
+    obs, _ = envs.reset(seed=0)
+    assert obs[:, 0].tolist() == [0.0, 0.0]
+    obs, _, terminated, _, _ = envs.step(np.zeros(2, dtype=np.int64))
+    assert obs[:, 0].tolist() == [1.0, 1.0] and not terminated.any()
+    obs, reward, terminated, _, _ = envs.step(np.zeros(2, dtype=np.int64))
+    assert terminated.all() and reward.tolist() == [1.0, 1.0]
+    assert obs[:, 0].tolist() == [0.0, 0.0], "SAME_STEP autoreset returns the next episode's first obs"
+
+
+# ----------------------------------------------------------------------------------------------------
+# train
+# ----------------------------------------------------------------------------------------------------
+def test_train_is_seeded_and_counts_steps():
+    args = ppo.PPOArgs(seed=3, **TINY)
+    a = ppo.train(args, progress=False)
+    b = ppo.train(args, progress=False)
+    assert a.env_steps == args.num_updates * args.batch_size == 96
+    assert len(a.history) == args.num_updates
+    assert a.episode_returns == b.episode_returns and len(a.episode_returns) > 0
+    assert [h["approx_kl"] for h in a.history] == [h["approx_kl"] for h in b.history]
+    assert all(torch.equal(p, q) for p, q in zip(a.agent.parameters(), b.agent.parameters()))
+    c = ppo.train(ppo.PPOArgs(seed=4, **TINY), progress=False)
+    assert c.episode_returns != a.episode_returns
+
+
+def test_train_anneals_the_learning_rate_and_calls_back():
+    args = ppo.PPOArgs(seed=0, learning_rate=0.01, **TINY)
+    calls = []
+    result = ppo.train(args, progress=False, callback=lambda step, **m: calls.append((step, m)))
+    lrs = [h["learning_rate"] for h in result.history]
+    assert lrs == pytest.approx([0.01 * (1 - u / args.num_updates) for u in range(args.num_updates)])
+    episode_calls = [m for _, m in calls if "episodic_return" in m]
+    update_calls = [m for _, m in calls if "approx_kl" in m]
+    assert len(episode_calls) == len(result.episode_returns)
+    assert len(update_calls) == args.num_updates
+    assert {"value_loss", "entropy", "clipfrac", "explained_variance"} <= set(update_calls[0])
+    flat = ppo.train(ppo.PPOArgs(seed=0, learning_rate=0.01, anneal_lr=False, **TINY), progress=False)
+    assert {h["learning_rate"] for h in flat.history} == {0.01}
+
+
+def test_train_runs_a_replaced_function_inside_the_reference_learning_phase():
+    calls = []
+
+    def my_gae(*args, **kwargs):
+        calls.append(1)
+        return ppo.compute_gae(*args, **kwargs)
+
+    args = ppo.PPOArgs(seed=0, **TINY)
+    ppo.train(args, progress=False, compute_gae=my_gae)
+    assert len(calls) == args.num_updates
+    # the module's own function is untouched: a plain run does not call my_gae
+    ppo.train(args, progress=False)
+    assert len(calls) == args.num_updates
+
+
+def test_train_changes_with_a_buggy_function_and_rejects_unknown_names():
+    args = ppo.PPOArgs(seed=0, **TINY)
+    good = ppo.train(args, progress=False)
+    bad = ppo.train(args, progress=False, calc_value_function_loss=lambda v, r, c: -0.5 * c * ((v - r) ** 2).mean())
+    assert not all(torch.equal(p, q) for p, q in zip(good.agent.critic.parameters(), bad.agent.critic.parameters()))
+    with pytest.raises(TypeError, match="cannot replace"):
+        ppo.train(args, progress=False, compute_advantages=ppo.compute_gae)
+
+
+def test_layer_init_override_reaches_the_agent():
+    def zero_init(layer, std=1.0, bias_const=0.0):
+        torch.nn.init.zeros_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+        return layer
+
+    result = ppo.train(ppo.PPOArgs(seed=0, **{**TINY, "total_timesteps": 32}), progress=False, layer_init=zero_init)
+    first = result.agent.actor[0].weight
+    assert first.abs().max() < 0.1  # zero-initialised, then one update of small steps
+
+
+def test_learner_functions_picks_the_pluggable_names():
+    namespace = {"compute_gae": ppo.compute_gae, "layer_init": ppo.layer_init, "other": print, "rollout_step": 3}
+    assert learner_names(namespace) == ["compute_gae", "layer_init"]
+
+
+def learner_names(namespace):
+    return sorted(ppo.learner_functions(namespace))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------------------------
+def test_main_prints_the_summary_keys(tmp_path):
+    report = tmp_path / "ppo.html"
+    summary = ppo.main(["--env", "CartPole-v1", "--seed", "1", "--total-timesteps", "1024", "--num-envs", "2",
+                        "--num-steps", "128", "--no-progress", "--report", str(report)])
+    for key in ("mean_return_last20", "env_steps", "wall_seconds", "episodes", "solved", "reward_threshold"):
+        assert key in summary
+    assert summary["env_steps"] == 1024 and summary["updates"] == 4
+    assert summary["reward_threshold"] == 475.0 and summary["solved"] is False
+    assert 8 < summary["mean_return_last20"] < 475
+    assert report.exists() and "plotly" in report.read_text()
+
+
+def test_parser_covers_every_field():
+    ns = ppo._parser().parse_args(["--no-anneal-lr", "--learning-rate", "0.1", "--env", "Acrobot-v1"])
+    assert ns.anneal_lr is False and ns.learning_rate == 0.1 and ns.env_id == "Acrobot-v1"
+    defaults = ppo._parser().parse_args([])
+    for f in ppo.fields(ppo.PPOArgs):
+        assert getattr(defaults, f.name) == f.default
+
+
+# ----------------------------------------------------------------------------------------------------
+# Widgets
+# ----------------------------------------------------------------------------------------------------
+def test_widgets_are_static_outside_a_kernel(monkeypatch):
+    assert not live.widgets_available()  # pytest is not a Jupyter kernel
+    monkeypatch.setattr(live, "in_kernel", lambda: True)
+    monkeypatch.setenv("RLHF_TUTORIAL_STATIC", "1")
+    assert not live.widgets_available()
+    monkeypatch.delenv("RLHF_TUTORIAL_STATIC")
+    monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
+    assert not live.widgets_available()
+
+
+def test_live_dashboard_static_mode_records_and_draws(tmp_path):
+    dash = live.LiveDashboard(["loss", ("reward", "kl")], title="t", smooth={"reward": 2})
+    assert dash.static
+    for step in range(4):
+        dash.update(step, loss=1.0 / (step + 1), reward=float(step), kl=None, extra=5.0)
+    assert dash.history["extra"] == ([0.0, 1.0, 2.0, 3.0], [5.0] * 4)  # kept, not drawn
+    assert dash.finish() is None
+    fig = dash.to_figure()
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["loss"].y) == [1.0, 0.5, 1 / 3, 0.25]
+    assert list(by_name["reward (mean of last 2)"].y) == [0.0, 0.5, 1.5, 2.5]
+    assert all(math.isnan(y) for y in by_name["kl"].y)
+    assert "extra" not in by_name
+    path = dash.save(str(tmp_path / "d.html"))
+    assert "plotly" in open(path).read()
+
+
+def test_ppo_dashboard_has_the_six_panels():
+    dash = ppo_widgets.ppo_dashboard(static=True)
+    names = {t.name for t in dash.to_figure().data}
+    assert set(ppo_widgets.PPO_PANELS) <= names
+
+
+def test_clipped_objective_figure_follows_the_formula():
+    fig = ppo_widgets.clipped_objective_figure(epsilon=0.2, ratio=1.5)
+    lclip = [t for t in fig.data if t.name == "L_CLIP = min(...)"]
+    assert len(lclip) == 2
+    r = np.asarray(lclip[0].x)
+    assert np.allclose(lclip[0].y, np.minimum(r, np.clip(r, 0.8, 1.2)))  # A = +1
+    assert np.allclose(lclip[1].y, np.minimum(-r, -np.clip(r, 0.8, 1.2)))  # A = -1
+    markers = [t for t in fig.data if t.name == "current r"]
+    assert [float(t.y[0]) for t in markers] == pytest.approx([1.2, -1.5])
+
+
+@pytest.mark.parametrize("ratio, advantage, words", [
+    (1.5, 1.0, "flat"), (0.5, 1.0, "pulls its probability back up"), (0.5, -1.0, "flat"),
+    (1.5, -1.0, "pushes it back down"), (1.0, 1.0, "inside"),
+])
+def test_explain_names_the_active_branch(ratio, advantage, words):
+    assert words in ppo_widgets.explain(ratio, advantage, 0.2)
+
+
+def test_explorer_falls_back_to_a_static_figure(capsys):
+    out = ppo_widgets.clipped_objective_explorer(epsilon=0.1, ratio=1.3)
+    assert isinstance(out, go.Figure)
+    assert "1 + eps" in capsys.readouterr().out
+
+
+def test_live_dashboard_widget_mode_redraws(monkeypatch):
+    shown = []
+    monkeypatch.setattr(live, "_display", shown.append)
+    dash = live.LiveDashboard(["loss"], static=False, refresh_seconds=0.0)
+    assert not dash.static and isinstance(dash.fig, go.FigureWidget)
+    assert len(shown) == 1  # the widget box, shown once at construction
+    dash.update(0, loss=2.0)
+    dash.update(1, loss=1.0)
+    assert list(dash.fig.data[0].y) == [2.0, 1.0]  # redrawn during training, not only at the end
+    dash.note("sample text")
+    assert "sample text" in dash._note_widget.value
+    dash.finish()
+    assert len(shown) == 1
