@@ -1,0 +1,734 @@
+"""Checkers for chapter 02: rewards, whitening, shaping and the Bradley-Terry reward model."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from rlhf_tutorial import rewards
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    expect_tensor,
+    fmt,
+    get_attr,
+)
+
+CHAPTER = "02_rewards"
+
+SAMPLES = [
+    "This movie was really good. I liked it.",
+    "Bad... very bad. Awful!",
+    "no dots here",
+    "",
+    "..",
+    "A long one. With. Many. Short. Sentences.",
+]
+
+
+# ----------------------------------------------------------------------------------------------------
+# reward_fn_char_count
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "reward_fn_char_count",
+    chapter=CHAPTER,
+    hint="For each sample count how often `char` occurs (str.count does it) and return the counts as one "
+    "float32 tensor of shape [batch]: torch.tensor(counts, dtype=torch.float32).",
+)
+def check_reward_fn_char_count(candidate) -> str:
+    cases = [
+        Case("six samples, char='.'", (SAMPLES,)),
+        Case("char='!'", (SAMPLES,), {"char": "!"}),
+        Case("char='e'", (SAMPLES[:3],), {"char": "e"}),
+        Case("a batch of 1", (["one. two. three."],)),
+    ]
+    return compare_to_reference(
+        candidate,
+        rewards.reward_fn_char_count,
+        cases,
+        arg_names=["samples"],
+        mistakes=[
+            Mistake("That is the length of each sample: count only the occurrences of `char` "
+                    "(sample.count(char)).", lambda s, char=".": torch.tensor([float(len(x)) for x in s])),
+            Mistake("You always count '.': use the `char` argument.",
+                    lambda s, char=".": torch.tensor([float(x.count(".")) for x in s])),
+            Mistake("That is 1 when `char` appears and 0 otherwise: count every occurrence.",
+                    lambda s, char=".": torch.tensor([float(char in x) for x in s])),
+            Mistake("Those are word counts: count the occurrences of `char`.",
+                    lambda s, char=".": torch.tensor([float(len(x.split())) for x in s])),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# reward_fn_sentiment
+# ----------------------------------------------------------------------------------------------------
+_WORDS = (
+    "the a this movie film was is were really very not too great good fun loved bad awful boring hated "
+    "plot acting music ending it i . ! ,"
+).split()
+
+
+def tiny_classifier(label_order: tuple[str, str] = ("POSITIVE", "NEGATIVE"), seed: int = 0):
+    """A seeded random 2-label DistilBERT and a word-level tokenizer, built in memory (no downloads).
+
+    ``label_order`` is id2label: the default puts POSITIVE at index 0, the opposite of the usual
+    convention, so that an implementation that assumes index 1 is caught.
+    """
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification, PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(_WORDS)}}
+    backend = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", model_max_length=64,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    config = DistilBertConfig(
+        vocab_size=len(vocab), dim=32, n_layers=1, n_heads=2, hidden_dim=64, max_position_embeddings=64,
+        id2label=dict(enumerate(label_order)), label2id={name: i for i, name in enumerate(label_order)},
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DistilBertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(150.0)  # decisive logits, so that wrong variants differ clearly
+    return model, tokenizer
+
+
+_REVIEWS = [
+    "this movie was really great . i loved it !",
+    "awful plot",
+    "the acting was not good , the music was boring and the ending was too bad",
+    "fun",
+    "i hated the film",
+]
+
+
+def _label_probs(classifier, tokenizer, samples, *, mask: bool = True, dim: int = -1):
+    enc = tokenizer(samples, padding=True, return_tensors="pt")
+    kwargs = {"attention_mask": enc["attention_mask"]} if mask else {}
+    with torch.no_grad():
+        logits = classifier(input_ids=enc["input_ids"], **kwargs).logits.float()
+    return logits, logits.softmax(dim=dim)
+
+
+@checker(
+    "reward_fn_sentiment",
+    chapter=CHAPTER,
+    hint="Tokenize all samples at once (padding=True, truncation=True, return_tensors='pt'), move the "
+    "tensors to the classifier's device, run the classifier under torch.no_grad() with input_ids AND "
+    "attention_mask, softmax the logits over the label dimension, and take the column "
+    "classifier.config.label2id['POSITIVE'] (or 'NEGATIVE' for direction='neg').",
+)
+def check_reward_fn_sentiment(candidate) -> str:
+    swapped, tok = tiny_classifier(("POSITIVE", "NEGATIVE"), seed=0)
+    usual, tok2 = tiny_classifier(("NEGATIVE", "POSITIVE"), seed=1)
+
+    def pick(direction: str, classifier) -> int:
+        return classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+
+    def hard_coded(s, c, t, direction="pos"):
+        return _label_probs(c, t, s)[1][:, 1 if direction == "pos" else 0]
+
+    def logits_not_probs(s, c, t, direction="pos"):
+        return _label_probs(c, t, s)[0][:, pick(direction, c)]
+
+    def no_mask(s, c, t, direction="pos"):
+        return _label_probs(c, t, s, mask=False)[1][:, pick(direction, c)]
+
+    def softmax_batch(s, c, t, direction="pos"):
+        return _label_probs(c, t, s, dim=0)[1][:, pick(direction, c)]
+
+    def always_positive(s, c, t, direction="pos"):
+        return _label_probs(c, t, s)[1][:, pick("pos", c)]
+
+    def sigmoid_logit(s, c, t, direction="pos"):
+        return _label_probs(c, t, s)[0][:, pick(direction, c)].sigmoid()
+
+    cases = [
+        Case("5 reviews, direction='pos' (label2id puts POSITIVE at index 0)", (_REVIEWS, swapped, tok, "pos")),
+        Case("5 reviews, direction='neg'", (_REVIEWS, swapped, tok, "neg")),
+        Case("the usual label order (NEGATIVE=0, POSITIVE=1), 'pos'", (_REVIEWS, usual, tok2), {"direction": "pos"}),
+        Case("a batch of 1", (["great fun"], usual, tok2, "neg")),
+    ]
+    detail = compare_to_reference(
+        candidate,
+        rewards.reward_fn_sentiment,
+        cases,
+        arg_names=["samples", "classifier", "tokenizer", "direction"],
+        mistakes=[
+            # First: on the 'neg' case with POSITIVE at index 0 it coincides with the hard-coded index,
+            # and a candidate that got there passed the 'pos' case, so it ignores the direction.
+            Mistake("direction='neg' should give the NEGATIVE label's probability.", always_positive),
+            Mistake("You assumed POSITIVE is label 1: read the index from classifier.config.label2id "
+                    "(this classifier has label2id = {'POSITIVE': 0, 'NEGATIVE': 1}).", hard_coded),
+            Mistake("Those are raw logits: softmax them over the label dimension first.", logits_not_probs),
+            Mistake("Padding changed the shorter reviews' scores: pass attention_mask to the classifier "
+                    "along with input_ids.", no_mask),
+            Mistake("The softmax is over the batch: take it over the labels (dim=-1).", softmax_batch),
+            Mistake("sigmoid(logit) is not the label's probability for a 2-way softmax classifier: use "
+                    "logits.softmax(-1).", sigmoid_logit),
+        ],
+    )
+
+    # Gradients: a reward is a number, not something to backpropagate into the classifier.
+    out = call(candidate, _REVIEWS[:2], usual, tok2, "pos")
+    if out.requires_grad:
+        raise CheckFailure(
+            "your reward tensor requires grad: the classifier ran with gradient tracking on.",
+            hint="Wrap the classifier call in `with torch.no_grad():` (it saves memory and time, and a "
+            "reward must not be differentiated through).",
+        )
+
+    # Batching: one forward pass per sample is correct but very slow for a 512-sample rollout.
+    calls = []
+    handle = usual.register_forward_pre_hook(lambda module, inputs: calls.append(1))
+    try:
+        call(candidate, _REVIEWS, usual, tok2, "pos")
+    finally:
+        handle.remove()
+    if len(calls) >= len(_REVIEWS):
+        raise CheckFailure(
+            f"the classifier ran {len(calls)} times for {len(_REVIEWS)} samples: one forward pass per sample.",
+            hint="Tokenize the whole list at once with padding=True and run one forward pass on the batch "
+            "(the attention mask keeps padding from changing the scores).",
+        )
+    return detail + " Runs without gradients, in batches."
+
+
+# ----------------------------------------------------------------------------------------------------
+# whiten
+# ----------------------------------------------------------------------------------------------------
+def _whiten_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(2)
+    matrix = torch.randn(4, 6, generator=g) * 3 + 2
+    return [
+        Case("a [4, 6] tensor, shift_mean=True", (matrix,)),
+        Case("the same, shift_mean=False", (matrix,), {"shift_mean": False}),
+        Case("a [10] tensor", (torch.rand(10, generator=g) * 5,)),
+        Case("a [2, 3, 4] tensor, shift_mean=False", (torch.randn(2, 3, 4, generator=g) - 4,), {"shift_mean": False}),
+        Case("all-equal values", (torch.full((3, 4), 0.7),)),
+        Case("all-equal values, shift_mean=False", (torch.full((5,), -1.5),), {"shift_mean": False}),
+        Case("a single element", (torch.tensor([3.0]),)),
+        Case("eps=0.1", (matrix,), {"eps": 0.1}),
+    ]
+
+
+def _whiten_variant(center: Callable, scale: Callable, add_back: bool = True, center_when_kept: bool = True):
+    def fn(values, shift_mean=True, eps=1e-8):
+        mean, var = center(values), scale(values)
+        if shift_mean or center_when_kept:
+            out = (values - mean) * torch.rsqrt(var + eps)
+        else:
+            out = values * torch.rsqrt(var + eps)
+        if not shift_mean and add_back and center_when_kept:
+            out = out + mean
+        return out
+
+    return fn
+
+
+@checker(
+    "whiten",
+    chapter=CHAPTER,
+    hint="Use ONE mean and ONE variance over all elements (values.mean(), and the biased variance "
+    "((values - mean) ** 2).mean() or values.var(unbiased=False)); return (values - mean) * "
+    "torch.rsqrt(var + eps), plus mean when shift_mean is False.",
+)
+def check_whiten(candidate) -> str:
+    all_mean = lambda v: v.mean()  # noqa: E731
+    biased = lambda v: v.var(unbiased=False)  # noqa: E731
+    row_mean = lambda v: v.mean(-1, keepdim=True)  # noqa: E731
+    return compare_to_reference(
+        candidate,
+        rewards.whiten,
+        _whiten_cases(),
+        arg_names=["values"],
+        mistakes=[
+            Mistake("That uses the unbiased variance (divides by N - 1, torch's default for .var() and "
+                    ".std()): whitening uses the biased one, values.var(unbiased=False).",
+                    _whiten_variant(all_mean, lambda v: v.var())),
+            Mistake("Those are per-row statistics (mean/var over the last dimension): take the mean and "
+                    "variance over ALL elements, values.mean() with no dim.",
+                    _whiten_variant(row_mean, lambda v: v.var(-1, unbiased=False, keepdim=True))),
+            Mistake("Those are per-row statistics with the unbiased variance: take one mean and one biased "
+                    "variance over ALL elements.",
+                    _whiten_variant(row_mean, lambda v: v.var(-1, keepdim=True))),
+            Mistake("With shift_mean=False the mean must be added back after scaling: "
+                    "(x - mean) * rsqrt(var + eps) + mean.", _whiten_variant(all_mean, biased, add_back=False)),
+            Mistake("With shift_mean=False, still centre before scaling and add the mean back afterwards: "
+                    "(x - mean) * rsqrt(var + eps) + mean, not x * rsqrt(var + eps).",
+                    _whiten_variant(all_mean, biased, center_when_kept=False)),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# ngram_repetition
+# ----------------------------------------------------------------------------------------------------
+_TEXTS = [
+    "great great great great great great",
+    "the movie was good and the movie was fun",
+    "I loved it",
+    "too short",
+    "the plot  was\tthin,\nthe plot  was thin, the plot was thin",
+    "",
+]
+
+
+def _ngram_variant(tokenize: Callable[[str], list], total_fn=None, short=0.0, invert=False):
+    def fn(samples, n=3):
+        out = []
+        for s in samples:
+            units = tokenize(s)
+            if len(units) < n:
+                out.append(short)
+                continue
+            grams = [tuple(units[i : i + n]) for i in range(len(units) - n + 1)]
+            total = total_fn(units, grams) if total_fn else len(grams)
+            ratio = len(set(grams)) / total
+            out.append(ratio if invert else 1.0 - ratio)
+        return torch.tensor(out, dtype=torch.float32)
+
+    return fn
+
+
+@checker(
+    "ngram_repetition",
+    chapter=CHAPTER,
+    hint="words = sample.split(); the n-grams are the tuples words[i:i + n] for i in range(len(words) - n + "
+    "1); the score is 1 - len(set(ngrams)) / len(ngrams), and 0.0 when there are fewer than n words.",
+)
+def check_ngram_repetition(candidate) -> str:
+    cases = [
+        Case("six samples, n=3", (_TEXTS,)),
+        Case("n=2", (_TEXTS,), {"n": 2}),
+        Case("n=1", (_TEXTS[:3],), {"n": 1}),
+        Case("a batch of 1, n=4", (["a b c d a b c d a b c d"],), {"n": 4}),
+        Case("only short samples", (["hi", "two words", ""],)),
+    ]
+    return compare_to_reference(
+        candidate,
+        rewards.ngram_repetition,
+        cases,
+        arg_names=["samples"],
+        mistakes=[
+            Mistake("Those are character n-grams: split each sample into words with sample.split() and "
+                    "build the n-grams from the list of words.", _ngram_variant(list)),
+            Mistake("That is the fraction of DISTINCT n-grams: repetition is 1 - unique / total.",
+                    _ngram_variant(str.split, invert=True)),
+            Mistake("The number of n-grams in w words is w - n + 1, not w.",
+                    _ngram_variant(str.split, total_fn=lambda words, grams: len(words))),
+            Mistake("split(' ') keeps empty strings and newlines/tabs inside words: use split() with no "
+                    "argument.", _ngram_variant(lambda s: s.split(" "))),
+            Mistake("A sample with fewer than n words has no n-gram, so nothing repeats: score it 0.0.",
+                    _ngram_variant(str.split, short=1.0)),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# bradley_terry_loss
+# ----------------------------------------------------------------------------------------------------
+_LARGE_CHOSEN = torch.tensor([-150.0, 120.0, 0.5, -300.0])
+_LARGE_REJECTED = torch.tensor([150.0, -100.0, 0.0, 0.0])
+
+
+@checker(
+    "bradley_terry_loss",
+    chapter=CHAPTER,
+    hint="The probability that chosen beats rejected is sigmoid(r_chosen - r_rejected); the loss is the "
+    "negative mean of its log, -F.logsigmoid(chosen_rewards - rejected_rewards).mean(). "
+    "F.logsigmoid stays finite where torch.log(torch.sigmoid(x)) becomes -inf.",
+)
+def check_bradley_terry_loss(candidate) -> str:
+    g = torch.Generator().manual_seed(3)
+    chosen, rejected = torch.randn(8, generator=g) * 2, torch.randn(8, generator=g) * 2
+    cases = [
+        Case("a batch of 8", (chosen, rejected)),
+        Case("a batch of 1", (torch.tensor([1.5]), torch.tensor([-0.5]))),
+        Case("ties (all-equal rewards)", (torch.zeros(5), torch.zeros(5))),
+        Case("differences up to +-12", (torch.linspace(-6, 6, 7), torch.linspace(6, -6, 7))),
+    ]
+    detail = compare_to_reference(
+        candidate,
+        rewards.bradley_terry_loss,
+        cases,
+        arg_names=["chosen_rewards", "rejected_rewards"],
+        mistakes=[
+            Mistake("Chosen and rejected are swapped: the loss should push r_chosen ABOVE r_rejected, "
+                    "-logsigmoid(chosen - rejected).", lambda c, r: -F.logsigmoid(r - c).mean()),
+            Mistake("That is the log-likelihood itself: the loss is its NEGATIVE, -mean(logsigmoid(...)).",
+                    lambda c, r: F.logsigmoid(c - r).mean()),
+            Mistake("That is a sum over the batch: take the mean.", lambda c, r: -F.logsigmoid(c - r).sum()),
+            Mistake("That is -mean(sigmoid(...)): the loss needs the LOG of the sigmoid.",
+                    lambda c, r: -torch.sigmoid(c - r).mean()),
+            Mistake("That is -mean(chosen - rejected), a raw margin: pass the difference through logsigmoid.",
+                    lambda c, r: -(c - r).mean()),
+            *[
+                Mistake(f"That matches -log(sigmoid(x) + {eps:g}): the eps keeps the log finite but biases "
+                        "the loss wherever sigmoid(x) is small, and it saturates at -log(eps) for large "
+                        "differences. Use F.logsigmoid(x), exact and stable.",
+                        lambda c, r, eps=eps: -torch.log(torch.sigmoid(c - r) + eps).mean())
+                for eps in (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10, 1e-12)
+            ],
+            *[
+                Mistake(f"That matches -log(sigmoid(x).clamp(min={eps:g})): the clamp keeps the log finite "
+                        "but saturates the loss for large differences. Use F.logsigmoid(x).",
+                        lambda c, r, eps=eps: -torch.log(torch.sigmoid(c - r).clamp(min=eps)).mean())
+                for eps in (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-10, 1e-12)
+            ],
+        ],
+    )
+
+    # Moderate differences pass; now large ones, where log(sigmoid(x)) breaks down.
+    expected = rewards.bradley_terry_loss(_LARGE_CHOSEN, _LARGE_REJECTED).item()
+    big = call(candidate, _LARGE_CHOSEN.clone(), _LARGE_REJECTED.clone(),
+               _arg_names=["chosen_rewards", "rejected_rewards"])
+    expect_tensor(big, shape=(), what="On large differences, your output", allow_nan=True)
+    value = big.detach().float().item()
+    unstable_hint = (
+        "log(sigmoid(x)) is unstable: sigmoid(-300) underflows to 0 and its log is -inf (or, with an "
+        "eps inside the log, the loss saturates at -log(eps)). Use F.logsigmoid(x), or -F.softplus(-x), "
+        "which stay exact."
+    )
+    where = "On reward differences chosen - rejected of -300, +220, +0.5, -300"
+    if not math.isfinite(value):
+        raise CheckFailure(f"{where} your loss is {value}, expected {expected:.4f}.", hint=unstable_hint)
+    if not math.isclose(value, expected, rel_tol=1e-4, abs_tol=1e-4):
+        saturated = value < expected
+        raise CheckFailure(
+            f"{where} your loss is {value:.4f}, expected {expected:.4f}"
+            + (": it saturates for large differences." if saturated else "."),
+            hint=unstable_hint if saturated else None,
+        )
+    return detail.rstrip(".") + ", and reward differences of -300 .. +220."
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pooling
+# ----------------------------------------------------------------------------------------------------
+def _masks() -> dict[str, torch.Tensor]:
+    right = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    left = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]])
+    return {"right": right, "left": left, "full": torch.ones(2, 5, dtype=torch.long), "one": torch.tensor([[1, 1, 0, 0, 0]])}
+
+
+def _pool_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(4)
+    m = _masks()
+    return [
+        Case("scores [3, 5], right padding", (torch.randn(3, 5, generator=g), m["right"])),
+        Case("hidden states [3, 5, 4], right padding", (torch.randn(3, 5, 4, generator=g), m["right"])),
+        Case("a boolean mask", (torch.randn(3, 5, 4, generator=g), m["right"].bool())),
+        Case("no padding", (torch.randn(2, 5, 3, generator=g), m["full"])),
+        Case("a batch of 1", (torch.randn(1, 5, 2, generator=g), m["one"])),
+        Case("left padding", (torch.randn(3, 5, 4, generator=g), m["left"])),
+    ]
+
+
+def _take(x, idx):
+    return x[torch.arange(x.shape[0]), idx]
+
+
+@checker(
+    "pool_last_token",
+    chapter=CHAPTER,
+    hint="For each row find the index of the LAST position where the mask is 1 (e.g. replace masked "
+    "positions of torch.arange(seq) by -1 and take the max over seq), then gather x[rows, index]. "
+    "mask.sum(1) - 1 is that index only when padding is on the right.",
+)
+def check_pool_last_token(candidate) -> str:
+    return compare_to_reference(
+        candidate,
+        rewards.pool_last_token,
+        _pool_cases(),
+        arg_names=["x", "attention_mask"],
+        mistakes=[
+            Mistake("x[:, -1] is padding for the shorter rows: take the last position where the mask is 1.",
+                    lambda x, m: x[:, -1]),
+            Mistake("mask.sum(1) - 1 is the last real position only with right padding; here the padding "
+                    "is on the left. Find the last position where the mask is 1.",
+                    lambda x, m: _take(x, m.long().sum(1) - 1)),
+            Mistake("Off by one: with n real tokens (right padding) the last one is at index n - 1.",
+                    lambda x, m: _take(x, m.long().sum(1).clamp(max=x.shape[1] - 1))),
+            Mistake("argmax of the mask returns the FIRST real position, not the last.",
+                    lambda x, m: _take(x, m.long().argmax(1))),
+            Mistake("That is the first position: take the last real one.", lambda x, m: x[:, 0]),
+        ],
+    )
+
+
+def _mask_like(x, m):
+    return m.bool().reshape(*m.shape, *([1] * (x.ndim - 2)))
+
+
+@checker(
+    "pool_mean",
+    chapter=CHAPTER,
+    hint="Zero the padding positions (torch.where(mask, x, 0), with the mask reshaped to broadcast over the "
+    "feature dimensions), sum over seq, and divide by the number of REAL tokens of each row, mask.sum(1).",
+)
+def check_pool_mean(candidate) -> str:
+    return compare_to_reference(
+        candidate,
+        rewards.pool_mean,
+        _pool_cases(),
+        arg_names=["x", "attention_mask"],
+        mistakes=[
+            Mistake("x.mean(1) averages the padding too: average over the real positions only.",
+                    lambda x, m: x.mean(1)),
+            Mistake("You zeroed the padding but divided by the full length: divide by the number of real "
+                    "tokens, mask.sum(1).", lambda x, m: torch.where(_mask_like(x, m), x, 0).sum(1) / x.shape[1]),
+            Mistake("That is a sum: divide by the number of real tokens.",
+                    lambda x, m: torch.where(_mask_like(x, m), x, 0).sum(1)),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# RewardModel
+# ----------------------------------------------------------------------------------------------------
+def small_model(seed: int = 0, d_vocab: int = 40) -> HookedTransformer:
+    """A seeded random GPT-2-style backbone, small enough to build in milliseconds."""
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=d_vocab,
+        act_fn="gelu_new", normalization_type="LN", seed=seed,
+    )
+    return HookedTransformer(cfg).eval()
+
+
+def _token_batches(d_vocab: int = 40) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    m = _masks()
+    tokens = torch.randint(1, d_vocab, (3, 5), generator=g)
+    return {
+        "right": (tokens, m["right"]),
+        "left": (torch.randint(1, d_vocab, (3, 5), generator=g), m["left"]),
+        "one": (torch.randint(1, d_vocab, (1, 5), generator=g), m["one"]),
+    }
+
+
+def _rm_mistakes(base: HookedTransformer, head: torch.nn.Module, pooling: str) -> list[Mistake]:
+    def hidden(tokens, mask, *, use_mask=True, hook="ln_final.hook_normalized"):
+        store = []
+        base.run_with_hooks(
+            tokens, attention_mask=mask if use_mask else None, return_type=None,
+            fwd_hooks=[(hook, lambda act, hook: store.append(act))],
+        )
+        return store[0]
+
+    def reduce(h, mask, how):
+        if how == "last":
+            return head(rewards.pool_last_token(h, mask)).squeeze(-1)
+        if how == "mean_scores":
+            return rewards.pool_mean(head(h).squeeze(-1), mask)
+        return head(rewards.pool_mean(h, mask)).squeeze(-1)
+
+    resid = f"blocks.{base.cfg.n_layers - 1}.hook_resid_post"
+    wrong = [
+        Mistake("The backbone ran without the attention mask: pass attention_mask to the model (real "
+                "tokens must not attend to padding, and positions start at the first real token).",
+                lambda t, m=None: reduce(hidden(t, m, use_mask=False), m, pooling)),
+        Mistake("Those features are the residual stream BEFORE the final LayerNorm: read "
+                "'ln_final.hook_normalized'.", lambda t, m=None: reduce(hidden(t, m, hook=resid), m, pooling)),
+    ]
+    if pooling == "last":
+        wrong += [
+            Mistake("h[:, -1] is padding for the shorter rows: pool the last REAL token "
+                    "(pool_last_token(hidden, attention_mask)).", lambda t, m=None: head(hidden(t, m)[:, -1]).squeeze(-1)),
+            Mistake("mask.sum(1) - 1 is the last real position only with right padding: use pool_last_token.",
+                    lambda t, m=None: head(_take(hidden(t, m), m.sum(1) - 1)).squeeze(-1)),
+            Mistake("pooling='last' should read the last real token, not a mean.",
+                    lambda t, m=None: reduce(hidden(t, m), m, "mean_hidden")),
+        ]
+    else:
+        other = "mean_hidden" if pooling == "mean_scores" else "mean_scores"
+        wrong += [
+            Mistake("The mean includes the padding positions: average over real tokens only (pool_mean).",
+                    lambda t, m=None: (head(hidden(t, m)).squeeze(-1).mean(1) if pooling == "mean_scores"
+                                       else head(hidden(t, m).mean(1)).squeeze(-1))),
+            Mistake(f"pooling='{pooling}' should not use the last token.",
+                    lambda t, m=None: reduce(hidden(t, m), m, "last")),
+            Mistake(f"That is the '{other}' pooling: 'mean_scores' applies the head to every position and "
+                    "averages the scores; 'mean_hidden' averages the hidden states, then applies the head.",
+                    lambda t, m=None: reduce(hidden(t, m), m, other)),
+        ]
+    return wrong
+
+
+@checker(
+    "RewardModel",
+    chapter=CHAPTER,
+    hint="In forward: default the mask to torch.ones_like(tokens); run self.base_model.run_with_hooks(tokens, "
+    "attention_mask=attention_mask, return_type=None, fwd_hooks=[('ln_final.hook_normalized', fn)]) with a "
+    "fn that stores the activation; then for 'last' return self.head(pool_last_token(h, mask)).squeeze(-1), "
+    "for 'mean_scores' pool_mean(self.head(h).squeeze(-1), mask), for 'mean_hidden' "
+    "self.head(pool_mean(h, mask)).squeeze(-1).",
+)
+def check_reward_model(candidate) -> str:
+    base = small_model(seed=6)
+    batches = _token_batches(base.cfg.d_vocab)
+    for pooling, head_hidden in (("last", None), ("mean_scores", 8), ("mean_hidden", 8)):
+        learner = call(candidate, base, pooling=pooling, head_hidden=head_hidden)
+        head = get_attr(learner, "head")
+        reference = rewards.RewardModel(base, pooling=pooling, head_hidden=head_hidden)
+        try:
+            reference.head.load_state_dict(head.state_dict())
+        except Exception as exc:  # noqa: BLE001 - the learner changed the head
+            raise CheckFailure(f"self.head is not the head __init__ builds ({exc}).") from None
+        cases = [
+            Case(f"pooling={pooling!r}, right padding", batches["right"]),
+            Case(f"pooling={pooling!r}, left padding", batches["left"]),
+            Case(f"pooling={pooling!r}, a batch of 1", batches["one"]),
+            Case(f"pooling={pooling!r}, no attention_mask given", (batches["right"][0],)),
+        ]
+        compare_to_reference(
+            learner, reference, cases, arg_names=["tokens", "attention_mask"],
+            mistakes=_rm_mistakes(base, reference.head, pooling),
+        )
+
+    # Gradients must reach the backbone (run_with_cache detaches what it stores).
+    learner = call(candidate, base, pooling="last")
+    base.zero_grad(set_to_none=True)
+    out = call(learner, *batches["right"])
+    expect_tensor(out, shape=(3,), what="your forward's output")
+    if not out.requires_grad:
+        raise CheckFailure("your reward does not require grad: nothing could be trained.",
+                           hint="Do not run the forward under torch.no_grad(), and do not .detach() the features.")
+    out.sum().backward()
+    base_grad = sum(float(p.grad.abs().sum()) for p in base.parameters() if p.grad is not None)
+    base.zero_grad(set_to_none=True)
+    if base_grad == 0.0:
+        raise CheckFailure(
+            "no gradient reaches the backbone: only the head would learn.",
+            hint="run_with_cache stores DETACHED activations: read ln_final.hook_normalized with your own "
+            "hook in run_with_hooks (and do not .detach() it).",
+        )
+    return "matches the reference for the three poolings (right and left padding, batch of 1, no mask); " \
+           "gradients reach the backbone."
+
+
+# ----------------------------------------------------------------------------------------------------
+# reward_model_train_step
+# ----------------------------------------------------------------------------------------------------
+def _pair_batch(d_vocab: int):
+    g = torch.Generator().manual_seed(7)
+    chosen = torch.randint(1, d_vocab, (4, 6), generator=g)
+    rejected = torch.randint(1, d_vocab, (4, 5), generator=g)
+    chosen_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 3 + [0] * 3])
+    rejected_mask = torch.tensor([[1] * 2 + [0] * 3, [1] * 5, [1] * 4 + [0], [1] * 5])
+    return chosen, chosen_mask, rejected, rejected_mask
+
+
+def _fresh_rm() -> rewards.RewardModel:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(8)
+        return rewards.RewardModel(small_model(seed=8), pooling="last")
+
+
+def _number(x) -> float:
+    return float(x.detach().item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+def _two_steps(step_fn: Callable, *, learner: bool) -> tuple:
+    """Run ``step_fn`` twice on a fresh reward model with SGD; return (loss, accuracy, margin) of both
+    steps and the parameters after them."""
+    model = _fresh_rm()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    batch = _pair_batch(model.base_model.cfg.d_vocab)
+    metrics = []
+    for _ in range(2):
+        out = call(step_fn, model, optimizer, *batch,
+                   _arg_names=["model", "optimizer", "chosen_tokens", "chosen_mask", "rejected_tokens",
+                               "rejected_mask"]) if learner else step_fn(model, optimizer, *batch)
+        if not isinstance(out, dict) or not {"loss", "accuracy", "margin"} <= set(out):
+            raise CheckFailure(
+                f"expected a dict with keys 'loss', 'accuracy' and 'margin', got {fmt(out)}.",
+                hint="return {'loss': loss.item(), 'accuracy': (r_c > r_r).float().mean().item(), "
+                "'margin': (r_c - r_r).mean().item()}",
+            )
+        try:
+            metrics += [_number(out[key]) for key in ("loss", "accuracy", "margin")]
+        except (TypeError, ValueError, RuntimeError):
+            raise CheckFailure(f"loss, accuracy and margin should be numbers, got {fmt(out)}.") from None
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return tuple(metrics), params
+
+
+def _step_variant(*, swap=False, step=True, zero_grad=True, masks=True):
+    def fn(model, optimizer, ct, cm, rt, rm):
+        rc = model(ct, cm) if masks else model(ct)
+        rr = model(rt, rm) if masks else model(rt)
+        loss = rewards.bradley_terry_loss(rr, rc) if swap else rewards.bradley_terry_loss(rc, rr)
+        if zero_grad:
+            optimizer.zero_grad()
+        loss.backward()
+        if step:
+            optimizer.step()
+        margin = (rc - rr).detach()
+        return {"loss": loss.item(), "accuracy": (margin > 0).float().mean().item(), "margin": margin.mean().item()}
+
+    return fn
+
+
+@checker(
+    "reward_model_train_step",
+    chapter=CHAPTER,
+    hint="r_c = model(chosen_tokens, chosen_mask), r_r = model(rejected_tokens, rejected_mask), loss = "
+    "bradley_terry_loss(r_c, r_r); optimizer.zero_grad(); loss.backward(); optimizer.step(); return the "
+    "loss, the fraction of pairs with r_c > r_r and the mean of r_c - r_r (all as floats, from before the step).",
+)
+def check_reward_model_train_step(candidate) -> str:
+    expected_metrics, expected_params = _two_steps(rewards.reward_model_train_step, learner=False)
+    got_metrics, got_params = _two_steps(candidate, learner=True)
+    names = ["loss", "accuracy", "margin"]
+    variants = [
+        ("Chosen and rejected are swapped: the loss must push r_chosen above r_rejected, "
+         "bradley_terry_loss(r_chosen, r_rejected).", _step_variant(swap=True)),
+        ("The parameters did not change: call optimizer.step() after loss.backward().", _step_variant(step=False)),
+        ("The second step used the first step's gradients too: call optimizer.zero_grad() before "
+         "loss.backward() (gradients accumulate in .grad).", _step_variant(zero_grad=False)),
+        ("The masks were not passed to the model: model(chosen_tokens, chosen_mask) (padding is not text).",
+         _step_variant(masks=False)),
+    ]
+
+    def close(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return bool(torch.allclose(a, b, atol=1e-4, rtol=1e-3))
+        return all(math.isclose(x, y, rel_tol=1e-3, abs_tol=1e-4) for x, y in zip(a, b))
+
+    def diagnose() -> str | None:
+        for hint, fn in variants:
+            metrics, params = _two_steps(fn, learner=False)
+            if close(got_metrics, metrics) and close(got_params, params):
+                return hint
+        return None
+
+    for i, (got, want) in enumerate(zip(got_metrics, expected_metrics)):
+        if not math.isclose(got, want, rel_tol=1e-3, abs_tol=1e-4):
+            raise CheckFailure(
+                f"step {i // 3 + 1}: your {names[i % 3]} is {got:.6g}, expected {want:.6g} (measured before "
+                "the optimizer step).",
+                hint=diagnose(),
+            )
+    if not close(got_params, expected_params):
+        changed = not torch.equal(got_params, _two_steps(_step_variant(step=False), learner=False)[1])
+        raise CheckFailure(
+            "after two steps your parameters differ from the reference's"
+            + ("" if changed else " (they did not move at all)") + ".",
+            hint=diagnose(),
+        )
+    return "two SGD steps match the reference: loss, accuracy, margin and the updated parameters."

@@ -1,0 +1,669 @@
+"""Chapter 02 reference: rewards for language models, and a Bradley-Terry reward model.
+
+For a language model an episode is one completion: the policy writes tokens one at a time and is
+scored once, when it has finished. So a reward here is a function of a whole text, r(x) -> a number
+per sample, and it is sparse (it arrives at the last token). This module holds every kind of r the
+course uses:
+
+- toy and scripted rewards: :func:`reward_fn_char_count`, :func:`reward_fn_sentiment` (a classifier's
+  probability for one label);
+- normalisation and shaping: :func:`whiten`, :func:`ngram_repetition`, :func:`length_penalty`,
+  :func:`missing_eos_penalty`, :func:`shaped_reward`;
+- a learned reward: :class:`RewardModel`, a HookedTransformer backbone with a scalar head, trained on
+  preference pairs with the Bradley-Terry loss (:func:`bradley_terry_loss`,
+  :func:`reward_model_train_step`, :func:`train_reward_model`).
+
+``python -m rlhf_tutorial train-reward-model --world tiny --seed 0`` trains the reward model on the tiny
+world's preference pairs and prints a JSON summary (held-out pairwise accuracy, wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+# ----------------------------------------------------------------------------------------------------
+# Rewards computed from text
+# ----------------------------------------------------------------------------------------------------
+
+
+def reward_fn_char_count(samples: list[str], char: str = ".") -> Float[Tensor, "batch"]:
+    """The toy reward r(x) = number of occurrences of ``char`` in x, one float per sample.
+
+    A policy optimised against it learns to emit ``char`` over and over: the simplest reward hack.
+    """
+    counts = [float(sample.count(char)) for sample in samples]
+    return torch.tensor(counts, dtype=torch.float32)
+
+
+def reward_fn_sentiment(
+    samples: list[str], classifier, tokenizer, direction: str = "pos"
+) -> Float[Tensor, "batch"]:
+    """r(x) = p_classifier(label | x), label POSITIVE for ``direction="pos"``, NEGATIVE for "neg".
+
+    The label's index is read from ``classifier.config.label2id`` (never assumed), the texts are
+    tokenized together with padding (one forward pass per chunk of samples, the attention mask
+    passed along so padding changes nothing), on the classifier's device, without gradients.
+    Returns float32 probabilities on the classifier's device.
+    """
+    if direction not in ("pos", "neg"):
+        raise ValueError(f"direction must be 'pos' or 'neg', got {direction!r}")
+    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+    device = next(classifier.parameters()).device
+    chunk = 64
+    probs = []
+    with torch.no_grad():
+        for start in range(0, len(samples), chunk):
+            batch = tokenizer(
+                samples[start : start + chunk], padding=True, truncation=True, return_tensors="pt"
+            )
+            logits: Float[Tensor, "chunk n_labels"] = classifier(
+                input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)
+            ).logits
+            probs.append(logits.float().softmax(dim=-1)[:, label])
+    if not probs:
+        return torch.zeros(0, dtype=torch.float32, device=device)
+    return torch.cat(probs)
+
+
+def whiten(values: Float[Tensor, "*b"], shift_mean: bool = True, eps: float = 1e-8) -> Float[Tensor, "*b"]:
+    """Normalise with statistics over ALL elements: (x - mu) / sqrt(sigma^2 + eps).
+
+    mu and sigma^2 are the mean and the biased variance (divide by N) of every element of ``values``.
+    With ``shift_mean=False`` the mean is added back, (x - mu) / sqrt(sigma^2 + eps) + mu: the spread is
+    rescaled but the sign and level of the rewards survive.
+    """
+    mean = values.mean()
+    var = ((values - mean) ** 2).mean()  # biased: / N
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def ngram_repetition(samples: list[str], n: int = 3) -> Float[Tensor, "batch"]:
+    """Fraction of repeated word n-grams: 1 - (#distinct n-grams) / (#n-grams), per sample.
+
+    Words come from ``str.split()``; a sample with w >= n words has w - n + 1 n-grams. A sample with
+    fewer than n words scores 0.0. 0 means no n-gram repeats; it tends to 1 for "great great great ...".
+    """
+    scores = []
+    for sample in samples:
+        words = sample.split()
+        if len(words) < n:
+            scores.append(0.0)
+            continue
+        grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+        scores.append(1.0 - len(set(grams)) / len(grams))
+    return torch.tensor(scores, dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shaping terms: small corrections added to a reward
+# ----------------------------------------------------------------------------------------------------
+
+
+def length_penalty(
+    lengths: Int[Tensor, "batch"], coef: float = 0.01, target: int | None = None
+) -> Float[Tensor, "batch"]:
+    """-coef * length, or -coef * |length - target| when a target length is given."""
+    lengths = lengths.float()
+    if target is None:
+        return -coef * lengths
+    return -coef * (lengths - target).abs()
+
+
+def missing_eos_penalty(
+    completion_tokens: Int[Tensor, "batch gen"], eos_token_id: int, penalty: float = 1.0
+) -> Float[Tensor, "batch"]:
+    """-penalty for each completion that never emits the end-of-sequence token, 0 for the others."""
+    has_eos = (completion_tokens == eos_token_id).any(dim=-1)
+    return torch.where(has_eos, 0.0, -penalty).float()
+
+
+def shaped_reward(
+    scores: Float[Tensor, "batch"],
+    samples: list[str],
+    *,
+    repetition_coef: float = 0.0,
+    n: int = 3,
+    lengths: Int[Tensor, "batch"] | None = None,
+    length_coef: float = 0.0,
+    length_target: int | None = None,
+    completion_tokens: Int[Tensor, "batch gen"] | None = None,
+    eos_token_id: int | None = None,
+    eos_penalty: float = 0.0,
+) -> Float[Tensor, "batch"]:
+    """r = scores - repetition_coef * ngram_repetition(samples, n) + length term + missing-EOS term.
+
+    Each term is only added when its coefficient is non-zero (and, for the last two, its inputs are
+    given).
+    """
+    shaped = scores.float().clone()
+    if repetition_coef:
+        shaped = shaped - repetition_coef * ngram_repetition(samples, n).to(shaped.device)
+    if length_coef and lengths is not None:
+        shaped = shaped + length_penalty(lengths, length_coef, length_target).to(shaped.device)
+    if eos_penalty and completion_tokens is not None and eos_token_id is not None:
+        shaped = shaped + missing_eos_penalty(completion_tokens, eos_token_id, eos_penalty).to(shaped.device)
+    return shaped
+
+
+# ----------------------------------------------------------------------------------------------------
+# Preference reward model
+# ----------------------------------------------------------------------------------------------------
+
+
+def bradley_terry_loss(
+    chosen_rewards: Float[Tensor, "b"], rejected_rewards: Float[Tensor, "b"]
+) -> Float[Tensor, ""]:
+    """L = -mean_i log sigma(r_chosen_i - r_rejected_i).
+
+    Under the Bradley-Terry model P(chosen > rejected) = sigma(r_c - r_r), so L is the negative
+    log-likelihood of the human preferences. ``F.logsigmoid`` computes log sigma(z) without
+    overflow: log(sigmoid(z)) underflows to log(0) = -inf once z < -100 or so.
+    """
+    return -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+
+
+def pool_last_token(
+    x: Float[Tensor, "batch seq *feat"], attention_mask: Int[Tensor, "batch seq"]
+) -> Float[Tensor, "batch *feat"]:
+    """out[b] = x[b, t_b], t_b = the last position with attention_mask[b, t] = 1.
+
+    Works for right padding (real tokens first) and left padding (padding first) alike. Every row
+    needs at least one real token. ``x`` may be per-token scores [batch, seq] or hidden states
+    [batch, seq, d_model].
+    """
+    positions = torch.arange(x.shape[1], device=x.device)  # [seq]
+    # >>> exercise
+    # Real positions keep their index, padding gets -1; the max is the last real position.
+    last = torch.where(attention_mask.bool(), positions, -1).max(dim=1).values  # [batch]
+    rows = torch.arange(x.shape[0], device=x.device)
+    return x[rows, last]
+    # <<< exercise
+
+
+def pool_mean(
+    x: Float[Tensor, "batch seq *feat"], attention_mask: Int[Tensor, "batch seq"]
+) -> Float[Tensor, "batch *feat"]:
+    """out[b] = sum_t m[b, t] x[b, t] / sum_t m[b, t], the mean over real (unmasked) positions only.
+
+    Padding positions are excluded with ``torch.where`` (not multiplied by 0), so that a NaN or inf
+    computed at a padding position cannot leak into the mean.
+    """
+    mask = attention_mask.bool()
+    mask = mask.reshape(*mask.shape, *([1] * (x.ndim - 2)))  # [batch, seq, 1, ...] to broadcast
+    # >>> exercise
+    total = torch.where(mask, x, 0.0).sum(dim=1)  # [batch, *feat]
+    count = mask.sum(dim=1).clamp(min=1)  # [batch, 1, ...]
+    return total / count
+    # <<< exercise
+
+
+POOLINGS = ("last", "mean_scores", "mean_hidden")
+
+
+class RewardModel(nn.Module):
+    """r_phi(x): a HookedTransformer backbone, a pooling over positions and a scalar head.
+
+    The features are the backbone's final normalised residual stream h[b, t] (the activation at
+    ``ln_final.hook_normalized``, what the unembedding reads). Pooling turns [batch, seq, d_model]
+    into one number per sequence:
+
+    - "last":        r = head(h[b, last real t]): the last token has attended to the whole text;
+    - "mean_scores": r = mean over real t of head(h[b, t]): a score per token, averaged;
+    - "mean_hidden": r = head(mean over real t of h[b, t]).
+
+    With a linear head the last two are equal (a linear map commutes with a mean); they differ when
+    ``head_hidden`` makes the head a small MLP.
+    """
+
+    def __init__(self, base_model: HookedTransformer, pooling: str = "last", head_hidden: int | None = None):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        self.base_model = base_model
+        self.pooling = pooling
+        d_model = base_model.cfg.d_model
+        if head_hidden:
+            self.head = nn.Sequential(nn.Linear(d_model, head_hidden), nn.ReLU(), nn.Linear(head_hidden, 1))
+        else:
+            self.head = nn.Linear(d_model, 1)
+
+    def forward(
+        self, tokens: Int[Tensor, "batch seq"], attention_mask: Int[Tensor, "batch seq"] | None = None
+    ) -> Float[Tensor, "batch"]:
+        """One reward per sequence. ``attention_mask`` (1 = real token, 0 = padding) defaults to all ones.
+
+        Step 1: run the backbone with the attention mask (so that no real token attends to padding,
+        and positions count from the first real token) and keep ``ln_final.hook_normalized`` from a
+        hook (not from ``run_with_cache``, which detaches it: no gradient would reach the backbone);
+        ``return_type=None`` skips the unembedding. Step 2: pool as ``self.pooling`` says.
+        """
+        # >>> exercise
+        if attention_mask is None:
+            attention_mask = torch.ones_like(tokens)
+        stored: list[Tensor] = []
+
+        def keep(activation: Float[Tensor, "batch seq d_model"], hook) -> None:
+            stored.append(activation)
+
+        self.base_model.run_with_hooks(
+            tokens,
+            attention_mask=attention_mask,
+            return_type=None,
+            fwd_hooks=[("ln_final.hook_normalized", keep)],
+        )
+        hidden: Float[Tensor, "batch seq d_model"] = stored[0]
+        if self.pooling == "last":
+            return self.head(pool_last_token(hidden, attention_mask)).squeeze(-1)
+        if self.pooling == "mean_scores":
+            scores: Float[Tensor, "batch seq"] = self.head(hidden).squeeze(-1)
+            return pool_mean(scores, attention_mask)
+        return self.head(pool_mean(hidden, attention_mask)).squeeze(-1)
+        # <<< exercise
+
+
+def reward_model_train_step(
+    model: RewardModel,
+    optimizer: torch.optim.Optimizer,
+    chosen_tokens: Int[Tensor, "b s1"],
+    chosen_mask: Int[Tensor, "b s1"],
+    rejected_tokens: Int[Tensor, "b s2"],
+    rejected_mask: Int[Tensor, "b s2"],
+) -> dict[str, float]:
+    """One optimizer step on the Bradley-Terry loss of a batch of preference pairs.
+
+    r_c = model(chosen), r_r = model(rejected), L = bradley_terry_loss(r_c, r_r); clear old gradients,
+    backpropagate L, step. Returns, measured on this batch before the step: ``loss`` (L),
+    ``accuracy`` (fraction of pairs with r_c > r_r) and ``margin`` (mean of r_c - r_r), as floats.
+    """
+    chosen_rewards = model(chosen_tokens, chosen_mask)
+    rejected_rewards = model(rejected_tokens, rejected_mask)
+    loss = bradley_terry_loss(chosen_rewards, rejected_rewards)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    margin = (chosen_rewards - rejected_rewards).detach()
+    return {
+        "loss": loss.item(),
+        "accuracy": (margin > 0).float().mean().item(),
+        "margin": margin.mean().item(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data: preference pairs -> padded token batches
+# ----------------------------------------------------------------------------------------------------
+
+
+def pair_texts(pair: dict) -> tuple[str, str]:
+    """The two full texts a reward model scores for one pair: prompt + chosen, prompt + rejected.
+
+    The completions are appended to the prompt as they are when either side already carries the
+    separating whitespace, and joined with one space otherwise.
+    """
+
+    def join(prompt: str, completion: str) -> str:
+        if not prompt or not completion or prompt[-1].isspace() or completion[0].isspace():
+            return prompt + completion
+        if completion[0] in ".,;:!?'":
+            return prompt + completion
+        return prompt + " " + completion
+
+    prompt = pair.get("prompt", "")
+    return join(prompt, pair["chosen"]), join(prompt, pair["rejected"])
+
+
+def tokenize_texts(
+    model: HookedTransformer, texts: Sequence[str], max_len: int | None = None
+) -> tuple[Int[Tensor, "n seq"], Int[Tensor, "n seq"]]:
+    """Tokenize with a BOS token, keep at most ``max_len`` tokens, right-pad; return (tokens, mask).
+
+    The mask is built from the lengths, not from the pad id: GPT-2's pad, BOS and EOS are one token.
+    """
+    max_len = max_len or model.cfg.n_ctx
+    rows = [model.to_tokens(text, prepend_bos=True)[0, :max_len] for text in texts]
+    seq = max((len(r) for r in rows), default=1)
+    pad_id = getattr(model.tokenizer, "pad_token_id", None) or 0
+    tokens = torch.full((len(rows), seq), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), seq), dtype=torch.long)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = row.cpu()
+        mask[i, : len(row)] = 1
+    return tokens, mask
+
+
+@dataclass
+class PairBatch:
+    """Tokenized preference pairs (right-padded, with masks)."""
+
+    chosen_tokens: Int[Tensor, "n s1"]
+    chosen_mask: Int[Tensor, "n s1"]
+    rejected_tokens: Int[Tensor, "n s2"]
+    rejected_mask: Int[Tensor, "n s2"]
+
+    def __len__(self) -> int:
+        return self.chosen_tokens.shape[0]
+
+    def select(self, idx: Tensor, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Rows ``idx``, with the columns that are padding in every selected row trimmed off."""
+
+        def trim(tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+            tokens, mask = tokens[idx], mask[idx]
+            width = int(mask.sum(dim=1).max())
+            return tokens[:, :width].to(device), mask[:, :width].to(device)
+
+        return (*trim(self.chosen_tokens, self.chosen_mask), *trim(self.rejected_tokens, self.rejected_mask))
+
+
+def tokenize_pairs(model: HookedTransformer, pairs: Sequence[dict], max_len: int | None = None) -> PairBatch:
+    """Both sides of every pair (see :func:`pair_texts`) tokenized with :func:`tokenize_texts`."""
+    texts = [pair_texts(p) for p in pairs]
+    chosen = tokenize_texts(model, [c for c, _ in texts], max_len)
+    rejected = tokenize_texts(model, [r for _, r in texts], max_len)
+    return PairBatch(*chosen, *rejected)
+
+
+@torch.no_grad()
+def score_texts(
+    model: RewardModel, texts: Sequence[str], batch_size: int = 64, max_len: int | None = None
+) -> Float[Tensor, "n"]:
+    """The reward model's score of each text (no gradients), on CPU."""
+    device = next(model.parameters()).device
+    tokens, mask = tokenize_texts(model.base_model, texts, max_len)
+    scores = []
+    for start in range(0, len(texts), batch_size):
+        t, m = tokens[start : start + batch_size], mask[start : start + batch_size]
+        width = int(m.sum(dim=1).max())
+        scores.append(model(t[:, :width].to(device), m[:, :width].to(device)).float().cpu())
+    return torch.cat(scores) if scores else torch.zeros(0)
+
+
+@torch.no_grad()
+def evaluate_pairs(model: RewardModel, data: PairBatch, batch_size: int = 64) -> dict[str, float]:
+    """Held-out metrics: pairwise accuracy (fraction with r_c > r_r; ties count as wrong), BT loss, margin."""
+    device = next(model.parameters()).device
+    length = torch.maximum(data.chosen_mask.sum(1), data.rejected_mask.sum(1))
+    margins = []
+    for idx in length.argsort(stable=True).split(batch_size):  # similar lengths together: less padding
+        ct, cm, rt, rm = data.select(idx, device)
+        margins.append((model(ct, cm) - model(rt, rm)).float().cpu())
+    margin = torch.cat(margins)
+    return {
+        "accuracy": (margin > 0).float().mean().item(),
+        "loss": -F.logsigmoid(margin).mean().item(),
+        "margin": margin.mean().item(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RewardModelArgs:
+    """Arguments of :func:`train_reward_model` (and of ``python -m rlhf_tutorial train-reward-model``)."""
+
+    world: str | None = None
+    """"tiny" or "gpt2"; None: the world switch (environment variable) decides."""
+    seed: int = 0
+    """Seeds the head's initialisation and the order of the batches."""
+    pooling: str = "last"
+    """How to turn per-position features into one reward: "last", "mean_scores" or "mean_hidden"."""
+    head_hidden: int | None = None
+    """None: a linear head; an int: a ReLU MLP head with that many hidden units."""
+    epochs: int = 2
+    """Passes over the training pairs."""
+    batch_size: int = 16
+    """Pairs per optimizer step."""
+    lr: float = 5e-4
+    """AdamW learning rate of the backbone."""
+    head_lr: float = 3e-3
+    """AdamW learning rate of the scalar head (new weights learn faster)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (all parameters)."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up from 0 over this many steps."""
+    decay: bool = True
+    """After the warm-up, decay the learning rates linearly to 0 at the last step (else keep them)."""
+    max_len: int | None = None
+    """Keep at most this many tokens per text (BOS included); None: the model's context length."""
+    max_train_pairs: int | None = None
+    """Use only the first N training pairs (for quick runs)."""
+    max_test_pairs: int | None = None
+    """Evaluate on only the first N held-out pairs."""
+    bucket: bool = True
+    """Group pairs of similar length into batches (less padding, faster steps; the batch order is random)."""
+    eval_every: int = 50
+    """Optimizer steps between two held-out evaluations (there is one before training and one at the end)."""
+    eval_batch_size: int = 64
+    """Pairs per forward pass during evaluation."""
+    device: str | None = None
+    """Where to train ("cpu", "cuda"); None: wherever the model already is (load_policy puts it on the GPU
+    when there is one)."""
+    threads: int | None = 1
+    """torch.set_num_threads while training (1: reproducible across machines, and fastest for the tiny
+    model on a shared CPU; the previous setting is restored afterwards); None or 0 leaves torch's default."""
+    progress: bool = True
+    """Show a tqdm progress bar (on stderr)."""
+
+
+TrainStep = Callable[..., dict]
+
+
+def epoch_batches(
+    data: PairBatch, batch_size: int, generator: torch.Generator, bucket: bool = True
+) -> list[Int[Tensor, "batch"]]:
+    """One epoch of batch indices: a random permutation cut into batches.
+
+    With ``bucket``, each window of 16 batches of the permutation is sorted by pair length (the longer
+    side) before it is cut, and the batches are shuffled: batches hold texts of similar length, so
+    trimming the padding saves most of the wasted computation, and the order stays random.
+    """
+    order = torch.randperm(len(data), generator=generator)
+    if bucket:
+        length = torch.maximum(data.chosen_mask.sum(1), data.rejected_mask.sum(1))  # [n]
+        window = 16 * batch_size
+        chunks = [order[i : i + window] for i in range(0, len(order), window)]
+        order = torch.cat([c[length[c].argsort(stable=True)] for c in chunks])
+    batches = list(order.split(batch_size))
+    if bucket:
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches
+
+
+def train_reward_model(
+    args: RewardModelArgs,
+    model: RewardModel | None = None,
+    train_pairs: Sequence[dict] | PairBatch | None = None,
+    test_pairs: Sequence[dict] | PairBatch | None = None,
+    train_step: TrainStep | None = None,
+    on_eval: Callable[[dict], None] | None = None,
+) -> tuple[RewardModel, dict[str, list]]:
+    """Train a Bradley-Terry reward model; return it and its history.
+
+    Every piece can be replaced by the learner's own: ``model`` (e.g. your ``RewardModel`` around
+    ``load_policy()``; default: the reference class around the world's policy), ``train_step`` (your
+    ``reward_model_train_step``), the pairs (default: the world's train and test splits; dicts with
+    prompt/chosen/rejected, or an already tokenized :class:`PairBatch`). ``on_eval`` is
+    called with the history after every evaluation (for a live plot).
+
+    The history has ``n_train_pairs`` and ``n_test_pairs`` (one-element lists), per-step lists ``step``,
+    ``loss``, ``accuracy``, ``margin`` and per-evaluation lists ``eval_step``, ``heldout_accuracy``,
+    ``heldout_loss``, ``heldout_margin``.
+    """
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _train_reward_model(args, model, train_pairs, test_pairs, train_step, on_eval)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_reward_model(args, model, train_pairs, test_pairs, train_step, on_eval):
+    torch.manual_seed(args.seed)
+    if model is None or train_pairs is None or test_pairs is None:
+        from rlhf_tutorial import worlds  # only when the world has to supply something
+
+        if model is None:
+            policy = worlds.load_policy(args.world)
+            model = RewardModel(policy, pooling=args.pooling, head_hidden=args.head_hidden)
+        if train_pairs is None:
+            train_pairs = worlds.load_preference_pairs(args.world, split="train")
+        if test_pairs is None:
+            test_pairs = worlds.load_preference_pairs(args.world, split="test")
+    if args.device is not None:
+        model = model.to(args.device)
+    device = next(model.parameters()).device
+    train_step = train_step or reward_model_train_step
+
+    def prepare(pairs: Sequence[dict] | PairBatch, limit: int | None) -> PairBatch:
+        if isinstance(pairs, PairBatch):
+            keep = torch.arange(len(pairs))[:limit]
+            return PairBatch(*(getattr(pairs, f.name)[keep] for f in dataclasses.fields(pairs)))
+        return tokenize_pairs(model.base_model, list(pairs)[:limit], args.max_len)
+
+    train_data = prepare(train_pairs, args.max_train_pairs)
+    test_data = prepare(test_pairs, args.max_test_pairs)
+
+    head_params = list(model.head.parameters())
+    head_ids = {id(p) for p in head_params}
+    base_params = [p for p in model.parameters() if id(p) not in head_ids]
+    optimizer = torch.optim.AdamW(
+        [{"params": base_params, "lr": args.lr}, {"params": head_params, "lr": args.head_lr}],
+        weight_decay=args.weight_decay,
+    )
+
+    total = -(-len(train_data) // args.batch_size) * args.epochs
+
+    def lr_scale(step: int) -> float:
+        if step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        if not args.decay:
+            return 1.0
+        return max(0.0, (total - step) / max(1, total - args.warmup_steps))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
+
+    history: dict[str, list] = {"n_train_pairs": [len(train_data)], "n_test_pairs": [len(test_data)]}
+    history.update({k: [] for k in ("step", "loss", "accuracy", "margin")})
+    history.update({k: [] for k in ("eval_step", "heldout_accuracy", "heldout_loss", "heldout_margin")})
+
+    def evaluate(step: int) -> None:
+        model.eval()
+        metrics = evaluate_pairs(model, test_data, args.eval_batch_size)
+        model.train()
+        history["eval_step"].append(step)
+        for key in ("accuracy", "loss", "margin"):
+            history[f"heldout_{key}"].append(metrics[key])
+        if on_eval is not None:
+            on_eval(history)
+
+    generator = torch.Generator().manual_seed(args.seed)
+    evaluate(0)
+    step = 0
+    bar = tqdm(total=total, desc="reward model", disable=not args.progress)
+    for _ in range(args.epochs):
+        for idx in epoch_batches(train_data, args.batch_size, generator, args.bucket):
+            batch = train_data.select(idx, device)
+            metrics = train_step(model, optimizer, *batch)
+            scheduler.step()
+            step += 1
+            history["step"].append(step)
+            for key in ("loss", "accuracy", "margin"):
+                value = metrics[key]
+                history[key].append(float(value.detach()) if isinstance(value, Tensor) else float(value))
+            bar.update(1)
+            bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", acc=f"{history['heldout_accuracy'][-1]:.2f}")
+            if step % args.eval_every == 0 and step < total:
+                evaluate(step)
+    bar.close()
+    evaluate(step)
+    model.eval()
+    return model, history
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The string written under each field of a dataclass (its documentation), by field name."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlhf_tutorial train-reward-model",
+        description="Train a Bradley-Terry reward model on preference pairs; print a JSON summary.",
+    )
+    docs = _field_docs(RewardModelArgs)
+    kinds = {"int": int, "float": float, "str": str}
+    for f in dataclasses.fields(RewardModelArgs):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
+        if f.type == "bool":
+            no_flag = "--no-" + f.name.replace("_", "-")
+            parser.add_argument(no_flag, dest=f.name, action="store_false", help=help_text)
+            continue
+        parser.add_argument(flag, dest=f.name, type=kinds[str(f.type).replace(" | None", "")], default=f.default,
+                            help=help_text)
+    return parser
+
+
+def main(argv: list[str]) -> dict:
+    """CLI: train the reward model and return a summary (printed as JSON by the CLI)."""
+    from rlhf_tutorial import worlds
+
+    args = RewardModelArgs(**vars(_parser().parse_args(argv)))
+    start = time.perf_counter()
+    train_pairs = worlds.load_preference_pairs(args.world, split="train")
+    test_pairs = list(worlds.load_preference_pairs(args.world, split="test"))[: args.max_test_pairs]
+    model, history = train_reward_model(args, train_pairs=train_pairs, test_pairs=test_pairs)
+    by_kind = {}
+    for kind in sorted({p.get("kind") for p in test_pairs} - {None}):
+        subset = [p for p in test_pairs if p.get("kind") == kind]
+        by_kind[kind] = round(evaluate_pairs(model, tokenize_pairs(model.base_model, subset, args.max_len))["accuracy"], 4)
+    wall = time.perf_counter() - start
+    steps_per_epoch = max(1, len(history["step"]) // max(1, args.epochs))
+    last_epoch = history["accuracy"][-steps_per_epoch:]
+    return {
+        "command": "train-reward-model",
+        "world": worlds.resolve_world(args.world),
+        "seed": args.seed,
+        "pooling": args.pooling,
+        "epochs": args.epochs,
+        "steps": len(history["step"]),
+        "n_train_pairs": history["n_train_pairs"][0],
+        "n_test_pairs": history["n_test_pairs"][0],
+        "initial_heldout_accuracy": history["heldout_accuracy"][0],
+        "heldout_accuracy": history["heldout_accuracy"][-1],
+        "heldout_accuracy_by_kind": by_kind,
+        "heldout_loss": history["heldout_loss"][-1],
+        "heldout_margin": history["heldout_margin"][-1],
+        "heldout_curve": [[s, round(a, 4)] for s, a in zip(history["eval_step"], history["heldout_accuracy"])],
+        "train_accuracy_last_epoch": sum(last_epoch) / len(last_epoch),
+        "final_train_loss": history["loss"][-1],
+        "torch_threads": args.threads or torch.get_num_threads(),
+        "wall_seconds": round(wall, 2),
+    }

@@ -1,0 +1,640 @@
+"""Checkers of chapter 02: the reference passes, the stub fails, catalogued mistakes get their hint, and
+correct code written differently passes."""
+
+from collections import Counter
+
+import einops
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlhf_tutorial import rewards
+from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.notebooks import load_stub
+
+CHAPTER = "02_rewards"
+EXERCISES = [
+    "reward_fn_char_count",
+    "reward_fn_sentiment",
+    "whiten",
+    "ngram_repetition",
+    "bradley_terry_loss",
+    "pool_last_token",
+    "pool_mean",
+    "RewardModel",
+    "reward_model_train_step",
+]
+
+
+def assert_fails_with(name, candidate, fragment):
+    result = run_check(name, candidate)
+    assert not result.passed, f"{name}: a wrong implementation passed"
+    text = f"{result.message}\n{result.hint}"
+    assert fragment in text, f"{name}: expected {fragment!r} in:\n{text}"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_reference_passes(name):
+    result = run_check(name, getattr(rewards, name))
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_stub_fails(name):
+    result = run_check(name, load_stub(CHAPTER, name))
+    assert not result.passed
+    assert "not implemented" in result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# reward_fn_char_count
+# ----------------------------------------------------------------------------------------------------
+def count_length(samples, char="."):
+    return torch.tensor([float(len(s)) for s in samples])
+
+
+def count_dots_only(samples, char="."):
+    return torch.tensor([float(s.count(".")) for s in samples])
+
+
+def count_presence(samples, char="."):
+    return torch.tensor([1.0 if char in s else 0.0 for s in samples])
+
+
+def count_as_int(samples, char="."):
+    return torch.tensor([s.count(char) for s in samples])
+
+
+def count_as_list(samples, char="."):
+    return [float(s.count(char)) for s in samples]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (count_length, "length of each sample"),
+        (count_dots_only, "use the `char` argument"),
+        (count_presence, "count every occurrence"),
+        (count_as_int, "float32"),
+        (count_as_list, "torch.Tensor"),
+    ],
+)
+def test_char_count_mistakes(wrong, fragment):
+    assert_fails_with("reward_fn_char_count", wrong, fragment)
+
+
+def test_char_count_written_differently():
+    def by_loop(samples, char="."):
+        out = torch.zeros(len(samples))
+        for i, s in enumerate(samples):
+            for c in s:
+                if c == char:
+                    out[i] += 1
+        return out
+
+    assert run_check("reward_fn_char_count", by_loop).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# reward_fn_sentiment
+# ----------------------------------------------------------------------------------------------------
+def _encode(tokenizer, samples):
+    return tokenizer(samples, padding=True, truncation=True, return_tensors="pt")
+
+
+def sentiment_index_one(samples, classifier, tokenizer, direction="pos"):
+    enc = _encode(tokenizer, samples)
+    with torch.no_grad():
+        probs = classifier(**enc).logits.softmax(-1)
+    return probs[:, 1] if direction == "pos" else probs[:, 0]
+
+
+def sentiment_logits(samples, classifier, tokenizer, direction="pos"):
+    enc = _encode(tokenizer, samples)
+    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+    with torch.no_grad():
+        return classifier(**enc).logits[:, label]
+
+
+def sentiment_without_mask(samples, classifier, tokenizer, direction="pos"):
+    enc = _encode(tokenizer, samples)
+    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+    with torch.no_grad():
+        return classifier(enc["input_ids"]).logits.softmax(-1)[:, label]
+
+
+def sentiment_with_grad(samples, classifier, tokenizer, direction="pos"):
+    enc = _encode(tokenizer, samples)
+    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+    return classifier(**enc).logits.softmax(-1)[:, label]
+
+
+def sentiment_one_by_one(samples, classifier, tokenizer, direction="pos"):
+    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+    out = []
+    with torch.no_grad():
+        for s in samples:
+            out.append(classifier(**_encode(tokenizer, [s])).logits.softmax(-1)[0, label])
+    return torch.stack(out)
+
+
+def sentiment_ignores_direction(samples, classifier, tokenizer, direction="pos"):
+    enc = _encode(tokenizer, samples)
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(-1)[:, classifier.config.label2id["POSITIVE"]]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (sentiment_index_one, "label2id"),
+        (sentiment_logits, "raw logits"),
+        (sentiment_without_mask, "attention_mask"),
+        (sentiment_with_grad, "torch.no_grad"),
+        (sentiment_one_by_one, "one forward pass per sample"),
+        (sentiment_ignores_direction, "NEGATIVE label"),
+    ],
+)
+def test_sentiment_mistakes(wrong, fragment):
+    assert_fails_with("reward_fn_sentiment", wrong, fragment)
+
+
+def test_sentiment_written_differently():
+    def via_id2label(samples, classifier, tokenizer, direction="pos"):
+        wanted = {"pos": "POSITIVE", "neg": "NEGATIVE"}[direction]
+        label = next(i for i, name in classifier.config.id2label.items() if name == wanted)
+        device = classifier.device
+        enc = {k: v.to(device) for k, v in tokenizer(samples, return_tensors="pt", padding="longest").items()}
+        with torch.inference_mode():
+            log_probs = classifier(**enc).logits.log_softmax(dim=1)
+        return log_probs[:, label].exp()
+
+    result = run_check("reward_fn_sentiment", via_id2label)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# whiten
+# ----------------------------------------------------------------------------------------------------
+def whiten_unbiased(values, shift_mean=True, eps=1e-8):
+    out = (values - values.mean()) / torch.sqrt(values.var() + eps)
+    return out if shift_mean else out + values.mean()
+
+
+def whiten_per_row(values, shift_mean=True, eps=1e-8):
+    mean = values.mean(dim=-1, keepdim=True)
+    var = values.var(dim=-1, unbiased=False, keepdim=True)
+    out = (values - mean) * torch.rsqrt(var + eps)
+    return out if shift_mean else out + mean
+
+
+def whiten_always_centred(values, shift_mean=True, eps=1e-8):
+    return (values - values.mean()) * torch.rsqrt(values.var(unbiased=False) + eps)
+
+
+def whiten_scale_only_when_kept(values, shift_mean=True, eps=1e-8):
+    var = values.var(unbiased=False)
+    if shift_mean:
+        return (values - values.mean()) * torch.rsqrt(var + eps)
+    return values * torch.rsqrt(var + eps)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (whiten_unbiased, "unbiased variance"),
+        (whiten_per_row, "per-row statistics"),
+        (whiten_always_centred, "mean must be added back"),
+        (whiten_scale_only_when_kept, "not x * rsqrt"),
+    ],
+)
+def test_whiten_mistakes(wrong, fragment):
+    assert_fails_with("whiten", wrong, fragment)
+
+
+def test_whiten_rejects_in_place_updates():
+    def in_place(values, shift_mean=True, eps=1e-8):
+        mean, var = values.mean(), values.var(unbiased=False)
+        values -= mean
+        values *= torch.rsqrt(var + eps)
+        return values if shift_mean else values + mean
+
+    assert_fails_with("whiten", in_place, "in place")
+
+
+def test_whiten_written_differently():
+    def with_einops(values, shift_mean=True, eps=1e-8):
+        flat = einops.rearrange(values, "... -> (...)")
+        n = flat.numel()
+        mu = flat.sum() / n
+        sigma2 = ((flat - mu) ** 2).sum() / n
+        out = (values - mu) / torch.sqrt(sigma2 + eps)
+        if not shift_mean:
+            out = out + mu
+        return out
+
+    result = run_check("whiten", with_einops)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# ngram_repetition
+# ----------------------------------------------------------------------------------------------------
+def repetition_characters(samples, n=3):
+    out = []
+    for s in samples:
+        grams = [s[i : i + n] for i in range(len(s) - n + 1)]
+        out.append(1 - len(set(grams)) / len(grams) if grams else 0.0)
+    return torch.tensor(out)
+
+
+def repetition_unique_fraction(samples, n=3):
+    out = []
+    for s in samples:
+        w = s.split()
+        grams = [tuple(w[i : i + n]) for i in range(len(w) - n + 1)]
+        out.append(len(set(grams)) / len(grams) if grams else 0.0)
+    return torch.tensor(out)
+
+
+def repetition_split_space(samples, n=3):
+    out = []
+    for s in samples:
+        w = s.split(" ")
+        grams = [tuple(w[i : i + n]) for i in range(len(w) - n + 1)]
+        out.append(1 - len(set(grams)) / len(grams) if grams else 0.0)
+    return torch.tensor(out)
+
+
+def repetition_over_words(samples, n=3):
+    out = []
+    for s in samples:
+        w = s.split()
+        grams = [tuple(w[i : i + n]) for i in range(len(w) - n + 1)]
+        out.append(1 - len(set(grams)) / len(w) if grams else 0.0)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (repetition_characters, "character n-grams"),
+        (repetition_unique_fraction, "1 - unique / total"),
+        (repetition_split_space, "split()"),
+        (repetition_over_words, "w - n + 1"),
+    ],
+)
+def test_ngram_mistakes(wrong, fragment):
+    assert_fails_with("ngram_repetition", wrong, fragment)
+
+
+def test_ngram_written_differently():
+    def with_counter(samples, n=3):
+        scores = torch.zeros(len(samples), dtype=torch.float32)
+        for i, text in enumerate(samples):
+            words = text.split()
+            counts = Counter(zip(*(words[k:] for k in range(n))))
+            total = sum(counts.values())
+            if total:
+                scores[i] = sum(c - 1 for c in counts.values()) / total
+        return scores
+
+    result = run_check("ngram_repetition", with_counter)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# bradley_terry_loss
+# ----------------------------------------------------------------------------------------------------
+def bt_swapped(chosen_rewards, rejected_rewards):
+    return -F.logsigmoid(rejected_rewards - chosen_rewards).mean()
+
+
+def bt_unstable(chosen_rewards, rejected_rewards):
+    return -torch.log(torch.sigmoid(chosen_rewards - rejected_rewards)).mean()
+
+
+def bt_eps_in_log(chosen_rewards, rejected_rewards):
+    return -torch.log(torch.sigmoid(chosen_rewards - rejected_rewards) + 1e-6).mean()
+
+
+def bt_tiny_clamp(chosen_rewards, rejected_rewards):
+    return -torch.log(torch.sigmoid(chosen_rewards - rejected_rewards).clamp(min=1e-30)).mean()
+
+
+def bt_sum(chosen_rewards, rejected_rewards):
+    return -F.logsigmoid(chosen_rewards - rejected_rewards).sum()
+
+
+def bt_no_log(chosen_rewards, rejected_rewards):
+    return -torch.sigmoid(chosen_rewards - rejected_rewards).mean()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (bt_swapped, "swapped"),
+        (bt_unstable, "log(sigmoid(x)) is unstable"),
+        (bt_eps_in_log, "saturates"),
+        (bt_tiny_clamp, "saturates for large differences"),
+        (bt_sum, "take the mean"),
+        (bt_no_log, "LOG of the sigmoid"),
+    ],
+)
+def test_bradley_terry_mistakes(wrong, fragment):
+    assert_fails_with("bradley_terry_loss", wrong, fragment)
+
+
+def test_bradley_terry_written_differently():
+    def softplus_form(chosen_rewards, rejected_rewards):
+        return F.softplus(rejected_rewards - chosen_rewards).mean()
+
+    def by_cases(chosen_rewards, rejected_rewards):
+        d = chosen_rewards - rejected_rewards
+        # log(1 + e^-d) computed so that the exponent is never positive
+        loss = torch.where(d > 0, torch.log1p(torch.exp(-d.abs())), -d + torch.log1p(torch.exp(-d.abs())))
+        return loss.sum() / d.numel()
+
+    for fn in (softplus_form, by_cases):
+        result = run_check("bradley_terry_loss", fn)
+        assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# pooling
+# ----------------------------------------------------------------------------------------------------
+def last_position(x, attention_mask):
+    return x[:, -1]
+
+
+def last_by_count(x, attention_mask):
+    idx = attention_mask.long().sum(dim=1) - 1
+    return x[torch.arange(x.shape[0]), idx]
+
+
+def first_real_by_argmax(x, attention_mask):
+    return x[torch.arange(x.shape[0]), attention_mask.long().argmax(dim=1)]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (last_position, "padding for the shorter rows"),
+        (last_by_count, "only with right padding"),
+        (first_real_by_argmax, "FIRST real position"),
+    ],
+)
+def test_pool_last_token_mistakes(wrong, fragment):
+    assert_fails_with("pool_last_token", wrong, fragment)
+
+
+def test_pool_last_token_written_differently():
+    def by_loop(x, attention_mask):
+        rows = []
+        for b in range(x.shape[0]):
+            last = attention_mask[b].nonzero()[-1].item()
+            rows.append(x[b, last])
+        return torch.stack(rows)
+
+    def by_flip(x, attention_mask):
+        seq = attention_mask.shape[1]
+        from_end = attention_mask.long().flip(1).argmax(1)  # first real token counted from the end
+        return x[torch.arange(x.shape[0]), seq - 1 - from_end]
+
+    for fn in (by_loop, by_flip):
+        result = run_check("pool_last_token", fn)
+        assert result.passed, result.message
+
+
+def mean_with_padding(x, attention_mask):
+    return x.mean(dim=1)
+
+
+def mean_over_full_length(x, attention_mask):
+    m = attention_mask.float().reshape(*attention_mask.shape, *([1] * (x.ndim - 2)))
+    return (x * m).sum(1) / x.shape[1]
+
+
+def masked_sum(x, attention_mask):
+    m = attention_mask.float().reshape(*attention_mask.shape, *([1] * (x.ndim - 2)))
+    return (x * m).sum(1)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (mean_with_padding, "averages the padding"),
+        (mean_over_full_length, "divided by the full length"),
+        (masked_sum, "That is a sum"),
+    ],
+)
+def test_pool_mean_mistakes(wrong, fragment):
+    assert_fails_with("pool_mean", wrong, fragment)
+
+
+def test_pool_mean_written_differently():
+    def by_loop(x, attention_mask):
+        return torch.stack([x[b][attention_mask[b].bool()].mean(0) for b in range(x.shape[0])])
+
+    result = run_check("pool_mean", by_loop)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# RewardModel: variants subclass the reference so that __init__ (given to learners) is the same
+# ----------------------------------------------------------------------------------------------------
+def _hidden(model, tokens, attention_mask, use_mask=True, hook="ln_final.hook_normalized"):
+    store = []
+    model.base_model.run_with_hooks(
+        tokens, attention_mask=attention_mask if use_mask else None, return_type=None,
+        fwd_hooks=[(hook, lambda act, hook: store.append(act))],
+    )
+    return store[0]
+
+
+def _pool(model, h, mask):
+    if model.pooling == "last":
+        return model.head(rewards.pool_last_token(h, mask)).squeeze(-1)
+    if model.pooling == "mean_scores":
+        return rewards.pool_mean(model.head(h).squeeze(-1), mask)
+    return model.head(rewards.pool_mean(h, mask)).squeeze(-1)
+
+
+class RMLastPosition(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        h = _hidden(self, tokens, mask)
+        if self.pooling == "last":
+            return self.head(h[:, -1]).squeeze(-1)
+        return _pool(self, h, mask)
+
+
+class RMBackboneWithoutMask(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        return _pool(self, _hidden(self, tokens, mask, use_mask=False), mask)
+
+
+class RMBeforeLayerNorm(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        hook = f"blocks.{self.base_model.cfg.n_layers - 1}.hook_resid_post"
+        return _pool(self, _hidden(self, tokens, mask, hook=hook), mask)
+
+
+class RMRunWithCache(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        _, cache = self.base_model.run_with_cache(tokens, attention_mask=mask, return_type=None)
+        return _pool(self, cache["ln_final.hook_normalized"], mask)
+
+
+class RMMeanIncludesPadding(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        h = _hidden(self, tokens, mask)
+        if self.pooling == "mean_scores":
+            return self.head(h).squeeze(-1).mean(1)
+        if self.pooling == "mean_hidden":
+            return self.head(h.mean(1)).squeeze(-1)
+        return _pool(self, h, mask)
+
+
+class RMSwappedMeans(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        h = _hidden(self, tokens, mask)
+        if self.pooling == "mean_scores":
+            return self.head(rewards.pool_mean(h, mask)).squeeze(-1)
+        if self.pooling == "mean_hidden":
+            return rewards.pool_mean(self.head(h).squeeze(-1), mask)
+        return _pool(self, h, mask)
+
+
+class RMNoSqueeze(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        return _pool(self, _hidden(self, tokens, mask), mask).unsqueeze(-1)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (RMLastPosition, "padding for the shorter rows"),
+        (RMBackboneWithoutMask, "without the attention mask"),
+        (RMBeforeLayerNorm, "BEFORE the final LayerNorm"),
+        (RMRunWithCache, "run_with_cache stores DETACHED"),
+        (RMMeanIncludesPadding, "includes the padding"),
+        (RMSwappedMeans, "'mean_scores' applies the head to every position"),
+        (RMNoSqueeze, "missing squeeze"),
+    ],
+)
+def test_reward_model_mistakes(wrong, fragment):
+    assert_fails_with("RewardModel", wrong, fragment)
+
+
+def test_reward_model_written_differently():
+    class ViaStopAtLayer(rewards.RewardModel):
+        """Features from stop_at_layer + ln_final (equal to hook_normalized while ln_final's affine
+        weights are the identity, as in a freshly initialised model), pooling written inline."""
+
+        def forward(self, tokens, attention_mask=None):
+            if attention_mask is None:
+                attention_mask = torch.ones(tokens.shape, dtype=torch.long)
+            resid = self.base_model(tokens, attention_mask=attention_mask, stop_at_layer=self.base_model.cfg.n_layers)
+            h = self.base_model.ln_final(resid)
+            m = attention_mask.float()
+            if self.pooling == "last":
+                idx = (m * torch.arange(1, m.shape[1] + 1)).argmax(1)
+                return self.head(h[torch.arange(h.shape[0]), idx])[:, 0]
+            if self.pooling == "mean_scores":
+                s = self.head(h)[..., 0]
+                return (s * m).sum(1) / m.sum(1)
+            pooled = einops.einsum(h, m, "b s d, b s -> b d") / m.sum(1, keepdim=True)
+            return self.head(pooled)[:, 0]
+
+    result = run_check("RewardModel", ViaStopAtLayer)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# reward_model_train_step
+# ----------------------------------------------------------------------------------------------------
+def _metrics(rc, rr, loss):
+    d = (rc - rr).detach()
+    return {"loss": loss.item(), "accuracy": (d > 0).float().mean().item(), "margin": d.mean().item()}
+
+
+def step_swapped(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rr - rc).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return _metrics(rc, rr, loss)
+
+
+def step_no_zero_grad(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).mean()
+    loss.backward()
+    optimizer.step()
+    return _metrics(rc, rr, loss)
+
+
+def step_no_step(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    return _metrics(rc, rr, loss)
+
+
+def step_no_masks(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct), model(rt)
+    loss = -F.logsigmoid(rc - rr).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return _metrics(rc, rr, loss)
+
+
+def step_returns_loss_only(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (step_swapped, "swapped"),
+        (step_no_zero_grad, "zero_grad"),
+        (step_no_step, "optimizer.step()"),
+        (step_no_masks, "masks were not passed"),
+        (step_returns_loss_only, "expected a dict"),
+    ],
+)
+def test_train_step_mistakes(wrong, fragment):
+    assert_fails_with("reward_model_train_step", wrong, fragment)
+
+
+def test_train_step_written_differently():
+    def one_forward(model, optimizer, ct, cm, rt, rm):
+        """Both sides in one right-padded batch, zero_grad after the step, the softplus form of the loss."""
+        width = max(ct.shape[1], rt.shape[1])
+        pad = lambda t: F.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        tokens = torch.cat([pad(ct), pad(rt)])
+        mask = torch.cat([pad(cm), pad(rm)])
+        rc, rr = model(tokens, mask).chunk(2)
+        loss = F.softplus(rr - rc).mean()
+        loss.backward()
+        optimizer.step()
+        model.zero_grad()
+        return {"loss": loss, "accuracy": float((rc > rr).sum()) / len(rc), "margin": (rc - rr).mean()}
+
+    result = run_check("reward_model_train_step", one_forward)
+    assert result.passed, result.message
