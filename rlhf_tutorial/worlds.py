@@ -1,0 +1,361 @@
+"""The world switch: where the policy, the sentiment classifier and the preference pairs come from.
+
+Two worlds run the same course code:
+
+* ``"gpt2"``: policy ``gpt2`` via ``HookedTransformer.from_pretrained``, reward classifier
+  ``lvwerra/distilbert-imdb`` via ``AutoModelForSequenceClassification`` (needs the Hugging Face hub once,
+  or a warm local cache);
+* ``"tiny"``: the offline tiny world shipped in ``rlhf_tutorial/tiny/artifacts`` (a 2-layer GPT-2-style
+  HookedTransformer, a small DistilBERT classifier, preference pairs), built by
+  ``python -m rlhf_tutorial build-tiny``.
+
+Choose with ``load_policy("tiny")`` / ``load_policy("gpt2")``, or for everything at once with the
+environment variable ``RLHF_TUTORIAL_WORLD=tiny`` (or ``gpt2``). With neither, the GPT-2 world is picked
+when it can be loaded (both models are in the local cache, or huggingface.co answers within 2 s) and the
+tiny world otherwise; the choice is printed once.
+
+Both classifiers use ``id2label = {0: "NEGATIVE", 1: "POSITIVE"}``. The preference pairs are plain text and
+the same in both worlds: there is no public pair set of the same shape for GPT-2, and text pairs train a
+reward model on any backbone.
+
+Set ``RLHF_TUTORIAL_TINY_DIR`` to use tiny-world artifacts from another folder (e.g. a fresh ``build-tiny
+--out DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+WORLDS = ("tiny", "gpt2")
+ENV_VAR = "RLHF_TUTORIAL_WORLD"
+TINY_DIR_ENV_VAR = "RLHF_TUTORIAL_TINY_DIR"
+GPT2_POLICY = "gpt2"
+GPT2_CLASSIFIER = "lvwerra/distilbert-imdb"
+PROMPT = "This movie was really"
+HUB_TIMEOUT_S = 2.0
+_ALIASES = {"gpt-2": "gpt2", "gpt2-small": "gpt2"}
+
+_auto_choice: str | None = None
+
+
+class WorldUnavailable(RuntimeError):
+    """The requested world cannot be loaded here (no network, not cached, artifacts missing)."""
+
+
+HOW_TO_USE_TINY = (
+    "To work offline, use the tiny world: set the environment variable RLHF_TUTORIAL_WORLD=tiny "
+    "(in a notebook: os.environ['RLHF_TUTORIAL_WORLD'] = 'tiny' before loading), or pass it explicitly: "
+    "load_policy('tiny'), load_sentiment_classifier('tiny')."
+)
+
+
+# --- choosing a world --------------------------------------------------------------------------------------
+def _normalise(world: str, source: str) -> str:
+    name = _ALIASES.get(str(world).strip().lower(), str(world).strip().lower())
+    if name not in WORLDS:
+        raise ValueError(f"unknown world {world!r} (from {source}): choose one of {', '.join(map(repr, WORLDS))}")
+    return name
+
+
+def resolve_world(world: str | None = None) -> str:
+    """``"tiny"`` or ``"gpt2"``: the argument if given, else ``$RLHF_TUTORIAL_WORLD``, else an automatic
+    choice (GPT-2 if it can be loaded, tiny otherwise; printed once per process)."""
+    if world is not None:
+        return _normalise(world, "the world argument")
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return _normalise(env, f"${ENV_VAR}")
+    return _auto_world()
+
+
+def is_tiny(world: str | None = None) -> bool:
+    """True when the (resolved) world is the tiny one: notebooks use it to size their runs."""
+    return resolve_world(world) == "tiny"
+
+
+def default_prompt() -> str:
+    """The course prompt, the same in both worlds."""
+    return PROMPT
+
+
+def _auto_world() -> str:
+    global _auto_choice
+    if _auto_choice is None:
+        if all(_is_cached(repo) for repo in (GPT2_POLICY, GPT2_CLASSIFIER)):
+            _auto_choice, why = "gpt2", "GPT-2 and its classifier are in the local Hugging Face cache"
+        elif _hub_offline():
+            _auto_choice, why = "tiny", "HF_HUB_OFFLINE is set and GPT-2 is not cached"
+        elif _hub_reachable():
+            _auto_choice, why = "gpt2", "the Hugging Face hub is reachable"
+        else:
+            _auto_choice, why = "tiny", f"GPT-2 is not cached and the Hugging Face hub did not answer in {HUB_TIMEOUT_S:g} s"
+        print(
+            f"[rlhf_tutorial] using the {_auto_choice!r} world ({why}). "
+            f"Switch with RLHF_TUTORIAL_WORLD=tiny|gpt2 or load_policy('tiny'|'gpt2')."
+        )
+    return _auto_choice
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _is_cached(repo_id: str) -> bool:
+    """Whether the repo's config.json is in the local Hugging Face cache (no network access)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:
+        return False
+
+
+def _hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the hub (or the HTTPS proxy) opens within ``timeout`` seconds.
+
+    Name resolution can block far longer than a socket timeout, so the attempt runs in a daemon thread
+    that is abandoned when the time is up.
+    """
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlparse(proxy or os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return False
+    result: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+@contextlib.contextmanager
+def _hub_access(repo_id: str, what: str) -> Iterator[None]:
+    """Guard a ``from_pretrained(repo_id)`` call of the gpt2 world.
+
+    Fails at once, before any download attempt, when the repo is neither cached nor reachable (a plain
+    ``from_pretrained`` would retry for tens of seconds); reads the cache only (offline mode for the
+    duration of the call) when it is cached but the hub does not answer; turns any other loading error
+    into a :class:`WorldUnavailable` that says how to use the tiny world.
+    """
+    from huggingface_hub import constants
+
+    cached, offline = _is_cached(repo_id), _hub_offline()
+    reachable = not offline and _hub_reachable()
+    if not cached and not reachable:
+        reason = (
+            "HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set" if offline
+            else f"the Hugging Face hub did not answer within {HUB_TIMEOUT_S:g} s (no network?)"
+        )
+        raise WorldUnavailable(
+            f"Cannot load {what} ({repo_id!r}) for the 'gpt2' world: it is not in the local Hugging Face "
+            f"cache and {reason}. {HOW_TO_USE_TINY}"
+        )
+    saved = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = saved or not reachable
+    try:
+        yield
+    except Exception as err:
+        raise WorldUnavailable(
+            f"Loading {what} ({repo_id!r}) for the 'gpt2' world failed: {type(err).__name__}: {err}. "
+            f"{HOW_TO_USE_TINY}"
+        ) from err
+    finally:
+        constants.HF_HUB_OFFLINE = saved
+
+
+def _default_device(device: Any) -> Any:
+    if device is not None:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --- the tiny world's files ---------------------------------------------------------------------------------
+def tiny_dir() -> Path:
+    """Folder of the tiny world's artifacts (``$RLHF_TUTORIAL_TINY_DIR`` or the package's own)."""
+    folder = Path(os.environ.get(TINY_DIR_ENV_VAR) or Path(__file__).resolve().parent / "tiny" / "artifacts")
+    if not (folder / "manifest.json").exists():
+        raise WorldUnavailable(
+            f"The tiny world's artifacts are missing from {folder}. Rebuild them with "
+            f"`python -m rlhf_tutorial build-tiny` (or point {TINY_DIR_ENV_VAR} at a build)."
+        )
+    return folder
+
+
+def tiny_metadata() -> dict:
+    """The tiny world's ``metadata.json``: validation loss, classifier accuracy, pair counts, build time."""
+    return json.loads((tiny_dir() / "metadata.json").read_text())
+
+
+def _load_float32_safetensors(path: Path) -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(str(path), device="cpu")
+    bad = sorted(k for k, v in state.items() if v.dtype != torch.float32)
+    if bad:
+        raise WorldUnavailable(f"{path} holds non-float32 tensors: {bad[:3]}")
+    return state
+
+
+# --- loaders ------------------------------------------------------------------------------------------------
+def load_tokenizer(world: str | None = None):
+    """The policy's tokenizer (GPT-2's, or the tiny world's byte-level BPE with ``<|endoftext|>``)."""
+    from transformers import AutoTokenizer
+
+    if resolve_world(world) == "tiny":
+        return AutoTokenizer.from_pretrained(str(tiny_dir() / "tokenizer"))
+    with _hub_access(GPT2_POLICY, "the GPT-2 tokenizer"):
+        return AutoTokenizer.from_pretrained(GPT2_POLICY)
+
+
+def load_policy(world: str | None = None, device: Any = None) -> HookedTransformer:
+    """The policy as a TransformerLens ``HookedTransformer`` in eval mode.
+
+    gpt2: ``HookedTransformer.from_pretrained("gpt2")``; tiny: the shipped 2-layer model (LayerNorm,
+    gelu_new, learned positions, n_ctx 128), whose tokenizer prepends ``<|endoftext|>`` as BOS.
+    """
+    device = _default_device(device)
+    if resolve_world(world) == "gpt2":
+        with _hub_access(GPT2_POLICY, "the GPT-2 policy"):
+            from transformer_lens import HookedTransformer
+
+            model = HookedTransformer.from_pretrained(GPT2_POLICY, device=device)
+        return model.eval()
+
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    folder = tiny_dir() / "policy"
+    config = json.loads((folder / "config.json").read_text())
+    cfg = HookedTransformerConfig(**config, device=str(device), init_weights=False)
+    model = HookedTransformer(cfg, tokenizer=load_tokenizer("tiny"))  # parameters uninitialised on `device`
+    state = _load_float32_safetensors(folder / "model.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    buffers = {name for name, _ in model.named_buffers()}
+    if unexpected or set(missing) - buffers:
+        raise WorldUnavailable(f"tiny policy weights do not match its config: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def load_sentiment_classifier(world: str | None = None, device: Any = None):
+    """``(classifier, tokenizer)``: an ``AutoModelForSequenceClassification`` in eval mode with
+    id2label {0: NEGATIVE, 1: POSITIVE}, and its tokenizer (``tokenizer(texts, padding=True,
+    truncation=True, return_tensors="pt")`` can be passed as ``classifier(**inputs)``)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    device = _default_device(device)
+    if resolve_world(world) == "gpt2":
+        with _hub_access(GPT2_CLASSIFIER, "the sentiment classifier"):
+            tokenizer = AutoTokenizer.from_pretrained(GPT2_CLASSIFIER)
+            classifier = AutoModelForSequenceClassification.from_pretrained(GPT2_CLASSIFIER)
+        return classifier.to(device).eval(), tokenizer
+
+    folder = tiny_dir() / "classifier"
+    _load_float32_safetensors(folder / "model.safetensors")  # refuse anything but float32 safetensors
+    classifier = AutoModelForSequenceClassification.from_pretrained(str(folder), use_safetensors=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return classifier.to(device).eval(), tokenizer
+
+
+def load_preference_pairs(world: str | None = None, split: str = "train") -> list[dict]:
+    """Preference pairs ``{"prompt", "chosen", "rejected", ...}`` (the text to score is prompt + chosen).
+
+    Extra keys: ``kind`` ("sentiment" or "repetition") and the corpus sentiment scores of both sides.
+    The pairs are the tiny world's in both worlds (plain text, no download); the rule that labelled them
+    is in ``tiny_metadata()["preference_rule"]``.
+    """
+    resolve_world(world)  # validates the name; both worlds share the pairs
+    if split not in {"train", "test"}:
+        raise ValueError(f"unknown split {split!r}: choose 'train' or 'test'")
+    path = tiny_dir() / "preferences" / f"{split}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --- world-info ---------------------------------------------------------------------------------------------
+def info_main(argv: list[str]) -> dict:
+    """``python -m rlhf_tutorial world-info [--world tiny|gpt2] [--seed 0] [--samples 64] [--new-tokens 20]``
+
+    Loads the world, samples continuations of the course prompt and scores them with the classifier.
+    """
+    p = argparse.ArgumentParser(prog="python -m rlhf_tutorial world-info", description=info_main.__doc__.split("\n")[0])
+    p.add_argument("--world", default=None, help="tiny or gpt2 (default: $RLHF_TUTORIAL_WORLD, else automatic)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=64, help="number of sampled continuations")
+    p.add_argument("--new-tokens", type=int, default=20, help="tokens sampled after the prompt")
+    p.add_argument("--device", default=None)
+    p.add_argument("--show", type=int, default=6, help="samples to include in the summary")
+    args = p.parse_args(argv)
+
+    t0 = time.perf_counter()
+    import torch
+    import transformer_lens  # noqa: F401  (timed: the import is most of the loading time)
+    import transformers  # noqa: F401
+
+    seconds = {"imports": time.perf_counter() - t0}
+    world = resolve_world(args.world)
+    t = time.perf_counter()
+    policy = load_policy(world, device=args.device)
+    seconds["policy"] = time.perf_counter() - t
+    t = time.perf_counter()
+    classifier, clf_tokenizer = load_sentiment_classifier(world, device=args.device)
+    seconds["classifier"] = time.perf_counter() - t
+
+    torch.manual_seed(args.seed)
+    prompt = default_prompt()
+    tokens = policy.to_tokens(prompt).repeat(args.samples, 1)  # [samples, prompt_len] with BOS
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = policy.generate(tokens, max_new_tokens=args.new_tokens, verbose=False)
+    seconds["sampling"] = time.perf_counter() - t
+    texts = policy.tokenizer.batch_decode(out.cpu().tolist(), skip_special_tokens=True)
+    with torch.no_grad():
+        enc = clf_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(classifier.device)
+        probs = classifier(**enc).logits.softmax(-1)[:, classifier.config.label2id["POSITIVE"]]
+
+    summary: dict[str, Any] = {
+        "world": world,
+        "device": str(policy.cfg.device),
+        "policy_params": sum(p.numel() for p in policy.parameters()),
+        "policy_layers": policy.cfg.n_layers,
+        "d_vocab": policy.cfg.d_vocab,
+        "classifier_id2label": {str(k): v for k, v in classifier.config.id2label.items()},
+        "prompt": prompt,
+        "seed": args.seed,
+        "n_samples": args.samples,
+        "new_tokens": args.new_tokens,
+        "mean_positive_prob": round(probs.mean().item(), 4),
+        "frac_positive": round((probs > 0.5).float().mean().item(), 4),
+        "samples": texts[: args.show],
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+        "load_seconds": round(seconds["imports"] + seconds["policy"] + seconds["classifier"], 2),
+    }
+    if world == "tiny":
+        meta = tiny_metadata()
+        summary["val_loss"] = round(meta["policy"]["val_loss"], 4)
+        summary["classifier_accuracy"] = round(meta["classifier"]["accuracy"], 4)
+        summary["classifier_accuracy_negation"] = round(meta["classifier"]["accuracy_negation"], 4)
+        summary["preference_pairs"] = {s: meta["preferences"][s]["n"] for s in ("train", "test")}
+    return summary
