@@ -20,6 +20,10 @@ _LAZY = {
     "load_preference_pairs": "rlhf_tutorial.worlds",
     "resolve_world": "rlhf_tutorial.worlds",
     "is_tiny": "rlhf_tutorial.worlds",
+    "default_prompt": "rlhf_tutorial.worlds",
+    "load_tokenizer": "rlhf_tutorial.worlds",
+    "tiny_metadata": "rlhf_tutorial.worlds",
+    "WorldUnavailable": "rlhf_tutorial.worlds",
 }
 
 __all__ = sorted(_LAZY)

@@ -41,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, func_name = COMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    summary = func(rest)
+    from rlhf_tutorial.worlds import WorldUnavailable
+
+    try:
+        summary = func(rest)
+    except WorldUnavailable as exc:  # an expected, explained failure: no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        print(json.dumps({"error": str(exc), "command": name}))
+        return 1
     print(json.dumps(summary, sort_keys=True, default=float))
     return 0

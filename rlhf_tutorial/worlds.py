@@ -235,8 +235,9 @@ def load_tokenizer(world: str | None = None):
 def load_policy(world: str | None = None, device: Any = None) -> HookedTransformer:
     """The policy as a TransformerLens ``HookedTransformer`` in eval mode.
 
-    gpt2: ``HookedTransformer.from_pretrained("gpt2")``; tiny: the shipped 2-layer model (LayerNorm,
-    gelu_new, learned positions, n_ctx 128), whose tokenizer prepends ``<|endoftext|>`` as BOS.
+    gpt2: ``HookedTransformer.from_pretrained("gpt2")``; tiny: the shipped 2-layer model (gelu_new,
+    learned positions, n_ctx 128), whose tokenizer prepends ``<|endoftext|>`` as BOS. Both are processed
+    alike: LayerNorm weights folded (``normalization_type == "LNPre"``) and the unembedding centred.
     """
     device = _default_device(device)
     if resolve_world(world) == "gpt2":
@@ -250,13 +251,22 @@ def load_policy(world: str | None = None, device: Any = None) -> HookedTransform
 
     folder = tiny_dir() / "policy"
     config = json.loads((folder / "config.json").read_text())
-    cfg = HookedTransformerConfig(**config, device=str(device), init_weights=False)
-    model = HookedTransformer(cfg, tokenizer=load_tokenizer("tiny"))  # parameters uninitialised on `device`
+    # Process the weights as from_pretrained("gpt2") does (fold each LayerNorm's weight and bias into the
+    # next linear map, centre the writing weights and the unembedding), so both worlds behave alike:
+    # in both, logits = ln_final.hook_normalized @ W_U + b_U.
     state = _load_float32_safetensors(folder / "model.safetensors")
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    buffers = {name for name, _ in model.named_buffers()}
-    if unexpected or set(missing) - buffers:
-        raise WorldUnavailable(f"tiny policy weights do not match its config: missing {missing}, unexpected {unexpected}")
+    as_trained = HookedTransformer(HookedTransformerConfig(**config, init_weights=False))
+    wanted = {k for k in as_trained.state_dict() if not k.endswith(("IGNORE", ".mask"))}
+    if set(state) != wanted:
+        raise WorldUnavailable(
+            f"tiny policy weights do not match its config: missing {sorted(wanted - set(state))}, "
+            f"unexpected {sorted(set(state) - wanted)}. Rebuild with `python -m rlhf_tutorial build-tiny`."
+        )
+    cfg = HookedTransformerConfig(**{**config, "normalization_type": "LNPre"}, device=str(device), init_weights=False)
+    model = HookedTransformer(cfg, tokenizer=load_tokenizer("tiny"))  # parameters uninitialised on `device`
+    model.load_and_process_state_dict(
+        state, fold_ln=True, center_writing_weights=True, center_unembed=True, fold_value_biases=True
+    )
     return model.eval()
 
 

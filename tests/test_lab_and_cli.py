@@ -70,3 +70,15 @@ def test_build_notebooks_check_prints_a_json_summary_last():
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["stale"] == [] and "00_setup_and_tour.py" in summary["sources"]
+
+
+def test_an_unavailable_world_is_a_message_and_a_json_error_not_a_traceback():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhf_tutorial", "world-info", "--world", "gpt2"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "tiny" in summary["error"]

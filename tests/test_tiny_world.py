@@ -159,11 +159,18 @@ def test_policy_prepends_bos_and_generates(policy):
     tokens = policy.to_tokens(worlds.default_prompt())
     assert tokens[0, 0].item() == policy.tokenizer.bos_token_id
     assert policy.to_string(tokens[0, 1:]) == "This movie was really"
-    assert policy.cfg.n_ctx == 128 and policy.cfg.act_fn == "gelu_new" and policy.cfg.normalization_type == "LN"
+    assert policy.cfg.n_ctx == 128 and policy.cfg.act_fn == "gelu_new" and policy.cfg.normalization_type == "LNPre"
     assert all(p.dtype == torch.float32 for p in policy.parameters())
     torch.manual_seed(0)
     out = policy.generate(worlds.default_prompt(), max_new_tokens=10, verbose=False)
     assert out.startswith("This movie was really")
+
+
+def test_policy_is_processed_like_gpt2_so_the_unembedding_reads_hook_normalized(policy):
+    tokens = policy.to_tokens(worlds.default_prompt())
+    logits, cache = policy.run_with_cache(tokens)
+    rebuilt = cache["ln_final.hook_normalized"] @ policy.W_U + policy.b_U
+    torch.testing.assert_close(rebuilt, logits, atol=1e-4, rtol=1e-4)
 
 
 def test_policy_samples_read_as_reviews_and_lean_positive(policy, classifier):

@@ -82,6 +82,9 @@ class Progress:
             lines.append(f"  {marks[status]} {name}")
         return "\n".join(lines) if lines else "no exercises"
 
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text/plain form
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         colours = {"passed": "#1a7f37", "failed": "#cf222e", "not tried": "#6e7781"}
         body = "".join(

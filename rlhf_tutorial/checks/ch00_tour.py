@@ -12,10 +12,13 @@ CHAPTER = "00_setup_and_tour"
 
 
 def small_model(seed: int = 0, d_vocab: int = 50) -> HookedTransformer:
-    """A seeded random GPT-2-style model, small enough to build in milliseconds."""
+    """A seeded random GPT-2-style model, small enough to build in milliseconds.
+
+    LayerNorms are "LNPre" (weights folded into the next layer), as in both worlds' policies.
+    """
     cfg = HookedTransformerConfig(
         n_layers=2, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type="LN", seed=seed,
+        act_fn="gelu_new", normalization_type="LNPre", seed=seed,
     )
     return HookedTransformer(cfg).eval()
 

@@ -42,6 +42,9 @@ class CheckResult:
             text += f"\n  Hint: {self.hint}"
         return text
 
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text/plain form
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         colour, mark = ("#1a7f37", "&#10004; passed") if self.passed else ("#cf222e", "&#10008; failed")
         body = html.escape(self.message).replace("\n", "<br>")
