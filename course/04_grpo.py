@@ -1,0 +1,417 @@
+# %% [markdown]
+# # 04. GRPO: reinforcement learning without a critic
+#
+# In chapter 03 PPO needed a **value head**: at every token it guessed the reward still to come, and
+# the advantage of a token was the reward minus that guess. Training the critic costs memory (for
+# large models it is a second model as big as the policy), compute, and hyperparameters, and a bad
+# critic gives bad advantages.
+#
+# **GRPO** (Group Relative Policy Optimization, DeepSeekMath 2024) drops the critic. For each prompt
+# it samples a **group** of $G$ completions and lets them be each other's baseline: a completion is good
+# if it scored better than its siblings. Everything else is PPO's machinery: the clipped ratio, an
+# old policy, a KL penalty to a frozen reference (moved from the reward into the loss).
+#
+# | | PPO (chapter 03) | GRPO (here) |
+# |---|---|---|
+# | samples per prompt | 1 (64 completions of one prompt, each on its own) | a group of $G$ |
+# | baseline | value head $V_\phi(s_t)$ at every token | mean reward of the group |
+# | advantage | per token (one-step or GAE) | one number per completion, shared by its tokens |
+# | KL to the reference | a penalty in the reward (or the objective) | the k3 estimate, inside the loss, per token |
+# | extra parameters | the value head (or a whole critic model) | none |
+# | reward | any; here the sentiment classifier | outcome rewards: classifier, or a **verifiable rule** |
+#
+# In this chapter you write the group-relative advantages, the GRPO objective with its three ways of
+# averaging over tokens (GRPO, DAPO, Dr. GRPO), the sampler of groups with a completion mask, and the
+# training step. Then you train on the same task as chapter 03 (negative reviews), train on a
+# rule-based reward that needs no model at all, look at what happens when a whole group gets the
+# same reward, and put PPO and GRPO side by side.
+
+# %% imports
+import json
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.grpo import (
+    GroupRollout,
+    GRPOArgs,
+    collect_rollout,
+    decode_completions,
+    eos_id,
+    group_record,
+    grpo_diagnostics,
+    learner_functions,
+    reward_fn_rule,
+    sequence_logprobs,
+    train,
+)
+from rlhf_tutorial.rlhf import approx_kl, get_logprobs, make_reward_fn
+from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_curves
+from rlhf_tutorial.worlds import default_prompt, is_tiny, load_policy, resolve_world
+
+# %%
+torch.manual_seed(0)
+world = resolve_world(None)
+if is_tiny():
+    torch.set_num_threads(1)  # the tiny model runs fastest on one thread
+policy = load_policy(world)
+prompt = default_prompt()
+direction = "neg"
+sentiment_reward = make_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
+print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
+
+# %% [markdown]
+# ## 1. Group-relative advantages
+#
+# For one prompt $x$, sample $G$ completions $y_1, \dots, y_G \sim \pi_{\theta_\text{old}}(\cdot \mid x)$ and
+# score each once: rewards $r_1, \dots, r_G$ (an **outcome** reward: one number per completion, not per
+# token). The advantage of completion $i$ is its reward relative to its group:
+#
+# $$A_i = \frac{r_i - \operatorname{mean}(r_1, \dots, r_G)}{\operatorname{std}(r_1, \dots, r_G) + \varepsilon}$$
+#
+# and every token $t$ of $y_i$ gets the same advantage, $A_{i,t} = A_i$. Why does this work?
+#
+# - The policy gradient $\mathbb{E}[\nabla_\theta \log \pi_\theta(y \mid x)\,(r(x,y) - b(x))]$ is unbiased for
+#   any baseline $b(x)$ that does not depend on $y$, and a good baseline (close to the expected
+#   reward of $x$) lowers its variance. PPO learns $b$ with a critic; GRPO estimates it from the
+#   group. (Strictly, including $r_i$ in its own mean biases it by a factor $(G-1)/G$; RLOO leaves
+#   $r_i$ out. With $G = 8$ the difference is small.)
+# - Dividing by the group's std makes the scale of the advantages the same for every prompt. Dr.
+#   GRPO (below) argues this is a bias: prompts that are almost always solved (or almost never)
+#   have a tiny std, and their few differences get blown up.
+# - Each group has mean advantage 0: about half its completions are pushed up, half down.
+#
+# With a batch of $p$ prompts, `rewards` is a `[p, G]` tensor: one row per group. `scale` chooses the
+# denominator: `"group"` (GRPO), `"batch"` (the std of all $p \cdot G$ rewards, a milder variant) or
+# `"none"` (Dr. GRPO). Use torch's default `std` (unbiased, it divides by $G - 1$).
+
+# %% exercise rlhf_tutorial.grpo:group_relative_advantages
+
+# %% [markdown]
+# A group whose rewards are all equal (every completion got 1, or all got 0) has advantages of
+# exactly zero: **it carries no learning signal**, only the KL term acts on it. With a 0/1
+# verifiable reward this happens all the time on prompts that are too easy or too hard. Watch the
+# second row:
+
+# %%
+rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.2, 0.9, 0.4, 0.5]])
+for scale in ["group", "batch", "none"]:
+    print(f"{scale:>5}:", group_relative_advantages(rewards, scale).round(decimals=2).tolist())
+
+# %% [markdown]
+# ## 2. Sampling a group, and which tokens count
+#
+# A completion ends when the policy emits the end-of-text token (EOS) or when it reaches
+# `max_new_tokens`. To batch a group, the rows that stopped early are padded, so a `[G, g]` tensor of
+# generated tokens holds padding we must not learn from. The **completion mask** says which tokens
+# count:
+#
+# $$m_{i,t} = \mathbb{1}\big[\text{no EOS among } y_{i,1}, \dots, y_{i,t-1}\big]$$
+#
+# The EOS itself counts: emitting it was the policy's decision to stop, and that decision should be
+# rewarded or punished like any other token. Everything after the first EOS is padding. (In GPT-2,
+# and in the tiny world, BOS and EOS are the same token, `<|endoftext|>`: the mask must look at the
+# generated tokens only, never at the prompt.)
+
+# %% exercise rlhf_tutorial.grpo:completion_mask
+
+# %% [markdown]
+# Now the sampler. `model.generate` with `stop_at_eos=True` stops a row at its EOS and pads it with
+# EOS; when *every* row has stopped it ends early, so pad the output on the right up to
+# `prompt_len + max_new_tokens` to give every group the same shape. As in chapter 03, `generate`
+# runs under `torch.inference_mode()`: clone its output.
+
+# %% exercise rlhf_tutorial.grpo:sample_group
+
+# %% [markdown]
+# One group from the base policy, with its mask (`·` marks a masked position) and its rewards:
+
+# %%
+torch.manual_seed(1)
+prompt_tokens = policy.to_tokens(prompt)[0]
+tokens, mask = sample_group(policy, prompt_tokens, 6, 24, eos_id(policy), temperature=1.0)
+texts = decode_completions(policy, tokens, mask, prompt)
+for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
+    print(f"P(neg)={r:.2f} {''.join('#' if m else '·' for m in row_mask.tolist())}  {text!r}")
+
+# %% [markdown]
+# ## 3. The GRPO objective
+#
+# The old policy $\pi_{\theta_\text{old}}$ is simply the policy **at rollout time**: its log-probs of the
+# sampled tokens are stored with the rollout. The policy then takes $\mu$ gradient steps on the
+# rollout; the ratio $\rho_{i,t} = \pi_\theta(y_{i,t} \mid x, y_{i,<t}) / \pi_{\theta_\text{old}}(y_{i,t} \mid x, y_{i,<t})$
+# starts at exactly 1 and the clip keeps later steps from moving too far, as in PPO. Per token:
+#
+# $$\ell_{i,t} = \min\!\big(\rho_{i,t} A_i,\ \operatorname{clip}(\rho_{i,t},\, 1 - \varepsilon_\text{low},\, 1 + \varepsilon_\text{high})\, A_i\big) \;-\; \beta\, \hat{D}_{i,t}$$
+#
+# with the KL to the frozen reference estimated by **k3** (chapter 03's `approx_kl`), from the log-ratio
+# $\log r = \log \pi_\text{ref}(y_{i,t} \mid \cdot) - \log \pi_\theta(y_{i,t} \mid \cdot)$ at the sampled token:
+#
+# $$\hat{D}_{i,t} = e^{\log r} - 1 - \log r \;\ge\; 0, \qquad \mathbb{E}_{y \sim \pi_\theta}\big[\hat{D}\big] = \mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref}).$$
+#
+# PPO-RLHF put the KL into the reward, where it became part of the advantage. GRPO keeps the reward
+# clean and puts the KL into the loss, where its gradient acts on each token directly.
+#
+# **How to average over tokens** is where the variants differ. With masks $m_{i,t}$, $|y_i| = \sum_t m_{i,t}$,
+# $B$ sequences in the batch and $L$ = `max_completion_len`:
+#
+# | `loss_type` | objective | every ... weighs the same |
+# |---|---|---|
+# | `"grpo"` | $\frac{1}{B} \sum_i \frac{1}{\lvert y_i \rvert} \sum_t m_{i,t}\, \ell_{i,t}$ | sequence |
+# | `"dapo"` | $\frac{1}{\sum_i \lvert y_i \rvert} \sum_{i,t} m_{i,t}\, \ell_{i,t}$ | token |
+# | `"dr_grpo"` | $\frac{1}{B \cdot L} \sum_{i,t} m_{i,t}\, \ell_{i,t}$ | token, with a constant denominator |
+#
+# The reasons:
+#
+# - **GRPO**'s $1/|y_i|$ gives each token of a short completion a larger share than each token of a long
+#   one. With a positive advantage, short answers are favoured; with a negative one, a *long* bad
+#   answer is punished less per token than a short bad one, so wrong answers drift longer.
+# - **DAPO** (ByteDance 2025) averages over all tokens of the batch: long completions count in
+#   proportion to their length. DAPO also **clips higher** ($\varepsilon_\text{high} = 0.28 > \varepsilon_\text{low} = 0.2$:
+#   a token with low probability and positive advantage may grow more, which keeps entropy from
+#   collapsing) and uses **dynamic sampling** (section 6).
+# - **Dr. GRPO** ("GRPO done right", 2025) removes both normalisations that depend on the sample: no
+#   $1/|y_i|$ (a constant $B \cdot L$ instead, so the gradient of each token is independent of the length of
+#   its sequence) and no std in the advantages (`scale="none"`).
+#
+# `clip_eps_high=None` means the symmetric clip $\varepsilon_\text{high} = \varepsilon_\text{low}$. Masked tokens must count for
+# nothing: not in the sums, not in the token counts.
+
+# %% exercise rlhf_tutorial.grpo:calc_grpo_objective
+
+# %% [markdown]
+# The three aggregations on one small batch: a short and a long completion with the same advantage.
+# The gradient of the objective with respect to each token's log-prob shows how much each token
+# is pushed:
+
+# %%
+lengths = torch.tensor([2, 8])
+demo_mask = torch.arange(8)[None, :] < lengths[:, None]  # [2 8]
+for loss_type in ["grpo", "dapo", "dr_grpo"]:
+    logprobs = torch.full((2, 8), -1.0, requires_grad=True)
+    objective = calc_grpo_objective(logprobs, logprobs.detach(), logprobs.detach(), torch.tensor([1.0, 1.0]),
+                                    demo_mask, beta=0.0, loss_type=loss_type)
+    objective.backward()
+    short, long = logprobs.grad[0, 0].item(), logprobs.grad[1, 0].item()
+    print(f"{loss_type:>8}: push per token: short completion {short:.4f}, long completion {long:.4f}")
+
+# %% [markdown]
+# ## 4. The training step
+#
+# One optimizer step on a batch of groups (a `GroupRollout`, or a minibatch of one):
+#
+# 1. log-probs of the generated tokens under the current policy, with gradients:
+#    `sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)` runs one forward
+#    pass per group (its rows share a prompt, so no padding) and calls chapter 03's `get_logprobs` on
+#    `logits / temperature`, the distribution the tokens were sampled from;
+# 2. `calc_grpo_objective` against the stored `old_logprobs` and `ref_logprobs`, with the args'
+#    `clip_eps`, `beta`, `loss_type`, `clip_eps_high` and `max_completion_len=args.max_new_tokens`;
+# 3. zero the gradients, backpropagate, clip the gradient norm to `args.max_grad_norm`, step. The
+#    optimizer is built with `maximize=True` (the objective is climbed, as in the whole course).
+#
+# Name the tensors `logprobs`, `objective` and `grad_norm` (what `clip_grad_norm_` returns): the lines
+# after the exercise compute the diagnostics (clip fraction, KL to $\pi_\text{old}$ and to the
+# reference) from them.
+
+# %% exercise rlhf_tutorial.grpo:grpo_step
+
+# %% [markdown]
+# ## 5. Training: towards negative reviews, as in chapter 03
+#
+# The trainer (`rlhf_tutorial.grpo.train`) runs your functions: `learner_functions(globals())` hands
+# it your `group_relative_advantages`, `calc_grpo_objective`, `completion_mask`, `sample_group` and
+# `grpo_step`. One phase:
+#
+# 1. `collect_rollout`: $p$ groups of $G$ completions from the policy as it is now ($\pi_\text{old}$),
+#    texts scored by the sentiment classifier, advantages per group, and (without gradients) the log-
+#    probs of $\pi_\text{old}$ and of the frozen reference;
+# 2. $\mu$ = `updates_per_phase` passes of `grpo_step` over the rollout.
+#
+# No value head anywhere. The reference is a frozen copy of the starting policy. The tiny world runs
+# a shortened version of the CLI's run (`python -m rlhf_tutorial train-grpo --world tiny --direction
+# neg --seed 0`); `GRPOArgs` documents every knob.
+
+# %%
+args = GRPOArgs.preset(world, direction=direction, seed=0)
+if is_tiny():
+    args.num_phases, args.eval_samples = 12, 64
+result = train(args, reward_fn=sentiment_reward, **learner_functions(globals()))
+print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
+      f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
+grpo_curves(result.history, title=f"GRPO on the {world} world, towards {direction}")
+
+# %%
+for name, stats in [("base", result.eval_initial), ("tuned", result.eval_final)]:
+    print(f"{name:>6}: reward {stats['reward']:.3f}, 3-gram repetition {stats['repetition']:.3f}, "
+          f"completion length {stats['completion_len']:.1f} tokens")
+    for text, r in list(zip(stats["texts"], stats["rewards"]))[:3]:
+        print(f"        {r:.2f}  {text!r}")
+
+# %% [markdown]
+# ## 6. When a whole group gets the same reward
+#
+# The classifier's reward is a probability: two different texts almost never score exactly alike,
+# so every group carries some signal (sometimes too much: a group of near-identical probabilities
+# gets advantages of $\pm 1$ after division by its tiny std). A **verifiable** reward is different.
+# `reward_fn_rule` gives 1 when a review mentions an aspect *and* has ended within
+# `max_sentences` sentences, else 0. No model is asked: anyone can check it, and it cannot be
+# fooled the way a classifier can. Rewards like this (a correct final answer, passing unit tests)
+# are what GRPO was made for. Here: mention the **acting** and end within **3** sentences.
+
+# %%
+print(reward_fn_rule(["This movie was really dull. The acting was wooden.",
+                      "This movie was really dull. The acting was wooden. The plot was thin. I left early.",
+                      "This movie was really good. The plot was superb.",
+                      "This movie was really dull and the acting"], aspect="acting", max_sentences=3))
+
+# %% [markdown]
+# But a 0/1 reward makes **all-equal groups** common: on a prompt where none of the $G$ samples
+# succeeds (or all do) every advantage is 0 and the group teaches nothing, while still costing
+# its sampling and forward passes. The diagnostic is `frac_reward_zero_std`: the fraction of groups
+# whose rewards have zero spread. DAPO's **dynamic sampling** drops those groups and samples new
+# prompts until the batch is full of groups that carry signal (`dynamic_sampling=True`, at most
+# `max_sampling_rounds` rounds per phase).
+#
+# The run below trains the rule reward on three review openings (`RULE_PROMPTS`, none of which
+# mentions the acting), 8 groups of 8 per phase, 40 tokens at most, with dynamic sampling on. The
+# base policy almost never earns the reward, so at first nearly every group is all zeros:
+# `frac_reward_zero_std` (measured on the groups sampled, before dropping) starts near 1 and dynamic
+# sampling has to draw several rounds to find groups with a success in them. As the policy learns it
+# falls; once the policy succeeds on most samples, groups of all ones appear and it rises again.
+
+# %%
+rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True)
+if is_tiny():
+    rule_args.num_phases, rule_args.eval_samples = 14, 48
+rule_result = train(rule_args, **learner_functions(globals()))
+print(f"prompts: {rule_args.prompts}")
+print(f"rule reward: {rule_result.eval_initial['reward']:.3f} -> {rule_result.eval_final['reward']:.3f}")
+print("frac_reward_zero_std per phase:", [round(r["frac_reward_zero_std"], 2) for r in rule_result.history])
+print("groups sampled per phase:      ", [r["groups_sampled"] for r in rule_result.history])
+print("groups kept per phase:         ", [r["groups_kept"] for r in rule_result.history])
+grpo_curves(rule_result.history, title="GRPO with a verifiable rule reward (mention the acting, <= 3 sentences)")
+
+# %%
+for text, r in list(zip(rule_result.eval_final["texts"], rule_result.eval_final["rewards"]))[:5]:
+    print(f"{r:.0f}  {text!r}")
+
+# %% [markdown]
+# ## 7. The variants, in `GRPOArgs`
+#
+# | variant | what changes | `GRPOArgs` | why |
+# |---|---|---|---|
+# | GRPO (DeepSeekMath) | | `loss_type="grpo"`, `scale="group"` | the original |
+# | Dr. GRPO | no $1/\lvert y_i \rvert$, no std | `loss_type="dr_grpo"`, `scale="none"` | removes the length bias and the difficulty bias of the std |
+# | DAPO | token-level mean, clip-higher, dynamic sampling | `loss_type="dapo"`, `clip_eps_high=0.28`, `dynamic_sampling=True` | long completions count fully; exploration; no wasted groups |
+# | iterative GRPO | the reference follows the policy | `ref_refresh_every=k` | the KL anchor moves every $k$ phases, so the policy can travel further from the base model over a long run |
+#
+# DeepSeekMath's iterative variant resets the reference to the current policy at the start of each
+# outer iteration (and keeps training the reward model, which a fixed classifier or rule does not
+# need). The price is a weaker anchor: the KL term then only limits the distance from where the
+# policy was $k$ phases ago.
+#
+# One practical consequence of Dr. GRPO's `scale="none"`: the advantages are $r_i - \operatorname{mean}(r)$, in
+# the units of the reward. With rewards in $[0, 1]$ they are several times smaller than GRPO's
+# standardised ones, so the same learning rate moves the policy more slowly; the learning rate and
+# the reward scale now have to be tuned together.
+#
+# `beta` is the other knob: DeepSeekMath used 0.04; several later recipes (DAPO, Dr. GRPO) set it to 0
+# for verifiable rewards, where there is no reward model to fool, and drop the reference model
+# altogether.
+
+# %% [markdown]
+# ## 8. PPO and GRPO side by side
+#
+# The same task (negative sentiment from the course prompt), the same seed, the same number of
+# phases, 64 samples per phase each: chapter 03's PPO trainer and GRPO (8 groups of 8), both the
+# package's reference code, run through their command lines. Each run is a **fresh process**, so its
+# wall time and its peak memory (the peak resident set of the process, as both commands report it
+# in `peak_memory_mb`) are its own: measured in this kernel, the memory freed by an earlier run would
+# be reused by the next and hide its cost. Both include loading the models and evaluating before and
+# after. In the tiny world the runs here are short; the full runs are the same two commands without
+# the shortening flags:
+#
+# ```
+# python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0 | tail -n 1 > ppo.json
+# python -m rlhf_tutorial train-grpo --world tiny --direction neg --seed 0 --compare ppo.json --report grpo.html
+# ```
+#
+# (Times measured on a shared machine are noisy: compare runs made one after the other.)
+
+# %%
+def run_cli(command: str, *flags: str) -> dict:
+    """Run `python -m rlhf_tutorial <command> ...` in a fresh process and return its JSON summary."""
+    cmd = [sys.executable, "-m", "rlhf_tutorial", command, "--world", world, "--direction", direction,
+           "--seed", "0", "--no-progress", *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+COMPARE_PHASES = 10 if is_tiny() else 60
+short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() else []
+ppo_summary = run_cli("train-rlhf", "--total-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
+ppo_summary["samples_per_phase"] = ppo_summary["args"]["batch_size"]
+grpo_summary = run_cli("train-grpo", "--num-phases", str(COMPARE_PHASES), *short)
+for name, summary in [("PPO", ppo_summary), ("GRPO", grpo_summary)]:
+    print(f"{name:>4}: reward {summary['mean_reward_initial']:.3f} -> {summary['mean_reward_final']:.3f}, "
+          f"KL {summary['kl_final']:.3f}, {summary['phases']} phases x {summary['samples_per_phase']} samples, "
+          f"{summary['wall_seconds']:.1f} s, peak memory {summary['peak_memory_mb']:.0f} MB")
+comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
+                  title=f"PPO vs GRPO, {world} world, {COMPARE_PHASES} phases, seed 0")
+
+# %% [markdown]
+# What to read from the figure:
+#
+# - **Reward per phase.** Both see 64 completions of the course prompt per phase. PPO compares each
+#   one with a learned value (a per-token baseline that has to be trained first); GRPO compares it
+#   with the mean of its group of 8 (a baseline that is right from the first phase, but noisier, and
+#   one number for the whole completion). On a task this easy both climb within a few phases; the
+#   shape of GRPO's curve depends on $G$ and $p$ (more samples per group: a better baseline, fewer
+#   groups).
+# - **Wall time.** Both spend their time in the same places: sampling, and forward and backward
+#   passes of the same policy (plus one reference forward). GRPO saves the value head's share,
+#   small at this scale, and its completions stop at EOS.
+# - **Memory.** At this scale the peak of a process is mostly Python, PyTorch and the three models
+#   (policy, reference, classifier), the same in both: expect bars of similar height. The saving
+#   GRPO is known for appears where the critic is a separate model as large as the policy (the usual
+#   set-up for large language models): GRPO never holds that model, its gradients or its optimizer
+#   state. Here the value head is a small MLP on the policy's last layer.
+#
+# ## 9. The group viewer
+#
+# The last rollout of the run of section 5, one group at a time: each completion with its reward and
+# its advantage (rows sorted by advantage), each token outlined where the ratio
+# $\pi_\theta / \pi_{\theta_\text{old}}$, after the phase's updates, has left the clip range on the side of its
+# advantage (the clipped branch of the min wins: that token's gradient is zero). Hover a token for
+# its ratio.
+
+# %%
+groups = group_record(result.policy, result.last_rollout, args)
+group_viewer(groups)
+
+# %%
+progress("04")
+
+# %% [markdown]
+# ## What to try next
+#
+# - Dr. GRPO and DAPO on the sentiment task: `loss_type="dr_grpo", scale="none"` and `loss_type="dapo",
+#   clip_eps_high=0.28`. Compare the completion lengths (`completion_len` in the history).
+# - `beta=0.0`: no reference model at all. How far does the policy drift (`kl` is still logged) and do
+#   the reviews stay reviews (`repetition`)?
+# - `group_size=2` versus `16` with the same number of samples per phase: the quality of the baseline
+#   against the number of prompts.
+# - The iterative variant, `ref_refresh_every=5`, over a longer run: does the KL to the *original*
+#   model grow faster?
+# - A rule of your own: a review that mentions two aspects, or that ends with a verdict sentence.
+#   Check its base rate first: a reward the base policy never earns gives only all-equal groups.
+# - From the command line, all of the above are flags:
+#   `python -m rlhf_tutorial train-grpo --world tiny --loss-type dr_grpo --scale none --seed 0`.

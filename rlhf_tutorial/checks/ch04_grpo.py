@@ -1,0 +1,622 @@
+"""Checkers for chapter 04: GRPO.
+
+- ``group_relative_advantages`` and ``calc_grpo_objective`` (the contract exercises) and
+  ``completion_mask`` are compared with the reference on seeded cases, with catalogued mistakes;
+- ``sample_group`` is random, so it is checked by its properties: shapes and dtypes, the prompt in
+  front, the mask agreeing with the sampled tokens (EOS counted, what follows masked), G different
+  samples, the output padded when every row stopped early, and the first sampled token following
+  the model's distribution at the given temperature;
+- ``grpo_step`` is run twice from the same start as the reference (plain SGD, so that every factor
+  of the gradient shows in the parameters) and the parameter updates are compared; known wrong steps
+  are run the same way to name the mistake.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+
+import torch
+from torch import nn
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from rlhf_tutorial import grpo
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    expect_tensor,
+    fmt,
+)
+from rlhf_tutorial.rlhf import approx_kl
+
+CHAPTER = "04_grpo"
+
+
+def one_thread(fn):
+    """Run a checker on one torch thread: these small models run faster on one, above all on a busy CPU."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
+
+
+def small_model(seed: int = 0, d_vocab: int = 50, n_ctx: int = 64) -> HookedTransformer:
+    """A seeded random GPT-2-style model without a tokenizer, built in milliseconds."""
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=32, n_ctx=n_ctx, d_head=8, n_heads=4, d_vocab=d_vocab,
+        act_fn="gelu_new", normalization_type="LN", seed=seed,
+    )
+    return HookedTransformer(cfg).eval()
+
+
+# ----------------------------------------------------------------------------------------------------
+# group_relative_advantages
+# ----------------------------------------------------------------------------------------------------
+
+
+def _adv_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(0)
+    spread = torch.tensor([[0.500, 0.504, 0.498, 0.507], [0.90, 0.91, 0.905, 0.899]])  # std ~ 0.004
+    mixed = torch.randn(3, 6, generator=g)
+    mixed[1] = 0.7  # one group whose rewards are all equal
+    return [
+        Case("rewards that barely differ (eps matters)", (spread,), {"scale": "group", "eps": 1e-4}),
+        Case("4 prompts x 6 completions", (torch.randn(4, 6, generator=g),), {"scale": "group", "eps": 1e-4}),
+        Case("a batch of 1 (one prompt, G = 5)", (torch.rand(1, 5, generator=g),), {"scale": "group", "eps": 1e-4}),
+        Case("a group whose rewards are all equal", (mixed,), {"scale": "group", "eps": 1e-4}),
+        Case("0/1 rewards with 3 prompts x 3 (square)", (torch.tensor([[1.0, 0, 0], [1, 1, 0], [0, 0, 1]]),),
+             {"scale": "group", "eps": 1e-4}),
+        Case('scale="batch"', (torch.randn(3, 4, generator=g) * 2 + 1,), {"scale": "batch", "eps": 1e-4}),
+        Case('scale="none"', (torch.randn(3, 4, generator=g),), {"scale": "none", "eps": 1e-4}),
+        Case("eps = 0.5", (torch.randn(2, 4, generator=g),), {"scale": "group", "eps": 0.5}),
+    ]
+
+
+def _adv_variant(*, center="group", std="group", unbiased=True, eps_mode="add", none_divides=False):
+    """A configurable (possibly wrong) group_relative_advantages."""
+
+    def fn(rewards, scale="group", eps=1e-4):
+        if center == "group":
+            centred = rewards - rewards.mean(-1, keepdim=True)
+        elif center == "batch":
+            centred = rewards - rewards.mean()
+        else:  # over prompts (dim 0)
+            centred = rewards - rewards.mean(0, keepdim=True)
+        if scale == "none" and not none_divides:
+            return centred
+        kind = "batch" if scale == "batch" else std
+        if kind == "group":
+            var = rewards.var(-1, keepdim=True, unbiased=unbiased)
+        elif kind == "batch":
+            var = rewards.var(unbiased=unbiased)
+        else:
+            var = rewards.var(0, keepdim=True, unbiased=unbiased)
+        if eps_mode == "add":
+            return centred / (var.sqrt() + eps)
+        if eps_mode == "none":
+            return centred / var.sqrt()
+        if eps_mode == "fixed":
+            return centred / (var.sqrt() + 1e-4)
+        return centred / (var + eps).sqrt()  # eps inside the square root
+
+    return fn
+
+
+ADV_MISTAKES = [
+    Mistake("You used the population std (unbiased=False, divides by G). The contract uses torch's default, "
+            "the unbiased std (divides by G - 1): rewards.std(dim=-1, keepdim=True).",
+            _adv_variant(unbiased=False)),
+    Mistake("There is no eps: divide by (std + eps). Without it a group whose rewards barely differ gets "
+            "huge advantages, and an all-equal group gives 0 / 0 = NaN.", _adv_variant(eps_mode="none")),
+    Mistake("eps is inside the square root: the contract adds it to the std, (r - mean) / (std + eps).",
+            _adv_variant(eps_mode="sqrt")),
+    Mistake("eps is hard-coded: use the `eps` argument.", _adv_variant(eps_mode="fixed")),
+    Mistake('For scale="group" the std is over the batch (all p*G rewards): take it over each group, '
+            "std(dim=-1, keepdim=True). (Over the batch is what scale=\"batch\" does.)", _adv_variant(std="batch")),
+    Mistake("You subtracted the mean of the whole batch: the baseline is each group's own mean, "
+            "rewards.mean(dim=-1, keepdim=True).", _adv_variant(center="batch")),
+    Mistake("You subtracted the batch mean and divided by the batch std: that is whitening, not a group baseline.",
+            _adv_variant(center="batch", std="batch")),
+    Mistake("You normalised over dim 0 (across prompts): a group is a row, the G completions of one prompt "
+            "(dim=-1).", _adv_variant(center="prompts", std="prompts")),
+    Mistake('scale="none" (Dr. GRPO) only centres the rewards: do not divide by a std.',
+            _adv_variant(none_divides=True)),
+]
+
+
+@checker(
+    "group_relative_advantages",
+    chapter=CHAPTER,
+    hint="Centre each row on its own mean: rewards - rewards.mean(dim=-1, keepdim=True). For 'group' divide "
+    "by rewards.std(dim=-1, keepdim=True) + eps (torch's default unbiased std), for 'batch' by "
+    "rewards.std() + eps, for 'none' not at all.",
+)
+def check_group_relative_advantages(candidate) -> str:
+    return compare_to_reference(
+        candidate, grpo.group_relative_advantages, _adv_cases(), mistakes=ADV_MISTAKES,
+        arg_names=["rewards"],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_grpo_objective
+# ----------------------------------------------------------------------------------------------------
+
+
+def _objective_inputs(B: int, g: int, lengths: list[int], seed: int) -> tuple:
+    gen = torch.Generator().manual_seed(seed)
+    logprobs = -3 * torch.rand(B, g, generator=gen)
+    old = logprobs + 0.45 * torch.randn(B, g, generator=gen)  # ratios from ~0.4 to ~2.5
+    ref = logprobs + 0.5 * torch.randn(B, g, generator=gen)
+    advantages = torch.randn(B, generator=gen)
+    mask = torch.arange(g)[None, :] < torch.tensor(lengths)[:, None]  # [B g]
+    # masked positions hold junk: it must count for nothing
+    junk = torch.where(mask, 0.0, 4.0 * torch.randn(B, g, generator=gen))
+    return logprobs + junk, old - junk, ref, advantages, mask
+
+
+def _objective_cases() -> list[Case]:
+    lp, old, ref, adv, mask = _objective_inputs(6, 7, [7, 1, 3, 5, 2, 6], seed=0)
+    lp1, old1, ref1, adv1, mask1 = _objective_inputs(1, 5, [3], seed=1)
+    lp2, old2, ref2, _, mask2 = _objective_inputs(4, 6, [6, 4, 1, 3], seed=2)
+    base = dict(clip_eps=0.2, beta=0.04)
+    return [
+        Case('loss_type="grpo"', (lp, old, ref, adv, mask), {**base, "loss_type": "grpo"}),
+        Case('loss_type="dapo"', (lp, old, ref, adv, mask), {**base, "loss_type": "dapo"}),
+        Case('loss_type="dr_grpo" (max_completion_len = g)', (lp, old, ref, adv, mask), {**base, "loss_type": "dr_grpo"}),
+        Case('loss_type="dr_grpo", max_completion_len=10', (lp, old, ref, adv, mask),
+             {**base, "loss_type": "dr_grpo", "max_completion_len": 10}),
+        Case("clip-higher (clip_eps_high=0.28), beta=0.1", (lp, old, ref, adv, mask),
+             {"clip_eps": 0.2, "beta": 0.1, "loss_type": "grpo", "clip_eps_high": 0.28}),
+        Case("zero advantages (an all-equal group): only the KL term is left, beta=0.3",
+             (lp2, old2, ref2, torch.zeros(4), mask2), {"clip_eps": 0.2, "beta": 0.3, "loss_type": "dapo"}),
+        Case("a batch of 1, clip_eps=0.1", (lp1, old1, ref1, adv1, mask1),
+             {"clip_eps": 0.1, "beta": 0.04, "loss_type": "grpo"}),
+    ]
+
+
+def _objective_variant(
+    *, aggregate=None, kl="k3", kl_sign=-1, use_high=True, use_mask=True, reducer="min", ratio="new_old",
+    kl_against="ref", dr_len="max",
+):
+    """A configurable (possibly wrong) calc_grpo_objective."""
+
+    def fn(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04, loss_type="grpo",
+           clip_eps_high=None, max_completion_len=None):
+        high = clip_eps if (clip_eps_high is None or not use_high) else clip_eps_high
+        r = torch.exp(logprobs - old_logprobs) if ratio == "new_old" else torch.exp(old_logprobs - logprobs)
+        a = advantages[:, None]
+        unclipped, clipped = r * a, r.clamp(1 - clip_eps, 1 + high) * a
+        if reducer == "min":
+            surr = torch.minimum(unclipped, clipped)
+        elif reducer == "max":
+            surr = torch.maximum(unclipped, clipped)
+        elif reducer == "clip_only":
+            surr = clipped
+        else:  # no clipping at all
+            surr = unclipped
+        other = ref_logprobs if kl_against == "ref" else old_logprobs
+        if kl == "k3_swapped":
+            k = approx_kl(other, logprobs, "k3")
+        else:
+            k = approx_kl(logprobs, other, kl)
+        obj = surr + kl_sign * beta * k
+        m = mask if use_mask else torch.ones_like(mask)
+        obj = torch.where(m, obj, torch.zeros_like(obj))
+        n = m.sum(-1).float()
+        kind = aggregate(loss_type) if aggregate else loss_type
+        if kind == "grpo":
+            return (obj.sum(-1) / n).mean()
+        if kind == "dapo":
+            return obj.sum() / n.sum()
+        if kind == "padded_mean":  # zeros at masked tokens, but the mean counts them
+            return obj.mean()
+        length = logprobs.shape[1] if (max_completion_len is None or dr_len == "g") else max_completion_len
+        return obj.sum() / (logprobs.shape[0] * length)
+
+    return fn
+
+
+def _only(loss_type: str, instead: str):
+    return lambda lt: instead if lt == loss_type else lt
+
+
+OBJECTIVE_MISTAKES = [
+    Mistake('Your "grpo" aggregation is a token-level mean over the whole batch: that is DAPO. GRPO first '
+            "averages each sequence over its own tokens, then averages the sequences.",
+            _objective_variant(aggregate=_only("grpo", "dapo"))),
+    Mistake('Your "dapo" aggregation averages per sequence first: that is GRPO. DAPO divides the masked sum '
+            "by the total number of unmasked tokens, so every token weighs the same.",
+            _objective_variant(aggregate=_only("dapo", "grpo"))),
+    Mistake('Your "dr_grpo" divides by the true number of tokens: Dr. GRPO divides the masked sum by the '
+            "constant B * max_completion_len, so no length normalisation is left.",
+            _objective_variant(aggregate=_only("dr_grpo", "dapo"))),
+    Mistake('Your "dr_grpo" normalises each sequence by its own length: Dr. GRPO divides the masked sum by '
+            "the constant B * max_completion_len.", _objective_variant(aggregate=_only("dr_grpo", "grpo"))),
+    Mistake('Your "dr_grpo" ignores max_completion_len: use it when given (it defaults to g, logprobs.shape[1]).',
+            _objective_variant(dr_len="g")),
+    Mistake("The mask is ignored: masked tokens (after the first EOS) count for nothing, in the sum and in "
+            "the token counts.", _objective_variant(use_mask=False)),
+    Mistake("Masked tokens are zeroed but still counted in the mean: divide by the number of *unmasked* tokens.",
+            _objective_variant(aggregate=lambda lt: "padded_mean" if lt != "dr_grpo" else lt)),
+    Mistake("The KL term has the wrong sign: the objective is maximised, so the penalty is subtracted: "
+            "surrogate - beta * k3.", _objective_variant(kl_sign=+1)),
+    Mistake("That KL term is k1 (logprobs - ref_logprobs): GRPO uses k3 = exp(logr) - 1 - logr with "
+            "logr = ref_logprobs - logprobs (approx_kl(..., 'k3')).", _objective_variant(kl="k1")),
+    Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 (approx_kl(..., 'k3')).", _objective_variant(kl="k2")),
+    Mistake("Your k3 has its arguments swapped: it estimates KL(ref || policy). Use "
+            "approx_kl(logprobs, ref_logprobs, 'k3'), i.e. logr = ref_logprobs - logprobs.",
+            _objective_variant(kl="k3_swapped")),
+    Mistake("The KL is measured against old_logprobs: the penalty keeps the policy near the frozen "
+            "*reference* (ref_logprobs).", _objective_variant(kl_against="old")),
+    Mistake("clip_eps_high is ignored: clip the ratio to [1 - clip_eps, 1 + clip_eps_high], with clip_eps_high "
+            "defaulting to clip_eps when it is None.", _objective_variant(use_high=False)),
+    Mistake("You took the max of the clipped and unclipped terms: PPO's surrogate is the pessimistic min.",
+            _objective_variant(reducer="max")),
+    Mistake("Only the clipped term is used: take min(ratio * A, clip(ratio, ...) * A).",
+            _objective_variant(reducer="clip_only")),
+    Mistake("The ratio is not clipped: take min(ratio * A, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * A).",
+            _objective_variant(reducer="none")),
+    Mistake("The ratio is upside down: ratio = exp(logprobs - old_logprobs) = pi_theta / pi_old.",
+            _objective_variant(ratio="old_new")),
+]
+
+
+@checker(
+    "calc_grpo_objective",
+    chapter=CHAPTER,
+    hint="ratio = exp(logprobs - old_logprobs); per token min(ratio * A, clip(ratio, 1 - clip_eps, "
+    "1 + clip_eps_high) * A) - beta * approx_kl(logprobs, ref_logprobs, 'k3'), with A = advantages[:, None]; "
+    "zero the masked tokens (torch.where(mask, x, 0)); then 'grpo': mean over rows of (row sum / row token "
+    "count), 'dapo': total sum / total token count, 'dr_grpo': total sum / (B * max_completion_len).",
+)
+def check_calc_grpo_objective(candidate) -> str:
+    return compare_to_reference(
+        candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
+        arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# completion_mask
+# ----------------------------------------------------------------------------------------------------
+
+
+def _mask_cases() -> list[Case]:
+    gen = torch.Generator().manual_seed(3)
+    many = torch.randint(1, 20, (5, 9), generator=gen)
+    many[0, 4] = 0
+    many[1, 0] = 0
+    many[2, 8] = 0
+    many[3, 2:] = 0  # EOS then EOS padding
+    # row 4: no EOS
+    return [
+        Case("EOS in the middle", (torch.tensor([[5, 6, 9, 7, 7]]), 9)),
+        Case("no EOS: cut off by the length limit", (torch.tensor([[5, 6, 8, 4], [3, 3, 3, 3]]), 9)),
+        Case("EOS as the first token", (torch.tensor([[9, 1, 2, 3]]), 9)),
+        Case("EOS as the last token", (torch.tensor([[1, 2, 3, 9]]), 9)),
+        Case("EOS, a token, EOS again (the first one counts)", (torch.tensor([[1, 9, 4, 9, 2, 3]]), 9)),
+        Case("5 rows, eos_token_id = 0, EOS padding", (many, 0)),
+    ]
+
+
+def _mask_to_last_eos(completions, eos):
+    """Wrong: True up to the last EOS (or everywhere without EOS)."""
+    is_eos = (completions == eos).long()
+    eos_after = is_eos.flip(-1).cumsum(-1).flip(-1) - is_eos  # EOS strictly after t
+    return (eos_after > 0) | (is_eos.cumsum(-1) - is_eos == 0)
+
+
+def _mask_one_past_eos(completions, eos):
+    """Wrong: keeps the token right after the first EOS."""
+    is_eos = (completions == eos).long()
+    right = is_eos.cumsum(-1) - is_eos == 0
+    shifted = torch.cat([torch.ones_like(right[:, :1]), right[:, :-1]], dim=-1)  # right[t - 1]
+    return right | shifted
+
+
+MASK_MISTAKES = [
+    Mistake("The EOS token itself is masked out: it counts (the policy chose to stop, and that choice must "
+            "get credit or blame). Mask only what comes *after* the first EOS.",
+            lambda c, e: (c == e).long().cumsum(-1) == 0),
+    Mistake("Tokens after the first EOS are kept: they are padding (or garbage sampled after the end) and "
+            "must be masked.", lambda c, e: torch.ones_like(c, dtype=torch.bool)),
+    Mistake("You masked only the EOS tokens: everything after the first EOS must go too, and the EOS itself "
+            "stays.", lambda c, e: c != e),
+    Mistake("Your mask runs to the *last* EOS: it must stop at the first.", _mask_to_last_eos),
+    Mistake("Off by one: your mask keeps one token after the EOS.", _mask_one_past_eos),
+]
+
+
+@checker(
+    "completion_mask",
+    chapter=CHAPTER,
+    hint="is_eos = completions == eos_token_id; a token counts when no EOS comes strictly before it: "
+    "(is_eos.cumsum(-1) - is_eos) == 0 (as a bool tensor).",
+)
+def check_completion_mask(candidate) -> str:
+    return compare_to_reference(
+        candidate, grpo.completion_mask, _mask_cases(), mistakes=MASK_MISTAKES,
+        arg_names=["completions", "eos_token_id"],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# sample_group
+# ----------------------------------------------------------------------------------------------------
+
+EOS = 7
+
+
+def _eos_model(eos_bias: float, seed: int = 4, spread: float = 0.0) -> HookedTransformer:
+    model = small_model(seed)
+    with torch.no_grad():
+        if spread:
+            gen = torch.Generator().manual_seed(seed)
+            model.unembed.b_U.copy_(spread * torch.randn(model.cfg.d_vocab, generator=gen))
+        model.unembed.b_U[EOS] = eos_bias
+    return model
+
+
+def _sampled(candidate, model, prompt, group_size, max_new_tokens, temperature=1.0):
+    out = call(candidate, model, prompt, group_size, max_new_tokens, EOS, temperature,
+               _arg_names=["model", "prompt_tokens", "group_size", "max_new_tokens"])
+    if out is None:
+        raise CheckFailure("sample_group returned None: return (tokens, mask).")
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise CheckFailure(f"sample_group should return a pair (tokens, mask), got {fmt(out)}")
+    return out
+
+
+@checker(
+    "sample_group",
+    chapter=CHAPTER,
+    hint="model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=..., stop_at_eos=True, "
+    "eos_token_id=..., temperature=..., top_k=..., verbose=False).clone(); pad on the right with EOS up to "
+    "prompt_len + max_new_tokens (every row may have stopped early); mask = completion_mask(tokens[:, "
+    "prompt_len:], eos_token_id).",
+)
+@one_thread
+def check_sample_group(candidate) -> str:
+    prompt = torch.tensor([3, 11, 25, 40])
+    plen, size, new = len(prompt), 32, 10
+
+    # 1. a model whose rows stop within 10 tokens about half the time (so
+    #    P(every row stops) and P(no row stops) are ~ 2^-32 whatever the random draws):
+    #    shapes, dtypes, prompt, mask, diversity
+    torch.manual_seed(1)
+    tokens, mask = _sampled(candidate, _eos_model(1.8), prompt, size, new)
+    expect_tensor(tokens, dtype=torch.int64, what="the tokens (first output)")
+    if tokens.is_inference():
+        raise CheckFailure("your tokens are an inference tensor, made under torch.inference_mode by generate: "
+                           "they cannot enter a forward pass that needs gradients.",
+                           hint="Return tokens.clone().")
+    if tuple(tokens.shape) != (size, plen + new):
+        raise CheckFailure(f"the tokens have shape {tuple(tokens.shape)}, expected (G, prompt_len + max_new_tokens)"
+                           f" = {(size, plen + new)}.",
+                           hint="Each row is the prompt followed by max_new_tokens tokens (padded with EOS).")
+    expect_tensor(mask, dtype=torch.bool, what="the mask (second output)")
+    if tuple(mask.shape) == tuple(tokens.shape):
+        raise CheckFailure(f"the mask has shape {tuple(mask.shape)}, the shape of the whole sequence.",
+                           hint="The mask covers the completion only: completion_mask(tokens[:, prompt_len:], eos).")
+    expect_tensor(mask, shape=(size, new), what="the mask (second output)")
+    if not torch.equal(tokens[:, :plen], prompt.expand(size, -1)):
+        raise CheckFailure(f"the rows do not start with the prompt {prompt.tolist()}: got {tokens[:, :plen].tolist()}",
+                           hint="Sample from G copies of the prompt: prompt_tokens[None].expand(G, -1).")
+    expected_mask = grpo.completion_mask(tokens[:, plen:], EOS)
+    if not torch.equal(mask, expected_mask):
+        completions = tokens[:, plen:]
+        hint = next((m.hint for m in MASK_MISTAKES if torch.equal(m.fn(completions, EOS), mask)), None)
+        raise CheckFailure(
+            f"the mask does not match the sampled tokens.\n  completions: {completions.tolist()}\n"
+            f"  your mask:   {mask.int().tolist()}\n  expected:    {expected_mask.int().tolist()}",
+            hint=hint or "mask[b, t] is True up to and including the first EOS of row b, False after it.",
+        )
+    if len({tuple(row) for row in tokens.tolist()}) == 1:
+        raise CheckFailure("all G rows are the same completion.",
+                           hint="Sample G times (generate on G copies of the prompt): do not repeat one sample.")
+    if not (~mask).any() or mask.all(-1).sum() == 0:
+        raise CheckFailure("with this model some rows should stop at EOS and others not; yours do not: "
+                           f"{tokens[:, plen:].tolist()}",
+                           hint="Stop at eos_token_id (generate(..., stop_at_eos=True, eos_token_id=eos_token_id)).")
+
+    # 2. a model that always stops at once: the output must still be max_new_tokens long
+    torch.manual_seed(2)
+    tokens2, mask2 = _sampled(candidate, _eos_model(40.0), prompt, 4, new)
+    expect_tensor(tokens2, dtype=torch.int64, what="the tokens")
+    if tuple(tokens2.shape) != (4, plen + new):
+        raise CheckFailure(
+            f"when every row stops at the first token, your tokens have shape {tuple(tokens2.shape)}, expected "
+            f"{(4, plen + new)}.",
+            hint="generate stops as soon as every row has emitted EOS: pad the output on the right with EOS "
+            "up to prompt_len + max_new_tokens (torch.nn.functional.pad(tokens, (0, missing), value=eos)).",
+        )
+    expect_tensor(mask2, shape=(4, new), dtype=torch.bool, what="the mask")
+    if not torch.equal(mask2, grpo.completion_mask(tokens2[:, plen:], EOS)):
+        raise CheckFailure(f"the mask does not match the tokens when every row stops at once: {mask2.int().tolist()}",
+                           hint="Only the first token (the EOS) of each completion counts.")
+
+    # 3. the first sampled token follows softmax(logits / temperature)
+    model = _eos_model(-30.0, seed=5, spread=2.0)  # peaked, no EOS
+    temperature, n = 0.5, 1000  # TV(T=1, T=0.5) = 0.32 for this model: far above the 0.12 threshold
+    torch.manual_seed(3)
+    tokens3, _ = _sampled(candidate, model, prompt, n, 1, temperature)
+    expect_tensor(tokens3, shape=(n, plen + 1), dtype=torch.int64, what="the tokens (G = 1000, 1 new token)")
+    with torch.no_grad():
+        probs = (model(prompt[None])[0, -1] / temperature).softmax(-1)
+    freq = torch.bincount(tokens3[:, plen], minlength=model.cfg.d_vocab).float() / n
+    tv = 0.5 * (freq - probs).abs().sum().item()
+    if tv > 0.12:
+        plain = torch.no_grad()(lambda: model(prompt[None])[0, -1].softmax(-1))()
+        tv_plain = 0.5 * (freq - plain).abs().sum().item()
+        hint = ("Your samples follow softmax(logits), not softmax(logits / temperature): pass temperature to "
+                "generate." if tv_plain < 0.12 else
+                "Sample from the model's next-token distribution at the given temperature (model.generate).")
+        raise CheckFailure(f"the first sampled tokens do not follow the model's distribution at temperature "
+                           f"{temperature} (total variation {tv:.2f} over {n} samples).", hint=hint)
+    return (f"shapes, prompt, mask (EOS counted, the rest masked), {size} distinct samples, padding when all rows "
+            f"stop early, and the distribution at temperature {temperature} (TV {tv:.3f}) are right.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# grpo_step
+# ----------------------------------------------------------------------------------------------------
+
+
+def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, grpo.GRPOArgs]:
+    """A small policy and a hand-made rollout: 3 groups of 4, prompts of different lengths, g = 6."""
+    policy, other = small_model(seed=6), small_model(seed=7)
+    gen = torch.Generator().manual_seed(8)
+    size, g = 4, 6
+    args = grpo.GRPOArgs(
+        group_size=size, max_new_tokens=g, clip_eps=0.2, clip_eps_high=0.3, beta=0.1, loss_type="dapo",
+        temperature=0.8, max_grad_norm=0.05, learning_rate=0.1,
+    )
+    tokens, prefix_lens = [], []
+    for plen in (3, 5, 2):
+        tokens.append(torch.randint(0, 50, (size, plen + g), generator=gen))
+        prefix_lens.append(plen)
+    lengths = torch.tensor([6, 1, 3, 4, 2, 6, 5, 6, 1, 2, 6, 3])
+    mask = torch.arange(g)[None, :] < lengths[:, None]
+    rewards = torch.rand(3, size, generator=gen)
+    with torch.no_grad():
+        current = grpo.sequence_logprobs(policy, tokens, prefix_lens, args.temperature)
+        ref = grpo.sequence_logprobs(other, tokens, prefix_lens, args.temperature)
+    rollout = grpo.GroupRollout(
+        tokens=tokens, prefix_lens=prefix_lens, prompts=["a", "b", "c"], mask=mask, rewards=rewards,
+        advantages=grpo.group_relative_advantages(rewards).flatten(),
+        old_logprobs=current + 0.3 * torch.randn(current.shape, generator=gen),  # the policy has moved since
+        ref_logprobs=ref, texts=[""] * 12,
+    )
+    return policy, rollout, args
+
+
+def _params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _batch_tensors(batch: grpo.GroupRollout) -> dict[str, torch.Tensor]:
+    out = {f"batch.{name}": getattr(batch, name).detach().clone()
+           for name in ("mask", "rewards", "advantages", "old_logprobs", "ref_logprobs")}
+    out.update({f"batch.tokens[{i}]": t.detach().clone() for i, t in enumerate(batch.tokens)})
+    return out
+
+
+def _run_steps(step_fn, policy, rollout, args, learner: bool) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """Two steps of ``step_fn`` (on two different minibatches of the rollout) from the given start with
+    SGD(maximize=True); the stats and the parameter change after each step."""
+    policy = copy.deepcopy(policy).train()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=args.learning_rate, maximize=True)
+    start = _params(policy)
+    outs, deltas = [], []
+    for batch in (rollout.select([0, 1]), rollout.select([2, 1])):  # two different minibatches
+        if learner:
+            before = _batch_tensors(batch)
+            out = call(step_fn, policy, optimizer, batch, args, _arg_names=["policy", "optimizer", "batch", "args"])
+            for name, tensor in before.items():
+                if not torch.equal(_batch_tensors(batch)[name], tensor):
+                    raise CheckFailure(f"your step modified {name} in place.",
+                                       hint="The rollout is read-only: compute new tensors instead of changing it.")
+        else:
+            out = step_fn(policy, optimizer, batch, args)
+        outs.append(out)
+        deltas.append(_params(policy) - start)
+    return outs, deltas[0], deltas[1]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+
+
+def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", pass_args=True, temperature=True):
+    """A configurable (possibly wrong) grpo_step."""
+
+    def step(policy, optimizer, batch, args):
+        t = args.temperature if temperature else 1.0
+        logprobs = grpo.sequence_logprobs(policy, batch.tokens, batch.prefix_lens, t)
+        old_lp = {"old": batch.old_logprobs, "detached": logprobs.detach(), "ref": batch.ref_logprobs}[old]
+        ref_lp = {"ref": batch.ref_logprobs, "old": batch.old_logprobs}[ref]
+        kwargs = dict(clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
+                      clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+        if not pass_args:
+            kwargs = {}
+        objective = grpo.calc_grpo_objective(logprobs, old_lp, ref_lp, batch.advantages, batch.mask, **kwargs)
+        if zero_grad:
+            optimizer.zero_grad()
+        (sign * objective).backward()
+        if clip:
+            nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return {"objective": objective.item()}
+
+    return step
+
+
+STEP_MISTAKES = [
+    Mistake("The update goes the wrong way: the optimizer is built with maximize=True, so backpropagate the "
+            "objective itself (not its negative).", _step_variant(sign=-1.0)),
+    Mistake("Gradients accumulate from one step to the next: call optimizer.zero_grad() before backward().",
+            _step_variant(zero_grad=False)),
+    Mistake("The gradient norm is not clipped: nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm) "
+            "between backward() and step().", _step_variant(clip=False)),
+    Mistake("The ratio uses the current log-probs detached as pi_old (so it is always 1): use the batch's "
+            "old_logprobs, stored at rollout time.", _step_variant(old="detached")),
+    Mistake("old_logprobs and ref_logprobs are swapped.", _step_variant(old="ref", ref="old")),
+    Mistake("The objective ignores the args: pass clip_eps, beta, loss_type, clip_eps_high and "
+            "max_completion_len=args.max_new_tokens to calc_grpo_objective.", _step_variant(pass_args=False)),
+    Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
+            "log-probs of logits / temperature (sequence_logprobs(..., args.temperature)).",
+            _step_variant(temperature=False)),
+]
+
+
+@checker(
+    "grpo_step",
+    chapter=CHAPTER,
+    hint="logprobs = sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature); objective = "
+    "calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, "
+    "clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type, clip_eps_high=args.clip_eps_high, "
+    "max_completion_len=args.max_new_tokens); optimizer.zero_grad(); objective.backward(); "
+    "nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm); optimizer.step().",
+)
+@one_thread
+def check_grpo_step(candidate) -> str:
+    policy, rollout, args = _step_setup()
+    ref_outs, ref_d1, ref_d2 = _run_steps(grpo.grpo_step, policy, rollout, args, learner=False)
+    outs, d1, d2 = _run_steps(candidate, policy, rollout, args, learner=True)
+    for out in outs:
+        if not isinstance(out, dict) or "objective" not in out:
+            raise CheckFailure(f"grpo_step should return a dict of diagnostics with an 'objective' entry, got {fmt(out)}")
+    if d1.norm() == 0:
+        raise CheckFailure("the parameters did not change after a step.",
+                           hint="Call objective.backward() and optimizer.step().")
+    e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
+    objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
+    objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
+    if objective_ok and e1 < 1e-3 and e2 < 1e-3:
+        return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference "
+                f"(relative differences {e1:.1e}, {e2:.1e}), objective {objective:.4f}.")
+    for mistake in STEP_MISTAKES:
+        _, m1, m2 = _run_steps(mistake.fn, policy, rollout, args, learner=False)
+        if _rel(d1, m1) < 1e-3 and _rel(d2, m2) < 1e-3:
+            raise CheckFailure("your step does not update the policy as the reference does.", hint=mistake.hint)
+    if e1 < 1e-3 and e2 < 1e-3:
+        raise CheckFailure(f"the update is right, but the objective you return ({objective:.5f}) differs from the "
+                           f"reference's ({expected:.5f}) on the first step.",
+                           hint="Return the objective of the step (before the update), objective.item().")
+    which = "first" if e1 >= 1e-3 else "second"
+    raise CheckFailure(
+        f"after the {which} step your parameters differ from the reference's (relative difference "
+        f"{max(e1, e2):.2e}).")

@@ -1,0 +1,490 @@
+"""Checkers of chapter 04: the reference passes, the stub fails, catalogued mistakes get their hint, and
+correct code written differently passes. Every wrong implementation is written out here."""
+
+import pytest
+import torch
+from torch import nn
+
+from rlhf_tutorial import grpo
+from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.notebooks import load_stub
+
+CHAPTER = "04_grpo"
+EXERCISES = ["group_relative_advantages", "calc_grpo_objective", "completion_mask", "sample_group", "grpo_step"]
+
+
+def assert_fails_with(name, candidate, fragment):
+    result = run_check(name, candidate)
+    assert not result.passed, f"{name}: a wrong implementation passed"
+    text = f"{result.message}\n{result.hint}"
+    assert fragment in text, f"{name}: expected {fragment!r} in:\n{text}"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_reference_passes(name):
+    result = run_check(name, getattr(grpo, name))
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_stub_fails(name):
+    result = run_check(name, load_stub(CHAPTER, name))
+    assert not result.passed
+    assert "not implemented" in result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# group_relative_advantages
+# ----------------------------------------------------------------------------------------------------
+def adv_population_std(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale == "none":
+        return centred
+    std = rewards.std(-1, keepdim=True, unbiased=False) if scale == "group" else rewards.std(unbiased=False)
+    return centred / (std + eps)
+
+
+def adv_no_eps(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale == "none":
+        return centred
+    return centred / (rewards.std(-1, keepdim=True) if scale == "group" else rewards.std())
+
+
+def adv_batch_std_for_group(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    return centred if scale == "none" else centred / (rewards.std() + eps)
+
+
+def adv_batch_mean(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean()
+    if scale == "none":
+        return centred
+    return centred / ((rewards.std(-1, keepdim=True) if scale == "group" else rewards.std()) + eps)
+
+
+def adv_over_prompts(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(0, keepdim=True)
+    if scale == "none":
+        return centred
+    return centred / ((rewards.std(0, keepdim=True) if scale == "group" else rewards.std()) + eps)
+
+
+def adv_none_still_divides(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    return centred / ((rewards.std() if scale == "batch" else rewards.std(-1, keepdim=True)) + eps)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (adv_population_std, "population std"),
+        (adv_no_eps, "no eps"),
+        (adv_batch_std_for_group, "std is over the batch"),
+        (adv_batch_mean, "mean of the whole batch"),
+        (adv_over_prompts, "dim 0"),
+        (adv_none_still_divides, "only centres"),
+    ],
+)
+def test_group_relative_advantages_mistakes(wrong, fragment):
+    assert_fails_with("group_relative_advantages", wrong, fragment)
+
+
+def test_group_relative_advantages_written_differently():
+    def with_loops(rewards, scale="group", eps=1e-4):
+        out = torch.empty_like(rewards)
+        batch_std = rewards.flatten().var(unbiased=True).sqrt()
+        for i, row in enumerate(rewards):
+            n = row.numel()
+            mean = row.sum() / n
+            std = torch.sqrt(((row - mean) ** 2).sum() / (n - 1))
+            denom = {"group": std + eps, "batch": batch_std + eps, "none": torch.tensor(1.0)}[scale]
+            out[i] = (row - mean) / denom
+        return out
+
+    assert run_check("group_relative_advantages", with_loops).passed
+
+
+def test_group_relative_advantages_in_place_is_caught():
+    def in_place(rewards, scale="group", eps=1e-4):
+        rewards -= rewards.mean(-1, keepdim=True)
+        return rewards / (rewards.std(-1, keepdim=True) + eps) if scale != "none" else rewards
+
+    assert_fails_with("group_relative_advantages", in_place, "in place")
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_grpo_objective
+# ----------------------------------------------------------------------------------------------------
+def _surrogate(logprobs, old_logprobs, advantages, clip_eps, high):
+    ratio = (logprobs - old_logprobs).exp()
+    a = advantages.unsqueeze(-1)
+    return torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + high) * a)
+
+
+def _k3(logprobs, ref_logprobs):
+    logr = ref_logprobs - logprobs
+    return logr.exp() - 1 - logr
+
+
+def obj_token_mean_for_grpo(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                            loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * _k3(logprobs, ref_logprobs)
+    per_token = per_token * mask
+    if loss_type == "dr_grpo":
+        return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+    return per_token.sum() / mask.sum()  # "grpo" and "dapo" alike: wrong for grpo
+
+
+def obj_dr_grpo_true_lengths(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                             loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * _k3(logprobs, ref_logprobs)
+    per_token = per_token * mask
+    if loss_type == "dapo" or loss_type == "dr_grpo":
+        return per_token.sum() / mask.sum()
+    return (per_token.sum(1) / mask.sum(1)).mean()
+
+
+def obj_kl_sign_flipped(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                        loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high) + beta * _k3(logprobs, ref_logprobs)
+    per_token = per_token * mask
+    if loss_type == "grpo":
+        return (per_token.sum(1) / mask.sum(1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / mask.sum()
+    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+
+
+def obj_k1(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+           loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * (logprobs - ref_logprobs)
+    per_token = per_token * mask
+    if loss_type == "grpo":
+        return (per_token.sum(1) / mask.sum(1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / mask.sum()
+    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+
+
+def obj_ignores_clip_high(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                          loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    per_token = _surrogate(logprobs, old_logprobs, advantages, clip_eps, clip_eps) - beta * _k3(logprobs, ref_logprobs)
+    per_token = per_token * mask
+    if loss_type == "grpo":
+        return (per_token.sum(1) / mask.sum(1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / mask.sum()
+    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+
+
+def obj_mask_ignored(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                     loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * _k3(logprobs, ref_logprobs)
+    if loss_type == "dr_grpo":
+        return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+    return per_token.mean()
+
+
+def obj_kl_swapped(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                   loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * _k3(ref_logprobs, logprobs)
+    per_token = per_token * mask
+    if loss_type == "grpo":
+        return (per_token.sum(1) / mask.sum(1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / mask.sum()
+    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (obj_token_mean_for_grpo, "that is DAPO"),
+        (obj_dr_grpo_true_lengths, "true number of tokens"),
+        (obj_kl_sign_flipped, "wrong sign"),
+        (obj_k1, "k1"),
+        (obj_ignores_clip_high, "clip_eps_high is ignored"),
+        (obj_mask_ignored, "mask is ignored"),
+        (obj_kl_swapped, "arguments swapped"),
+    ],
+)
+def test_calc_grpo_objective_mistakes(wrong, fragment):
+    assert_fails_with("calc_grpo_objective", wrong, fragment)
+
+
+def test_calc_grpo_objective_written_differently():
+    def per_row_loops(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                      loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+        upper = 1 + (clip_eps if clip_eps_high is None else clip_eps_high)
+        B, g = logprobs.shape
+        row_sums, row_counts = [], []
+        for b in range(B):
+            keep = mask[b]
+            lp, old, ref = logprobs[b][keep], old_logprobs[b][keep], ref_logprobs[b][keep]
+            ratio = torch.exp(lp - old)
+            a = advantages[b]
+            clipped = torch.clamp(ratio, min=1 - clip_eps, max=upper)
+            surr = torch.where(a >= 0, torch.minimum(ratio, clipped) * a, torch.maximum(ratio, clipped) * a)
+            kl = torch.exp(ref - lp) - (ref - lp) - 1
+            row_sums.append((surr - beta * kl).sum())
+            row_counts.append(keep.sum())
+        sums, counts = torch.stack(row_sums), torch.stack(row_counts).float()
+        if loss_type == "grpo":
+            return (sums / counts).mean()
+        if loss_type == "dapo":
+            return sums.sum() / counts.sum()
+        return sums.sum() / (B * (g if max_completion_len is None else max_completion_len))
+
+    result = run_check("calc_grpo_objective", per_row_loops)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# completion_mask
+# ----------------------------------------------------------------------------------------------------
+def mask_drops_eos(completions, eos_token_id):
+    return torch.cumsum(completions == eos_token_id, dim=1) == 0
+
+
+def mask_keeps_everything(completions, eos_token_id):
+    return torch.ones(completions.shape, dtype=torch.bool)
+
+
+def mask_only_eos_removed(completions, eos_token_id):
+    return completions != eos_token_id
+
+
+def mask_as_long(completions, eos_token_id):
+    is_eos = (completions == eos_token_id).long()
+    return ((is_eos.cumsum(-1) - is_eos) == 0).long()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (mask_drops_eos, "EOS token itself is masked out"),
+        (mask_keeps_everything, "after the first EOS are kept"),
+        (mask_only_eos_removed, "masked only the EOS tokens"),
+        (mask_as_long, "dtype"),
+    ],
+)
+def test_completion_mask_mistakes(wrong, fragment):
+    assert_fails_with("completion_mask", wrong, fragment)
+
+
+def test_completion_mask_written_differently():
+    def by_argmax(completions, eos_token_id):
+        b, g = completions.shape
+        is_eos = completions == eos_token_id
+        has_eos = is_eos.any(-1)
+        first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full((b,), g))  # first EOS index, or g
+        return torch.arange(g)[None, :] <= first[:, None]
+
+    assert run_check("completion_mask", by_argmax).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# sample_group
+# ----------------------------------------------------------------------------------------------------
+def _generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature):
+    return model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=max_new_tokens,
+                          eos_token_id=eos_token_id, temperature=temperature, verbose=False)
+
+
+def _pad(tokens, length, eos):
+    return nn.functional.pad(tokens, (0, length - tokens.shape[1]), value=eos)
+
+
+def sample_not_cloned(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    tokens = _generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature)
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+def sample_mask_over_whole_sequence(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                                    top_k=None):
+    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone(),
+                  len(prompt_tokens) + max_new_tokens, eos_token_id)
+    return tokens, grpo.completion_mask(tokens, eos_token_id)
+
+
+def sample_mask_drops_eos(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone(),
+                  len(prompt_tokens) + max_new_tokens, eos_token_id)
+    return tokens, (tokens[:, len(prompt_tokens):] == eos_token_id).cumsum(-1) == 0
+
+
+def sample_no_padding(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    tokens = _generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone()
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+def sample_once_repeated(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    one = _pad(_generate(model, prompt_tokens, 1, max_new_tokens, eos_token_id, temperature).clone(),
+               len(prompt_tokens) + max_new_tokens, eos_token_id)
+    tokens = one.repeat(group_size, 1)
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+def sample_ignores_temperature(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                               top_k=None):
+    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, 1.0).clone(),
+                  len(prompt_tokens) + max_new_tokens, eos_token_id)
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+def sample_never_stops(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    tokens = model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=max_new_tokens,
+                            stop_at_eos=False, temperature=temperature, verbose=False).clone()
+    return tokens, torch.ones(group_size, max_new_tokens, dtype=torch.bool)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (sample_not_cloned, "inference tensor"),
+        (sample_mask_over_whole_sequence, "completion only"),
+        (sample_mask_drops_eos, "EOS token itself is masked out"),
+        (sample_no_padding, "pad the output"),
+        (sample_once_repeated, "same completion"),
+        (sample_ignores_temperature, "temperature"),
+        (sample_never_stops, "after the first EOS are kept"),
+    ],
+)
+def test_sample_group_mistakes(wrong, fragment):
+    assert_fails_with("sample_group", wrong, fragment)
+
+
+def test_sample_group_written_differently():
+    """An explicit sampling loop without generate (no KV cache), stopping rows by hand."""
+
+    @torch.no_grad()
+    def own_loop(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+        tokens = prompt_tokens.repeat(group_size, 1)
+        done = torch.zeros(group_size, dtype=torch.bool)
+        for _ in range(max_new_tokens):
+            logits = model(tokens)[:, -1] / temperature
+            nxt = torch.distributions.Categorical(logits=logits).sample()
+            nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+            done |= nxt == eos_token_id
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+        completions = tokens[:, len(prompt_tokens):]
+        seen = torch.zeros(group_size, dtype=torch.bool)
+        mask = torch.zeros_like(completions, dtype=torch.bool)
+        for t in range(max_new_tokens):
+            mask[:, t] = ~seen
+            seen |= completions[:, t] == eos_token_id
+        return tokens, mask
+
+    result = run_check("sample_group", own_loop)
+    assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# grpo_step
+# ----------------------------------------------------------------------------------------------------
+def _objective(policy, batch, args, temperature=None, old=None):
+    logprobs = grpo.sequence_logprobs(policy, batch.tokens, batch.prefix_lens,
+                                      args.temperature if temperature is None else temperature)
+    return logprobs, grpo.calc_grpo_objective(
+        logprobs, batch.old_logprobs if old is None else old(logprobs), batch.ref_logprobs, batch.advantages,
+        batch.mask, clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
+        clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+
+
+def step_minimises(policy, optimizer, batch, args):
+    _, objective = _objective(policy, batch, args)
+    optimizer.zero_grad()
+    (-objective).backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"objective": objective.item()}
+
+
+def step_no_zero_grad(policy, optimizer, batch, args):
+    _, objective = _objective(policy, batch, args)
+    objective.backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"objective": objective.item()}
+
+
+def step_no_clipping(policy, optimizer, batch, args):
+    _, objective = _objective(policy, batch, args)
+    optimizer.zero_grad()
+    objective.backward()
+    optimizer.step()
+    return {"objective": objective.item()}
+
+
+def step_ratio_always_one(policy, optimizer, batch, args):
+    _, objective = _objective(policy, batch, args, old=lambda lp: lp.detach())
+    optimizer.zero_grad()
+    objective.backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"objective": objective.item()}
+
+
+def step_without_temperature(policy, optimizer, batch, args):
+    _, objective = _objective(policy, batch, args, temperature=1.0)
+    optimizer.zero_grad()
+    objective.backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"objective": objective.item()}
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (step_minimises, "wrong way"),
+        (step_no_zero_grad, "zero_grad"),
+        (step_no_clipping, "not clipped"),
+        (step_ratio_always_one, "always 1"),
+        (step_without_temperature, "temperature"),
+    ],
+)
+def test_grpo_step_mistakes(wrong, fragment):
+    assert_fails_with("grpo_step", wrong, fragment)
+
+
+def test_grpo_step_written_differently():
+    """Gradient scaled by hand instead of clip_grad_norm_, objective built from per-group forward passes."""
+
+    def manual(policy, optimizer, batch, args):
+        rows = []
+        for tokens, plen in zip(batch.tokens, batch.prefix_lens):
+            logp = torch.log_softmax(policy(tokens) / args.temperature, dim=-1)  # [G s v]
+            rows.append(torch.gather(logp[:, plen - 1:-1], 2, tokens[:, plen:].unsqueeze(-1)).squeeze(-1))
+        logprobs = torch.cat(rows, dim=0)
+        objective = grpo.calc_grpo_objective(
+            logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, args.clip_eps,
+            args.beta, args.loss_type, args.clip_eps_high, args.max_new_tokens)
+        for p in policy.parameters():
+            p.grad = None
+        objective.backward()
+        norm = torch.sqrt(sum((p.grad ** 2).sum() for p in policy.parameters() if p.grad is not None))
+        scale = min(1.0, args.max_grad_norm / (float(norm) + 1e-6))
+        for p in policy.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        optimizer.step()
+        return {"objective": float(objective.detach())}
+
+    result = run_check("grpo_step", manual)
+    assert result.passed, result.message
+
+
+def test_grpo_step_that_changes_the_batch_is_caught():
+    def mutating(policy, optimizer, batch, args):
+        batch.advantages.mul_(2.0)
+        return grpo.grpo_step(policy, optimizer, batch, args)
+
+    assert_fails_with("grpo_step", mutating, "in place")

@@ -1,0 +1,322 @@
+"""Chapter 04 reference code: the GRPO pieces, the trainer's mechanics on the tiny world, the CLI, widgets."""
+
+import copy
+import json
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from rlhf_tutorial import grpo
+from rlhf_tutorial.rlhf import approx_kl
+from rlhf_tutorial.widgets import grpo as widgets
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small models run faster on one thread (and far faster on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def random_model(seed=0, d_vocab=40):
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=48, d_head=4, n_heads=4, d_vocab=d_vocab,
+                                  act_fn="gelu_new", normalization_type="LN", seed=seed)
+    return HookedTransformer(cfg).eval()
+
+
+# ----------------------------------------------------------------------------------------------------
+# advantages
+# ----------------------------------------------------------------------------------------------------
+def test_advantages_have_zero_mean_per_group_and_unit_std():
+    rewards = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+    adv = grpo.group_relative_advantages(rewards)
+    assert adv.shape == (5, 8)
+    torch.testing.assert_close(adv.mean(-1), torch.zeros(5), atol=1e-6, rtol=0)
+    torch.testing.assert_close(adv.std(-1), torch.ones(5), atol=1e-3, rtol=0)
+
+
+def test_an_all_equal_group_gets_zero_advantages_in_every_scaling():
+    rewards = torch.tensor([[0.3, 0.3, 0.3], [0.0, 1.0, 0.5]])
+    for scale in ["group", "batch", "none"]:
+        adv = grpo.group_relative_advantages(rewards, scale)
+        assert torch.equal(adv[0], torch.zeros(3)), scale
+        assert adv[1].abs().sum() > 0
+
+
+def test_batch_scaling_divides_every_group_by_the_same_std():
+    rewards = torch.tensor([[0.0, 1.0, 2.0], [10.0, 10.5, 11.0]])
+    adv = grpo.group_relative_advantages(rewards, "batch", eps=0.0)
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    torch.testing.assert_close(adv, centred / rewards.std())
+
+
+# ----------------------------------------------------------------------------------------------------
+# the objective
+# ----------------------------------------------------------------------------------------------------
+def _batch():
+    gen = torch.Generator().manual_seed(1)
+    logprobs = -torch.rand(4, 6, generator=gen) * 2
+    lengths = torch.tensor([6, 2, 4, 1])
+    mask = torch.arange(6)[None] < lengths[:, None]
+    return logprobs, lengths, mask, torch.tensor([1.0, -0.5, 2.0, -1.0])
+
+
+def test_at_ratio_one_without_kl_the_aggregations_weigh_sequences_and_tokens_as_documented():
+    logprobs, lengths, mask, adv = _batch()
+    kwargs = dict(beta=0.0)
+    grpo_obj = grpo.calc_grpo_objective(logprobs, logprobs, logprobs, adv, mask, loss_type="grpo", **kwargs)
+    dapo = grpo.calc_grpo_objective(logprobs, logprobs, logprobs, adv, mask, loss_type="dapo", **kwargs)
+    dr = grpo.calc_grpo_objective(logprobs, logprobs, logprobs, adv, mask, loss_type="dr_grpo",
+                                  max_completion_len=10, **kwargs)
+    n = lengths.float()
+    torch.testing.assert_close(grpo_obj, adv.mean())  # every sequence weighs the same
+    torch.testing.assert_close(dapo, (n * adv).sum() / n.sum())  # every token weighs the same
+    torch.testing.assert_close(dr, (n * adv).sum() / (4 * 10))  # a constant denominator
+
+
+def test_masked_tokens_change_nothing_not_even_the_gradient():
+    logprobs, _, mask, adv = _batch()
+    gen = torch.Generator().manual_seed(2)
+    old = logprobs + 0.3 * torch.randn(4, 6, generator=gen)
+    ref = logprobs + 0.3 * torch.randn(4, 6, generator=gen)
+    junk = torch.where(mask, 0.0, 7.0 * torch.randn(4, 6, generator=gen))
+    for loss_type in ["grpo", "dapo", "dr_grpo"]:
+        outs, grads = [], []
+        for shift in (0.0, 1.0):
+            lp = (logprobs + shift * junk).requires_grad_(True)
+            obj = grpo.calc_grpo_objective(lp, old - shift * junk, ref + shift * junk, adv, mask, loss_type=loss_type)
+            obj.backward()
+            outs.append(obj.detach())
+            grads.append(lp.grad[mask])
+        torch.testing.assert_close(outs[0], outs[1])
+        torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_clipped_tokens_get_no_gradient_and_clip_higher_lets_them_grow():
+    logprobs = torch.zeros(1, 3, requires_grad=True)
+    old = torch.log(torch.tensor([[1 / 1.25, 1 / 1.1, 1.0]]))  # ratios 1.25, 1.1, 1.0
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    adv = torch.tensor([1.0])
+    grpo.calc_grpo_objective(logprobs, old, logprobs.detach(), adv, mask, clip_eps=0.2, beta=0.0).backward()
+    assert logprobs.grad[0, 0] == 0 and logprobs.grad[0, 1] > 0  # 1.25 > 1.2: clipped
+    logprobs.grad = None
+    grpo.calc_grpo_objective(logprobs, old, logprobs.detach(), adv, mask, clip_eps=0.2, beta=0.0,
+                             clip_eps_high=0.28).backward()
+    assert logprobs.grad[0, 0] > 0  # 1.25 < 1.28: free to grow
+    clipped = grpo.clipped_tokens(logprobs.detach(), old, adv, mask, 0.2)
+    assert clipped.tolist() == [[True, False, False]]
+
+
+def test_with_zero_advantages_the_objective_is_minus_beta_times_the_k3_kl():
+    logprobs, _, mask, _ = _batch()
+    ref = logprobs + 0.4
+    obj = grpo.calc_grpo_objective(logprobs, logprobs, ref, torch.zeros(4), mask, beta=0.5, loss_type="dapo")
+    k3 = approx_kl(logprobs, ref, "k3")
+    torch.testing.assert_close(obj, -0.5 * k3[mask].mean())
+    assert obj < 0  # k3 >= 0: the penalty only ever lowers the objective
+
+
+# ----------------------------------------------------------------------------------------------------
+# masks, sampling, rewards
+# ----------------------------------------------------------------------------------------------------
+def test_completion_mask_counts_the_first_eos_and_nothing_after():
+    completions = torch.tensor([[4, 5, 0, 0], [0, 3, 0, 3], [1, 2, 3, 4]])
+    assert grpo.completion_mask(completions, 0).tolist() == [
+        [True, True, True, False], [True, False, False, False], [True, True, True, True]]
+
+
+def test_sample_group_pads_to_full_length_when_every_row_stops_at_once():
+    model = random_model()
+    with torch.no_grad():
+        model.unembed.b_U[5] = 50.0  # EOS = 5, always
+    tokens, mask = grpo.sample_group(model, torch.tensor([1, 2, 3]), 4, 7, eos_token_id=5)
+    assert tokens.shape == (4, 10) and mask.shape == (4, 7)
+    assert (tokens[:, 3:] == 5).all()
+    assert mask[:, 0].all() and not mask[:, 1:].any()
+    assert not tokens.is_inference()
+
+
+def test_sequence_logprobs_stacks_groups_without_changing_them():
+    model = random_model(seed=3)
+    gen = torch.Generator().manual_seed(4)
+    tokens = [torch.randint(0, 40, (3, 9), generator=gen), torch.randint(0, 40, (3, 7), generator=gen),
+              torch.randint(0, 40, (3, 9), generator=gen)]
+    prefix_lens = [4, 2, 4]
+    with torch.no_grad():
+        stacked = grpo.sequence_logprobs(model, tokens, prefix_lens, temperature=0.7, max_rows=4)
+        one_by_one = torch.cat([grpo.sequence_logprobs(model, [t], [p], temperature=0.7)
+                                for t, p in zip(tokens, prefix_lens)])
+    assert stacked.shape == (9, 5)
+    torch.testing.assert_close(stacked, one_by_one, atol=1e-5, rtol=1e-5)
+
+
+def test_rule_reward():
+    texts = ["The plot was thin. The acting was wooden.",
+             "The plot was thin. The acting was wooden. I left. Avoid it.",
+             "The plot was thin.",
+             "The plot was thin and the acting",
+             "ACTING! was fine?"]
+    assert grpo.reward_fn_rule(texts, aspect="acting", max_sentences=3).tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert grpo.reward_fn_rule(["the actings were"], aspect="acting").tolist() == [0.0]  # whole words only
+
+
+def test_rollout_minibatches_partition_the_groups():
+    size, g = 3, 4
+    rollout = grpo.GroupRollout(
+        tokens=[torch.full((size, 6), i) for i in range(5)], prefix_lens=[2] * 5, prompts=list("abcde"),
+        mask=torch.ones(15, g, dtype=torch.bool), rewards=torch.arange(15.0).view(5, size),
+        advantages=torch.arange(15.0), old_logprobs=torch.zeros(15, g), ref_logprobs=torch.zeros(15, g),
+        texts=[str(i) for i in range(15)],
+    )
+    parts = rollout.minibatches(2, torch.Generator().manual_seed(0))
+    seen = sorted(int(t[0, 0]) for part in parts for t in part.tokens)
+    assert seen == [0, 1, 2, 3, 4]
+    for part in parts:  # rows stay with their group
+        for t, rewards, texts in zip(part.tokens, part.rewards, [part.texts[i:i + size] for i in range(0, 99, size)]):
+            group = int(t[0, 0])
+            assert rewards.tolist() == [group * size + j for j in range(size)]
+            assert texts == [str(group * size + j) for j in range(size)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# the trainer on the tiny world
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_policy():
+    from rlhf_tutorial.worlds import load_policy
+
+    return load_policy("tiny")
+
+
+def small_args(**overrides):
+    base = dict(groups_per_phase=2, group_size=4, max_new_tokens=8, num_phases=2, eval_samples=8, num_minibatches=2)
+    return grpo.GRPOArgs.preset("tiny", **{**base, **overrides})
+
+
+def test_all_equal_rewards_give_zero_advantages_and_dynamic_sampling_drops_them(tiny_policy):
+    reference = copy.deepcopy(tiny_policy)
+    constant = lambda texts: torch.ones(len(texts))  # noqa: E731
+    rollout, stats = grpo.collect_rollout(tiny_policy, reference, constant, small_args())
+    assert stats["frac_reward_zero_std"] == 1.0
+    assert torch.equal(rollout.advantages, torch.zeros(8))
+    assert rollout.mask.shape == (8, 8) and rollout.mask[:, 0].all()
+    rollout, stats = grpo.collect_rollout(tiny_policy, reference, constant,
+                                          small_args(dynamic_sampling=True, max_sampling_rounds=3))
+    assert rollout is None
+    assert stats["groups_sampled"] == 6 and stats["groups_kept"] == 0 and stats["sampling_rounds"] == 3
+
+
+def test_old_logprobs_are_the_policy_at_rollout_time(tiny_policy):
+    reference = copy.deepcopy(tiny_policy)
+    reward = lambda texts: torch.tensor([float(len(t)) for t in texts])  # noqa: E731
+    torch.manual_seed(0)
+    rollout, stats = grpo.collect_rollout(tiny_policy, reference, reward, small_args())
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before training
+    torch.testing.assert_close(rollout.old_logprobs, rollout.ref_logprobs)
+    assert rollout.rewards.shape == (2, 4)
+    torch.testing.assert_close(rollout.advantages.view(2, 4), grpo.group_relative_advantages(rollout.rewards))
+
+
+def _reward_by_length(texts):
+    return torch.tensor([len(t) / 100 for t in texts])
+
+
+def test_train_mechanics_reference_frozen_kl_from_zero_and_deterministic(tiny_policy):
+    calls = []
+
+    def my_advantages(rewards, scale="group", eps=1e-4):
+        calls.append(rewards.shape)
+        return grpo.group_relative_advantages(rewards, scale, eps)
+
+    results = []
+    for _ in range(2):
+        policy = copy.deepcopy(tiny_policy)
+        start = {k: v.clone() for k, v in policy.state_dict().items()}
+        # collect_rollout handed back unchanged (as learner_functions does when it is imported) must
+        # still call the learner's group_relative_advantages
+        result = grpo.train(small_args(), policy=policy, reward_fn=_reward_by_length, progress=False,
+                            group_relative_advantages=my_advantages, collect_rollout=grpo.collect_rollout)
+        results.append(result)
+        reference_state = result.reference.state_dict()
+        assert all(torch.equal(reference_state[k], v) for k, v in start.items())  # reference untouched
+        assert any(not torch.equal(policy.state_dict()[k], v) for k, v in start.items())  # policy trained
+        assert result.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+        for key in ["reward", "frac_reward_zero_std", "kl", "clipfrac", "objective", "approx_kl_old", "grad_norm"]:
+            assert key in result.history[-1]
+        assert result.eval_final is not None and result.peak_memory_mb >= 0
+    assert calls == [(2, 4)] * 4  # the learner's function ran in every phase of both runs
+    assert results[0].reward_per_phase == results[1].reward_per_phase  # same seed, same curve
+
+
+def test_iterative_variant_refreshes_the_reference(tiny_policy):
+    policy = copy.deepcopy(tiny_policy)
+    result = grpo.train(small_args(ref_refresh_every=1, num_phases=1), policy=policy, reward_fn=_reward_by_length,
+                        evaluate_before_after=False, progress=False)
+    assert result.history[0]["reference_refreshed"]
+    assert all(torch.equal(a, b) for a, b in zip(policy.parameters(), result.reference.parameters()))
+
+
+def test_cli_main_prints_the_acceptance_keys(tiny_policy, tmp_path):
+    summary = grpo.main(["--world", "tiny", "--num-phases", "2", "--groups-per-phase", "2", "--group-size", "4",
+                         "--max-new-tokens", "8", "--eval-samples", "8", "--no-progress",
+                         "--report", str(tmp_path / "report.html")])
+    for key in ["mean_reward_initial", "mean_reward_final", "kl_final", "frac_reward_zero_std", "phases",
+                "wall_seconds", "peak_memory_mb"]:
+        assert key in summary
+    assert summary["phases"] == 2 and len(summary["reward_per_phase"]) == 2
+    json.dumps(summary)
+    assert (tmp_path / "report.html").read_text().count("<table") >= 2  # one per group of the last phase
+
+
+def test_cli_is_registered():
+    from rlhf_tutorial.cli import COMMANDS
+
+    assert COMMANDS["train-grpo"][0] == "rlhf_tutorial.grpo:main"
+
+
+# ----------------------------------------------------------------------------------------------------
+# widgets and memory
+# ----------------------------------------------------------------------------------------------------
+GROUPS = [{"prompt": "This movie was really", "completions": [
+    {"text": "a", "tokens": [" dull", "."], "reward": 0.9, "advantage": 1.2, "ratio": [1.4, 1.0],
+     "clipped": [True, False]},
+    {"text": "b", "tokens": [" good", "<|endoftext|>"], "reward": 0.1, "advantage": -1.2, "ratio": [0.9, 1.0],
+     "clipped": [False, False]},
+]}]
+
+
+def test_group_viewer_static_marks_clipped_tokens():
+    table = widgets.group_viewer(GROUPS, static=True)
+    text, page = str(table), table._repr_html_()
+    assert "[ dull]" in text and "[ good]" not in text
+    assert page.count("outline:2px solid") == 1 and "ratio 1.400 (clipped)" in page
+    assert "+1.20" in page and "-1.20" in page
+
+
+def test_group_viewer_flags_all_equal_groups():
+    flat = [{"prompt": "p", "completions": [dict(c, reward=1.0, advantage=0.0) for c in GROUPS[0]["completions"]]}]
+    assert "no signal" in widgets.group_html(flat[0])
+
+
+def test_comparison_figure_has_reward_time_and_memory_for_both():
+    runs = {"PPO": widgets.run_summary([0.2, 0.5], 10.0, 300.0, 64),
+            "GRPO": widgets.run_summary([0.2, 0.6], 8.0, 250.0, 64)}
+    fig = widgets.comparison_figure(runs)
+    assert len(fig.data) == 6
+    assert [t.type for t in fig.data] == ["scatter", "bar", "bar"] * 2
+    assert fig.data[4].y == (8.0,) and fig.data[5].y == (250.0,)
+    assert "of the process" in fig.layout.annotations[2].text
+    for run, mb in zip(runs.values(), (40.0, 30.0)):
+        run["peak_memory_training_mb"] = mb
+    fig = widgets.comparison_figure(runs)  # both runs measured the training loop: that is shown
+    assert fig.data[5].y == (30.0,) and "of training" in fig.layout.annotations[2].text
+
+
+def test_peak_memory_sees_an_allocation():
+    with grpo.PeakMemory() as memory:
+        block = torch.ones(50_000_000)  # 200 MB
+        block += 1
+    assert memory.peak_mb > 150
