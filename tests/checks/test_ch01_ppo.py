@@ -13,6 +13,7 @@ from torch.distributions import Categorical
 from rlhf_tutorial import ppo
 from rlhf_tutorial.checks import run_check
 from rlhf_tutorial.notebooks import load_stub
+from tests.checks.helpers import assert_fails_with
 
 CHAPTER = "01_ppo"
 SQRT2 = math.sqrt(2)
@@ -36,11 +37,6 @@ def test_reference_passes_and_stub_fails(name):
     assert not stub.passed and "not implemented" in stub.message
 
 
-def assert_fails_with(name, fn, fragment):
-    result = run_check(name, fn)
-    assert not result.passed, f"{fn.__name__} passed the {name} checker"
-    text = f"{result.message}\n{result.hint}"
-    assert fragment in text, text
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from rlhf_tutorial import rewards
 from rlhf_tutorial.checks import run_check
 from rlhf_tutorial.notebooks import load_stub
+from tests.checks.helpers import assert_fails_with
 
 CHAPTER = "02_rewards"
 EXERCISES = [
@@ -26,11 +27,6 @@ EXERCISES = [
 ]
 
 
-def assert_fails_with(name, candidate, fragment):
-    result = run_check(name, candidate)
-    assert not result.passed, f"{name}: a wrong implementation passed"
-    text = f"{result.message}\n{result.hint}"
-    assert fragment in text, f"{name}: expected {fragment!r} in:\n{text}"
 
 
 @pytest.mark.parametrize("name", EXERCISES)

@@ -8,16 +8,12 @@ from torch import nn
 from rlhf_tutorial import grpo
 from rlhf_tutorial.checks import run_check
 from rlhf_tutorial.notebooks import load_stub
+from tests.checks.helpers import assert_fails_with
 
 CHAPTER = "04_grpo"
 EXERCISES = ["group_relative_advantages", "calc_grpo_objective", "completion_mask", "sample_group", "grpo_step"]
 
 
-def assert_fails_with(name, candidate, fragment):
-    result = run_check(name, candidate)
-    assert not result.passed, f"{name}: a wrong implementation passed"
-    text = f"{result.message}\n{result.hint}"
-    assert fragment in text, f"{name}: expected {fragment!r} in:\n{text}"
 
 
 @pytest.mark.parametrize("name", EXERCISES)
