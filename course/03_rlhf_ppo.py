@@ -1,0 +1,638 @@
+# %% [markdown]
+# # 03. RLHF with PPO on a HookedTransformer
+#
+# This is the heart of the course. In chapter 01 you wrote PPO for CartPole; in chapter 02 you built
+# rewards for text. Here you put them together: you fine-tune a language model with PPO so that its
+# movie reviews turn **negative** (the base model, like GPT-2, leans positive), while a KL penalty
+# keeps it writing reviews rather than gibberish that fools the classifier.
+#
+# You will write every piece: the value head, sampling, log-probs, the KL penalty and its sampled
+# estimators, advantages (two ways), the replay memory, the objective, the optimizer and its
+# schedule, an adaptive KL controller, early stopping, and the two phases of the trainer. Then you
+# train, watch the reward rise on a live dashboard, look inside single samples token by token, and
+# make the policy **hack** the reward on purpose, to see what the KL penalty is for.
+#
+# ## The language model as an RL environment
+#
+# | PPO on CartPole (01) | RLHF on a language model (here) |
+# |---|---|
+# | state $s_t$: cart position, angle, ... | the text so far: prompt $x$ and tokens $y_{<t}$ |
+# | action $a_t$: push left or right | the next token $y_t$, one of `d_vocab` |
+# | policy $\pi_\theta(a \mid s)$: a small MLP | the transformer's softmax over the vocabulary |
+# | episode: until the pole falls | one completion of `gen_len` tokens after a fixed prompt |
+# | reward: +1 every step (dense) | the classifier's score of the whole text, at the last token (sparse) |
+# | critic $V_\phi(s)$: a separate MLP | a **value head** on the transformer's last residual stream |
+#
+# The objective is the expected reward minus a penalty for drifting from the **reference** model
+# $\pi_{\text{ref}}$ (a frozen copy of the policy before training):
+#
+# $$J(\theta) = \mathbb{E}_{y \sim \pi_\theta(\cdot \mid x)}\big[r(x, y)\big] \;-\; \beta\, \mathrm{KL}\big(\pi_\theta(\cdot \mid x) \,\|\, \pi_{\text{ref}}(\cdot \mid x)\big)$$
+#
+# Without the KL term the policy is free to find *any* text the classifier scores highly, including
+# text no human would call a review. You will see exactly that at the end of this chapter.
+#
+# The code runs in both worlds (see chapter 00): GPT-2 with the IMDB classifier, or the offline tiny
+# world on a CPU. The cell below loads the policy and the classifier of whichever world is active.
+
+# %% imports
+import math
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from IPython.display import display
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.ppo import (
+    calc_clipped_surrogate_objective,
+    calc_entropy_bonus,
+    calc_value_function_loss,
+    layer_init,
+)
+from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
+from rlhf_tutorial.rlhf import (
+    ReplayMinibatch,
+    RLHFArgs,
+    RLHFTrainer,
+    compute_gae_advantages,
+    learner_functions,
+    load_tuned_policy,
+    make_reward_fn,
+    save_tuned_policy,
+)
+from rlhf_tutorial.widgets.rlhf import (
+    base_vs_tuned,
+    rlhf_dashboard,
+    runs_figure,
+    samples_table,
+    token_explorer,
+)
+from rlhf_tutorial.worlds import (
+    default_prompt,
+    is_tiny,
+    load_policy,
+    load_sentiment_classifier,
+    resolve_world,
+)
+
+# %%
+torch.manual_seed(0)
+world = resolve_world(None)
+if is_tiny():  # the tiny model's matrices are too small to gain from more threads; with one thread the
+    torch.set_num_threads(1)  # runs below give the same numbers as `python -m rlhf_tutorial train-rlhf`
+policy = load_policy(world)
+classifier, clf_tokenizer = load_sentiment_classifier(world)
+prompt = default_prompt()
+print(f"world: {world}, prompt: {prompt!r}")
+print(f"policy: {policy.cfg.n_layers} layers, d_model={policy.cfg.d_model}, vocab={policy.cfg.d_vocab}")
+
+# %% [markdown]
+# ## The value head, and why it hangs on `ln_final.hook_normalized`
+#
+# PPO needs a critic $V_\phi(s_t)$: the reward the policy can still expect from state $s_t$. For a
+# language model the state is a prefix of text, and the transformer has already computed a rich
+# summary of every prefix: the residual stream at each position. The value head is a small MLP that
+# reads it:
+#
+# $$V_\phi(s_t) = w_2^\top \,\mathrm{ReLU}(W_1 h_t + b_1) + b_2,\qquad h_t = \text{residual at position } t \text{ after the final LayerNorm}$$
+#
+# Why exactly `ln_final.hook_normalized`?
+#
+# - it is the **last** thing computed before the unembedding, so it has accumulated everything the
+#   layers know about the prefix; it is the very vector the policy's logits are read from
+#   ($\text{logits}_t = W_U h_t + b_U$), so the critic sees what the actor sees;
+# - it is **normalised**: its scale does not depend on the residual stream's norm, which grows with
+#   depth and drifts during training, so the head gets stable inputs;
+# - attaching the head with a **hook** means one forward pass gives both logits and values, and the
+#   base model stays an ordinary `HookedTransformer` (sampling, caching, patching all still work).
+#
+# The values get gradients through the shared trunk too: the value loss also shapes the transformer.
+#
+# ### Exercise: `TransformerWithValueHead`
+#
+# Store `base_model`, build `value_head = Sequential(Linear(d_model, 4 d_model), ReLU,
+# Linear(4 d_model, 1))` (initialise both linears with chapter 01's `layer_init`, gain $\sqrt 2$ then
+# 1), and in `forward` run the base model with a hook on `ln_final.hook_normalized` that computes and
+# stores `value_head(resid).squeeze(-1)`. Return `(logits, values)`: shapes `[b, s, vocab]` and
+# `[b, s]`. The hook must not return anything (a returned tensor would replace the activation).
+
+# %% exercise rlhf_tutorial.rlhf:TransformerWithValueHead
+
+# %%
+model = TransformerWithValueHead(policy)
+tokens = policy.to_tokens(prompt)
+logits, values = model(tokens)
+print("logits", tuple(logits.shape), "values", tuple(values.shape))
+print("values before training (random head):", [round(v, 3) for v in values[0].tolist()])
+
+# %% [markdown]
+# ## Sampling
+#
+# An episode is a sample: the prompt, then `gen_len` tokens drawn one at a time from
+#
+# $$\pi_\theta(y_t \mid x, y_{<t}) = \mathrm{softmax}\big(\text{logits}_t / \tau\big)$$
+#
+# where $\tau$ is the **temperature**: $\tau < 1$ sharpens the distribution (more formulaic text),
+# $\tau > 1$ flattens it (more random text). Two details matter for RL:
+#
+# - the policy PPO optimises must be the distribution the samples came from. So whenever we take
+#   log-probs of our samples (now and during learning) we take them of `logits / temperature`. This
+#   is "temperature scaling of the logits". With `top_k` set, the sampling distribution is truncated
+#   and no longer equals that softmax: we keep `top_k=None` for training;
+# - we do not stop at the end-of-text token: every sample has exactly `gen_len` new tokens, so all
+#   episodes have the same length and tensors stay rectangular.
+#
+# ### Exercise: `get_samples`
+#
+# Tokenize the prompt (with or without BOS, as asked), repeat it `batch_size` times, call
+# `model.generate` with `max_new_tokens=gen_len`, `stop_at_eos=False`, the temperature and `top_k`,
+# and `verbose=False`. `generate` runs under `torch.inference_mode()`: `.clone()` its output, or the
+# tokens cannot enter a forward pass that needs gradients. Decode the texts without special tokens
+# (`model.tokenizer.batch_decode(tokens, skip_special_tokens=True)`). Return `(tokens, texts)`.
+
+# %% exercise rlhf_tutorial.rlhf:get_samples
+
+# %% [markdown]
+# The reward of this chapter is the classifier's probability of the NEGATIVE label (chapter 02's
+# `reward_fn_sentiment` with `direction="neg"`). The base model's samples score low on average:
+
+# %%
+direction = "neg"
+reward_fn = make_reward_fn(world, direction)
+torch.manual_seed(0)
+sample_tokens, sample_texts = get_samples(policy, prompt, batch_size=8, gen_len=16)
+base_rewards = reward_fn(sample_texts)
+samples_table(sample_texts, base_rewards, title="base model samples, reward = p(NEGATIVE)")
+
+# %% [markdown]
+# ## Log-probs of the generated tokens only
+#
+# The logits at position $t$ score the token at position $t+1$. With a prompt of `prefix_len` tokens
+# (BOS included) followed by `g = gen_len` generated tokens, the log-probs PPO needs are those of the
+# generated tokens, read from the positions just before them:
+#
+# | position | 0 | 1 | ... | `prefix_len - 1` | `prefix_len` | ... | `s - 2` | `s - 1` |
+# |---|---|---|---|---|---|---|---|---|
+# | token | BOS | This | ... | really | $y_0$ | ... | $y_{g-2}$ | $y_{g-1}$ |
+# | its logits predict | This | movie | ... | $y_0$ | $y_1$ | ... | $y_{g-1}$ | (nothing we use) |
+#
+# $$\log \pi_\theta(y_i \mid x, y_{<i}) = \mathrm{log\_softmax}(\text{logits}[\text{prefix\_len} - 1 + i])[y_i], \qquad i = 0, \dots, g - 1$$
+#
+# The prompt's tokens are not actions of the policy (we chose them), so they get no log-probs.
+#
+# ### Exercise: `get_logprobs`
+#
+# With `prefix_len=None`, return the log-probs of `tokens[:, 1:]` (every token that has a previous
+# position); otherwise of `tokens[:, prefix_len:]`. Use `log_softmax` (stable) and `gather`.
+
+# %% exercise rlhf_tutorial.rlhf:get_logprobs
+
+# %%
+prefix_len = policy.to_tokens(prompt).shape[1]
+with torch.no_grad():
+    lp = get_logprobs(policy(sample_tokens), sample_tokens, prefix_len)
+print(f"prefix_len={prefix_len}, log-probs of the generated tokens: {tuple(lp.shape)}")
+print("sequence log-prob of each sample:", [round(x, 1) for x in lp.sum(-1).tolist()])
+
+# %% [markdown]
+# ## KL to the reference model
+#
+# At every generated position the policy and the reference each give a distribution over the next
+# token. The penalty is their KL divergence, **policy first**:
+#
+# $$\mathrm{KL}(\pi_\theta \,\|\, \pi_{\text{ref}}) = \sum_v \pi_\theta(v) \,\big(\log \pi_\theta(v) - \log \pi_{\text{ref}}(v)\big)$$
+#
+# The order matters. $\mathrm{KL}(\pi_\theta \| \pi_{\text{ref}})$ is large when the policy puts mass
+# where the reference puts almost none: exactly the "text no base model would write" we want to
+# forbid. The other order would mostly punish the policy for dropping some of the reference's
+# options, which is fine here: becoming more negative means giving up positive continuations.
+#
+# ### Exercise: `calc_kl_penalty`
+#
+# Given the logits of the policy and of the reference at the generated positions (`[b, g, vocab]`),
+# return `kl_coef` times the KL averaged over batch and positions. Use `log_softmax` for both
+# (large logits must not overflow).
+
+# %% exercise rlhf_tutorial.rlhf:calc_kl_penalty
+
+# %% [markdown]
+# ### Sampled estimators: k1, k2, k3
+#
+# The full KL needs both full distributions: `[batch, gen_len, vocab]` tensors, which for GPT-2
+# (vocab 50257) at batch 64 and 30 tokens is 386 MB per copy in float32. The tokens we sampled came
+# from $\pi_\theta$, so we can instead **estimate** the KL from the log-probs of the sampled tokens
+# alone. With $\log r = \log \pi_{\text{ref}}(y) - \log \pi_\theta(y)$ at a sampled token $y \sim \pi_\theta$:
+#
+# | estimator | formula | bias | variance | sign |
+# |---|---|---|---|---|
+# | $k_1$ | $-\log r$ | unbiased: $\mathbb{E}_{\pi_\theta}[-\log r] = \mathrm{KL}$ | high | can be negative |
+# | $k_2$ | $\tfrac12 (\log r)^2$ | biased (exact to second order for small KL) | low | $\ge 0$ |
+# | $k_3$ | $(r - 1) - \log r$ | unbiased: $\mathbb{E}_{\pi_\theta}[r] = 1$ | low | $\ge 0$ since $e^u \ge 1 + u$ |
+#
+# $k_3$ is $k_1$ plus $r - 1$, a term with zero mean that is negatively correlated with $k_1$: a
+# control variate. It is the estimator GRPO (chapter 04) uses.
+#
+# ### Exercise: `approx_kl`
+#
+# Return the per-token estimate (same shape as the inputs, no mean) for `estimator` in k1, k2, k3.
+
+# %% exercise rlhf_tutorial.rlhf:approx_kl
+
+# %% [markdown]
+# Let us check the table's claims on two distributions over a small vocabulary: draw many tokens
+# from $p$, compute each estimator per token, and compare its mean with the exact KL. First two
+# nearby distributions (the regime of RLHF, where the KL per token stays around 0.1), then two far
+# apart.
+
+# %%
+torch.manual_seed(0)
+vocab = 50
+p_logits = torch.randn(vocab)
+for label, q_logits in [("nearby", p_logits + 0.4 * torch.randn(vocab)), ("far apart", 1.5 * torch.randn(vocab))]:
+    p_logp, q_logp = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
+    exact = calc_kl_penalty(p_logits[None, None], q_logits[None, None], 1.0).item()
+    draws = torch.multinomial(p_logp.exp(), 100_000, replacement=True)
+    print(f"{label}: exact KL(p || q) = {exact:.4f}")
+    print(f"{'estimator':>11} {'mean':>8} {'std':>8} {'share < 0':>10}")
+    for est in ["k1", "k2", "k3"]:
+        k = approx_kl(p_logp[draws], q_logp[draws], est)
+        print(f"{est:>11} {k.mean().item():8.4f} {k.std().item():8.4f} {(k < 0).float().mean().item():10.3f}")
+
+# %% [markdown]
+# k1 and k3 average to the exact KL (unbiased) in both cases. k1 is negative for a large share of the
+# tokens (about half of them for nearby distributions). For nearby distributions k3's spread is about
+# five times smaller than k1's, and k2 is nearly unbiased; far apart, k2 is badly biased and k3's
+# advantage is gone (the ratio $r = p_\text{ref}/p$ gets large at tokens the policy rarely samples).
+# k3 is the estimator of choice *near* the reference, which is where the KL penalty keeps the policy.
+#
+# One more subtlety, for when an estimator enters the **loss** rather than a reward: with samples
+# drawn from the current policy, $\nabla_\theta\, \mathbb{E}[k_1] = \mathbb{E}[\nabla_\theta \log \pi_\theta(y)] = 0$.
+# As a loss term, $k_1$ pushes nowhere on average; it is only right inside the reward (as below),
+# where the policy gradient multiplies it by $\nabla \log \pi_\theta$. $k_3$ and the full KL give a
+# useful gradient as loss terms; our objective uses the full KL by default and $k_3$ as the cheap option.
+#
+# ## Advantages, two ways
+#
+# ### One-step estimates
+#
+# The advantage of token $y_t$ is how much better choosing it was than the policy's average from the
+# same state: $A(s_t, a_t) = Q(s_t, a_t) - V(s_t)$. The one-step estimate of $Q$ is the value of the
+# next state, except after the last token, where the episode is over and the reward $r$ is known:
+#
+# $$\hat A_t = \begin{cases} V(s_{t+1}) - V(s_t) & t < T \\ r - V(s_T) & t = T \end{cases}$$
+#
+# In tensor terms, `values[:, t]` is $V$ of the state ending at position $t$, which chooses token
+# $t+1$. So the generated tokens were chosen by the states `values[:, prefix_len - 1:-1]`, and their
+# one-step $Q$ estimates are `values[:, prefix_len:-1]` followed by the reward.
+#
+# ### Exercise: `compute_advantages`
+
+# %% exercise rlhf_tutorial.rlhf:compute_advantages
+
+# %% [markdown]
+# ### GAE over per-token rewards
+#
+# Chapter 01's GAE needs a reward at every step. The standard RLHF recipe (Ziegler et al., 2019; the
+# TRL library) makes one: the KL penalty is paid **per token**, with the sampled k1 estimate, and the
+# classifier's score arrives at the last token:
+#
+# $$r_t = -\beta\,\big(\log \pi_\theta(y_t) - \log \pi_{\text{ref}}(y_t)\big) + \mathbb{1}[t = T]\; r(x, y), \qquad \sum_t r_t = r(x, y) - \beta \log \frac{\pi_\theta(y \mid x)}{\pi_{\text{ref}}(y \mid x)}$$
+#
+# The sum is exactly the RLHF objective of one sample. Then GAE runs over the token positions, one
+# episode per sequence, ending at the last token (`compute_gae_advantages` transposes to chapter 01's
+# `[steps, env]` layout and calls your `compute_gae`). With GAE the KL is already in the rewards, so
+# the objective below drops its own KL term.
+#
+# ### Exercise: `compute_per_token_rewards`
+
+# %% exercise rlhf_tutorial.rlhf:compute_per_token_rewards
+
+# %% [markdown]
+# ### Why GAE with a sparse reward can make the values explode
+#
+# The seed blog of this course tried GAE with the final score spread over **every** timestep, and saw
+# the value loss explode and the text degenerate. With $\gamma = 1$ the value target at position $t$
+# is the sum of the rewards still to come, so a reward paid at every one of $T$ tokens turns a score
+# of $r$ into targets of up to $T r$: the critic must predict numbers $T$ times larger, its error
+# dominates the objective, and the advantages it produces are mostly noise. Paying the score once,
+# at the last token, keeps the targets at the reward's scale. Compare the value targets
+# (`returns = advantages + values`) the two choices produce, for rewards of $\pm 1$ and $T = 30$:
+
+# %%
+torch.manual_seed(0)
+T = 30
+scores = torch.tensor([1.0, -1.0, 0.5, -0.5])
+vals = torch.zeros(4, T)
+sparse = compute_per_token_rewards(scores, torch.zeros(4, T), torch.zeros(4, T), kl_coef=0.0)
+spread = scores[:, None].expand(4, T).clone()
+for name, rewards in [("score at the last token", sparse), ("score at every token", spread)]:
+    returns = compute_gae_advantages(rewards, vals, gamma=1.0, gae_lambda=0.95) + vals
+    print(f"{name:>24}: value targets up to |{returns.abs().max().item():.1f}|, first-token target "
+          f"{[round(x, 1) for x in returns[:, 0].tolist()]}")
+
+# %% [markdown]
+# Which estimator? The seed blog used the one-step estimate for GPT-2 (after its GAE runs, with the score
+# spread over every token, blew up), and the GPT-2 preset follows it. The tiny world's default is GAE with
+# the score at the last token: there the sentiment is mostly settled by the first word after the prompt,
+# and the one-step estimate can only pass the score back one value at a time, through 16 tokens. Measured
+# with the command line (`train-rlhf --world tiny --seed 0 --total-phases 20 --batch-size 32
+# --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step moved the policy
+# (KL 0.22 per token) but hardly the reward (0.29 -> 0.32); GAE took it from 0.29 to 0.86.
+#
+# ## Replay memory and minibatches
+#
+# One rollout is one batch of samples. The learning phase visits it `batches_per_learning_phase`
+# times, each time in a fresh random order cut into `num_minibatches` minibatches (as in chapter 01).
+# The memory stores per sample: the tokens, the old log-probs $\log\pi_{\theta_\text{old}}$, the
+# reference log-probs, the values of the states that chose the generated tokens, and the advantages.
+# The **value targets** are the returns $\hat R_t = \hat A_t + V(s_t)$: with one-step advantages,
+# the next state's value (or the reward, after the last token).
+#
+# What it does **not** store: logits. A `[batch, seq, vocab]` tensor for the whole batch is the
+# biggest thing in the whole algorithm (see the memory note below); the reference logits are
+# recomputed per minibatch when the full KL needs them.
+#
+# ### Exercise: `ReplayMemory.get_minibatches`
+#
+# Compute `returns = advantages + values`; then for each pass draw
+# `torch.randperm(batch, generator=generator)`, reshape it to `[num_minibatches, -1]`, and build a
+# `ReplayMinibatch` from the same rows of every tensor.
+
+# %% exercise rlhf_tutorial.rlhf:ReplayMemory
+
+# %% [markdown]
+# ## The RLHF objective
+#
+# For one minibatch, with $\text{ratio}_t = \pi_\theta(y_t)/\pi_{\theta_\text{old}}(y_t)$ and
+# normalised advantages $\hat A_t$ (chapter 01):
+#
+# $$L(\theta) = \underbrace{\frac1{|B|}\sum_t \min\big(\text{ratio}_t \hat A_t,\ \mathrm{clip}(\text{ratio}_t, 1-\epsilon, 1+\epsilon)\, \hat A_t\big)}_{\text{clipped surrogate}} \;-\; \underbrace{\tfrac{c_1}{2}\,\frac1{|B|}\sum_t \big(V_\theta(s_t) - \hat R_t\big)^2}_{\text{value loss}} \;+\; \underbrace{c_2\, \bar H\big[\pi_\theta\big]}_{\text{entropy}} \;-\; \underbrace{\beta\, \overline{\mathrm{KL}}\big(\pi_\theta \,\|\, \pi_\text{ref}\big)}_{\text{KL penalty}}$$
+#
+# maximised (the optimizer has `maximize=True`). The three middle pieces are chapter 01's functions,
+# imported here. The logits are divided by the temperature first; the entropy and KL are taken at the
+# positions `prefix_len - 1 : -1`, whose logits predict the generated tokens. The KL is
+# `calc_kl_penalty` on reference logits recomputed for this minibatch (under `torch.no_grad()`) when
+# `args.kl_estimator == "full"`, else the mean of `approx_kl` on the stored reference log-probs.
+#
+# ### Exercise: `compute_rlhf_objective`
+
+# %% exercise rlhf_tutorial.rlhf:compute_rlhf_objective
+
+# %% [markdown]
+# ## Optimizer and learning-rate schedule
+#
+# The transformer is pretrained and the value head is brand new, so they get different learning
+# rates: the seed found `base_lr = 8e-6` and `head_lr = 8e-5` best for GPT-2 (the tiny world's
+# model is ~100 times smaller and takes larger steps). The schedule multiplies both: a linear
+# **warmup** from 0 over `warmup_steps` phases (Adam's moment estimates are poor at the start), then a
+# linear **decay** to `final_scale`:
+#
+# $$\text{lr}(t) = \text{lr}_0 \times \begin{cases} t / t_w & t < t_w \\ 1 + (s_f - 1)\,\frac{t - t_w}{t_\text{tot} - t_w} & t_w \le t < t_\text{tot} \\ s_f & t \ge t_\text{tot} \end{cases}$$
+#
+# ### Exercises: `get_optimizer` and `lr_schedule`
+
+# %% exercise rlhf_tutorial.rlhf:get_optimizer
+
+# %% exercise rlhf_tutorial.rlhf:lr_schedule
+
+# %%
+print("multiplier per phase (warmup 3, total 12, final 0.1):",
+      [round(lr_schedule(t, 3, 12, 0.1), 2) for t in range(14)])
+
+# %% [markdown]
+# ## Adaptive KL control
+#
+# A fixed $\beta$ is a guess: too small and the policy drifts into reward hacking, too large and it
+# never moves. The adaptive controller of Ziegler et al. (2019) treats $\beta$ as the knob of a
+# proportional controller that steers the measured KL towards a target:
+#
+# $$e = \mathrm{clip}\Big(\frac{\mathrm{KL}}{\mathrm{KL}_\text{target}} - 1,\ -0.2,\ 0.2\Big), \qquad \beta \leftarrow \beta\,\Big(1 + e\,\frac{n_\text{steps}}{\text{horizon}}\Big)$$
+#
+# KL above target raises $\beta$ (a stronger pull back), below target lowers it. The clip keeps one
+# noisy measurement from swinging $\beta$ wildly; `horizon` sets how fast it reacts (the trainer
+# calls `update` once per phase with `n_steps = batch_size`).
+#
+# ### Exercise: `AdaptiveKLController`
+
+# %% exercise rlhf_tutorial.rlhf:AdaptiveKLController
+
+# %%
+ctl = AdaptiveKLController(init_kl_coef=0.5, target=0.2, horizon=200)
+trace = []
+for kl in [0.05] * 10 + [0.6] * 10:
+    ctl.update(kl, n_steps=16)
+    trace.append(round(ctl.value, 3))
+print("beta while KL is below target, then above:", trace)
+
+# %% [markdown]
+# ## Early stopping
+#
+# Reward over-optimisation creeps in late: the reward keeps rising while the text gets worse. A
+# simple guard stops training once the rollout's KL (or, optionally, its reward) has been above a
+# threshold for `patience` consecutive phases; a single good phase resets the count, so one noisy
+# phase does not stop a run.
+#
+# ### Exercise: `EarlyStopping`
+
+# %% exercise rlhf_tutorial.rlhf:EarlyStopping
+
+# %% [markdown]
+# ## Reward whitening
+#
+# Before computing advantages, the rollout's rewards are **whitened** with chapter 02's `whiten`:
+# $(r - \mu) / \sqrt{\sigma^2 + \epsilon}$ over the batch. The value head then learns targets of a
+# fixed scale whatever the reward's level, and the advantages say "better or worse than this batch's
+# average". (The seed saw values drift upwards when rewards kept their positive mean; with
+# `shift_mean=True` the mean is removed.)
+#
+# ## The trainer
+#
+# `RLHFTrainer` (imported) holds the policy with its value head, the frozen reference, the reward
+# function, the optimizer and scheduler, the KL controller and early stopping. Its `train()` loop is:
+#
+# ```python
+# for phase in range(args.total_phases):
+#     memory = rollout_phase(trainer)            # sample, score, log-probs, values, advantages
+#     if early_stopping.should_stop(kl, reward): break
+#     stats = learning_phase(trainer, memory)    # PPO epochs of minibatch ascent, then scheduler.step()
+#     kl_controller.update(kl, batch_size)       # when adaptive KL is on
+# ```
+#
+# You write the two phases. Keep the memory rule in mind: the rollout's forward passes run **one
+# minibatch of rows at a time** under `torch.no_grad()`, and only log-probs and values are kept.
+#
+# ### Exercise: `rollout_phase`
+
+# %% exercise rlhf_tutorial.rlhf:rollout_phase
+
+# %% [markdown]
+# ### Exercise: `learning_phase`
+
+# %% exercise rlhf_tutorial.rlhf:learning_phase
+
+# %% [markdown]
+# ## Train
+#
+# Everything you wrote now runs together: `learner_functions(globals())` hands the trainer your
+# versions of every exercise. The settings are the world's preset (`RLHFArgs.preset`): in the tiny
+# world 50 phases of 64 samples of 16 tokens, about half a minute on a laptop CPU.
+#
+# The dashboard updates after every phase: the mean reward of the rollout, the KL to the reference
+# (per token, k3 estimate), the policy's entropy, the value loss, the clip fraction, $\beta$ and the
+# learning rate, with a table of samples per phase.
+
+# %%
+args = RLHFArgs.preset(world, direction=direction, seed=0)
+trainer = RLHFTrainer(args, **learner_functions(globals()))
+before = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
+dashboard = rlhf_dashboard(title=f"RLHF on the {world} world, towards {direction}")
+history = trainer.train(callback=dashboard.update)
+dashboard.finish()
+after = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
+print(f"mean reward: {before['reward']:.3f} -> {after['reward']:.3f} "
+      f"(KL per token {after['kl']:.3f}, phases {len(history)})")
+
+# %% [markdown]
+# Is it still writing reviews? Three measures beside reading the samples: the 3-gram repetition
+# (chapter 02: 0 when no word triple repeats), the same for single words (the share of words that
+# repeat one already used in the sample), and the reference model's log-prob per generated token (how
+# natural the text still is to the base model).
+
+# %%
+for name, stats in [("base", before), ("tuned", after)]:
+    print(f"{name:>6}: reward {stats['reward']:.3f}, 3-gram repetition {stats['repetition']:.3f}, word repetition "
+          f"{stats['word_repetition']:.3f}, reference log-prob per token {stats['ref_logprob_per_token']:.2f}")
+samples_table(after["texts"][:8], torch.tensor(after["rewards"][:8]), title="tuned policy samples")
+
+# %% [markdown]
+# With `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0` (the same run) we
+# measured, on 128 samples: reward 0.27 -> 0.95, KL 0.29 per token, 3-gram repetition 0.003 -> 0.003,
+# word repetition 0.10 -> 0.14, reference log-prob per token -1.74 -> -2.06. The repetition metrics
+# barely move and the text is only a little less likely under the base model: these are still review
+# sentences, now negative ones. Compare the hacked runs below, whose reference log-prob per token
+# falls to -7.5 and -13.7.
+
+# %% [markdown]
+# ## Looking inside one sample
+#
+# The token explorer shows one sample token by token: the value head's estimate at the state that
+# chose each token, the per-token KL to the reference (full distributions), and the one-step
+# advantage. Tokens where the value jumps are where the classifier's verdict was decided; tokens
+# with large KL are where the tuned policy departs from the base model.
+
+# %%
+token_explorer(trainer, n_samples=4, seed=3)
+
+# %% [markdown]
+# And the same prompt, base versus tuned, several samples each:
+
+# %%
+base_vs_tuned(trainer, prompt=prompt, n=6, seed=4)
+
+# %% [markdown]
+# ## Reward hacking, with numbers
+#
+# What is the KL penalty for? Take it (almost) away: a run with a tiny $\beta$, a larger learning rate
+# and no early stopping. The classifier only reads sentiment, so the cheapest way to a high score is
+# to say negative words, many of them: the policy collapses into repeated sentiment words, the
+# 3-gram repetition shoots up and the reference log-prob per token falls. Then the same run with
+# the repetition penalty from chapter 02 in the reward and adaptive KL control.
+
+# %%
+hack_common = dict(direction=direction, seed=0, early_stopping=False)
+if is_tiny():  # 40 short phases each, with larger steps than the main run, so the hack shows quickly
+    hack_common.update(batch_size=32, total_phases=40, base_lr=1e-3, head_lr=3e-3)
+else:
+    hack_common.update(total_phases=100)
+hack_runs = {
+    "tiny beta": dict(kl_coef=0.001),
+    "tiny beta + repetition penalty": dict(kl_coef=0.001, repetition_coef=1.0),
+    "repetition penalty + adaptive KL": dict(kl_coef=args.kl_coef, repetition_coef=1.0, adaptive_kl=True,
+                                             **(dict(kl_target=0.25, kl_horizon=128) if is_tiny() else {})),
+}
+hack_results = {}
+for name, settings in hack_runs.items():
+    run_args = RLHFArgs.preset(world, **hack_common, **settings)
+    run = RLHFTrainer(run_args, **learner_functions(globals()))
+    run.train(progress=False)
+    hack_results[name] = {"history": run.history, "eval": run.evaluate(run_args.eval_samples, seed=run_args.seed + 1)}
+    del run
+
+print(f"{'run':>34} {'reward':>7} {'3-gram rep.':>11} {'word rep.':>9} {'ref log-prob/token':>18} {'KL/token':>8}")
+for name, result in {"base model": {"eval": before}, "main run above": {"eval": after}, **hack_results}.items():
+    e = result["eval"]
+    print(f"{name:>34} {e['reward']:7.3f} {e['repetition']:11.3f} {e['word_repetition']:9.3f} "
+          f"{e['ref_logprob_per_token']:18.2f} {e['kl']:8.3f}")
+runs_figure({name: r["history"] for name, r in hack_results.items()})
+
+# %%
+for name, result in hack_results.items():
+    display(samples_table(result["eval"]["texts"][:4], result["eval"]["rewards"][:4], title=name))
+
+# %% [markdown]
+# Read the numbers with the samples. The same runs from the command line (`train-rlhf --world tiny
+# --seed 0 --batch-size 32 --total-phases 40 --base-lr 1e-3 --head-lr 3e-3 --no-early-stopping` plus
+# `--kl-coef 0.001`, then `--kl-coef 0.001 --repetition-coef 1.0`, then `--kl-coef 0.1 --repetition-coef 1.0
+# --adaptive-kl --kl-target 0.25 --kl-horizon 128`) gave, on 128 samples (this notebook, with one
+# thread, prints the same numbers above):
+#
+# | run | reward | KL / token | ref. log-prob / token | word repetition | 3-gram repetition |
+# |---|---|---|---|---|---|
+# | base model | 0.27 | 0 | -1.74 | 0.10 | 0.00 |
+# | main run above | 0.95 | 0.29 | -2.06 | 0.14 | 0.00 |
+# | tiny $\beta$ | 1.00 | 5.4 | -7.5 | 0.16 | 0.01 |
+# | tiny $\beta$ + repetition penalty | 1.00 | 9.4 | -13.7 | 0.22 | 0.00 |
+# | repetition penalty + adaptive KL | 0.80 | 0.29 | -1.98 | 0.16 | 0.01 |
+#
+# - **tiny beta**: the reward saturates and the text stops being a review: negative words and names
+#   strung together, the same sentiment word again and again ("atrocious Ivanova Jensen plays were
+#   extremely atrocious performance as the the was absolutely atrocious"). The base model finds it
+#   very unlikely (reference log-prob per token from -1.74 to -7.5) and the KL per token is about 20
+#   times the main run's.
+# - **tiny beta + repetition penalty**: the 3-gram penalty rules out repeated phrases, and the policy
+#   finds the next hole: lists of negative adjectives ("muddled lazy weak tedious predictable sloppy
+#   stiff stiff lazy stiff ..."). Reward 1.00 and 3-gram repetition 0, yet single words repeat more than
+#   ever and the text is the least natural of all. A shaping term closes one loophole, not all of them.
+# - **repetition penalty + adaptive KL**: a real KL coefficient, which the controller raises whenever the
+#   KL passes its target. The reward climbs more slowly (0.80 after these 40 aggressive phases), and the
+#   samples stay reviews ("This movie was really dull. The screenplay was utterly warm. I did not admire
+#   the final act."). The main run above, with gentler steps and a fixed $\beta$, gets both: a reward
+#   above 0.9 and natural text.
+#
+# The KL penalty is what keeps "high reward" meaning "a negative review" rather than "whatever string
+# the classifier scores highest". The reward model cannot tell the difference; only the tether to the
+# reference can.
+#
+# ## Saving the tuned policy
+#
+# `save_tuned_policy` writes the policy and its value head with **safetensors** (a plain tensor format:
+# loading it runs no code, unlike a pickle) and the run's arguments as JSON; `load_tuned_policy`
+# rebuilds the world's model and loads the weights. Chapter 05 looks inside a tuned policy.
+
+# %%
+folder = save_tuned_policy(trainer.model, tempfile.mkdtemp(), args)
+reloaded = load_tuned_policy(folder)
+check_tokens = trainer.model.base_model.to_tokens(prompt)
+with torch.no_grad():
+    same = torch.allclose(reloaded(check_tokens)[1], trainer.model(check_tokens)[1], atol=1e-6)
+print(f"saved to {folder}; reloaded values equal: {same}")
+
+# %% [markdown]
+# ## What to try next
+#
+# - Train towards `"pos"`: the base model already leans positive, so it is easier (and hacks sooner).
+# - `advantage_estimator="gae"`: GAE over per-token KL rewards. Compare the value loss curves.
+# - `kl_estimator="k3"`: the sampled KL in the objective; compare speed, memory and the KL curve.
+# - Raise the temperature to 1.3 or lower it to 0.7 and read the samples.
+# - From the command line: `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0
+#   --report reports/demo.html` trains with the reference code and writes an HTML report.
+# - In the GPT-2 world (a GPU helps), `RLHFArgs.preset("gpt2")` holds the seed blog's settings:
+#   learning rates 8e-6 / 8e-5, max grad norm 0.5, clip 0.3, $\beta$ = 0.8 with adaptive control,
+#   entropy 0.01, 200 phases of 64 samples of 30 tokens.
+
+# %%
+progress("03")

@@ -1,0 +1,154 @@
+"""Peak memory of one RLHF phase (rollout + learning) for a GPT-2-sized model.
+
+``python -m rlhf_tutorial bench-memory`` builds a randomly initialised model with GPT-2's shape (12
+layers, d_model 768, 12 heads, d_mlp 3072, vocab 50257; random weights change nothing about memory),
+a reference copy, and runs one phase of ``RLHFTrainer`` at batch 64, gen_len 30 in a **fresh
+subprocess** per measurement, so that the process's peak resident set (``ru_maxrss``) belongs to that
+phase alone. On a GPU it reports ``torch.cuda.max_memory_allocated`` instead.
+
+Two measurements:
+
+* ``chunked``: the trainer as written: the rollout's forward passes run one minibatch of rows at a
+  time and keep only log-probs and values; the full KL recomputes reference logits per minibatch;
+* ``full_batch_logits``: the same phase, but holding the policy's and the reference's logits for the
+  whole batch (``[batch, seq, vocab]`` each) from the rollout through the learning phase, as a
+  replay memory that stores reference logits does.
+
+The difference is what the memory rule saves. The reward is a cheap stand-in (the classifier's cost
+is not what is measured) and the tokenizer a word-level one with 50257 entries (no download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+GPT2_SHAPE = dict(n_layers=12, d_model=768, n_heads=12, d_head=64, d_mlp=3072, n_ctx=1024, d_vocab=50257,
+                  act_fn="gelu_new", normalization_type="LN")
+
+
+def word_level_tokenizer(vocab_size: int, folder: str):
+    """A word-level tokenizer with ``vocab_size`` entries (the prompt's words among them), saved to
+    ``folder`` and loaded from there (TransformerLens reloads a tokenizer by its path)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    special = "<|endoftext|>"
+    vocab = {special: 0}
+    for word in "This movie was really good bad great awful".split():
+        vocab[word] = len(vocab)
+    for i in range(vocab_size - len(vocab)):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=special))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=special, eos_token=special, pad_token=special,
+                                   unk_token=special)
+    fast.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _peak_mb() -> float:
+    from rlhf_tutorial.rlhf import peak_memory_mb
+
+    return peak_memory_mb()
+
+
+def run_child(config: dict[str, Any]) -> dict[str, Any]:
+    """One phase in this process; returns peak memory after set-up and after the phase."""
+    import copy
+
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from rlhf_tutorial import rlhf
+
+    torch.set_num_threads(config["threads"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer = word_level_tokenizer(config["d_vocab"], folder)
+        cfg = HookedTransformerConfig(**{k: config[k] for k in GPT2_SHAPE}, seed=0, device=device)
+        policy = HookedTransformer(cfg, tokenizer=tokenizer)
+    ref = copy.deepcopy(policy)
+
+    def reward_fn(texts: list[str]) -> torch.Tensor:  # a cheap stand-in: the share of even-numbered words
+        return torch.tensor([sum(w[1:].isdigit() and int(w[1:]) % 2 == 0 for w in t.split()) / max(len(t.split()), 1)
+                             for t in texts])
+
+    args = rlhf.RLHFArgs(batch_size=config["batch_size"], gen_len=config["gen_len"], num_minibatches=config["num_minibatches"],
+                         batches_per_learning_phase=1, total_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
+                         advantage_estimator="one_step", early_stopping=False)
+    trainer = rlhf.RLHFTrainer(args, policy, ref, reward_fn)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    setup_mb = _peak_mb()
+    start = time.perf_counter()
+    memory = rlhf.rollout_phase(trainer)
+    held = None
+    if config["mode"] == "full_batch_logits":
+        with torch.no_grad():
+            held = (trainer.model(memory.tokens)[0], trainer.ref_model(memory.tokens))  # 2 x [batch, seq, vocab]
+    rollout_mb = _peak_mb()
+    stats = rlhf.learning_phase(trainer, memory)
+    del held
+    return {
+        "mode": config["mode"],
+        "device": device,
+        "setup_peak_mb": round(setup_mb, 1),
+        "after_rollout_peak_mb": round(rollout_mb, 1),
+        "phase_peak_mb": round(_peak_mb(), 1),
+        "phase_seconds": round(time.perf_counter() - start, 1),
+        "n_params": sum(p.numel() for p in trainer.model.parameters()),
+        "objective": stats["objective"],
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial bench-memory", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--gen-len", type=int, default=30)
+    parser.add_argument("--num-minibatches", type=int, default=4)
+    parser.add_argument("--kl-estimator", default="full", help="'full' (reference logits per minibatch) or 'k3'")
+    parser.add_argument("--modes", default="chunked,full_batch_logits", help="comma-separated: chunked, full_batch_logits")
+    parser.add_argument("--n-layers", type=int, default=GPT2_SHAPE["n_layers"])
+    parser.add_argument("--d-model", type=int, default=GPT2_SHAPE["d_model"])
+    parser.add_argument("--d-vocab", type=int, default=GPT2_SHAPE["d_vocab"])
+    parser.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+def main(argv: list[str]) -> dict:
+    """Run each mode in its own subprocess and collect the peaks."""
+    ns = _parser().parse_args(argv)
+    shape = dict(GPT2_SHAPE, n_layers=ns.n_layers, d_model=ns.d_model, d_vocab=ns.d_vocab,
+                 d_head=ns.d_model // GPT2_SHAPE["n_heads"], d_mlp=4 * ns.d_model)
+    results = {}
+    for mode in ns.modes.split(","):
+        config = dict(shape, mode=mode, batch_size=ns.batch_size, gen_len=ns.gen_len, num_minibatches=ns.num_minibatches,
+                      kl_estimator=ns.kl_estimator, threads=ns.threads)
+        code = f"import json; from rlhf_tutorial.bench import run_child; print(json.dumps(run_child({config!r})))"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench child ({mode}) failed:\n{proc.stderr[-3000:]}")
+        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary: dict[str, Any] = {
+        "model": {k: shape[k] for k in ("n_layers", "d_model", "d_vocab")},
+        "batch_size": ns.batch_size,
+        "gen_len": ns.gen_len,
+        "minibatch_size": ns.batch_size // ns.num_minibatches,
+        "kl_estimator": ns.kl_estimator,
+        "threads": ns.threads,
+        **results,
+    }
+    if "chunked" in results and "full_batch_logits" in results:
+        summary["saved_mb"] = round(results["full_batch_logits"]["phase_peak_mb"] - results["chunked"]["phase_peak_mb"], 1)
+    summary["full_batch_logits_tensor_mb"] = round(
+        ns.batch_size * (ns.gen_len + 5) * ns.d_vocab * 4 / 2**20, 1)  # one [batch, seq, vocab] float32 tensor
+    return summary

@@ -1,0 +1,1218 @@
+"""Checkers for chapter 03: RLHF with PPO on a HookedTransformer.
+
+The pure functions are compared with the reference on seeded cases (``compare_to_reference``), with a
+catalogue of known wrong versions for targeted hints. The stateful pieces (controllers, early
+stopping, replay memory) are driven through scripted sequences. The phases run on the tiny world
+(its policy, tokenizer and sentiment classifier) with small sizes, and are checked on their
+mechanics: shapes, what the memory holds, KL starting at 0, the reference model left untouched, the
+update matching a reference update, and the reward moving.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf_tutorial import rlhf
+from rlhf_tutorial.checks.ch00_tour import small_model
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    expect_tensor,
+    fmt,
+    get_attr,
+)
+from rlhf_tutorial.rewards import ngram_repetition, whiten
+
+CHAPTER = "03_rlhf_ppo"
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_logprobs
+# ----------------------------------------------------------------------------------------------------
+def _logprob_cases() -> list[Case]:
+    g = _gen(0)
+    cases = []
+    for label, (b, s, v), prefix_len, scale in [
+        ("prefix_len=None", (2, 6, 11), None, 1.0),
+        ("prefix_len=3", (3, 7, 13), 3, 1.0),
+        ("a batch of 1, one generated token", (1, 5, 9), 4, 1.0),
+        ("large logits (x100)", (2, 6, 11), 2, 100.0),
+    ]:
+        logits = torch.randn(b, s, v, generator=g) * scale
+        tokens = torch.randint(0, v, (b, s), generator=g)
+        cases.append(Case(label, (logits, tokens, prefix_len)))
+    return cases
+
+
+def _lp_own_position(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start:].log_softmax(-1).gather(-1, tokens[:, start:, None]).squeeze(-1)
+
+
+def _lp_shifted_tokens(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start - 1 : -1].log_softmax(-1).gather(-1, tokens[:, start - 1 : -1, None]).squeeze(-1)
+
+
+def _lp_raw_logits(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start - 1 : -1].gather(-1, tokens[:, start:, None]).squeeze(-1)
+
+
+def _lp_probs(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start - 1 : -1].softmax(-1).gather(-1, tokens[:, start:, None]).squeeze(-1)
+
+
+@checker(
+    "get_logprobs",
+    chapter=CHAPTER,
+    hint="The logits at position t predict token t+1. With start = 1 (prefix_len None) or prefix_len, take "
+    "logits[:, start - 1:-1], apply log_softmax over the vocabulary, and pick each row's entry for "
+    "tokens[:, start:] with gather(-1, tokens[:, start:, None]).squeeze(-1): shape [b, s - start].",
+)
+def check_get_logprobs(candidate) -> str:
+    cases = _logprob_cases()
+    logits, tokens, _ = cases[1].args
+    out = call(candidate, logits, tokens, 3, _arg_names=["logits", "tokens", "prefix_len"])
+    if isinstance(out, torch.Tensor) and tuple(out.shape) == (3, 6):
+        raise CheckFailure(
+            f"with prefix_len=3 and 7 tokens per row, your output has shape {tuple(out.shape)}, expected (3, 4).",
+            hint="You ignored prefix_len: only the generated tokens tokens[:, prefix_len:] get log-probs.",
+        )
+    return compare_to_reference(
+        candidate,
+        rlhf.get_logprobs,
+        cases,
+        arg_names=["logits", "tokens", "prefix_len"],
+        mistakes=[
+            Mistake("Off by one: you read each token's log-prob from the logits at its OWN position. The "
+                    "logits at position t predict token t+1: use logits[:, start - 1:-1].", _lp_own_position),
+            Mistake("Off by one: you gathered tokens[:, start - 1:-1]; the tokens predicted by "
+                    "logits[:, start - 1:-1] are tokens[:, start:].", _lp_shifted_tokens),
+            Mistake("Those are raw logits: apply log_softmax over the vocabulary before gathering.", _lp_raw_logits),
+            Mistake("Those are probabilities: use log_softmax, not softmax.", _lp_probs),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_kl_penalty
+# ----------------------------------------------------------------------------------------------------
+def _kl_cases() -> list[Case]:
+    g = _gen(1)
+    cases = []
+    for label, (b, n, v), coef, scale in [
+        ("kl_coef=1", (2, 5, 7), 1.0, 1.0),
+        ("kl_coef=0.3", (3, 4, 9), 0.3, 2.0),
+        ("a batch of 1", (1, 1, 5), 0.8, 1.0),
+        ("large logits (x50)", (2, 3, 11), 0.5, 50.0),
+    ]:
+        logits = torch.randn(b, n, v, generator=g) * scale
+        ref = torch.randn(b, n, v, generator=g) * scale
+        cases.append(Case(label, (logits, ref, coef)))
+    same = torch.randn(2, 3, 6, generator=g)
+    cases.append(Case("identical logits (KL = 0)", (same, same.clone(), 1.0)))
+    return cases
+
+
+def _kl_full(logits, ref_logits):
+    logp, logq = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    return (logp.exp() * (logp - logq)).sum(-1)  # [b g]
+
+
+@checker(
+    "calc_kl_penalty",
+    chapter=CHAPTER,
+    hint="With logp = logits.log_softmax(-1) and ref_logp = ref_logits.log_softmax(-1), the KL at each "
+    "position is (logp.exp() * (logp - ref_logp)).sum(-1): the expectation under the POLICY of the log "
+    "ratio. Average it over batch and positions, then multiply by kl_coef.",
+)
+def check_calc_kl_penalty(candidate) -> str:
+    detail = compare_to_reference(
+        candidate,
+        rlhf.calc_kl_penalty,
+        _kl_cases(),
+        arg_names=["logits", "ref_logits", "kl_coef"],
+        mistakes=[
+            Mistake("This equals KL(ref || policy): the arguments are swapped. The expectation is under the "
+                    "policy: sum_v p * (log p - log p_ref) with p = softmax(logits).",
+                    lambda a, b, c: c * _kl_full(b, a).mean()),
+            Mistake("kl_coef is missing: multiply the mean KL by kl_coef.", lambda a, b, c: _kl_full(a, b).mean()),
+            Mistake("You summed over positions: average over batch and positions (mean), sum only over the "
+                    "vocabulary.", lambda a, b, c: c * _kl_full(a, b).sum(-1).mean()),
+            Mistake("The log ratio is not weighted by p: KL = sum_v p * (log p - log p_ref), with "
+                    "p = logp.exp().", lambda a, b, c: c * (a.log_softmax(-1) - b.log_softmax(-1)).sum(-1).mean()),
+            Mistake("You used the wrong sign: log p_ref - log p gives -KL.", lambda a, b, c: -c * _kl_full(a, b).mean()),
+        ],
+    )
+    g = _gen(2)
+    for _ in range(3):
+        out = call(candidate, torch.randn(2, 4, 6, generator=g), torch.randn(2, 4, 6, generator=g), 1.0)
+        if float(out) < -1e-6:
+            raise CheckFailure(f"your KL is negative ({float(out):.4g}): a KL divergence is always >= 0.")
+    return detail + " KL >= 0 on random inputs."
+
+
+# ----------------------------------------------------------------------------------------------------
+# approx_kl
+# ----------------------------------------------------------------------------------------------------
+def _approx_cases() -> list[Case]:
+    g = _gen(3)
+    lp = -torch.rand(3, 5, generator=g) * 3
+    ref = -torch.rand(3, 5, generator=g) * 3
+    lp1, ref1 = -torch.rand(4, generator=g) * 2, -torch.rand(4, generator=g) * 2
+    return [
+        Case("k3", (lp, ref, "k3")),
+        Case("k2", (lp, ref, "k2")),
+        Case("k1", (lp, ref, "k1")),
+        Case("the default estimator (k3), 1-d input", (lp1, ref1)),
+        Case("k3 on equal log-probs (0)", (lp1, lp1.clone(), "k3")),
+    ]
+
+
+def _approx_sign_flipped_k3(lp, ref, est="k3"):
+    logr = ref - lp
+    return {"k1": -logr, "k2": logr**2 / 2, "k3": logr - torch.expm1(logr)}[est]
+
+
+def _approx_reversed_ratio(lp, ref, est="k3"):
+    logr = lp - ref
+    return {"k1": -logr, "k2": logr**2 / 2, "k3": torch.expm1(logr) - logr}[est]
+
+
+def _approx_k2_no_half(lp, ref, est="k3"):
+    logr = ref - lp
+    return {"k1": -logr, "k2": logr**2, "k3": torch.expm1(logr) - logr}[est]
+
+
+def _approx_k1_sign(lp, ref, est="k3"):
+    logr = ref - lp
+    return {"k1": logr, "k2": logr**2 / 2, "k3": torch.expm1(logr) - logr}[est]
+
+
+@checker(
+    "approx_kl",
+    chapter=CHAPTER,
+    hint="Let logr = ref_logprobs - logprobs (log of p_ref / p at the sampled token). Then k1 = -logr, "
+    "k2 = logr**2 / 2, k3 = (exp(logr) - 1) - logr, all element-wise (no mean): same shape as the inputs.",
+)
+def check_approx_kl(candidate) -> str:
+    return compare_to_reference(
+        candidate,
+        rlhf.approx_kl,
+        _approx_cases(),
+        arg_names=["logprobs", "ref_logprobs", "estimator"],
+        mistakes=[
+            Mistake("Your k1 has the wrong sign: k1 = -logr = logprobs - ref_logprobs (its mean is the KL, "
+                    "which is >= 0).", _approx_k1_sign),
+            Mistake("The k3 sign is flipped: k3 = (exp(logr) - 1) - logr, which is >= 0 because "
+                    "exp(x) >= 1 + x.", _approx_sign_flipped_k3),
+            Mistake("Your log-ratio is log p - log p_ref; it must be logr = ref_logprobs - logprobs (else k3 "
+                    "estimates KL(ref || policy)).", _approx_reversed_ratio),
+            Mistake("k2 is logr**2 / 2: the factor 1/2 is missing.", _approx_k2_no_half),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_advantages
+# ----------------------------------------------------------------------------------------------------
+def _adv_cases() -> list[Case]:
+    g = _gen(4)
+    return [
+        Case("batch 2, seq 7, prefix_len 3", (torch.randn(2, 7, generator=g), torch.randn(2, generator=g), 3)),
+        Case("a batch of 1", (torch.randn(1, 6, generator=g), torch.randn(1, generator=g), 2)),
+        Case("one generated token", (torch.randn(3, 5, generator=g), torch.randn(3, generator=g), 4)),
+        Case("all-equal values", (torch.full((2, 6), 0.5), torch.tensor([1.0, -1.0]), 3)),
+    ]
+
+
+def _adv_zero_step_shift(values, rewards, prefix_len):
+    return torch.cat([values[:, prefix_len:-1], rewards[:, None]], -1) - values[:, prefix_len:]
+
+
+def _adv_q_shift(values, rewards, prefix_len):
+    return torch.cat([values[:, prefix_len + 1 :], rewards[:, None]], -1) - values[:, prefix_len - 1 : -1]
+
+
+def _adv_no_reward(values, rewards, prefix_len):
+    return values[:, prefix_len:] - values[:, prefix_len - 1 : -1]
+
+
+def _adv_reward_everywhere(values, rewards, prefix_len):
+    return rewards[:, None] - values[:, prefix_len - 1 : -1]
+
+
+@checker(
+    "compute_advantages",
+    chapter=CHAPTER,
+    hint="values[:, t] is V of the state that chooses token t+1, so the generated tokens were chosen by "
+    "values[:, prefix_len - 1:-1] (the zero-step estimate). Their one-step Q estimates are the next "
+    "states' values values[:, prefix_len:-1] followed by the reward (the episode ends after the last "
+    "token): torch.cat([values[:, prefix_len:-1], rewards[:, None]], dim=-1). Subtract.",
+)
+def check_compute_advantages(candidate) -> str:
+    return compare_to_reference(
+        candidate,
+        rlhf.compute_advantages,
+        _adv_cases(),
+        arg_names=["values", "rewards", "prefix_len"],
+        mistakes=[
+            Mistake("The baseline uses the wrong slice: the state that chose generated token i is one position "
+                    "BEFORE it, so V(s_t) = values[:, prefix_len - 1:-1].", _adv_zero_step_shift),
+            Mistake("The Q estimates use the wrong slice: the next states' values are values[:, prefix_len:-1] "
+                    "(then the reward).", _adv_q_shift),
+            Mistake("The reward is missing: after the last token the episode is over, so its Q estimate is the "
+                    "reward, not a value.", _adv_no_reward),
+            Mistake("You used the reward as the Q estimate at every position: only the last token's Q is the "
+                    "reward; earlier ones are the next state's value.", _adv_reward_everywhere),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_per_token_rewards
+# ----------------------------------------------------------------------------------------------------
+def _ptr_cases() -> list[Case]:
+    g = _gen(5)
+    cases = []
+    for label, (b, n), coef in [("batch 3, 5 tokens", (3, 5), 0.2), ("a batch of 1", (1, 4), 1.0),
+                                ("one token", (2, 1), 0.5)]:
+        lp, ref = -torch.rand(b, n, generator=g) * 3, -torch.rand(b, n, generator=g) * 3
+        cases.append(Case(label, (torch.randn(b, generator=g), lp, ref, coef)))
+    return cases
+
+
+def _ptr_with(scores, lp, ref, coef, sign=-1.0, where="last", use_coef=True):
+    rewards = sign * (coef if use_coef else 1.0) * (lp - ref)
+    bonus = torch.zeros_like(rewards)
+    if where == "last":
+        bonus[:, -1] = scores
+    elif where == "first":
+        bonus[:, 0] = scores
+    else:
+        bonus += scores[:, None]
+    return rewards + bonus
+
+
+@checker(
+    "compute_per_token_rewards",
+    chapter=CHAPTER,
+    hint="Every token is penalised by its sampled KL, -kl_coef * (logprobs - ref_logprobs) (shape [b, g]); "
+    "then the score of the whole sequence is added at the LAST position only (index -1). Build a new "
+    "tensor (or clone) rather than writing into an input.",
+)
+def check_compute_per_token_rewards(candidate) -> str:
+    return compare_to_reference(
+        candidate,
+        rlhf.compute_per_token_rewards,
+        _ptr_cases(),
+        arg_names=["scores", "logprobs", "ref_logprobs", "kl_coef"],
+        mistakes=[
+            Mistake("The KL term has the wrong sign: the reward is -kl_coef * (logprobs - ref_logprobs), a "
+                    "penalty for tokens the policy likes more than the reference.",
+                    functools.partial(_ptr_with, sign=1.0)),
+            Mistake("The score goes at the LAST token (the episode ends there), not the first.",
+                    functools.partial(_ptr_with, where="first")),
+            Mistake("You added the score at every token: it is added once, at the last position.",
+                    functools.partial(_ptr_with, where="all")),
+            Mistake("kl_coef is missing from the KL term.", functools.partial(_ptr_with, use_coef=False)),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# lr_schedule
+# ----------------------------------------------------------------------------------------------------
+def _lr_warmup_off_by_one(step, warmup_steps, total_steps, final_scale):
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return rlhf.lr_schedule(step, warmup_steps, total_steps, final_scale)
+
+
+def _lr_to_zero(step, warmup_steps, total_steps, final_scale):
+    return rlhf.lr_schedule(step, warmup_steps, total_steps, 0.0)
+
+
+def _lr_decay_from_zero(step, warmup_steps, total_steps, final_scale):
+    if step < warmup_steps:
+        return step / warmup_steps
+    return max(final_scale, 1.0 + (final_scale - 1.0) * step / total_steps)
+
+
+def _lr_no_clamp(step, warmup_steps, total_steps, final_scale):
+    if step < warmup_steps:
+        return step / warmup_steps
+    return 1.0 + (final_scale - 1.0) * (step - warmup_steps) / (total_steps - warmup_steps)
+
+
+@checker(
+    "lr_schedule",
+    chapter=CHAPTER,
+    hint="Three pieces: step / warmup_steps while step < warmup_steps (0 at step 0); then a straight line "
+    "from 1.0 at step = warmup_steps to final_scale at step = total_steps, i.e. "
+    "1 + (final_scale - 1) * (step - warmup_steps) / (total_steps - warmup_steps); final_scale from "
+    "total_steps on.",
+)
+def check_lr_schedule(candidate) -> str:
+    grid = [(0, 5, 20, 0.1), (3, 5, 20, 0.1), (5, 5, 20, 0.1), (12, 5, 20, 0.1), (19, 5, 20, 0.1),
+            (20, 5, 20, 0.1), (27, 5, 20, 0.1), (0, 0, 10, 0.5), (7, 0, 10, 0.5), (1, 2, 4, 0.0)]
+    cases = [Case(f"step={s}, warmup={w}, total={t}, final_scale={f}", (s, w, t, f)) for s, w, t, f in grid]
+    return compare_to_reference(
+        candidate,
+        rlhf.lr_schedule,
+        cases,
+        arg_names=["step", "warmup_steps", "total_steps", "final_scale"],
+        mistakes=[
+            Mistake("Warmup off by one: the multiplier is step / warmup_steps, which is 0 at step 0.",
+                    _lr_warmup_off_by_one),
+            Mistake("The decay ends at 0: it should end at final_scale.", _lr_to_zero),
+            Mistake("The decay is measured from step 0: it starts at 1.0 when step = warmup_steps, so use "
+                    "(step - warmup_steps) / (total_steps - warmup_steps).", _lr_decay_from_zero),
+            Mistake("After total_steps the multiplier keeps falling: it stays at final_scale.", _lr_no_clamp),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# AdaptiveKLController
+# ----------------------------------------------------------------------------------------------------
+class _KLNoClip:
+    def __init__(self, init_kl_coef, target, horizon):
+        self.value, self.target, self.horizon = init_kl_coef, target, horizon
+
+    def update(self, current_kl, n_steps):
+        self.value *= 1 + (current_kl / self.target - 1) * n_steps / self.horizon
+
+
+class _KLInverted(_KLNoClip):
+    def update(self, current_kl, n_steps):
+        err = min(max(self.target / max(current_kl, 1e-12) - 1, -0.2), 0.2)
+        self.value *= 1 + err * n_steps / self.horizon
+
+
+class _KLNoSteps(_KLNoClip):
+    def update(self, current_kl, n_steps):
+        err = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + err / self.horizon
+
+
+class _KLAdditive(_KLNoClip):
+    def update(self, current_kl, n_steps):
+        err = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.value += err * n_steps / self.horizon
+
+
+_KL_SCRIPT = [(12.0, 10), (3.0, 10), (6.6, 5), (100.0, 1), (0.0, 20), (5.0, 8)]
+
+
+def _run_kl_controller(cls, init=0.5, target=6.0, horizon=40) -> list[float]:
+    ctl = call(cls, init, target, horizon)
+    values = [float(get_attr(ctl, "value"))]
+    for kl, n in _KL_SCRIPT:
+        out = call(ctl.update, kl, n)
+        if out is not None and not isinstance(out, (int, float)):
+            raise CheckFailure(f"update() should return None (it changes .value), got {fmt(out)}.")
+        values.append(float(get_attr(ctl, "value")))
+    return values
+
+
+@checker(
+    "AdaptiveKLController",
+    chapter=CHAPTER,
+    hint="Store init_kl_coef as self.value (and target, horizon). In update: err = current_kl / target - 1, "
+    "clipped to [-0.2, 0.2]; then self.value *= 1 + err * n_steps / horizon.",
+)
+def check_adaptive_kl_controller(candidate) -> str:
+    expected = _run_kl_controller(rlhf.AdaptiveKLController)
+    got = _run_kl_controller(candidate)
+    if all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(got, expected)):
+        return f"the coefficient follows the reference through {len(_KL_SCRIPT)} updates: {[round(v, 4) for v in expected]}"
+    hint = None
+    for cls, text in [
+        (_KLNoClip, "The error is not clipped: err = clip(current_kl / target - 1, -0.2, 0.2), so one huge KL "
+                    "cannot blow up the coefficient."),
+        (_KLInverted, "The error is inverted: KL above target must RAISE the coefficient, "
+                      "err = current_kl / target - 1."),
+        (_KLNoSteps, "n_steps is missing: the multiplier is 1 + err * n_steps / horizon."),
+        (_KLAdditive, "The update is multiplicative: value *= 1 + err * n_steps / horizon (not +=)."),
+    ]:
+        wrong = _run_kl_controller(cls)
+        if all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(got, wrong)):
+            hint = text
+            break
+    raise CheckFailure(
+        f"with init 0.5, target 6, horizon 40 and updates (kl, n_steps) = {_KL_SCRIPT}, .value went\n"
+        f"  expected: {[round(v, 5) for v in expected]}\n  got:      {[round(v, 5) for v in got]}",
+        hint,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# EarlyStopping
+# ----------------------------------------------------------------------------------------------------
+class _ESNoReset:
+    def __init__(self, patience, kl_threshold, reward_threshold=None):
+        self.patience, self.kl_threshold, self.reward_threshold, self.count = patience, kl_threshold, reward_threshold, 0
+
+    def violates(self, kl, reward):
+        return kl > self.kl_threshold or (self.reward_threshold is not None and reward > self.reward_threshold)
+
+    def should_stop(self, kl, reward):
+        self.count += self.violates(kl, reward)
+        return self.count >= self.patience
+
+
+class _ESGreaterEqual(_ESNoReset):
+    def violates(self, kl, reward):
+        return kl >= self.kl_threshold or (self.reward_threshold is not None and reward >= self.reward_threshold)
+
+    def should_stop(self, kl, reward):
+        self.count = self.count + 1 if self.violates(kl, reward) else 0
+        return self.count >= self.patience
+
+
+class _ESOffByOne(_ESNoReset):
+    def should_stop(self, kl, reward):
+        self.count = self.count + 1 if self.violates(kl, reward) else 0
+        return self.count > self.patience
+
+
+class _ESKLOnly(_ESNoReset):
+    def violates(self, kl, reward):
+        return kl > self.kl_threshold
+
+    def should_stop(self, kl, reward):
+        self.count = self.count + 1 if self.violates(kl, reward) else 0
+        return self.count >= self.patience
+
+
+_ES_SCRIPTS = [
+    ("patience 3, KL threshold 0.1", (3, 0.1, None),
+     [(0.2, 0.0), (0.2, 0.0), (0.05, 0.0), (0.2, 0.0), (0.2, 0.0), (0.2, 0.0), (0.3, 0.0)]),
+    ("patience 2, reward threshold 0.9", (2, 1.0, 0.9), [(0.0, 0.5), (0.0, 0.95), (0.0, 0.95), (0.0, 0.2)]),
+    ("values exactly at the thresholds (not violations)", (1, 0.1, 0.9), [(0.1, 0.9), (0.1, 0.9), (0.11, 0.0)]),
+    ("no reward threshold, high rewards", (1, 0.5, None), [(0.0, 5.0), (0.0, 50.0), (0.6, 0.0)]),
+]
+
+
+def _run_early_stopping(cls, init_args, script) -> list[bool]:
+    es = call(cls, *init_args)
+    out = []
+    for kl, reward in script:
+        result = call(es.should_stop, kl, reward)
+        if not isinstance(result, bool):
+            if result is None:
+                raise CheckFailure("should_stop returned None: it must return True or False.")
+            result = bool(result)
+        out.append(result)
+    return out
+
+
+@checker(
+    "EarlyStopping",
+    chapter=CHAPTER,
+    hint="Keep a counter of consecutive violations. A call violates when kl > kl_threshold, or when "
+    "reward_threshold is not None and reward > reward_threshold. Violation: counter += 1; otherwise reset "
+    "it to 0. Return counter >= patience.",
+)
+def check_early_stopping(candidate) -> str:
+    for label, init_args, script in _ES_SCRIPTS:
+        expected = _run_early_stopping(rlhf.EarlyStopping, init_args, script)
+        got = _run_early_stopping(candidate, init_args, script)
+        if got == expected:
+            continue
+        hint = None
+        for cls, text in [
+            (_ESNoReset, "EarlyStopping is not resetting: a call that violates nothing must set the count of "
+                         "consecutive violations back to 0."),
+            (_ESGreaterEqual, "A value equal to a threshold is not a violation: use kl > kl_threshold and "
+                              "reward > reward_threshold."),
+            (_ESKLOnly, "The reward threshold is ignored: when reward_threshold is set, reward > "
+                        "reward_threshold is a violation too."),
+            (_ESOffByOne, "Off by one: stop as soon as `patience` consecutive calls have violated "
+                          "(count >= patience)."),
+        ]:
+            if _run_early_stopping(cls, init_args, script) == got:
+                hint = text
+                break
+        raise CheckFailure(
+            f"{label}: calls (kl, reward) = {script}\n  expected: {expected}\n  got:      {got}", hint
+        )
+    return f"matches the reference on {len(_ES_SCRIPTS)} scripted sequences ({', '.join(s[0] for s in _ES_SCRIPTS)})."
+
+
+# ----------------------------------------------------------------------------------------------------
+# TransformerWithValueHead
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "TransformerWithValueHead",
+    chapter=CHAPTER,
+    hint="In __init__ store base_model and build value_head = nn.Sequential(nn.Linear(d_model, 4 * d_model), "
+    "nn.ReLU(), nn.Linear(4 * d_model, 1)). In forward, define a hook fn(resid, hook) that computes "
+    "self.value_head(resid).squeeze(-1) and stores it (a nonlocal variable or a dict); run "
+    "self.base_model.run_with_hooks(tokens, return_type='logits', fwd_hooks=[('ln_final.hook_normalized', fn)]) "
+    "and return (logits, values). The hook returns nothing, so the logits are unchanged.",
+)
+def check_transformer_with_value_head(candidate) -> str:
+    base = small_model(seed=3)
+    d = base.cfg.d_model
+    model = call(candidate, base)
+    if get_attr(model, "base_model") is not base:
+        raise CheckFailure("self.base_model should be the HookedTransformer passed in (the same object).")
+    head = get_attr(model, "value_head")
+    layers = list(head.children()) if isinstance(head, nn.Module) else []
+    shapes_ok = (
+        len(layers) == 3 and isinstance(layers[0], nn.Linear) and isinstance(layers[1], nn.ReLU)
+        and isinstance(layers[2], nn.Linear) and layers[0].in_features == d and layers[0].out_features == 4 * d
+        and layers[2].in_features == 4 * d and layers[2].out_features == 1
+    )
+    if not shapes_ok:
+        raise CheckFailure(
+            f"value_head should be nn.Sequential(Linear({d}, {4 * d}), ReLU(), Linear({4 * d}, 1)); got {head!r}"
+        )
+    if not isinstance(model, nn.Module) or not any(p is layers[0].weight for p in model.parameters()):
+        raise CheckFailure("the value head's parameters are not among model.parameters(): subclass nn.Module, "
+                           "call super().__init__() first, and assign the head as an attribute.")
+
+    tokens = torch.randint(0, base.cfg.d_vocab, (3, 7), generator=_gen(6))
+    out = call(model, tokens)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise CheckFailure(f"forward should return a tuple (logits, values), got {fmt(out)}")
+    logits, values = out
+    with torch.no_grad():
+        _, cache = base.run_with_cache(tokens)
+        expected_logits = base(tokens)
+    expect_tensor(logits, shape=expected_logits.shape, what="the logits")
+    expect_tensor(values, shape=(3, 7), what="the values")
+    if not torch.allclose(logits.detach(), expected_logits, atol=1e-4, rtol=1e-4):
+        raise CheckFailure("the logits differ from base_model(tokens): the hook must not change the activation.",
+                           hint="Return nothing from the hook function (a returned tensor replaces the activation).")
+    leftover = base.hook_dict["ln_final.hook_normalized"].fwd_hooks
+    if leftover:
+        raise CheckFailure("a hook is still attached to ln_final.hook_normalized after forward.",
+                           hint="Use run_with_hooks (it removes its hooks afterwards), or call reset_hooks().")
+
+    with torch.no_grad():
+        def head_on(name: str) -> torch.Tensor:
+            return head(cache[name]).squeeze(-1)
+
+        expected_values = head_on("ln_final.hook_normalized")
+        if not torch.allclose(values.detach(), expected_values, atol=1e-4, rtol=1e-4):
+            last = base.cfg.n_layers - 1
+            hint = None
+            for name, text in [
+                (f"blocks.{last}.hook_resid_post", "The value head is hooked on the wrong activation: "
+                 "blocks.L-1.hook_resid_post is BEFORE the final LayerNorm; hook 'ln_final.hook_normalized'."),
+                (f"blocks.{last}.ln2.hook_normalized", "The value head is hooked on the wrong activation: that is "
+                 "the last block's MLP LayerNorm; hook 'ln_final.hook_normalized'."),
+                (f"blocks.{last}.hook_resid_mid", "The value head is hooked on the wrong activation "
+                 "(blocks.L-1.hook_resid_mid); hook 'ln_final.hook_normalized'."),
+            ]:
+                if torch.allclose(values.detach(), head_on(name), atol=1e-4, rtol=1e-4):
+                    hint = text
+                    break
+            raise CheckFailure(
+                f"values differ from value_head(ln_final.hook_normalized).\n  expected: {fmt(expected_values)}\n"
+                f"  got:      {fmt(values)}", hint)
+    values.sum().backward()
+    if layers[0].weight.grad is None or layers[0].weight.grad.abs().sum() == 0:
+        raise CheckFailure("no gradient reaches the value head from the values: do not compute them under "
+                           "torch.no_grad() or detach them.")
+    return "value head architecture, logits unchanged, values from ln_final.hook_normalized, gradients flow."
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_optimizer
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "get_optimizer",
+    chapter=CHAPTER,
+    hint="torch.optim.AdamW([{'params': model.base_model.parameters(), 'lr': base_lr}, "
+    "{'params': model.value_head.parameters(), 'lr': head_lr}], maximize=True): two parameter groups, and "
+    "maximize=True because the objective is climbed.",
+)
+def check_get_optimizer(candidate) -> str:
+    model = rlhf.TransformerWithValueHead(small_model(seed=4))
+    opt = call(candidate, model, 1e-5, 3e-4)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise CheckFailure(f"expected a torch optimizer, got {fmt(opt)}")
+    if not isinstance(opt, torch.optim.AdamW):
+        raise CheckFailure(f"expected torch.optim.AdamW, got {type(opt).__name__}.",
+                           hint="Use torch.optim.AdamW (Adam with decoupled weight decay).")
+    groups = opt.param_groups
+    if len(groups) != 2:
+        raise CheckFailure(f"expected 2 parameter groups (base model, value head), got {len(groups)}.",
+                           hint="Pass a list of two dicts, each with its own 'params' and 'lr'.")
+    base_ids = {id(p) for p in model.base_model.parameters()}
+    head_ids = {id(p) for p in model.value_head.parameters()}
+    got = [{id(p) for p in g["params"]} for g in groups]
+    if got[0] == head_ids and got[1] == base_ids:
+        got, groups = got[::-1], groups[::-1]
+    if got[0] != base_ids or got[1] != head_ids:
+        raise CheckFailure("the groups should hold exactly the base model's parameters and exactly the value "
+                           "head's parameters.")
+    if not (math.isclose(groups[0]["lr"], 1e-5) and math.isclose(groups[1]["lr"], 3e-4)):
+        swapped = math.isclose(groups[0]["lr"], 3e-4) and math.isclose(groups[1]["lr"], 1e-5)
+        raise CheckFailure(
+            f"learning rates: base model {groups[0]['lr']}, value head {groups[1]['lr']}; expected 1e-05 and 0.0003.",
+            hint="The learning rates are swapped: base_lr for the transformer, head_lr for the value head."
+            if swapped else None)
+    if not all(g.get("maximize", False) for g in groups):
+        raise CheckFailure("the optimizer minimises: the RLHF objective is climbed.",
+                           hint="Pass maximize=True to AdamW: the objective is something to maximise.")
+    return "AdamW, two groups with the right parameters and learning rates, maximize=True."
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_samples (on the tiny world's policy: it needs a tokenizer)
+# ----------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def tiny_policy():
+    from rlhf_tutorial.worlds import load_policy
+
+    return load_policy("tiny").eval()
+
+
+def _decodings(model, tokens: torch.Tensor, n_bos: int) -> tuple[list[str], list[str]]:
+    return (model.tokenizer.batch_decode(tokens, skip_special_tokens=True),
+            [model.to_string(row[n_bos:]) for row in tokens])
+
+
+@checker(
+    "get_samples",
+    chapter=CHAPTER,
+    hint="Tokenize the prompt (model.to_tokens(prompt, prepend_bos=prepend_bos)), repeat it batch_size times, "
+    "and call model.generate(..., max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, "
+    "top_k=top_k, verbose=False). generate runs under inference mode: .clone() its output. Decode with "
+    "model.tokenizer.batch_decode(tokens, skip_special_tokens=True).",
+)
+def check_get_samples(candidate) -> str:
+    model = tiny_policy()
+    prompt = "This movie was really"
+    prompt_tokens = model.to_tokens(prompt)
+    p = prompt_tokens.shape[1]
+    out = call(candidate, model, prompt, 5, 7)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise CheckFailure(f"expected a tuple (tokens, texts), got {fmt(out)}")
+    tokens, texts = out
+    expect_tensor(tokens, shape=(5, p + 7), what="the tokens", allow_nan=True)
+    if tokens.dtype != torch.long:
+        raise CheckFailure(f"the tokens should be int64 (torch.long), got {tokens.dtype}.")
+    if tokens.is_inference():
+        raise CheckFailure("the tokens are an inference tensor: they cannot enter a forward pass with gradients.",
+                           hint="generate runs under torch.inference_mode(): return its output .clone()d.")
+    if not torch.equal(tokens[:, :p], prompt_tokens.expand(5, -1)):
+        raise CheckFailure(f"each row should start with the prompt's tokens {prompt_tokens[0].tolist()}, got "
+                           f"{tokens[0, :p].tolist()}.")
+    if len({tuple(r) for r in tokens.tolist()}) == 1:
+        raise CheckFailure("all 5 samples are identical: sample (do_sample) rather than decoding greedily.")
+    if not isinstance(texts, list) or len(texts) != 5 or not all(isinstance(t, str) for t in texts):
+        raise CheckFailure(f"texts should be a list of 5 strings, got {fmt(texts)}")
+    skip, no_bos = _decodings(model, tokens, 1)
+    if texts != skip and texts != no_bos:
+        hint = None
+        if texts == [model.to_string(row) for row in tokens]:
+            hint = "Your texts include the BOS token's text: leave special tokens out (skip_special_tokens=True)."
+        raise CheckFailure(f"texts[0] = {texts[0]!r} is not the decoding of tokens[0] ({skip[0]!r}).", hint)
+
+    out = call(candidate, model, prompt, 3, 4, prepend_bos=False)
+    p_nobos = model.to_tokens(prompt, prepend_bos=False).shape[1]
+    expect_tensor(out[0], shape=(3, p_nobos + 4), what="with prepend_bos=False, the tokens", allow_nan=True)
+
+    greedy = model.generate(prompt_tokens, max_new_tokens=5, do_sample=False, verbose=False, stop_at_eos=False)
+    tokens, _ = call(candidate, model, prompt, 4, 5, top_k=1)
+    if not torch.equal(tokens, greedy.expand(4, -1)):
+        raise CheckFailure("with top_k=1 every sample should be the greedy continuation.",
+                           hint="Pass top_k=top_k to model.generate.")
+
+    # Temperature: which of softmax(l / T), softmax(l), softmax(l * T) best explains the first new tokens?
+    with torch.no_grad():
+        last_logits = model(prompt_tokens)[0, -1]
+    n, temperature = 1500, 0.5
+    tokens, _ = call(candidate, model, prompt, n, 1, temperature=temperature)
+    first = tokens[:, -1]
+    scores = {}
+    for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
+        scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
+    best = max(scores, key=scores.get)
+    if best != "logits / T":
+        hint = ("The temperature is ignored: pass temperature=temperature to generate." if best.startswith("logits (")
+                else "The temperature multiplies the logits: sampling divides them by it.")
+        raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
+                           f"softmax({best}), not softmax(logits / T).", hint)
+    return "shapes, prompt kept, cloned tokens, texts decoded, top_k and temperature respected."
+
+
+# ----------------------------------------------------------------------------------------------------
+# ReplayMemory.get_minibatches
+# ----------------------------------------------------------------------------------------------------
+def _memory_fields(batch: int = 16, seq: int = 6, gen: int = 3) -> dict[str, torch.Tensor]:
+    """Tensors whose rows can be recognised: row i of every field encodes i."""
+    rows = torch.arange(batch, dtype=torch.float32)[:, None]
+    g = _gen(7)
+    return {
+        "tokens": (torch.arange(batch)[:, None] * 100 + torch.arange(seq)[None]).long(),
+        "logprobs": -rows - 0.1 * torch.arange(gen)[None],
+        "ref_logprobs": -rows - 0.5 - 0.1 * torch.arange(gen)[None],
+        "values": torch.randn(batch, gen, generator=g) + rows * 10,
+        "advantages": torch.randn(batch, gen, generator=g) - rows * 1000,
+    }
+
+
+def _minibatch_rows(mb, fields: dict[str, torch.Tensor], label: str) -> tuple[list[int], torch.Tensor]:
+    tokens = expect_tensor(get_attr(mb, "tokens"), what=f"{label}.tokens", allow_nan=True)
+    rows = (tokens[:, 0] // 100).tolist()
+    for name in ("logprobs", "ref_logprobs", "advantages"):
+        got = expect_tensor(get_attr(mb, name), what=f"{label}.{name}")
+        if got.shape != (len(rows), fields[name].shape[1]) or not torch.allclose(got, fields[name][rows]):
+            raise CheckFailure(f"{label}.{name} does not hold the same rows as {label}.tokens.",
+                               hint="Index every tensor of the memory with the SAME indices.")
+    returns = expect_tensor(get_attr(mb, "returns"), what=f"{label}.returns")
+    return rows, returns
+
+
+@checker(
+    "ReplayMemory",
+    chapter=CHAPTER,
+    hint="returns = advantages + values. Then, for each of batches_per_learning_phase passes, draw "
+    "torch.randperm(batch, generator=generator), reshape it to [num_minibatches, -1], and for each row of "
+    "indices build ReplayMinibatch(tokens=self.tokens[idx], ..., returns=returns[idx]).",
+)
+def check_replay_memory(candidate) -> str:
+    fields = _memory_fields()
+    memory = call(candidate, **{k: v.clone() for k, v in fields.items()})
+    minibatches = call(get_attr(memory, "get_minibatches"), 4, 3, _gen(11))
+    if not isinstance(minibatches, list) or len(minibatches) != 12:
+        raise CheckFailure(f"with num_minibatches=4 and batches_per_learning_phase=3, expected a list of 12 "
+                           f"minibatches, got {fmt(minibatches)}",
+                           hint="One pass = num_minibatches minibatches; make batches_per_learning_phase passes.")
+    expected_returns = fields["advantages"] + fields["values"]
+    passes = []
+    for k, mb in enumerate(minibatches):
+        rows, returns = _minibatch_rows(mb, fields, f"minibatch {k}")
+        if len(rows) != 4:
+            raise CheckFailure(f"minibatch {k} has {len(rows)} rows; 16 rows in 4 minibatches is 4 each.")
+        if not torch.allclose(returns, expected_returns[rows]):
+            hint = "The value targets are returns = advantages + values."
+            if torch.allclose(returns, fields["advantages"][rows]):
+                hint = "returns equal the advantages: add the values, returns = advantages + values."
+            elif torch.allclose(returns, fields["values"][rows]):
+                hint = "returns equal the values: add the advantages, returns = advantages + values."
+            raise CheckFailure(f"minibatch {k}: wrong returns.\n  expected: {fmt(expected_returns[rows])}\n"
+                               f"  got:      {fmt(returns)}", hint)
+        passes.append(rows)
+    orders = []
+    for p in range(3):
+        order = sum(passes[4 * p : 4 * p + 4], [])
+        if sorted(order) != list(range(16)):
+            raise CheckFailure(f"pass {p} does not visit every row exactly once (rows {order}).",
+                               hint="Shuffle without replacement: torch.randperm(batch), then split it.")
+        orders.append(order)
+    if orders[0] == orders[1] == orders[2]:
+        raise CheckFailure("every pass visits the rows in the same order.",
+                           hint="Draw a fresh permutation for every pass over the memory.")
+    if orders[0] == list(range(16)):
+        raise CheckFailure("the first pass is not shuffled (rows in order 0..15).",
+                           hint="Shuffle with torch.randperm(batch, generator=generator).")
+    again = call(get_attr(call(candidate, **{k: v.clone() for k, v in fields.items()}), "get_minibatches"),
+                 4, 3, _gen(11))
+    rows_again = [(get_attr(mb, "tokens")[:, 0] // 100).tolist() for mb in again]
+    if rows_again != passes:
+        raise CheckFailure("two calls with identically seeded generators gave different minibatches.",
+                           hint="Use the generator passed in: torch.randperm(batch, generator=generator).")
+    return "12 minibatches, rows aligned across fields, returns = advantages + values, each pass a fresh permutation."
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_rlhf_objective
+# ----------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.ReplayMinibatch]:
+    torch.manual_seed(5)
+    model = rlhf.TransformerWithValueHead(small_model(seed=5))
+    ref = small_model(seed=5)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=_gen(8)))
+    ref.requires_grad_(False)
+    g = _gen(9)
+    prefix_len, tokens = 4, torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g)
+    with torch.no_grad():
+        logits, values = model(tokens)
+        logprobs = rlhf.get_logprobs(logits, tokens, prefix_len)
+        ref_logprobs = rlhf.get_logprobs(ref(tokens), tokens, prefix_len)
+    minibatch = rlhf.ReplayMinibatch(
+        tokens=tokens,
+        logprobs=logprobs + 0.4 * torch.randn(logprobs.shape, generator=g),
+        ref_logprobs=ref_logprobs,
+        advantages=torch.randn(logprobs.shape, generator=g),
+        returns=values[:, prefix_len - 1 : -1] + torch.randn(logprobs.shape, generator=g),
+    )
+    return model, ref, prefix_len, minibatch
+
+
+def _objective_variant(model, ref_model, mb, prefix_len, kl_coef, args, *, kl_sign=-1.0, value_sign=-1.0,
+                       temperature=True, value_shift=0, logit_shift=0, ref_is_policy=False, always_full=False,
+                       entropy_coef_twice=False):
+    """The reference objective with one thing changed (for targeted hints)."""
+    logits, values = model(mb.tokens)
+    t = args.temperature if temperature else 1.0
+    logits = logits / t
+    s = logits.shape[1]
+    gen_v = slice(prefix_len - 1 + value_shift, s - 1 + value_shift)
+    gen_l = slice(prefix_len - 1 + logit_shift, s - 1 + logit_shift)
+    logprobs = rlhf.get_logprobs(logits, mb.tokens, prefix_len)
+    clipped = rlhf.calc_clipped_surrogate_objective(logprobs, mb.logprobs, mb.advantages, args.clip_coef)
+    value_loss = rlhf.calc_value_function_loss(values[:, gen_v], mb.returns, args.vf_coef)
+    entropy = rlhf.calc_entropy_bonus(logits[:, gen_l], args.ent_coef)
+    if entropy_coef_twice:
+        entropy = entropy * args.ent_coef
+    if args.kl_estimator == "full" or always_full:
+        ref_logits = (logits.detach() if ref_is_policy else ref_model(mb.tokens) / t)
+        kl = rlhf.calc_kl_penalty(logits[:, gen_l], ref_logits[:, gen_l], 1.0)
+    else:
+        ref_lp = logprobs.detach() if ref_is_policy else mb.ref_logprobs
+        kl = rlhf.approx_kl(logprobs, ref_lp, args.kl_estimator).mean()
+    return clipped + value_sign * value_loss + entropy + kl_sign * kl_coef * kl
+
+
+_OBJECTIVE_MISTAKES = [
+    ("The KL term has the wrong sign: the objective SUBTRACTS kl_coef * KL (it is maximised).",
+     dict(kl_sign=1.0)),
+    ("The value loss has the wrong sign: the objective is L_clip - L_value + entropy - KL.", dict(value_sign=1.0)),
+    ("The temperature is missing: divide the logits by args.temperature before taking log-probs, entropy "
+     "and KL (the rollout's log-probs were taken that way).", dict(temperature=False)),
+    ("The values use the wrong slice: the state that chose generated token i is one position before it, "
+     "values[:, prefix_len - 1:-1].", dict(value_shift=1)),
+    ("The logits for entropy/KL use the wrong slice: the logits that predict the generated tokens are "
+     "logits[:, prefix_len - 1:-1].", dict(logit_shift=1)),
+    ("Your KL is 0: the reference distribution must come from ref_model (or the stored ref_logprobs), "
+     "not from the policy itself.", dict(ref_is_policy=True)),
+    ("You used the full KL although args.kl_estimator is a sampled estimator: with 'k1'/'k2'/'k3' use "
+     "approx_kl(logprobs, minibatch.ref_logprobs, estimator).mean().", dict(always_full=True)),
+]
+
+
+@checker(
+    "compute_rlhf_objective",
+    chapter=CHAPTER,
+    hint="logits, values = model(minibatch.tokens); logits = logits / args.temperature; gen = slice(prefix_len "
+    "- 1, -1); logprobs = get_logprobs(logits, tokens, prefix_len). Then calc_clipped_surrogate_objective("
+    "logprobs, minibatch.logprobs, minibatch.advantages, clip_coef) - calc_value_function_loss(values[:, gen], "
+    "minibatch.returns, vf_coef) + ent_coef * entropy of logits[:, gen] - kl_coef * KL, where KL is "
+    "calc_kl_penalty(logits[:, gen], ref_logits[:, gen], 1.0) with ref_logits = ref_model(tokens) / temperature "
+    "under no_grad when args.kl_estimator == 'full', else approx_kl(logprobs, minibatch.ref_logprobs, "
+    "estimator).mean().",
+)
+def check_compute_rlhf_objective(candidate) -> str:
+    model, ref, prefix_len, mb = _objective_setup()
+    configs = [
+        ("full KL, temperature 1", rlhf.RLHFArgs(kl_estimator="full", temperature=1.0), 0.5),
+        ("k3 KL, temperature 0.7", rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
+        ("full KL, temperature 1.3, other coefficients",
+         rlhf.RLHFArgs(kl_estimator="full", temperature=1.3, clip_coef=0.1, vf_coef=0.5, ent_coef=0.1), 2.0),
+    ]
+    for label, args, kl_coef in configs:
+        out = call(candidate, model, ref, mb, prefix_len, kl_coef, args)
+        if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], dict):
+            raise CheckFailure(f"expected a tuple (objective, stats dict), got {fmt(out)}")
+        objective = expect_tensor(out[0], shape=(), what="the objective")
+        expected = rlhf.compute_rlhf_objective(model, ref, mb, prefix_len, kl_coef, args)[0]
+        if not torch.allclose(objective.detach(), expected.detach(), atol=1e-4, rtol=1e-4):
+            hint = None
+            for text, change in _OBJECTIVE_MISTAKES:
+                try:
+                    wrong = _objective_variant(model, ref, mb, prefix_len, kl_coef, args, **change)
+                except Exception:  # noqa: BLE001 - a variant may not apply
+                    continue
+                if torch.allclose(objective.detach(), wrong.detach(), atol=1e-4, rtol=1e-4):
+                    hint = text
+                    break
+            raise CheckFailure(f"{label}: objective {objective.item():.6g}, expected {expected.item():.6g}.", hint)
+        if not objective.requires_grad:
+            raise CheckFailure("the objective has no gradient: compute it from a forward pass WITH gradients "
+                               "(only the reference logits go under torch.no_grad()).")
+        model.zero_grad()
+        objective.backward()
+        head_grad = model.value_head[0].weight.grad
+        base_grad = model.base_model.W_U.grad
+        if head_grad is None or head_grad.abs().sum() == 0 or base_grad is None or base_grad.abs().sum() == 0:
+            raise CheckFailure("the gradient does not reach both the transformer and the value head.")
+        model.zero_grad()
+    if any(p.grad is not None and p.grad.abs().sum() > 0 for p in ref.parameters()):
+        raise CheckFailure("the reference model got gradients: compute its logits under torch.no_grad().")
+    return f"matches the reference objective on {len(configs)} settings ({', '.join(c[0] for c in configs)}); gradients flow."
+
+
+# ----------------------------------------------------------------------------------------------------
+# The phases, on the tiny world
+# ----------------------------------------------------------------------------------------------------
+def phase_args(**overrides: Any) -> rlhf.RLHFArgs:
+    """Small settings for checking the phases on the tiny world in seconds."""
+    base = dict(batch_size=8, gen_len=6, num_minibatches=2, batches_per_learning_phase=2,
+                total_phases=6, warmup_steps=0, temperature=0.8, repetition_coef=0.2, early_stopping=False,
+                eval_samples=8)
+    return rlhf.RLHFArgs.preset("tiny", **{**base, **overrides})
+
+
+@functools.lru_cache(maxsize=4)
+def _tiny_reward(direction: str) -> Callable:
+    return rlhf.make_reward_fn("tiny", direction)
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_policy_weights():
+    from rlhf_tutorial.worlds import load_policy
+
+    return load_policy("tiny")
+
+
+def make_trainer(args: rlhf.RLHFArgs, **overrides: Callable) -> rlhf.RLHFTrainer:
+    """A trainer on fresh copies of the tiny world's policy (the same seed gives the same trainer)."""
+    policy = _tiny_policy_weights()
+    return rlhf.RLHFTrainer(args, copy.deepcopy(policy), copy.deepcopy(policy), _tiny_reward(args.direction),
+                            **overrides)
+
+
+def _params(module: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the memory should hold for these tokens, recomputed with the reference pieces."""
+    args, p = trainer.args, trainer.prefix_len
+    with torch.no_grad():
+        logits, values = trainer.model(tokens)
+        ref_logits = trainer.ref_model(tokens)
+    texts = trainer.model.base_model.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    task = trainer.reward_fn(texts)
+    shaped = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n)
+    logprobs = rlhf.get_logprobs(logits / args.temperature, tokens, p)
+    ref_logprobs = rlhf.get_logprobs(ref_logits / args.temperature, tokens, p)
+
+    def advantages_of(rewards: torch.Tensor, whitened: bool = args.whiten_rewards) -> torch.Tensor:
+        scores = whiten(rewards) if whitened else rewards
+        if args.advantage_estimator == "gae":
+            per_token = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
+            return rlhf.compute_gae_advantages(per_token, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
+        return rlhf.compute_advantages(values, scores, p)
+
+    return {
+        "logprobs": logprobs, "ref_logprobs": ref_logprobs, "values": values[:, p - 1 : -1],
+        "advantages": advantages_of(shaped),
+        "logprobs_no_temperature": rlhf.get_logprobs(logits, tokens, p),
+        "values_shifted": values[:, p:],
+        "advantages_unwhitened": advantages_of(shaped, whitened=False),
+        "advantages_unshaped": advantages_of(task),
+    }
+
+
+def _check_memory(memory, trainer: rlhf.RLHFTrainer, label: str) -> None:
+    args, p = trainer.args, trainer.prefix_len
+    if memory is None:
+        raise CheckFailure(f"{label}: rollout_phase returned None: return the ReplayMemory.")
+    tokens = expect_tensor(get_attr(memory, "tokens"), shape=(args.batch_size, p + args.gen_len),
+                           what=f"{label}: memory.tokens", allow_nan=True)
+    expected = _expected_memory(trainer, tokens)
+    g = args.gen_len
+    for name in ("logprobs", "ref_logprobs", "values", "advantages"):
+        got = expect_tensor(get_attr(memory, name), shape=(args.batch_size, g), what=f"{label}: memory.{name}")
+        if got.requires_grad:
+            raise CheckFailure(f"{label}: memory.{name} carries gradients: compute the rollout under torch.no_grad().")
+        if torch.allclose(got, expected[name], atol=2e-4, rtol=1e-3):
+            continue
+        hint = None
+        if name == "logprobs" and torch.allclose(got, expected["logprobs_no_temperature"], atol=2e-4, rtol=1e-3):
+            hint = "The log-probs ignore the temperature: take them of logits / args.temperature."
+        elif name == "ref_logprobs" and torch.allclose(got, expected["logprobs"], atol=2e-4, rtol=1e-3):
+            hint = "memory.ref_logprobs equal the policy's log-probs: compute them from trainer.ref_model."
+        elif name == "values" and torch.allclose(got, expected["values_shifted"], atol=2e-4, rtol=1e-3):
+            hint = "The values use the wrong slice: the state that chose generated token i is values[:, prefix_len - 1:-1]."
+        elif name == "advantages" and torch.allclose(got, expected["advantages_unwhitened"], atol=2e-4, rtol=1e-3):
+            hint = "The advantages use the raw rewards: whiten them first when args.whiten_rewards."
+        elif name == "advantages" and torch.allclose(got, expected["advantages_unshaped"], atol=2e-4, rtol=1e-3):
+            hint = "The repetition penalty is missing: rewards = task rewards - repetition_coef * ngram_repetition."
+        raise CheckFailure(f"{label}: memory.{name} differs from a recomputation on memory.tokens.\n"
+                           f"  expected: {fmt(expected[name])}\n  got:      {fmt(got)}", hint)
+
+
+@checker(
+    "rollout_phase",
+    chapter=CHAPTER,
+    hint="tokens, texts = get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len, "
+    "args.temperature, args.top_k, args.prepend_bos); rewards = trainer.reward_fn(texts) - "
+    "args.repetition_coef * ngram_repetition(texts, args.repetition_n). Under torch.no_grad(), for each chunk "
+    "of tokens.split(args.minibatch_size): logits, values = trainer.model(chunk), ref_logits = "
+    "trainer.ref_model(chunk); keep get_logprobs(logits / T, chunk, prefix_len) (and the same for the "
+    "reference) and the values. Whiten the rewards, compute the advantages, and return ReplayMemory(tokens, "
+    "logprobs, ref_logprobs, values[:, prefix_len - 1:-1], advantages).",
+)
+def check_rollout_phase(candidate) -> str:
+    trainer = make_trainer(phase_args())
+    ref_before = _params(trainer.ref_model)
+    memory = call(candidate, trainer)
+    _check_memory(memory, trainer, "first rollout")
+    kl = rlhf.approx_kl(memory.logprobs, memory.ref_logprobs, "k3").mean().item()
+    if abs(kl) > 1e-5:
+        raise CheckFailure(f"before any update the policy IS the reference, so KL should be 0; got {kl:.3g}.")
+    if len(trainer.history) != 1:
+        raise CheckFailure("trainer.log_rollout was not called once: keep the line that logs the rollout.")
+
+    # A policy that has moved away from the reference, and GAE advantages.
+    trainer = make_trainer(phase_args(advantage_estimator="gae", temperature=1.0, repetition_coef=0.0))
+    with torch.no_grad():
+        for prm in trainer.model.base_model.parameters():
+            prm.add_(0.02 * torch.randn(prm.shape, generator=_gen(12)))
+    memory = call(candidate, trainer)
+    _check_memory(memory, trainer, "rollout of a moved policy with GAE")
+    if any(not torch.equal(a, b) for a, b in zip(ref_before, _params(trainer.ref_model))):
+        raise CheckFailure("the reference model's weights changed during the rollout.")
+    return "memory shapes and contents match a recomputation (one-step and GAE advantages); KL is 0 at the start."
+
+
+def _learning_phase_wrong(kind: str) -> Callable:
+    """Wrong learning phases for targeted hints."""
+
+    def wrong(trainer, memory):
+        args = trainer.args
+        passes = 1 if kind == "one_pass" else args.batches_per_learning_phase
+        stats = []
+        for mb in memory.get_minibatches(args.num_minibatches, passes, trainer.generator):
+            if kind != "no_zero_grad":
+                trainer.optimizer.zero_grad()
+            objective, s = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
+                                                       trainer.objective_kl_coef, args)
+            objective.backward()
+            if kind != "no_clip":
+                nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
+            trainer.optimizer.step()
+            if kind == "scheduler_per_minibatch":
+                trainer.scheduler.step()
+            stats.append(s)
+        if kind not in ("scheduler_per_minibatch", "no_scheduler"):
+            trainer.scheduler.step()
+        return {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]}
+
+    return wrong
+
+
+_LEARNING_MISTAKES = [
+    ("no_zero_grad", "Gradients accumulate across minibatches: call trainer.optimizer.zero_grad() before each "
+                     "backward pass."),
+    ("no_clip", "The gradient norm is not clipped: nn.utils.clip_grad_norm_(trainer.model.parameters(), "
+                "args.max_grad_norm) between backward() and step()."),
+    ("one_pass", "Only one pass over the memory: pass args.batches_per_learning_phase to get_minibatches."),
+    ("scheduler_per_minibatch", "The learning-rate schedule counts phases: step trainer.scheduler once, after the "
+                                "last minibatch."),
+    ("no_scheduler", "The learning-rate scheduler is never stepped: call trainer.scheduler.step() once per phase."),
+]
+
+
+def _rollout_memory(args: rlhf.RLHFArgs) -> rlhf.ReplayMemory:
+    """One reference rollout (seeded) of a fresh trainer: every learning run starts from it."""
+    trainer = make_trainer(args)
+    torch.manual_seed(21)
+    return rlhf.rollout_phase(trainer)
+
+
+def _run_learning(fn: Callable, args: rlhf.RLHFArgs, memory: rlhf.ReplayMemory) -> tuple[rlhf.RLHFTrainer, list[torch.Tensor], Any]:
+    """A fresh trainer (identical to the one that made ``memory``) runs ``fn(trainer, memory)``."""
+    trainer = make_trainer(args)
+    memory = rlhf.ReplayMemory(**{f: getattr(memory, f).clone() for f in
+                                  ("tokens", "logprobs", "ref_logprobs", "values", "advantages")})
+    before = _params(trainer.model)
+    out = call(fn, trainer, memory)
+    return trainer, before, out
+
+
+def _delta(trainer, before) -> torch.Tensor:
+    return torch.cat([(p.detach() - b).flatten() for p, b in zip(trainer.model.parameters(), before)])
+
+
+@checker(
+    "learning_phase",
+    chapter=CHAPTER,
+    hint="For each minibatch of memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, "
+    "trainer.generator): trainer.optimizer.zero_grad(); objective, stats = compute_rlhf_objective("
+    "trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, trainer.objective_kl_coef, args); "
+    "objective.backward(); nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm); "
+    "trainer.optimizer.step(); keep stats. After the loop, trainer.scheduler.step() once.",
+)
+def check_learning_phase(candidate) -> str:
+    # No warmup (the first phase learns); a small max_grad_norm, so that clipping is active.
+    args = phase_args(base_lr=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0)
+    memory = _rollout_memory(args)
+    trainer, before, out = _run_learning(candidate, args, memory)
+    ref_trainer, ref_before, _ = _run_learning(rlhf.learning_phase, args, memory)
+    expected = _delta(ref_trainer, ref_before)
+    ref_params = _params(_tiny_policy_weights())
+    if any(not torch.equal(a, b.detach()) for a, b in zip(ref_params, trainer.ref_model.parameters())):
+        raise CheckFailure("the reference model's weights changed: only trainer.model is optimised.")
+    if not isinstance(out, dict) or not out:
+        raise CheckFailure(f"learning_phase should return a dict of mean diagnostics, got {fmt(out)}")
+    got = _delta(trainer, before)
+    if got.abs().sum() == 0:
+        raise CheckFailure("the policy's weights did not change: call trainer.optimizer.step() after backward().")
+    steps = {int(s["step"]) for s in trainer.optimizer.state.values() if "step" in s}
+    expected_steps = args.num_minibatches * args.batches_per_learning_phase
+    rel = ((got - expected).norm() / expected.norm()).item()
+    if rel > 1e-2 or trainer.scheduler.last_epoch != ref_trainer.scheduler.last_epoch:
+        hint = None
+        for kind, text in _LEARNING_MISTAKES:
+            wrong_trainer, wrong_before, _ = _run_learning(_learning_phase_wrong(kind), args, memory)
+            same = ((got - _delta(wrong_trainer, wrong_before)).norm() / expected.norm()).item() < 1e-2
+            if same and trainer.scheduler.last_epoch == wrong_trainer.scheduler.last_epoch:
+                hint = text
+                break
+        raise CheckFailure(
+            f"after one learning phase the weights differ from the reference update by {rel:.1%} (optimizer "
+            f"steps taken: {sorted(steps)}, expected {expected_steps}; scheduler steps: "
+            f"{trainer.scheduler.last_epoch}, expected {ref_trainer.scheduler.last_epoch}).", hint)
+
+    # The update must raise the log-probs of tokens with positive advantage, and the reward must move.
+    with torch.no_grad():
+        logits, _ = trainer.model(memory.tokens)
+        new = rlhf.get_logprobs(logits / args.temperature, memory.tokens, trainer.prefix_len)
+    improvement = ((new - memory.logprobs) * memory.advantages).sum().item()
+    if improvement <= 0:
+        raise CheckFailure("the update lowered the log-probs of high-advantage tokens: the optimizer must "
+                           "maximise the objective (maximize=True), not minimise it.")
+    before_reward, after_reward = reward_moves(candidate)
+    if not after_reward > before_reward:
+        raise CheckFailure(f"after {MOVE_PHASES} phases with your learning_phase the mean reward went from "
+                           f"{before_reward:.3f} to {after_reward:.3f}: it should rise.")
+    return (f"the update matches the reference ({rel:.1e} relative difference, {expected_steps} optimizer steps, "
+            f"one scheduler step), the reference model is untouched, high-advantage tokens became likelier, and "
+            f"{MOVE_PHASES} phases of training raised the mean reward from {before_reward:.3f} to {after_reward:.3f}.")
+
+
+MOVE_PHASES = 4
+
+
+def reward_moves(learning_phase_fn: Callable | None = None, seed: int = 0) -> tuple[float, float]:
+    """Mean reward (32 samples, the same draws) before and after ``MOVE_PHASES`` short phases on the tiny
+    world towards 'neg', with ``learning_phase_fn`` as the learning phase (default: the reference)."""
+    args = phase_args(batch_size=16, gen_len=8, total_phases=MOVE_PHASES, base_lr=1e-3, head_lr=1e-2,
+                      temperature=1.0, repetition_coef=0.0, seed=seed)
+    overrides = {"learning_phase": learning_phase_fn} if learning_phase_fn is not None else {}
+    trainer = make_trainer(args, **overrides)
+    before = trainer.evaluate(32, seed=100)["reward"]
+    trainer.train(progress=False)
+    return before, trainer.evaluate(32, seed=100)["reward"]

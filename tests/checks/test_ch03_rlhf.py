@@ -1,0 +1,911 @@
+"""Checkers of chapter 03: the reference passes, the stub fails, known mistakes get their hint, and
+correct implementations written differently pass."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn as nn
+from transformer_lens import HookedTransformer
+
+from rlhf_tutorial import rlhf
+from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.notebooks import load_stub
+from rlhf_tutorial.rewards import ngram_repetition, whiten
+
+CHAPTER = "03_rlhf_ppo"
+
+EXERCISES = [
+    "TransformerWithValueHead",
+    "get_samples",
+    "get_logprobs",
+    "calc_kl_penalty",
+    "approx_kl",
+    "compute_advantages",
+    "compute_per_token_rewards",
+    "ReplayMemory",
+    "compute_rlhf_objective",
+    "get_optimizer",
+    "lr_schedule",
+    "AdaptiveKLController",
+    "EarlyStopping",
+    "rollout_phase",
+    "learning_phase",
+]
+
+
+def assert_fails_with(name: str, candidate, fragment: str) -> None:
+    result = run_check(name, candidate)
+    assert not result.passed, f"{name}: a wrong implementation passed"
+    assert fragment in (result.hint or "") + result.message, (result.message, result.hint)
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_reference_passes(name):
+    result = run_check(name, getattr(rlhf, name))
+    assert result.passed, result
+
+
+@pytest.fixture
+def stub_module(monkeypatch):
+    """``load_stub`` compiles the stub inside rlhf_tutorial/notebooks.py, which has ``from __future__ import
+    annotations``: ``compile`` inherits that flag, so the stub's annotations become strings, and
+    ``@dataclass`` (ReplayMemory) then looks its module up in ``sys.modules``. Register one for the
+    stub's namespace. (In a notebook, annotations are evaluated and none of this happens.)"""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, f"stub_{CHAPTER}", types.ModuleType(f"stub_{CHAPTER}"))
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_stub_fails(name, stub_module):
+    result = run_check(name, load_stub(CHAPTER, name))
+    assert not result.passed
+    assert "not implemented" in result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_logprobs
+# ----------------------------------------------------------------------------------------------------
+def logprobs_own_position(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start:].log_softmax(-1).gather(-1, tokens[:, start:, None])[..., 0]
+
+
+def logprobs_raw_logits(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start - 1 : -1].gather(-1, tokens[:, start:, None])[..., 0]
+
+
+def logprobs_probabilities(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start - 1 : -1].softmax(-1).gather(-1, tokens[:, start:, None])[..., 0]
+
+
+def logprobs_ignoring_prefix(logits, tokens, prefix_len=None):
+    return logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (logprobs_own_position, "Off by one"),
+        (logprobs_raw_logits, "raw logits"),
+        (logprobs_probabilities, "probabilities"),
+        (logprobs_ignoring_prefix, "ignored prefix_len"),
+    ],
+)
+def test_get_logprobs_mistakes(wrong, fragment):
+    assert_fails_with("get_logprobs", wrong, fragment)
+
+
+def test_get_logprobs_written_differently():
+    def by_loop(logits, tokens, prefix_len=None):
+        start = 1 if prefix_len is None else prefix_len
+        b, s, _ = logits.shape
+        out = torch.empty(b, s - start)
+        for i in range(b):
+            for t in range(start, s):
+                row = logits[i, t - 1]
+                out[i, t - start] = row[tokens[i, t]] - torch.logsumexp(row, 0)
+        return out
+
+    assert run_check("get_logprobs", by_loop).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# calc_kl_penalty
+# ----------------------------------------------------------------------------------------------------
+def kl_swapped(logits, ref_logits, kl_coef):
+    logp, logq = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    return kl_coef * (logq.exp() * (logq - logp)).sum(-1).mean()
+
+
+def kl_without_coef(logits, ref_logits, kl_coef):
+    logp, logq = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    return (logp.exp() * (logp - logq)).sum(-1).mean()
+
+
+def kl_unweighted(logits, ref_logits, kl_coef):
+    return kl_coef * (logits.log_softmax(-1) - ref_logits.log_softmax(-1)).sum(-1).mean()
+
+
+def kl_through_probabilities(logits, ref_logits, kl_coef):
+    p, q = logits.softmax(-1), ref_logits.softmax(-1)
+    return kl_coef * (p * (p.log() - q.log())).sum(-1).mean()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (kl_swapped, "KL(ref || policy)"),
+        (kl_without_coef, "kl_coef is missing"),
+        (kl_unweighted, "not weighted by p"),
+        (kl_through_probabilities, "NaN or inf"),
+    ],
+)
+def test_calc_kl_penalty_mistakes(wrong, fragment):
+    assert_fails_with("calc_kl_penalty", wrong, fragment)
+
+
+def test_calc_kl_penalty_written_differently():
+    def with_kl_div(logits, ref_logits, kl_coef):
+        per_token = nn.functional.kl_div(
+            ref_logits.log_softmax(-1), logits.log_softmax(-1), log_target=True, reduction="none"
+        ).sum(-1)
+        return per_token.mean() * kl_coef
+
+    assert run_check("calc_kl_penalty", with_kl_div).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# approx_kl
+# ----------------------------------------------------------------------------------------------------
+def approx_k3_sign_flipped(logprobs, ref_logprobs, estimator="k3"):
+    logr = ref_logprobs - logprobs
+    return {"k1": -logr, "k2": logr**2 / 2, "k3": logr - (logr.exp() - 1)}[estimator]
+
+
+def approx_reversed_ratio(logprobs, ref_logprobs, estimator="k3"):
+    logr = logprobs - ref_logprobs
+    return {"k1": -logr, "k2": logr**2 / 2, "k3": logr.exp() - 1 - logr}[estimator]
+
+
+def approx_k2_without_half(logprobs, ref_logprobs, estimator="k3"):
+    logr = ref_logprobs - logprobs
+    return {"k1": -logr, "k2": logr**2, "k3": logr.exp() - 1 - logr}[estimator]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (approx_k3_sign_flipped, "k3 sign is flipped"),
+        (approx_reversed_ratio, "log-ratio is log p - log p_ref"),
+        (approx_k2_without_half, "factor 1/2"),
+    ],
+)
+def test_approx_kl_mistakes(wrong, fragment):
+    assert_fails_with("approx_kl", wrong, fragment)
+
+
+def test_approx_kl_written_differently():
+    def via_ratio(logprobs, ref_logprobs, estimator="k3"):
+        ratio = torch.exp(ref_logprobs - logprobs)
+        if estimator == "k1":
+            return logprobs - ref_logprobs
+        if estimator == "k2":
+            return 0.5 * torch.log(ratio) ** 2
+        return ratio - 1 - torch.log(ratio)
+
+    assert run_check("approx_kl", via_ratio).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_advantages
+# ----------------------------------------------------------------------------------------------------
+def advantages_baseline_shifted(values, rewards, prefix_len):
+    return torch.cat([values[:, prefix_len:-1], rewards[:, None]], -1) - values[:, prefix_len:]
+
+
+def advantages_without_reward(values, rewards, prefix_len):
+    return values[:, prefix_len:] - values[:, prefix_len - 1 : -1]
+
+
+def advantages_reward_everywhere(values, rewards, prefix_len):
+    return rewards[:, None] - values[:, prefix_len - 1 : -1]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (advantages_baseline_shifted, "baseline uses the wrong slice"),
+        (advantages_without_reward, "reward is missing"),
+        (advantages_reward_everywhere, "reward as the Q estimate at every position"),
+    ],
+)
+def test_compute_advantages_mistakes(wrong, fragment):
+    assert_fails_with("compute_advantages", wrong, fragment)
+
+
+def test_compute_advantages_written_differently():
+    def by_loop(values, rewards, prefix_len):
+        b, s = values.shape
+        out = torch.zeros(b, s - prefix_len)
+        for t in range(prefix_len - 1, s - 1):
+            q = values[:, t + 1] if t + 1 < s - 1 else rewards
+            out[:, t - prefix_len + 1] = q - values[:, t]
+        return out
+
+    assert run_check("compute_advantages", by_loop).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_per_token_rewards
+# ----------------------------------------------------------------------------------------------------
+def per_token_plus_kl(scores, logprobs, ref_logprobs, kl_coef):
+    rewards = kl_coef * (logprobs - ref_logprobs)
+    rewards[:, -1] += scores
+    return rewards
+
+
+def per_token_score_first(scores, logprobs, ref_logprobs, kl_coef):
+    rewards = -kl_coef * (logprobs - ref_logprobs)
+    rewards[:, 0] += scores
+    return rewards
+
+
+def per_token_score_everywhere(scores, logprobs, ref_logprobs, kl_coef):
+    return -kl_coef * (logprobs - ref_logprobs) + scores[:, None]
+
+
+def per_token_in_place(scores, logprobs, ref_logprobs, kl_coef):
+    logprobs -= ref_logprobs
+    rewards = -kl_coef * logprobs
+    rewards[:, -1] += scores
+    return rewards
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (per_token_plus_kl, "wrong sign"),
+        (per_token_score_first, "LAST token"),
+        (per_token_score_everywhere, "every token"),
+        (per_token_in_place, "in place"),
+    ],
+)
+def test_compute_per_token_rewards_mistakes(wrong, fragment):
+    assert_fails_with("compute_per_token_rewards", wrong, fragment)
+
+
+def test_compute_per_token_rewards_written_differently():
+    def with_pad(scores, logprobs, ref_logprobs, kl_coef):
+        g = logprobs.shape[1]
+        bonus = nn.functional.pad(scores[:, None], (g - 1, 0))
+        return bonus - kl_coef * logprobs + kl_coef * ref_logprobs
+
+    assert run_check("compute_per_token_rewards", with_pad).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# lr_schedule
+# ----------------------------------------------------------------------------------------------------
+def schedule_warmup_off_by_one(step, warmup_steps, total_steps, final_scale):
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return rlhf.lr_schedule(step, warmup_steps, total_steps, final_scale)
+
+
+def schedule_to_zero(step, warmup_steps, total_steps, final_scale):
+    if step < warmup_steps:
+        return step / warmup_steps
+    return max(0.0, 1 - (step - warmup_steps) / (total_steps - warmup_steps))
+
+
+def schedule_unclamped(step, warmup_steps, total_steps, final_scale):
+    if step < warmup_steps:
+        return step / warmup_steps
+    return 1 - (1 - final_scale) * (step - warmup_steps) / (total_steps - warmup_steps)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (schedule_warmup_off_by_one, "Warmup off by one"),
+        (schedule_to_zero, "ends at 0"),
+        (schedule_unclamped, "stays at final_scale"),
+    ],
+)
+def test_lr_schedule_mistakes(wrong, fragment):
+    assert_fails_with("lr_schedule", wrong, fragment)
+
+
+def test_lr_schedule_written_differently():
+    def interpolated(step, warmup_steps, total_steps, final_scale):
+        import numpy as np
+
+        xs, ys = [0, warmup_steps, total_steps], [0.0 if warmup_steps else 1.0, 1.0, final_scale]
+        return float(np.interp(step, xs, ys))
+
+    assert run_check("lr_schedule", interpolated).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# AdaptiveKLController
+# ----------------------------------------------------------------------------------------------------
+class KLControllerUnclipped:
+    def __init__(self, init_kl_coef, target, horizon):
+        self.value, self.target, self.horizon = init_kl_coef, target, horizon
+
+    def update(self, current_kl, n_steps):
+        self.value *= 1 + (current_kl / self.target - 1) * n_steps / self.horizon
+
+
+class KLControllerInverted(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, self.target / max(current_kl, 1e-12) - 1))
+        self.value *= 1 + err * n_steps / self.horizon
+
+
+class KLControllerAdditive(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value += err * n_steps / self.horizon
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (KLControllerUnclipped, "not clipped"),
+        (KLControllerInverted, "inverted"),
+        (KLControllerAdditive, "multiplicative"),
+    ],
+)
+def test_adaptive_kl_controller_mistakes(wrong, fragment):
+    assert_fails_with("AdaptiveKLController", wrong, fragment)
+
+
+def test_adaptive_kl_controller_written_differently():
+    class LogSpace:
+        def __init__(self, init_kl_coef, target, horizon):
+            self.log_value = math.log(init_kl_coef)
+            self.target, self.horizon = target, horizon
+
+        @property
+        def value(self):
+            return math.exp(self.log_value)
+
+        def update(self, current_kl, n_steps):
+            err = float(torch.tensor(current_kl / self.target - 1).clamp(-0.2, 0.2))
+            self.log_value += math.log1p(err * n_steps / self.horizon)
+
+    assert run_check("AdaptiveKLController", LogSpace).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# EarlyStopping
+# ----------------------------------------------------------------------------------------------------
+class StoppingWithoutReset:
+    def __init__(self, patience, kl_threshold, reward_threshold=None):
+        self.patience, self.kl_threshold, self.reward_threshold = patience, kl_threshold, reward_threshold
+        self.bad = 0
+
+    def should_stop(self, kl, reward):
+        if kl > self.kl_threshold or (self.reward_threshold is not None and reward > self.reward_threshold):
+            self.bad += 1
+        return self.bad >= self.patience
+
+
+class StoppingOneLate(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        bad = kl > self.kl_threshold or (self.reward_threshold is not None and reward > self.reward_threshold)
+        self.bad = self.bad + 1 if bad else 0
+        return self.bad > self.patience
+
+
+class StoppingKLOnly(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        self.bad = self.bad + 1 if kl > self.kl_threshold else 0
+        return self.bad >= self.patience
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (StoppingWithoutReset, "not resetting"),
+        (StoppingOneLate, "Off by one"),
+        (StoppingKLOnly, "reward threshold is ignored"),
+    ],
+)
+def test_early_stopping_mistakes(wrong, fragment):
+    assert_fails_with("EarlyStopping", wrong, fragment)
+
+
+def test_early_stopping_written_differently():
+    class WithHistory:
+        def __init__(self, patience, kl_threshold, reward_threshold=None):
+            self.patience, self.kl, self.reward, self.flags = patience, kl_threshold, reward_threshold, []
+
+        def should_stop(self, kl, reward):
+            high_reward = self.reward is not None and reward > self.reward
+            self.flags.append(kl > self.kl or high_reward)
+            tail = self.flags[-self.patience :]
+            return len(tail) == self.patience and all(tail)
+
+    assert run_check("EarlyStopping", WithHistory).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# TransformerWithValueHead
+# ----------------------------------------------------------------------------------------------------
+def value_head_on(act_name_fn):
+    class Wrong(nn.Module):
+        def __init__(self, base_model: HookedTransformer):
+            super().__init__()
+            self.base_model = base_model
+            d = base_model.cfg.d_model
+            self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+
+        def forward(self, tokens):
+            store = {}
+
+            def hook(act, hook):
+                store["v"] = self.value_head(act).squeeze(-1)
+
+            name = act_name_fn(self.base_model.cfg.n_layers)
+            logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[(name, hook)])
+            return logits, store["v"]
+
+    return Wrong
+
+
+class ValueHeadNotSqueezed(value_head_on(lambda n: "ln_final.hook_normalized")):
+    def forward(self, tokens):
+        logits, _ = super().forward(tokens)
+        _, cache = self.base_model.run_with_cache(tokens)
+        return logits, self.value_head(cache["ln_final.hook_normalized"])
+
+
+class ValueHeadTooSmall(nn.Module):
+    def __init__(self, base_model):
+        super().__init__()
+        self.base_model = base_model
+        self.value_head = nn.Linear(base_model.cfg.d_model, 1)
+
+    def forward(self, tokens):
+        logits, cache = self.base_model.run_with_cache(tokens)
+        return logits, self.value_head(cache["ln_final.hook_normalized"]).squeeze(-1)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (value_head_on(lambda n: f"blocks.{n - 1}.hook_resid_post"), "BEFORE the final LayerNorm"),
+        (value_head_on(lambda n: f"blocks.{n - 1}.ln2.hook_normalized"), "MLP LayerNorm"),
+        (ValueHeadNotSqueezed, "squeeze"),
+        (ValueHeadTooSmall, "nn.Sequential"),
+    ],
+)
+def test_value_head_mistakes(wrong, fragment):
+    assert_fails_with("TransformerWithValueHead", wrong, fragment)
+
+
+def test_value_head_written_differently():
+    class WithCache(nn.Module):
+        def __init__(self, base_model):
+            super().__init__()
+            self.base_model = base_model
+            d = base_model.cfg.d_model
+            self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+
+        def forward(self, tokens):
+            logits, cache = self.base_model.run_with_cache(tokens, names_filter="ln_final.hook_normalized")
+            return logits, self.value_head(cache["ln_final.hook_normalized"])[..., 0]
+
+    assert run_check("TransformerWithValueHead", WithCache).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_optimizer
+# ----------------------------------------------------------------------------------------------------
+def optimizer_minimising(model, base_lr, head_lr):
+    return torch.optim.AdamW([{"params": model.base_model.parameters(), "lr": base_lr},
+                              {"params": model.value_head.parameters(), "lr": head_lr}])
+
+
+def optimizer_swapped(model, base_lr, head_lr):
+    return torch.optim.AdamW([{"params": model.base_model.parameters(), "lr": head_lr},
+                              {"params": model.value_head.parameters(), "lr": base_lr}], maximize=True)
+
+
+def optimizer_one_group(model, base_lr, head_lr):
+    return torch.optim.AdamW(model.parameters(), lr=base_lr, maximize=True)
+
+
+def optimizer_adam(model, base_lr, head_lr):
+    return torch.optim.Adam([{"params": model.base_model.parameters(), "lr": base_lr},
+                             {"params": model.value_head.parameters(), "lr": head_lr}], maximize=True)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (optimizer_minimising, "maximize=True"),
+        (optimizer_swapped, "swapped"),
+        (optimizer_one_group, "two dicts"),
+        (optimizer_adam, "AdamW"),
+    ],
+)
+def test_get_optimizer_mistakes(wrong, fragment):
+    assert_fails_with("get_optimizer", wrong, fragment)
+
+
+def test_get_optimizer_written_differently():
+    def head_first(model, base_lr, head_lr):
+        groups = [dict(params=list(model.value_head.parameters()), lr=head_lr),
+                  dict(params=list(model.base_model.parameters()), lr=base_lr)]
+        return torch.optim.AdamW(groups, lr=1.0, maximize=True, weight_decay=0.0)
+
+    assert run_check("get_optimizer", head_first).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# get_samples
+# ----------------------------------------------------------------------------------------------------
+def samples_not_cloned(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, top_k=top_k,
+                         verbose=False)
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def samples_without_temperature(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, top_k=top_k, verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def samples_with_bos_text(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, top_k=top_k,
+                         verbose=False).clone()
+    return out, [model.to_string(row) for row in out]
+
+
+def samples_greedy(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, do_sample=False, verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (samples_not_cloned, "clone"),
+        (samples_without_temperature, "temperature is ignored"),
+        (samples_with_bos_text, "BOS"),
+        (samples_greedy, "identical"),
+    ],
+)
+def test_get_samples_mistakes(wrong, fragment):
+    assert_fails_with("get_samples", wrong, fragment)
+
+
+def test_get_samples_written_differently():
+    """Sampling by hand, without generate and without a KV cache."""
+
+    def by_hand(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+        tokens = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+        with torch.no_grad():
+            for _ in range(gen_len):
+                logits = model(tokens)[:, -1] / temperature
+                if top_k is not None:
+                    kth = logits.topk(top_k, dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, -float("inf"))
+                nxt = torch.multinomial(logits.softmax(-1), 1)
+                tokens = torch.cat([tokens, nxt], dim=1)
+        texts = [model.to_string(row[1:] if prepend_bos else row) for row in tokens]
+        return tokens, texts
+
+    assert run_check("get_samples", by_hand).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# ReplayMemory
+# ----------------------------------------------------------------------------------------------------
+def memory_class(get_minibatches):
+    @dataclass
+    class Memory:
+        tokens: torch.Tensor
+        logprobs: torch.Tensor
+        ref_logprobs: torch.Tensor
+        values: torch.Tensor
+        advantages: torch.Tensor
+
+    Memory.get_minibatches = get_minibatches
+    return Memory
+
+
+def _mb(self, idx, returns):
+    return rlhf.ReplayMinibatch(self.tokens[idx], self.logprobs[idx], self.ref_logprobs[idx],
+                                self.advantages[idx], returns[idx])
+
+
+def mb_returns_are_advantages(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+    n = self.tokens.shape[0]
+    return [_mb(self, idx, self.advantages) for _ in range(batches_per_learning_phase)
+            for idx in torch.randperm(n, generator=generator).reshape(num_minibatches, -1)]
+
+
+def mb_same_order_every_pass(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+    n = self.tokens.shape[0]
+    perm = torch.randperm(n, generator=generator)
+    return [_mb(self, idx, self.advantages + self.values) for _ in range(batches_per_learning_phase)
+            for idx in perm.reshape(num_minibatches, -1)]
+
+
+def mb_fields_shuffled_apart(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+    n, out = self.tokens.shape[0], []
+    returns = self.advantages + self.values
+    for _ in range(batches_per_learning_phase):
+        a = torch.randperm(n, generator=generator).reshape(num_minibatches, -1)
+        b = torch.randperm(n, generator=generator).reshape(num_minibatches, -1)
+        out += [rlhf.ReplayMinibatch(self.tokens[i], self.logprobs[j], self.ref_logprobs[j], self.advantages[j],
+                                     returns[j]) for i, j in zip(a, b)]
+    return out
+
+
+def mb_with_replacement(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+    n = self.tokens.shape[0]
+    returns = self.advantages + self.values
+    return [_mb(self, torch.randint(0, n, (n // num_minibatches,), generator=generator), returns)
+            for _ in range(batches_per_learning_phase) for _ in range(num_minibatches)]
+
+
+def mb_global_rng(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+    n = self.tokens.shape[0]
+    returns = self.advantages + self.values
+    return [_mb(self, idx, returns) for _ in range(batches_per_learning_phase)
+            for idx in torch.randperm(n).reshape(num_minibatches, -1)]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (mb_returns_are_advantages, "add the values"),
+        (mb_same_order_every_pass, "fresh permutation"),
+        (mb_fields_shuffled_apart, "SAME indices"),
+        (mb_with_replacement, "without replacement"),
+        (mb_global_rng, "generator passed in"),
+    ],
+)
+def test_replay_memory_mistakes(wrong, fragment):
+    assert_fails_with("ReplayMemory", memory_class(wrong), fragment)
+
+
+def test_replay_memory_written_differently():
+    def by_argsort(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+        n = self.tokens.shape[0]
+        size = n // num_minibatches
+        out = []
+        for _ in range(batches_per_learning_phase):
+            order = torch.rand(n, generator=generator).argsort()
+            for k in range(num_minibatches):
+                idx = order[k * size : (k + 1) * size]
+                out.append(rlhf.ReplayMinibatch(tokens=self.tokens[idx], logprobs=self.logprobs[idx],
+                                                ref_logprobs=self.ref_logprobs[idx],
+                                                advantages=self.advantages[idx],
+                                                returns=self.values[idx] + self.advantages[idx]))
+        return out
+
+    assert run_check("ReplayMemory", memory_class(by_argsort)).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_rlhf_objective
+# ----------------------------------------------------------------------------------------------------
+def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_policy=False):
+    def objective(model, ref_model, minibatch, prefix_len, kl_coef, args):
+        logits, values = model(minibatch.tokens)
+        if temperature:
+            logits = logits / args.temperature
+        gen = slice(prefix_len - 1, -1)
+        vgen = slice(prefix_len - 1 + value_offset, values.shape[1] - 1 + value_offset)
+        logprobs = rlhf.get_logprobs(logits, minibatch.tokens, prefix_len)
+        obj = rlhf.calc_clipped_surrogate_objective(logprobs, minibatch.logprobs, minibatch.advantages,
+                                                    args.clip_coef)
+        obj = obj - rlhf.calc_value_function_loss(values[:, vgen], minibatch.returns, args.vf_coef)
+        obj = obj + rlhf.calc_entropy_bonus(logits[:, gen], args.ent_coef)
+        if args.kl_estimator == "full":
+            ref_logits = logits.detach() if ref_is_policy else ref_model(minibatch.tokens) / args.temperature
+            kl = rlhf.calc_kl_penalty(logits[:, gen], ref_logits[:, gen], kl_coef)
+        else:
+            ref_lp = logprobs.detach() if ref_is_policy else minibatch.ref_logprobs
+            kl = kl_coef * rlhf.approx_kl(logprobs, ref_lp, args.kl_estimator).mean()
+        return obj + kl_sign * kl, {}
+
+    return objective
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (objective_variant(kl_sign=1.0), "KL term has the wrong sign"),
+        (objective_variant(temperature=False), "temperature is missing"),
+        (objective_variant(value_offset=1), "values use the wrong slice"),
+        (objective_variant(ref_is_policy=True), "Your KL is 0"),
+    ],
+)
+def test_compute_rlhf_objective_mistakes(wrong, fragment):
+    assert_fails_with("compute_rlhf_objective", wrong, fragment)
+
+
+def test_compute_rlhf_objective_written_differently():
+    """The pieces computed by hand (no chapter-01 helpers), in another order."""
+
+    def by_hand(model, ref_model, minibatch, prefix_len, kl_coef, args):
+        logits, values = model(minibatch.tokens)
+        logits = logits[:, prefix_len - 1 : -1] / args.temperature
+        logp_all = logits.log_softmax(-1)
+        logprobs = logp_all.gather(-1, minibatch.tokens[:, prefix_len:, None])[..., 0]
+        if args.kl_estimator == "full":
+            with torch.no_grad():
+                ref_all = (ref_model(minibatch.tokens)[:, prefix_len - 1 : -1] / args.temperature).log_softmax(-1)
+            kl = (logp_all.exp() * (logp_all - ref_all)).sum(-1).mean()
+        else:
+            kl = rlhf.approx_kl(logprobs, minibatch.ref_logprobs, args.kl_estimator).mean()
+        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+        adv = minibatch.advantages
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        ratio = (logprobs - minibatch.logprobs).exp()
+        surrogate = torch.min(ratio * adv, ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef) * adv).mean()
+        value_loss = args.vf_coef / 2 * ((values[:, prefix_len - 1 : -1] - minibatch.returns) ** 2).mean()
+        return -kl_coef * kl + args.ent_coef * entropy - value_loss + surrogate, {"kl": kl.item()}
+
+    assert run_check("compute_rlhf_objective", by_hand).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# rollout_phase and learning_phase (tiny world)
+# ----------------------------------------------------------------------------------------------------
+def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards=True, value_offset=0):
+    def rollout(trainer):
+        args, p = trainer.args, trainer.prefix_len
+        tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len,
+                                         args.temperature, args.top_k, args.prepend_bos)
+        task = trainer.reward_fn(texts)
+        rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n)
+        with torch.no_grad():
+            logits, values = trainer.model(tokens)
+            ref_logits = logits if ref_from_policy else trainer.ref_model(tokens)
+        t = args.temperature if temperature else 1.0
+        logprobs = rlhf.get_logprobs(logits / t, tokens, p)
+        ref_logprobs = rlhf.get_logprobs(ref_logits / t, tokens, p)
+        scores = whiten(rewards) if whiten_rewards else rewards
+        if args.advantage_estimator == "gae":
+            token_rewards = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
+            advantages = rlhf.compute_gae_advantages(token_rewards, values[:, p - 1 : -1], args.gamma,
+                                                     args.gae_lambda)
+        else:
+            advantages = rlhf.compute_advantages(values, scores, p)
+        vslice = slice(p - 1 + value_offset, values.shape[1] - 1 + value_offset)
+        memory = rlhf.ReplayMemory(tokens, logprobs, ref_logprobs, values[:, vslice], advantages)
+        trainer.log_rollout(texts=texts, task_rewards=task, rewards=rewards, memory=memory)
+        return memory
+
+    return rollout
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (rollout_variant(temperature=False), "ignore the temperature"),
+        (rollout_variant(ref_from_policy=True), "compute them from trainer.ref_model"),
+        (rollout_variant(whiten_rewards=False), "whiten them first"),
+        (rollout_variant(value_offset=1), "values use the wrong slice"),
+    ],
+)
+def test_rollout_phase_mistakes(wrong, fragment):
+    assert_fails_with("rollout_phase", wrong, fragment)
+
+
+def test_rollout_phase_written_differently():
+    """The whole batch in one forward pass (fine for the tiny world) and a hand-written whitening."""
+
+    def one_pass(trainer):
+        args, p = trainer.args, trainer.prefix_len
+        tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len,
+                                         args.temperature, args.top_k, args.prepend_bos)
+        task = trainer.reward_fn(texts)
+        rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n)
+        with torch.inference_mode():
+            logits, values = trainer.model(tokens)
+            ref_logits = trainer.ref_model(tokens)
+        logprobs = rlhf.get_logprobs(logits / args.temperature, tokens, p).clone()
+        ref_logprobs = rlhf.get_logprobs(ref_logits / args.temperature, tokens, p).clone()
+        values = values.clone()
+        scores = (rewards - rewards.mean()) / (rewards.var(unbiased=False) + 1e-8).sqrt()
+        if args.advantage_estimator == "gae":
+            r = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
+            advantages = rlhf.compute_gae_advantages(r, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
+        else:
+            advantages = rlhf.compute_advantages(values, scores, p)
+        memory = rlhf.ReplayMemory(tokens=tokens, logprobs=logprobs, ref_logprobs=ref_logprobs,
+                                   values=values[:, p - 1 : -1], advantages=advantages)
+        trainer.log_rollout(texts=texts, task_rewards=task, rewards=rewards, memory=memory)
+        return memory
+
+    result = run_check("rollout_phase", one_pass)
+    assert result.passed, result
+
+
+def learning_variant(kind):
+    from rlhf_tutorial.checks.ch03_rlhf import _learning_phase_wrong
+
+    return _learning_phase_wrong(kind)
+
+
+@pytest.mark.parametrize(
+    "kind, fragment",
+    [
+        ("no_zero_grad", "zero_grad"),
+        ("no_clip", "clip_grad_norm_"),
+        ("one_pass", "batches_per_learning_phase"),
+        ("scheduler_per_minibatch", "once, after the last minibatch"),
+    ],
+)
+def test_learning_phase_mistakes(kind, fragment):
+    assert_fails_with("learning_phase", learning_variant(kind), fragment)
+
+
+def test_learning_phase_descending_fails():
+    """An update that descends the objective (a sign slip) is caught."""
+
+    def descending(trainer, memory):
+        args = trainer.args
+        stats = []
+        for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+            trainer.optimizer.zero_grad()
+            objective, s = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
+                                                       trainer.objective_kl_coef, args)
+            (-objective).backward()
+            nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
+            trainer.optimizer.step()
+            stats.append(s)
+        trainer.scheduler.step()
+        return stats[-1]
+
+    assert not run_check("learning_phase", descending).passed
+
+
+def test_learning_phase_written_differently():
+    """Clipping by hand and stats kept as lists."""
+
+    def by_hand(trainer, memory):
+        args = trainer.args
+        kept = {}
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        minibatches = memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator)
+        for mb in minibatches:
+            for p in params:
+                p.grad = None
+            objective, stats = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
+                                                           trainer.objective_kl_coef, args)
+            objective.backward()
+            norm = torch.sqrt(sum((p.grad**2).sum() for p in params if p.grad is not None))
+            scale = min(1.0, args.max_grad_norm / (float(norm) + 1e-6))
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+            trainer.optimizer.step()
+            for k, v in stats.items():
+                kept.setdefault(k, []).append(v)
+        trainer.scheduler.step()
+        return {k: sum(v) / len(v) for k, v in kept.items()}
+
+    result = run_check("learning_phase", by_hand)
+    assert result.passed, result

@@ -1,0 +1,253 @@
+"""The chapter-03 reference: the trainer's mechanics, the memory rule, saving/loading, the CLI, the
+memory benchmark and the widgets' static forms.
+
+Most tests run on a small random HookedTransformer with a word-level tokenizer (no tiny world needed,
+seconds); the ones that need the tiny world's policy and classifier say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from rlhf_tutorial import rlhf
+from rlhf_tutorial.bench import word_level_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return word_level_tokenizer(60, str(tmp_path_factory.mktemp("tok")))
+
+
+def random_policy(tokenizer, seed: int = 0) -> HookedTransformer:
+    cfg = HookedTransformerConfig(n_layers=1, d_model=32, n_ctx=64, d_head=8, n_heads=4, d_vocab=60,
+                                  act_fn="gelu_new", normalization_type="LN", seed=seed)
+    return HookedTransformer(cfg, tokenizer=tokenizer)
+
+
+def count_bad(texts: list[str]) -> torch.Tensor:
+    """A toy task reward: the share of words that are 'bad'."""
+    return torch.tensor([t.split().count("bad") / max(len(t.split()), 1) for t in texts])
+
+
+def small_args(**overrides) -> rlhf.RLHFArgs:
+    base = dict(batch_size=16, gen_len=6, num_minibatches=4, batches_per_learning_phase=2, total_phases=3,
+                warmup_steps=0, base_lr=1e-3, head_lr=1e-3, early_stopping=False, eval_samples=16)
+    return rlhf.RLHFArgs(**{**base, **overrides})
+
+
+def make(tokenizer, **overrides) -> rlhf.RLHFTrainer:
+    return rlhf.RLHFTrainer(small_args(**overrides), random_policy(tokenizer), random_policy(tokenizer), count_bad)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer's mechanics
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("estimator", ["one_step", "gae"])
+def test_phase_mechanics(tokenizer, estimator):
+    trainer = make(tokenizer, advantage_estimator=estimator)
+    ref_before = [p.detach().clone() for p in trainer.ref_model.parameters()]
+    policy_before = [p.detach().clone() for p in trainer.model.parameters()]
+    memory = rlhf.rollout_phase(trainer)
+    g, s = trainer.args.gen_len, trainer.prefix_len + trainer.args.gen_len
+    assert memory.tokens.shape == (16, s)
+    for name in ("logprobs", "ref_logprobs", "values", "advantages"):
+        assert getattr(memory, name).shape == (16, g), name
+    # Before any update the policy is the reference: KL is exactly 0.
+    assert trainer.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    torch.testing.assert_close(memory.logprobs, memory.ref_logprobs)
+    stats = rlhf.learning_phase(trainer, memory)
+    assert {"objective", "clipped_surrogate", "value_loss", "entropy", "kl", "approx_kl", "clipfrac"} <= set(stats)
+    assert all(math.isfinite(v) for v in stats.values())
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(policy_before, trainer.model.parameters()))
+    # 4 minibatches x 2 passes optimizer steps, one scheduler step.
+    assert {int(st["step"]) for st in trainer.optimizer.state.values()} == {8}
+    assert trainer.scheduler.last_epoch == 1
+
+
+def test_objective_kl_coef_is_zero_with_gae(tokenizer):
+    assert make(tokenizer, advantage_estimator="gae").objective_kl_coef == 0.0
+    assert make(tokenizer, advantage_estimator="one_step", kl_coef=0.3).objective_kl_coef == 0.3
+
+
+def test_same_seed_same_curve(tokenizer):
+    curves = []
+    for _ in range(2):
+        trainer = make(tokenizer)
+        trainer.train(progress=False)
+        curves.append([(r["reward"], r["kl"], r["objective"]) for r in trainer.history])
+    assert curves[0] == curves[1]
+
+
+def test_memory_rule_no_full_batch_forward(tokenizer):
+    """Outside generation, no forward pass of the policy or the reference sees more than one minibatch."""
+    trainer = make(tokenizer, kl_estimator="full")
+    rows = []
+    for module in (trainer.model, trainer.ref_model):
+        original = module.forward
+
+        def wrapped(tokens, *a, _original=original, **k):
+            rows.append(tokens.shape[0])
+            return _original(tokens, *a, **k)
+
+        module.forward = wrapped
+    memory = rlhf.rollout_phase(trainer)
+    rlhf.learning_phase(trainer, memory)
+    assert rows and max(rows) <= trainer.args.minibatch_size, rows
+
+
+def test_adaptive_kl_and_early_stopping_in_the_loop(tokenizer):
+    trainer = make(tokenizer, adaptive_kl=True, kl_coef=0.5, kl_target=1e-6, kl_horizon=16, total_phases=3)
+    trainer.train(progress=False)
+    assert trainer.kl_coef > 0.5  # the KL is far above its (tiny) target: beta went up
+    assert [r["kl_coef"] for r in trainer.history] == sorted(r["kl_coef"] for r in trainer.history)
+
+    stopper = make(tokenizer, early_stopping=True, patience=2, kl_threshold=-1.0, total_phases=5)
+    history = stopper.train(progress=False)
+    assert len(history) == 2 and history[-1]["early_stopped"]  # every phase violates: stop at the 2nd
+
+
+def test_warmup_starts_at_zero(tokenizer):
+    trainer = make(tokenizer, warmup_steps=2, total_phases=4)
+    trainer.train(progress=False)
+    assert [round(r["lr"] / trainer.args.base_lr, 3) for r in trainer.history] == [0.0, 0.5, 1.0, 0.55]
+
+
+def test_learner_functions_are_plugged_in(tokenizer):
+    calls = []
+
+    def my_get_logprobs(logits, tokens, prefix_len=None):
+        calls.append(tokens.shape)
+        return rlhf.get_logprobs(logits, tokens, prefix_len)
+
+    namespace = {"get_logprobs": my_get_logprobs, "not_an_exercise": print}
+    picked = rlhf.learner_functions(namespace)
+    assert set(picked) == {"get_logprobs"}
+    trainer = rlhf.RLHFTrainer(small_args(total_phases=1), random_policy(tokenizer), random_policy(tokenizer),
+                               count_bad, **picked)
+    trainer.train(progress=False)
+    # The reference rollout called it twice per chunk of 4 rows (policy, reference), and the reference
+    # learning phase, through the reference objective, once per minibatch: 8 + 8 calls.
+    assert len(calls) == 16
+    with pytest.raises(TypeError):
+        rlhf.RLHFTrainer(small_args(), random_policy(tokenizer), random_policy(tokenizer), count_bad, train=print)
+
+
+def test_temperature_scales_the_stored_logprobs(tokenizer):
+    trainer = make(tokenizer, temperature=0.5)
+    memory = rlhf.rollout_phase(trainer)
+    with torch.no_grad():
+        logits, _ = trainer.model(memory.tokens)
+    p = trainer.prefix_len
+    torch.testing.assert_close(memory.logprobs, rlhf.get_logprobs(logits / 0.5, memory.tokens, p))
+
+
+def test_get_samples_general(tokenizer):
+    """Shapes, cloned tokens and texts, with and without BOS; reusable by chapter 04."""
+    model = random_policy(tokenizer)
+    tokens, texts = rlhf.get_samples(model, "This movie was really", 3, 5)
+    assert tokens.shape == (3, 5 + 5) and not tokens.is_inference()
+    assert all(t.startswith("This movie was really") for t in texts)
+    tokens, _ = rlhf.get_samples(model, "This movie", 2, 4, prepend_bos=False, top_k=3, temperature=0.7)
+    assert tokens.shape == (2, 2 + 4)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Presets, CLI parser
+# ----------------------------------------------------------------------------------------------------
+def test_presets_follow_the_seed_for_gpt2():
+    args = rlhf.RLHFArgs.preset("gpt2")
+    assert (args.base_lr, args.head_lr, args.max_grad_norm, args.clip_coef, args.ent_coef) == (8e-6, 8e-5, 0.5, 0.3, 0.01)
+    assert 0.8 <= args.kl_coef <= 1.0 and args.prefix == "This movie was really" and args.world == "gpt2"
+    assert rlhf.RLHFArgs.preset("tiny", kl_coef=0.2).kl_coef == 0.2
+
+
+def test_every_arg_is_documented_and_parsed():
+    from dataclasses import fields
+
+    parser = rlhf._parser()
+    for f in fields(rlhf.RLHFArgs):
+        assert f.metadata.get("help"), f.name
+    ns = parser.parse_args(["--kl-coef", "0.3", "--no-whiten-rewards", "--top-k", "5", "--reward-threshold", "0.9"])
+    assert (ns.kl_coef, ns.whiten_rewards, ns.top_k, ns.reward_threshold) == (0.3, False, 5, 0.9)
+    assert ns.gen_len is None  # not given: the preset decides
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tiny world: save / load, the CLI, the widgets
+# ----------------------------------------------------------------------------------------------------
+def tiny_trainer(**overrides) -> rlhf.RLHFTrainer:
+    args = rlhf.RLHFArgs.preset("tiny", **{**dict(batch_size=8, gen_len=6, num_minibatches=2, total_phases=1,
+                                                   eval_samples=8), **overrides})
+    return rlhf.RLHFTrainer(args)
+
+
+def test_save_and_load_tuned_policy(tmp_path):
+    trainer = tiny_trainer()
+    trainer.train(progress=False)
+    folder = rlhf.save_tuned_policy(trainer.model, tmp_path / "tuned", trainer.args, note="test")
+    assert (folder / rlhf.WEIGHTS_FILE).exists()
+    config = json.loads((folder / rlhf.CONFIG_FILE).read_text())
+    assert config["world"] == "tiny" and config["note"] == "test"
+    reloaded = rlhf.load_tuned_policy(folder)
+    tokens = trainer.model.base_model.to_tokens("This movie was really")
+    with torch.no_grad():
+        logits, values = trainer.model(tokens)
+        logits2, values2 = reloaded(tokens)
+    torch.testing.assert_close(logits2, logits)
+    torch.testing.assert_close(values2, values)
+
+
+def test_cli_summary_and_report(tmp_path):
+    report = tmp_path / "report.html"
+    summary = rlhf.main(["--world", "tiny", "--direction", "neg", "--seed", "0", "--total-phases", "2",
+                         "--batch-size", "8", "--gen-len", "6", "--num-minibatches", "2", "--eval-samples", "8",
+                         "--report", str(report), "--save", str(tmp_path / "tuned"), "--no-progress", "--threads", "1"])
+    for key in ("mean_reward_initial", "mean_reward_final", "kl_final", "phases", "wall_seconds", "peak_memory_mb",
+                "repetition_final", "reward_per_phase"):
+        assert key in summary, key
+    assert summary["phases"] == 2 and len(summary["reward_per_phase"]) == 2
+    assert 0.0 <= summary["mean_reward_initial"] <= 1.0 and summary["peak_memory_mb"] > 0
+    text = report.read_text()
+    assert "Samples before and after training" in text and "plotly" in text.lower()
+    assert (tmp_path / "tuned" / rlhf.WEIGHTS_FILE).exists()
+    json.dumps(summary)  # serialisable, as the CLI prints it
+
+
+def test_widgets_static_forms():
+    from rlhf_tutorial.widgets import rlhf as w
+
+    trainer = tiny_trainer(total_phases=2)
+    dashboard = w.rlhf_dashboard(static=True)
+    trainer.train(callback=dashboard.update, progress=False)
+    assert len(dashboard.records) == 2 and dashboard.to_figure().data
+    assert "phase 1" in repr(dashboard.phase_samples(-1))
+    explorer = w.token_explorer(trainer, n_samples=2, seed=0, static=True)
+    assert "value" in explorer._repr_html_() and "reward" in repr(explorer)
+    records = w.token_records(trainer, *rlhf.get_samples(trainer.model.base_model, trainer.args.prefix, 2, 6))
+    assert len(records[0]["tokens"]) == len(records[0]["kl"]) == len(records[0]["advantage"]) == 6
+    assert min(records[0]["kl"]) >= -1e-6
+    comparison = w.base_vs_tuned(trainer, n=2, seed=0, static=True)
+    assert "base (reference)" in repr(comparison) and "tuned" in comparison._repr_html_()
+    table = w.samples_table(["a", "b"], torch.tensor([0.1, 0.9]), title="t")
+    assert "0.900" in repr(table)
+    assert w.runs_figure({"run": trainer.history}).data
+
+
+# ----------------------------------------------------------------------------------------------------
+# The memory benchmark (small shapes: the mechanics, not the GPT-2 figure)
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_bench_memory_small():
+    from rlhf_tutorial import bench
+
+    out = bench.main(["--n-layers", "1", "--d-model", "32", "--d-vocab", "2000", "--batch-size", "8",
+                      "--gen-len", "4", "--num-minibatches", "2", "--threads", "1"])
+    for mode in ("chunked", "full_batch_logits"):
+        assert out[mode]["phase_peak_mb"] >= out[mode]["setup_peak_mb"] > 0
+    assert out["full_batch_logits_tensor_mb"] == pytest.approx(8 * 9 * 2000 * 4 / 2**20, abs=0.1)
