@@ -29,7 +29,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=chapters $(ROOT_FLAG) $(LAB_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check rlhf_tutorial tests course
+	$(BIN)/ruff check --no-cache rlhf_tutorial tests course
 
 unit: $(STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests $(PYTEST_ARGS)

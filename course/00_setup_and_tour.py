@@ -42,11 +42,11 @@
 # %% imports
 import torch
 from jaxtyping import Float, Int
-from rlhf_tutorial.worlds import default_prompt, load_policy, load_sentiment_classifier, resolve_world
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.worlds import default_prompt, load_policy, load_sentiment_classifier, resolve_world
 
 # %%
 torch.manual_seed(0)

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probes": ("rlhf_tutorial.probes:main", "chapter 01: run the reference PPO on every probe env"),
     "train-reward-model": ("rlhf_tutorial.rewards:main", "chapter 02: train a Bradley-Terry reward model"),
     "train-rlhf": ("rlhf_tutorial.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
+    "bench-memory": ("rlhf_tutorial.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
     "train-grpo": ("rlhf_tutorial.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
 }
 
