@@ -190,19 +190,25 @@ def expected_files(root: Path = ROOT) -> dict[Path, str]:
 
 
 def load_stub(chapter: str, name: str) -> Any:
-    """Execute chapter ``chapter``'s imports cells and the stub of exercise ``name``; return the stub.
+    """The stub of exercise ``name`` exactly as a learner gets it in chapter ``chapter``.
 
-    Tests use it to check that the untouched exercise, exactly as a learner gets it, fails its checker.
+    Runs what the notebook would have run before it, in order: the imports cells and every exercise
+    stub up to this one (a later signature may name an earlier exercise's class). Tests use it to check
+    that the untouched exercise fails its checker.
     """
     cells = parse_source((COURSE_DIR / f"{chapter}.py").read_text())
     namespace: dict[str, Any] = {"__name__": f"stub_{chapter}"}
     for cell in cells:
         if cell.kind == "imports":
-            exec(compile(cell.source, f"<{chapter} imports>", "exec"), namespace)
-    for cell in cells:
-        if cell.kind == "exercise" and name in map(exercise_name, cell.refs):
-            ref = next(r for r in cell.refs if exercise_name(r) == name)
-            exec(compile(stub_source(resolve(ref), name), f"<{chapter} stub {name}>", "exec"), namespace)
+            source, label = cell.source, "imports"
+        elif cell.kind == "exercise":
+            source = "\n\n\n".join(stub_source(resolve(ref), exercise_name(ref)) for ref in cell.refs)
+            label = "stub"
+        else:
+            continue
+        # dont_inherit: this module's `from __future__ import annotations` must not leak into the stub.
+        exec(compile(source, f"<{chapter} {label}>", "exec", dont_inherit=True), namespace)
+        if name in map(exercise_name, cell.refs):
             return namespace[name]
     raise KeyError(f"no exercise {name!r} in course/{chapter}.py")
 

@@ -1093,8 +1093,9 @@ def _learning_phase_wrong(kind: str) -> Callable:
     def wrong(trainer, memory):
         args = trainer.args
         passes = 1 if kind == "one_pass" else args.batches_per_learning_phase
+        generator = None if kind == "global_rng" else trainer.generator
         stats = []
-        for mb in memory.get_minibatches(args.num_minibatches, passes, trainer.generator):
+        for mb in memory.get_minibatches(args.num_minibatches, passes, generator):
             if kind != "no_zero_grad":
                 trainer.optimizer.zero_grad()
             objective, s = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
@@ -1122,6 +1123,8 @@ _LEARNING_MISTAKES = [
     ("scheduler_per_minibatch", "The learning-rate schedule counts phases: step trainer.scheduler once, after the "
                                 "last minibatch."),
     ("no_scheduler", "The learning-rate scheduler is never stepped: call trainer.scheduler.step() once per phase."),
+    ("global_rng", "The minibatches are shuffled with the global random generator: pass trainer.generator to "
+                   "get_minibatches (the trainer's minibatch order is seeded by it)."),
 ]
 
 
@@ -1138,6 +1141,7 @@ def _run_learning(fn: Callable, args: rlhf.RLHFArgs, memory: rlhf.ReplayMemory) 
     memory = rlhf.ReplayMemory(**{f: getattr(memory, f).clone() for f in
                                   ("tokens", "logprobs", "ref_logprobs", "values", "advantages")})
     before = _params(trainer.model)
+    torch.manual_seed(22)  # every run starts from the same global RNG state too
     out = call(fn, trainer, memory)
     return trainer, before, out
 
