@@ -200,7 +200,7 @@ def write_report(path: str | Path, summary: dict[str, Any], groups: Sequence[dic
              f"seed {summary.get('seed')})</h1>",
              "<pre>" + html.escape("\n".join(f"{k}: {v}" for k, v in summary.items()
                                              if not isinstance(v, (list, dict)))) + "</pre>",
-             grpo_curves(history).to_html(full_html=False, include_plotlyjs="cdn")]
+             grpo_curves(history).to_html(full_html=False, include_plotlyjs=True)]
     if ppo_summary is not None:
         fig = comparison_figure({"PPO": ppo_summary, "GRPO": summary})
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False))

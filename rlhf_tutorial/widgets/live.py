@@ -196,9 +196,9 @@ class LiveDashboard:
         return fig
 
     def save(self, path: str) -> str:
-        """Write the figure as a self-contained HTML file (plotly.js from its CDN)."""
+        """Write the figure as a self-contained HTML file (plotly.js inlined, so it opens offline)."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.to_figure().write_html(path, include_plotlyjs="cdn")
+        self.to_figure().write_html(path, include_plotlyjs=True)
         return path
 
     def finish(self) -> None:
