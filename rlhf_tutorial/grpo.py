@@ -51,9 +51,9 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from rlhf_tutorial.ppo import _arg
 from rlhf_tutorial.rewards import ngram_repetition
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
+from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
 
 COURSE_PROMPT = "This movie was really"
 
@@ -78,42 +78,42 @@ class GRPOArgs:
     ``prompts[(k * p + i) % len(prompts)]``.
     """
 
-    world: str | None = _arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
-    seed: int = _arg(0, "seeds sampling and the minibatch order")
+    world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
+    seed: int = arg(0, "seeds sampling and the minibatch order")
     # task
-    reward: str = _arg("sentiment", "'sentiment' (the classifier's probability) or 'rule' (reward_fn_rule)")
-    direction: str = _arg("neg", "sentiment the classifier reward asks for: 'neg' or 'pos'")
-    aspect: str = _arg("acting", "rule reward: the aspect the review must mention")
-    max_sentences: int = _arg(3, "rule reward: the review must end within this many sentences")
-    prompts: tuple[str, ...] = _arg((COURSE_PROMPT,), "prompts the groups cycle through")
-    prepend_bos: bool = _arg(True, "put the BOS token before each prompt")
+    reward: str = arg("sentiment", "'sentiment' (the classifier's probability) or 'rule' (reward_fn_rule)")
+    direction: str = arg("neg", "sentiment the classifier reward asks for: 'neg' or 'pos'")
+    aspect: str = arg("acting", "rule reward: the aspect the review must mention")
+    max_sentences: int = arg(3, "rule reward: the review must end within this many sentences")
+    prompts: tuple[str, ...] = arg((COURSE_PROMPT,), "prompts the groups cycle through")
+    prepend_bos: bool = arg(True, "put the BOS token before each prompt")
     # sampling
-    groups_per_phase: int = _arg(8, "p: groups (prompts) sampled per phase")
-    group_size: int = _arg(8, "G: completions sampled per prompt")
-    max_new_tokens: int = _arg(16, "most tokens a completion may have (it ends earlier at EOS)")
-    temperature: float = _arg(1.0, "sampling temperature; log-probs are taken of logits / temperature")
-    top_k: int | None = _arg(None, "sample from the top k tokens only (None: the full distribution)")
+    groups_per_phase: int = arg(8, "p: groups (prompts) sampled per phase")
+    group_size: int = arg(8, "G: completions sampled per prompt")
+    max_new_tokens: int = arg(16, "most tokens a completion may have (it ends earlier at EOS)")
+    temperature: float = arg(1.0, "sampling temperature; log-probs are taken of logits / temperature")
+    top_k: int | None = arg(None, "sample from the top k tokens only (None: the full distribution)")
     # phases and optimisation
-    num_phases: int = _arg(40, "rollout + learning phases")
-    updates_per_phase: int = _arg(2, "mu: passes over each rollout (the first has ratio 1 exactly)")
-    num_minibatches: int = _arg(4, "minibatches (of whole groups) per pass")
-    learning_rate: float = _arg(3e-4, "AdamW learning rate (constant; no weight decay)")
-    max_grad_norm: float = _arg(1.0, "clip the global gradient norm to this")
+    num_phases: int = arg(40, "rollout + learning phases")
+    updates_per_phase: int = arg(2, "mu: passes over each rollout (the first has ratio 1 exactly)")
+    num_minibatches: int = arg(4, "minibatches (of whole groups) per pass")
+    learning_rate: float = arg(3e-4, "AdamW learning rate (constant; no weight decay)")
+    max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
     # objective
-    clip_eps: float = _arg(0.2, "lower clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]")
-    clip_eps_high: float | None = _arg(None, "upper clip (DAPO's clip-higher uses 0.28); None: clip_eps")
-    beta: float = _arg(0.1, "weight of the k3 KL to the reference inside the loss (DeepSeekMath: 0.04)")
-    loss_type: str = _arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
-    scale: str = _arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
-    adv_eps: float = _arg(1e-4, "eps added to the std of the advantage scaling")
+    clip_eps: float = arg(0.2, "lower clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]")
+    clip_eps_high: float | None = arg(None, "upper clip (DAPO's clip-higher uses 0.28); None: clip_eps")
+    beta: float = arg(0.1, "weight of the k3 KL to the reference inside the loss (DeepSeekMath: 0.04)")
+    loss_type: str = arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
+    scale: str = arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
+    adv_eps: float = arg(1e-4, "eps added to the std of the advantage scaling")
     # variants
-    dynamic_sampling: bool = _arg(False, "DAPO: drop groups whose rewards are all equal, sample more")
-    max_sampling_rounds: int = _arg(3, "dynamic sampling: most sampling rounds per phase")
-    zero_std_tol: float = _arg(1e-6, "a group whose reward std is below this counts as all equal")
-    ref_refresh_every: int = _arg(0, "iterative GRPO: copy the policy into the reference every k phases (0: never)")
+    dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal, sample more")
+    max_sampling_rounds: int = arg(3, "dynamic sampling: most sampling rounds per phase")
+    zero_std_tol: float = arg(1e-6, "a group whose reward std is below this counts as all equal")
+    ref_refresh_every: int = arg(0, "iterative GRPO: copy the policy into the reference every k phases (0: never)")
     # evaluation and logging
-    eval_samples: int = _arg(128, "samples drawn before and after training to measure the reward")
-    n_logged_samples: int = _arg(6, "samples kept per phase for the tables")
+    eval_samples: int = arg(128, "samples drawn before and after training to measure the reward")
+    n_logged_samples: int = arg(6, "samples kept per phase for the tables")
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> GRPOArgs:
@@ -726,9 +726,7 @@ PLUGGABLE = (
 )
 
 
-def learner_functions(namespace: dict) -> dict[str, Callable]:
-    """Pick the pluggable functions out of a namespace: ``train(args, **learner_functions(globals()))``."""
-    return {name: namespace[name] for name in PLUGGABLE if callable(namespace.get(name))}
+learner_functions = learner_functions_for(PLUGGABLE)
 
 
 def _bind(overrides: dict[str, Callable]) -> dict[str, Callable]:
@@ -865,16 +863,7 @@ def _parser() -> argparse.ArgumentParser:
         description="GRPO (chapter 04): tune the world's policy with group-relative advantages and no "
         "value head. Flags not given keep the world's preset (GRPOArgs.preset).",
     )
-    kinds = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int, "float | None": float}
-    for f in fields(GRPOArgs):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, default=None, action=argparse.BooleanOptionalAction, help=f.metadata["help"])
-        elif str(f.type).startswith("tuple"):
-            parser.add_argument(flag, nargs="+", default=None, help=f"{f.metadata['help']} (default: preset)")
-        else:
-            parser.add_argument(flag, type=kinds[str(f.type)], default=None,
-                                help=f"{f.metadata['help']} (default: preset)")
+    add_flags(parser, GRPOArgs, from_preset=True)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (the tiny model runs fastest on one, above all on a busy machine)")
     parser.add_argument("--compare", default=None,

@@ -31,7 +31,7 @@ import sys
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import einops
 import gymnasium as gym
@@ -42,14 +42,11 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 from tqdm.auto import tqdm
 
+from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
+
 # ---------------------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------------------
-
-
-def _arg(default, help: str):
-    """A dataclass field with a help string (shown by ``--help`` of the CLI)."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -67,22 +64,22 @@ class PPOArgs:
     ended at 500 after 250k steps.
     """
 
-    env_id: str = _arg("CartPole-v1", "gymnasium environment id (discrete actions, flat observations)")
-    seed: int = _arg(1, "seeds torch, numpy, the environments and the minibatch order")
-    total_timesteps: int = _arg(250_000, "environment steps in total, summed over all envs")
-    num_envs: int = _arg(4, "environments stepped in parallel (a SyncVectorEnv)")
-    num_steps: int = _arg(128, "steps per env in one rollout")
-    learning_rate: float = _arg(2.5e-3, "Adam learning rate at the start")
-    anneal_lr: bool = _arg(True, "decay the learning rate linearly to 0 over training")
-    gamma: float = _arg(0.99, "discount factor")
-    gae_lambda: float = _arg(0.95, "GAE lambda: 0 is one-step TD (low variance), 1 is Monte Carlo (no bias)")
-    num_minibatches: int = _arg(4, "minibatches per epoch")
-    update_epochs: int = _arg(4, "passes over each rollout")
-    clip_coef: float = _arg(0.2, "epsilon of the clipped surrogate")
-    ent_coef: float = _arg(0.0, "weight of the entropy bonus (0.01 is common; see the class docstring)")
-    vf_coef: float = _arg(0.5, "weight of the value loss")
-    max_grad_norm: float = _arg(0.5, "clip the global gradient norm to this")
-    hidden: int = _arg(64, "width of the two hidden layers of actor and critic")
+    env_id: str = arg("CartPole-v1", "gymnasium environment id (discrete actions, flat observations)")
+    seed: int = arg(1, "seeds torch, numpy, the environments and the minibatch order")
+    total_timesteps: int = arg(250_000, "environment steps in total, summed over all envs")
+    num_envs: int = arg(4, "environments stepped in parallel (a SyncVectorEnv)")
+    num_steps: int = arg(128, "steps per env in one rollout")
+    learning_rate: float = arg(2.5e-3, "Adam learning rate at the start")
+    anneal_lr: bool = arg(True, "decay the learning rate linearly to 0 over training")
+    gamma: float = arg(0.99, "discount factor")
+    gae_lambda: float = arg(0.95, "GAE lambda: 0 is one-step TD (low variance), 1 is Monte Carlo (no bias)")
+    num_minibatches: int = arg(4, "minibatches per epoch")
+    update_epochs: int = arg(4, "passes over each rollout")
+    clip_coef: float = arg(0.2, "epsilon of the clipped surrogate")
+    ent_coef: float = arg(0.0, "weight of the entropy bonus (0.01 is common; see the class docstring)")
+    vf_coef: float = arg(0.5, "weight of the value loss")
+    max_grad_norm: float = arg(0.5, "clip the global gradient norm to this")
+    hidden: int = arg(64, "width of the two hidden layers of actor and critic")
 
     @property
     def batch_size(self) -> int:
@@ -420,9 +417,7 @@ PLUGGABLE = (
 )
 
 
-def learner_functions(namespace: dict) -> dict[str, Callable]:
-    """Pick the pluggable functions out of a namespace: ``train(args, **learner_functions(globals()))``."""
-    return {name: namespace[name] for name in PLUGGABLE if callable(namespace.get(name))}
+learner_functions = learner_functions_for(PLUGGABLE)
 
 
 def _with_names(fn: Callable, names: dict[str, Callable]) -> Callable:
@@ -537,15 +532,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rlhf_tutorial train-ppo", description="Train the reference PPO (chapter 01)."
     )
-    for f in fields(PPOArgs):
-        flags = ["--" + f.name.replace("_", "-")] + (["--env"] if f.name == "env_id" else [])
-        if f.type in ("bool", bool):
-            parser.add_argument(*flags, default=f.default, action=argparse.BooleanOptionalAction,
-                                help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            parser.add_argument(*flags, type=kind, default=f.default,
-                                help=f"{f.metadata['help']} (default {f.default})")
+    add_flags(parser, PPOArgs, from_preset=False, aliases={"env_id": ["--env"]})
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny MLP wants 1)")
     parser.add_argument("--report", default=None, help="write the training curves to this HTML file")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -51,7 +51,6 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial.ppo import (
-    _arg,
     calc_clipped_surrogate_objective,
     calc_entropy_bonus,
     calc_value_function_loss,
@@ -59,6 +58,7 @@ from rlhf_tutorial.ppo import (
     layer_init,
 )
 from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
+from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
 
 # ----------------------------------------------------------------------------------------------------
 # Arguments
@@ -76,51 +76,51 @@ class RLHFArgs:
     schedule counts phases.
     """
 
-    world: str | None = _arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
-    direction: str = _arg("neg", "sentiment the reward asks for: 'neg' or 'pos'")
-    prefix: str = _arg("This movie was really", "the prompt every completion starts from")
-    prepend_bos: bool = _arg(True, "put the BOS token before the prompt")
-    seed: int = _arg(0, "seeds the value head, sampling and the minibatch order")
+    world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
+    direction: str = arg("neg", "sentiment the reward asks for: 'neg' or 'pos'")
+    prefix: str = arg("This movie was really", "the prompt every completion starts from")
+    prepend_bos: bool = arg(True, "put the BOS token before the prompt")
+    seed: int = arg(0, "seeds the value head, sampling and the minibatch order")
     # sampling
-    batch_size: int = _arg(64, "completions sampled per phase")
-    gen_len: int = _arg(16, "tokens generated per completion")
-    temperature: float = _arg(1.0, "sampling temperature; log-probs are taken of logits / temperature")
-    top_k: int | None = _arg(None, "sample from the top k tokens only (None: the full distribution)")
+    batch_size: int = arg(64, "completions sampled per phase")
+    gen_len: int = arg(16, "tokens generated per completion")
+    temperature: float = arg(1.0, "sampling temperature; log-probs are taken of logits / temperature")
+    top_k: int | None = arg(None, "sample from the top k tokens only (None: the full distribution)")
     # phases and minibatches
-    total_phases: int = _arg(50, "rollout + learning phases")
-    num_minibatches: int = _arg(4, "minibatches per pass over a rollout")
-    batches_per_learning_phase: int = _arg(2, "passes over each rollout (PPO epochs)")
+    total_phases: int = arg(50, "rollout + learning phases")
+    num_minibatches: int = arg(4, "minibatches per pass over a rollout")
+    batches_per_learning_phase: int = arg(2, "passes over each rollout (PPO epochs)")
     # optimizer and schedule
-    base_lr: float = _arg(7e-4, "learning rate of the transformer")
-    head_lr: float = _arg(3e-3, "learning rate of the value head (freshly initialised: larger)")
-    max_grad_norm: float = _arg(0.5, "clip the global gradient norm to this")
-    warmup_steps: int = _arg(2, "phases of linear learning-rate warmup from 0")
-    final_scale: float = _arg(0.1, "learning-rate multiplier reached at the last phase")
+    base_lr: float = arg(7e-4, "learning rate of the transformer")
+    head_lr: float = arg(3e-3, "learning rate of the value head (freshly initialised: larger)")
+    max_grad_norm: float = arg(0.5, "clip the global gradient norm to this")
+    warmup_steps: int = arg(2, "phases of linear learning-rate warmup from 0")
+    final_scale: float = arg(0.1, "learning-rate multiplier reached at the last phase")
     # PPO objective
-    clip_coef: float = _arg(0.3, "epsilon of the clipped surrogate")
-    vf_coef: float = _arg(0.15, "weight of the value loss")
-    ent_coef: float = _arg(0.01, "weight of the entropy bonus")
+    clip_coef: float = arg(0.3, "epsilon of the clipped surrogate")
+    vf_coef: float = arg(0.15, "weight of the value loss")
+    ent_coef: float = arg(0.01, "weight of the entropy bonus")
     # KL to the reference
-    kl_coef: float = _arg(0.1, "beta: weight of KL(policy || reference) (the start value if adaptive)")
-    kl_estimator: str = _arg("full", "KL term of the objective: 'full' (exact, per minibatch), 'k1', 'k2', 'k3'")
-    adaptive_kl: bool = _arg(False, "adapt beta to keep the rollout KL near kl_target")
-    kl_target: float = _arg(0.2, "per-token KL the adaptive controller aims at")
-    kl_horizon: int = _arg(2000, "adaptive controller horizon, in samples")
+    kl_coef: float = arg(0.1, "beta: weight of KL(policy || reference) (the start value if adaptive)")
+    kl_estimator: str = arg("full", "KL term of the objective: 'full' (exact, per minibatch), 'k1', 'k2', 'k3'")
+    adaptive_kl: bool = arg(False, "adapt beta to keep the rollout KL near kl_target")
+    kl_target: float = arg(0.2, "per-token KL the adaptive controller aims at")
+    kl_horizon: int = arg(2000, "adaptive controller horizon, in samples")
     # advantages and rewards
-    advantage_estimator: str = _arg("gae", "'one_step' (KL in the objective) or 'gae' (KL in the per-token rewards)")
-    gamma: float = _arg(1.0, "discount (GAE only)")
-    gae_lambda: float = _arg(0.95, "GAE lambda (GAE only)")
-    whiten_rewards: bool = _arg(True, "whiten the scores of each rollout (zero mean, unit variance)")
-    repetition_coef: float = _arg(0.0, "subtract this times the n-gram repetition of each sample from its reward")
-    repetition_n: int = _arg(3, "n of the n-gram repetition penalty")
+    advantage_estimator: str = arg("gae", "'one_step' (KL in the objective) or 'gae' (KL in the per-token rewards)")
+    gamma: float = arg(1.0, "discount (GAE only)")
+    gae_lambda: float = arg(0.95, "GAE lambda (GAE only)")
+    whiten_rewards: bool = arg(True, "whiten the scores of each rollout (zero mean, unit variance)")
+    repetition_coef: float = arg(0.0, "subtract this times the n-gram repetition of each sample from its reward")
+    repetition_n: int = arg(3, "n of the n-gram repetition penalty")
     # early stopping
-    early_stopping: bool = _arg(True, "stop when the rollout violates a threshold `patience` phases in a row")
-    patience: int = _arg(3, "consecutive violating phases before stopping")
-    kl_threshold: float = _arg(1.0, "per-token rollout KL above which a phase violates")
-    reward_threshold: float | None = _arg(None, "mean task reward above which a phase violates (None: off)")
+    early_stopping: bool = arg(True, "stop when the rollout violates a threshold `patience` phases in a row")
+    patience: int = arg(3, "consecutive violating phases before stopping")
+    kl_threshold: float = arg(1.0, "per-token rollout KL above which a phase violates")
+    reward_threshold: float | None = arg(None, "mean task reward above which a phase violates (None: off)")
     # evaluation and logging
-    eval_samples: int = _arg(128, "samples drawn before and after training to measure the reward")
-    n_logged_samples: int = _arg(6, "samples kept per phase for the tables")
+    eval_samples: int = arg(128, "samples drawn before and after training to measure the reward")
+    n_logged_samples: int = arg(6, "samples kept per phase for the tables")
 
     @property
     def minibatch_size(self) -> int:
@@ -684,9 +684,7 @@ PLUGGABLE = (
 )
 
 
-def learner_functions(namespace: dict) -> dict[str, Callable]:
-    """Pick the pluggable objects out of a namespace: ``RLHFTrainer(args, **learner_functions(globals()))``."""
-    return {name: namespace[name] for name in PLUGGABLE if callable(namespace.get(name))}
+learner_functions = learner_functions_for(PLUGGABLE)
 
 
 def bind_pluggable(overrides: dict[str, Callable]) -> dict[str, Callable]:
@@ -914,14 +912,7 @@ def _parser() -> argparse.ArgumentParser:
         description="RLHF with PPO (chapter 03): tune the world's policy towards a sentiment. Flags not "
         "given keep the world's preset (RLHFArgs.preset).",
     )
-    for f in fields(RLHFArgs):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, default=None, action=argparse.BooleanOptionalAction, help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int,
-                    "float | None": float}[str(f.type)]
-            parser.add_argument(flag, type=kind, default=None, help=f"{f.metadata['help']} (default: preset)")
+    add_flags(parser, RLHFArgs, from_preset=True)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: 1 in the tiny world, whose small matrices gain nothing "
                         "from more on a shared CPU; torch's default in the GPT-2 world)")

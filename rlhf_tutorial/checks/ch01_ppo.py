@@ -22,13 +22,11 @@ from rlhf_tutorial.checks.core import (
     compare_to_reference,
     expect_tensor,
     fmt,
+    seeded,
 )
 
 CHAPTER = "01_ppo"
 
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -88,7 +86,7 @@ def check_layer_init(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 def _gae_case(label: str, steps: int, envs: int, seed: int, p_done: float = 0.3, gamma: float = 0.99,
               lam: float = 0.95, rewards: torch.Tensor | None = None, dones: torch.Tensor | None = None) -> Case:
-    g = _gen(seed)
+    g = seeded(seed)
     r = torch.randn(steps, envs, generator=g) if rewards is None else rewards
     v = torch.randn(steps, envs, generator=g)
     nv = torch.randn(envs, generator=g)
@@ -204,7 +202,7 @@ def _surrogate(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8, *, norm=
 
 def _surrogate_case(label: str, shape: tuple[int, ...], seed: int, spread: float, clip_coef: float = 0.2,
                     advantages: torch.Tensor | None = None, **kwargs) -> Case:
-    g = _gen(seed)
+    g = seeded(seed)
     old = -torch.rand(shape, generator=g) * 2 - 0.1
     new = old + spread * torch.randn(shape, generator=g)
     adv = torch.randn(shape, generator=g) * 3 + 0.5 if advantages is None else advantages
@@ -259,7 +257,7 @@ def check_calc_clipped_surrogate_objective(candidate) -> str:
 # calc_value_function_loss
 # ----------------------------------------------------------------------------------------------------
 def _vcase(label: str, shape: tuple[int, ...], seed: int, vf_coef: float, equal: bool = False) -> Case:
-    g = _gen(seed)
+    g = seeded(seed)
     v = torch.randn(shape, generator=g) * 2
     r = v.clone() if equal else torch.randn(shape, generator=g) * 2 + 0.5
     return Case(label, (v, r, vf_coef))
@@ -302,7 +300,7 @@ def check_calc_value_function_loss(candidate) -> str:
 # calc_entropy_bonus
 # ----------------------------------------------------------------------------------------------------
 def _ecase(label: str, shape: tuple[int, ...], seed: int, ent_coef: float, scale: float = 2.0) -> Case:
-    logits = torch.randn(shape, generator=_gen(seed)) * scale
+    logits = torch.randn(shape, generator=seeded(seed)) * scale
     return Case(label, (logits, ent_coef))
 
 
@@ -354,7 +352,7 @@ def check_calc_entropy_bonus(candidate) -> str:
 )
 def check_get_minibatch_indices(candidate) -> str:
     def run(batch_size: int, minibatch_size: int, seed: int) -> list[torch.Tensor]:
-        out = call(candidate, batch_size, minibatch_size, _gen(seed))
+        out = call(candidate, batch_size, minibatch_size, seeded(seed))
         label = f"batch_size={batch_size}, minibatch_size={minibatch_size}"
         if out is None:
             raise CheckFailure(f"On {label}, your function returned None: did you forget a `return`?")
@@ -542,7 +540,7 @@ def check_rollout_step(candidate) -> str:
 # ppo_learning_phase
 # ----------------------------------------------------------------------------------------------------
 def _learning_setup(seed: int, num_envs: int, num_steps: int, obs_dim: int = 4, n_actions: int = 3):
-    g = _gen(seed)
+    g = seeded(seed)
     torch.manual_seed(seed)
     agent = ppo.Agent(obs_dim, n_actions, hidden=16)
     ppo.layer_init(agent.actor[-1], std=1.0)  # a policy far from uniform, so the entropy term has a gradient
@@ -628,10 +626,10 @@ def _run_learning(fn, agent, buffer, next_obs, args, seed: int, via_call: bool):
     # SGD, not Adam: Adam divides out the scale of the gradient, which would hide a missing gradient clip.
     optimizer = _CountingSGD(agent.parameters(), lr=0.05, maximize=True)
     if via_call:
-        stats = call(fn, agent, optimizer, buffer, next_obs.clone(), args, _gen(seed),
+        stats = call(fn, agent, optimizer, buffer, next_obs.clone(), args, seeded(seed),
                      _arg_names=["agent", "optimizer", "buffer", "next_obs", "args", "generator"])
     else:
-        stats = fn(agent, optimizer, buffer, next_obs.clone(), args, _gen(seed))
+        stats = fn(agent, optimizer, buffer, next_obs.clone(), args, seeded(seed))
     return agent, optimizer, buffer, stats
 
 

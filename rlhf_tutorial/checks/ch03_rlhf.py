@@ -31,21 +31,19 @@ from rlhf_tutorial.checks.core import (
     expect_tensor,
     fmt,
     get_attr,
+    seeded,
 )
 from rlhf_tutorial.rewards import ngram_repetition, whiten
 
 CHAPTER = "03_rlhf_ppo"
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
 
 # ----------------------------------------------------------------------------------------------------
 # get_logprobs
 # ----------------------------------------------------------------------------------------------------
 def _logprob_cases() -> list[Case]:
-    g = _gen(0)
+    g = seeded(0)
     cases = []
     for label, (b, s, v), prefix_len, scale in [
         ("prefix_len=None", (2, 6, 11), None, 1.0),
@@ -115,7 +113,7 @@ def check_get_logprobs(candidate) -> str:
 # calc_kl_penalty
 # ----------------------------------------------------------------------------------------------------
 def _kl_cases() -> list[Case]:
-    g = _gen(1)
+    g = seeded(1)
     cases = []
     for label, (b, n, v), coef, scale in [
         ("kl_coef=1", (2, 5, 7), 1.0, 1.0),
@@ -161,7 +159,7 @@ def check_calc_kl_penalty(candidate) -> str:
             Mistake("You used the wrong sign: log p_ref - log p gives -KL.", lambda a, b, c: -c * _kl_full(a, b).mean()),
         ],
     )
-    g = _gen(2)
+    g = seeded(2)
     for _ in range(3):
         out = call(candidate, torch.randn(2, 4, 6, generator=g), torch.randn(2, 4, 6, generator=g), 1.0)
         if float(out) < -1e-6:
@@ -173,7 +171,7 @@ def check_calc_kl_penalty(candidate) -> str:
 # approx_kl
 # ----------------------------------------------------------------------------------------------------
 def _approx_cases() -> list[Case]:
-    g = _gen(3)
+    g = seeded(3)
     lp = -torch.rand(3, 5, generator=g) * 3
     ref = -torch.rand(3, 5, generator=g) * 3
     lp1, ref1 = -torch.rand(4, generator=g) * 2, -torch.rand(4, generator=g) * 2
@@ -234,7 +232,7 @@ def check_approx_kl(candidate) -> str:
 # compute_advantages
 # ----------------------------------------------------------------------------------------------------
 def _adv_cases() -> list[Case]:
-    g = _gen(4)
+    g = seeded(4)
     return [
         Case("batch 2, seq 7, prefix_len 3", (torch.randn(2, 7, generator=g), torch.randn(2, generator=g), 3)),
         Case("a batch of 1", (torch.randn(1, 6, generator=g), torch.randn(1, generator=g), 2)),
@@ -290,7 +288,7 @@ def check_compute_advantages(candidate) -> str:
 # compute_per_token_rewards
 # ----------------------------------------------------------------------------------------------------
 def _ptr_cases() -> list[Case]:
-    g = _gen(5)
+    g = seeded(5)
     cases = []
     for label, (b, n), coef in [("batch 3, 5 tokens", (3, 5), 0.2), ("a batch of 1", (1, 4), 1.0),
                                 ("one token", (2, 1), 0.5)]:
@@ -591,7 +589,7 @@ def check_transformer_with_value_head(candidate) -> str:
         raise CheckFailure("the value head's parameters are not among model.parameters(): subclass nn.Module, "
                            "call super().__init__() first, and assign the head as an attribute.")
 
-    tokens = torch.randint(0, base.cfg.d_vocab, (3, 7), generator=_gen(6))
+    tokens = torch.randint(0, base.cfg.d_vocab, (3, 7), generator=seeded(6))
     out = call(model, tokens)
     if not isinstance(out, tuple) or len(out) != 2:
         raise CheckFailure(f"forward should return a tuple (logits, values), got {fmt(out)}")
@@ -766,7 +764,7 @@ def check_get_samples(candidate) -> str:
 def _memory_fields(batch: int = 16, seq: int = 6, gen: int = 3) -> dict[str, torch.Tensor]:
     """Tensors whose rows can be recognised: row i of every field encodes i."""
     rows = torch.arange(batch, dtype=torch.float32)[:, None]
-    g = _gen(7)
+    g = seeded(7)
     return {
         "tokens": (torch.arange(batch)[:, None] * 100 + torch.arange(seq)[None]).long(),
         "logprobs": -rows - 0.1 * torch.arange(gen)[None],
@@ -798,7 +796,7 @@ def _minibatch_rows(mb, fields: dict[str, torch.Tensor], label: str) -> tuple[li
 def check_replay_memory(candidate) -> str:
     fields = _memory_fields()
     memory = call(candidate, **{k: v.clone() for k, v in fields.items()})
-    minibatches = call(get_attr(memory, "get_minibatches"), 4, 3, _gen(11))
+    minibatches = call(get_attr(memory, "get_minibatches"), 4, 3, seeded(11))
     if not isinstance(minibatches, list) or len(minibatches) != 12:
         raise CheckFailure(f"with num_minibatches=4 and batches_per_learning_phase=3, expected a list of 12 "
                            f"minibatches, got {fmt(minibatches)}",
@@ -832,7 +830,7 @@ def check_replay_memory(candidate) -> str:
         raise CheckFailure("the first pass is not shuffled (rows in order 0..15).",
                            hint="Shuffle with torch.randperm(batch, generator=generator).")
     again = call(get_attr(call(candidate, **{k: v.clone() for k, v in fields.items()}), "get_minibatches"),
-                 4, 3, _gen(11))
+                 4, 3, seeded(11))
     rows_again = [(get_attr(mb, "tokens")[:, 0] // 100).tolist() for mb in again]
     if rows_again != passes:
         raise CheckFailure("two calls with identically seeded generators gave different minibatches.",
@@ -850,9 +848,9 @@ def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.Re
     ref = small_model(seed=5)
     with torch.no_grad():
         for p in ref.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=_gen(8)))
+            p.add_(0.3 * torch.randn(p.shape, generator=seeded(8)))
     ref.requires_grad_(False)
-    g = _gen(9)
+    g = seeded(9)
     prefix_len, tokens = 4, torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g)
     with torch.no_grad():
         logits, values = model(tokens)
@@ -1079,7 +1077,7 @@ def check_rollout_phase(candidate) -> str:
     trainer = make_trainer(phase_args(advantage_estimator="gae", temperature=1.0, repetition_coef=0.0))
     with torch.no_grad():
         for prm in trainer.model.base_model.parameters():
-            prm.add_(0.02 * torch.randn(prm.shape, generator=_gen(12)))
+            prm.add_(0.02 * torch.randn(prm.shape, generator=seeded(12)))
     memory = call(candidate, trainer)
     _check_memory(memory, trainer, "rollout of a moved policy with GAE")
     if any(not torch.equal(a, b) for a, b in zip(ref_before, _params(trainer.ref_model))):

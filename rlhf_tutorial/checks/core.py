@@ -246,6 +246,11 @@ def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
     return a == b
 
 
+def seeded(seed: int) -> torch.Generator:
+    """A CPU generator for building a checker's random cases (never touches the global RNG)."""
+    return torch.Generator().manual_seed(seed)
+
+
 @dataclass
 class Case:
     """One test input: a label for messages, positional args and keyword args."""
