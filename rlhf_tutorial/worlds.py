@@ -86,6 +86,18 @@ def is_tiny(world: str | None = None) -> bool:
     return resolve_world(world) == "tiny"
 
 
+SMOKE_ENV_VAR = "RLHF_TUTORIAL_SMOKE"
+
+
+def is_smoke() -> bool:
+    """True when ``$RLHF_TUTORIAL_SMOKE=1``: notebooks shrink their runs (phases, batch) to a smoke size.
+
+    CI sets it for the GPT-2 world's run against the stand-in hub cache, where the models are random
+    stand-ins and only the code path is being tested; the tiny world's runs keep their real lengths.
+    """
+    return os.environ.get(SMOKE_ENV_VAR, "").strip() not in {"", "0", "false", "False"}
+
+
 def default_prompt() -> str:
     """The course prompt, the same in both worlds."""
     return PROMPT
