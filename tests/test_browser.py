@@ -1,0 +1,361 @@
+"""The learner's JupyterLab in a real browser: run a solution notebook, look at it, move a slider, reopen.
+
+Headless Chromium (Debian's ``chromium``, installed by ``make chromium``) driven by Playwright. For each
+notebook: JupyterLab serves a temporary copy of the repository's notebooks (rooted like ``make lab``),
+the notebook is opened and run top to bottom, and the test asserts that
+
+- no cell raised, no output reads "Error displaying widget" or shows a raw ``FigureWidget(...)`` repr;
+- every dashboard and explorer cell shows its plotly figure(s);
+- moving one slider changes what the explorer shows;
+- after saving, shutting the kernel down and reopening the file, every figure is still drawn.
+
+Screenshots of each stage go to ``reports/browser/`` (test artifacts). The runs use the tiny world with
+``RLHF_TUTORIAL_SMOKE=1`` so that the training cells stay short.
+
+Marked ``browser``: ``make unit`` leaves it out, ``make browser`` (part of ``make test``) runs it. It
+fails, never skips, when Chromium or Playwright is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "reports" / "browser"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+RUN_TIMEOUT_S = 420
+LAB_SETTINGS = {
+    # every cell in the DOM (no virtual scrolling), so outputs can be found and counted
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false", "checkForUpdates": False,
+    },
+}
+
+
+def chromium_executable() -> str:
+    """The Chromium binary: ``$RLHF_TUTORIAL_CHROMIUM`` or the first of the usual names on PATH."""
+    explicit = os.environ.get("RLHF_TUTORIAL_CHROMIUM")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            pytest.fail(f"RLHF_TUTORIAL_CHROMIUM={explicit} is not an executable file.")
+        return explicit
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail(
+        "Chromium is not installed, so the browser test cannot run (this is a failure, not a skip). "
+        "Install it with `make chromium` (apt-get install chromium, as root) or point "
+        "RLHF_TUTORIAL_CHROMIUM at a Chromium/Chrome binary."
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# What each notebook must show
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class Visual:
+    """A cell whose source contains ``marker`` must show at least ``plots`` plotly figures."""
+
+    marker: str
+    plots: int = 1
+    slider: bool = False  # move this cell's first slider and expect its output to change
+
+
+@dataclass
+class Spec:
+    notebook: str
+    visuals: list[Visual] = field(default_factory=list)
+
+
+SPECS = [
+    Spec("solutions/01_ppo.ipynb", [
+        Visual("clipped_objective_explorer(", slider=True),
+        Visual("dashboard = ppo_dashboard("),
+    ]),
+    Spec("solutions/03_rlhf_ppo.ipynb", [
+        Visual("dashboard = rlhf_dashboard("),
+        Visual("token_explorer(trainer", slider=True),
+        Visual("runs_figure("),
+    ]),
+    Spec("solutions/04_grpo.ipynb", [
+        Visual("grpo_curves("),
+        Visual("comparison_figure("),
+        Visual("group_viewer(groups", slider=True),
+    ]),
+]
+
+
+# ----------------------------------------------------------------------------------------------------
+# JupyterLab and the browser
+# ----------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path
+    log: Path
+
+    def page_url(self, path: str) -> str:
+        return f"{self.url}/lab/tree/{path}?token={self.token}&reset"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Lab:
+    root = tmp_path_factory.mktemp("lab")
+    for folder in ("chapters", "solutions"):
+        shutil.copytree(ROOT / folder, root / folder)
+    settings = tmp_path_factory.mktemp("settings")
+    for rel, value in LAB_SETTINGS.items():
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+        (settings / rel).write_text(json.dumps(value))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "RLHF_TUTORIAL_WORLD": "tiny",
+        "RLHF_TUTORIAL_SMOKE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path_factory.mktemp("workspaces")),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path_factory.mktemp("runtime")),
+    }
+    log = root.parent / "lab.log"
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+        f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
+        "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False",
+        *(["--allow-root"] if os.geteuid() == 0 else []),
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited early:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"JupyterLab did not answer within 120 s:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield Lab(url, token, root, log)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = chromium_executable()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright is not installed: it is in the dev extra (pip install -e '.[dev]').")
+    with sync_playwright() as p:
+        try:
+            chromium = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        except Exception as exc:  # noqa: BLE001 - say why the browser did not start
+            pytest.fail(f"Chromium ({executable}) did not start: {exc}")
+        yield chromium
+        chromium.close()
+
+
+# JavaScript helpers, run in the page (JupyterLab exposes its application as window.jupyterapp).
+JS_CURRENT = "() => window.jupyterapp.shell.currentWidget"
+JS_READY = """() => {
+  const app = window.jupyterapp; if (!app) return false;
+  const w = app.shell.currentWidget;
+  return !!(w && w.content && w.content.model && w.sessionContext && w.sessionContext.session
+            && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle');
+}"""
+JS_CELLS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  return Array.from(w.content.model.cells).map(c => ({
+    type: c.type, source: c.sharedModel.getSource(),
+    outputs: c.type === 'code' ? c.outputs.toJSON() : []}));
+}"""
+JS_BUSY = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const prompts = Array.from(document.querySelectorAll('.jp-Notebook .jp-InputPrompt'));
+  const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+  return prompts.some(p => p.textContent.includes('*')) || !kernel || kernel.status !== 'idle';
+}"""
+
+
+def _open(page, lab: Lab, path: str) -> None:
+    page.goto(lab.page_url(path))
+    page.wait_for_function(JS_READY, timeout=120_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+
+
+def _cells(page) -> list[dict]:
+    return page.evaluate(JS_CELLS)
+
+
+def _cell_index(cells: list[dict], marker: str) -> int:
+    matches = [i for i, c in enumerate(cells) if c["type"] == "code" and marker in c["source"]]
+    assert matches, f"no code cell contains {marker!r}"
+    return matches[0]
+
+
+def _cell(page, index: int):
+    return page.locator(".jp-Notebook .jp-Cell").nth(index)
+
+
+def _raw_reprs(cells: list[dict]) -> list[int]:
+    """Cells with an output that shows a widget's text repr (no widget view to render it instead)."""
+    raw = []
+    for i, cell in enumerate(cells):
+        for out in cell["outputs"]:
+            data = out.get("data", {})
+            text = out.get("text", "") if out.get("output_type") == "stream" else data.get("text/plain", "")
+            text = text if isinstance(text, str) else "".join(text)
+            if "FigureWidget(" in text and "application/vnd.jupyter.widget-view+json" not in data:
+                raw.append(i)
+    return raw
+
+
+def _shot(locator, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    locator.scroll_into_view_if_needed()
+    locator.screenshot(path=str(path))
+    return path
+
+
+def _assert_visuals(page, cells: list[dict], spec: Spec, stage: str) -> dict[str, int]:
+    """Every visual's cell shows its plots; returns the plot count per marker. Screenshots each."""
+    counts = {}
+    for visual in spec.visuals:
+        index = _cell_index(cells, visual.marker)
+        output = _cell(page, index).locator(".jp-OutputArea")
+        output.scroll_into_view_if_needed()
+        try:
+            page.wait_for_function(
+                "([i, n]) => document.querySelectorAll('.jp-Notebook .jp-Cell')[i]"
+                ".querySelectorAll('.jp-OutputArea .js-plotly-plot .main-svg').length >= n",
+                arg=[index, visual.plots], timeout=30_000,
+            )
+        except Exception:  # noqa: BLE001 - report what the cell shows instead
+            pass
+        count = output.locator(".js-plotly-plot").count()
+        name = f"{Path(spec.notebook).stem}-{stage}-cell{index:03d}"
+        shot = _shot(output, name)
+        assert count >= visual.plots, (
+            f"{spec.notebook} ({stage}): the cell with {visual.marker!r} shows {count} plotly figure(s), "
+            f"expected {visual.plots}. Its output reads: {output.inner_text()[:500]!r} (screenshot {shot})"
+        )
+        counts[visual.marker] = count
+    return counts
+
+
+def _assert_no_broken_output(page, cells: list[dict], notebook: str, stage: str) -> None:
+    errors = [(i, o) for i, c in enumerate(cells) for o in c["outputs"] if o.get("output_type") == "error"]
+    assert not errors, f"{notebook} ({stage}): cell {errors[0][0]} raised {errors[0][1].get('ename')}: " \
+                       f"{errors[0][1].get('evalue')}"
+    page_text = page.locator(".jp-Notebook").inner_text()
+    assert "Error displaying widget" not in page_text, f"{notebook} ({stage}): 'Error displaying widget' shown"
+    raw = _raw_reprs(cells)
+    assert not raw and "FigureWidget(" not in page_text, \
+        f"{notebook} ({stage}): a raw FigureWidget(...) repr is shown instead of a figure (cells {raw})"
+
+
+def _move_slider(page, index: int, notebook: str) -> None:
+    cell = _cell(page, index)
+    handle = cell.locator(".jp-OutputArea .widget-slider .noUi-handle").first
+    assert handle.count() == 1, f"{notebook}: the explorer cell has no slider"
+    handle.scroll_into_view_if_needed()
+    before = cell.locator(".jp-OutputArea").inner_text()
+    plot_before = cell.locator(".js-plotly-plot").first.evaluate("gd => JSON.stringify(gd.data)")
+    box = handle.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] / 2 + 60, box["y"] + box["height"] / 2, steps=6)
+    page.mouse.up()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        after = cell.locator(".jp-OutputArea").inner_text()
+        plot_after = cell.locator(".js-plotly-plot").first.evaluate("gd => JSON.stringify(gd.data)")
+        if after != before and plot_after != plot_before:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{notebook}: moving the explorer's slider changed "
+                f"{'nothing' if after == before and plot_after == plot_before else 'the text or the figure, not both'}")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: Path(s.notebook).stem)
+def test_solution_runs_renders_and_survives_a_reopen(lab, browser, spec):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    console_errors: list[str] = []
+    page.on("pageerror", lambda exc: console_errors.append(str(exc)))
+    stem = Path(spec.notebook).stem
+    try:
+        _open(page, lab, spec.notebook)
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        started = time.time()
+        time.sleep(2)
+        while page.evaluate(JS_BUSY):
+            if time.time() - started > RUN_TIMEOUT_S:
+                pytest.fail(f"{spec.notebook}: Run All did not finish in {RUN_TIMEOUT_S} s")
+            time.sleep(1)
+        cells = _cells(page)
+        _assert_no_broken_output(page, cells, spec.notebook, "after Run All")
+        _assert_visuals(page, cells, spec, "run")
+
+        for visual in spec.visuals:
+            if visual.slider:
+                index = _cell_index(cells, visual.marker)
+                _move_slider(page, index, spec.notebook)
+                _shot(_cell(page, index).locator(".jp-OutputArea"), f"{stem}-slider-moved-cell{index:03d}")
+
+        # Save, stop the kernel, close the tab; then open the file again in a fresh page.
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function(f"() => !({JS_CURRENT})().context.model.dirty", timeout=30_000)
+        page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
+        page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
+        page.close()
+
+        page = context.new_page()
+        page.on("pageerror", lambda exc: console_errors.append(str(exc)))
+        _open(page, lab, spec.notebook)
+        cells = _cells(page)
+        assert any(c["outputs"] for c in cells), f"{spec.notebook}: the reopened notebook has no outputs"
+        _assert_visuals(page, cells, spec, "reopened")
+        _assert_no_broken_output(page, cells, spec.notebook, "reopened")
+    finally:
+        context.close()
+    assert not console_errors, f"{spec.notebook}: JavaScript errors in the page: {console_errors[:3]}"
