@@ -8,8 +8,9 @@
 # **How exercises work.** An exercise cell holds a function whose body is
 # `raise NotImplementedError(...)`. Replace that line with your code and run the cell, then run the
 # `check(...)` cell below it: it compares your function with a reference on several inputs and tells
-# you what differs, with a hint when the mistake is a known one. A collapsed **Hint** sits between the
-# two. `progress()` shows which exercises you have passed in this kernel.
+# you what differs, naming the mistake when it is a known one. The full hint waits until you ask:
+# `hint("name")`, or the collapsed **Hint** cell between the two. `progress()` shows which exercises
+# you have passed, in every chapter, and remembers them across kernel restarts.
 #
 # ## The RLHF map
 #
@@ -75,7 +76,7 @@ print("tokens", tuple(tokens.shape), "logits", tuple(logits.shape))
 # The policy $\pi_\theta(x_s \mid x_{<s})$ is the softmax of the logits at the last position. Write
 # `next_token_probs(model, tokens)` returning a `[batch, vocab]` tensor of probabilities.
 
-# %% exercise rlhf_tutorial.tour:next_token_probs
+# %% exercise rlhf_tutorial.tour:next_token_probs | 10 min | difficulty 1 | importance 3
 
 # %%
 probs = next_token_probs(policy, tokens)[0]
@@ -110,7 +111,7 @@ print("ln_final.hook_normalized:", tuple(cache["ln_final.hook_normalized"].shape
 # `ln_final.hook_normalized` (shape `[batch, seq, d_model]`), captured by a hook function passed to
 # `run_with_hooks`.
 
-# %% exercise rlhf_tutorial.tour:final_normalized_residual
+# %% exercise rlhf_tutorial.tour:final_normalized_residual | 15 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # Because this activation is what the unembedding reads, `resid @ W_U + b_U` gives back the logits:
@@ -172,7 +173,7 @@ kl = (p_pol * (p_pol.log() - p_ref.log())).sum(-1)
 print("KL(policy || reference) before training:", kl.item())
 
 # %%
-progress("00")
+progress()  # every chapter; progress("00") for this one
 
 # %% [markdown]
 # ## What to try next

@@ -38,7 +38,7 @@ from rlhf_tutorial.ppo import (
     train,
 )
 from rlhf_tutorial.widgets.ppo import clipped_objective_explorer, ppo_dashboard
-from rlhf_tutorial.worlds import is_tiny
+from rlhf_tutorial.worlds import is_smoke, is_tiny
 
 # %%
 torch.manual_seed(0)
@@ -99,7 +99,7 @@ clipped_objective_explorer(epsilon=0.2, ratio=1.3)
 # **Exercise.** `layer_init(layer, std, bias_const)` initialises a `nn.Linear` in place (weight orthogonal
 # with gain `std`, bias filled with `bias_const`) and returns the same layer. `torch.nn.init` has both.
 
-# %% exercise rlhf_tutorial.ppo:layer_init
+# %% exercise rlhf_tutorial.ppo:layer_init | 5 min | difficulty 1 | importance 2
 
 # %% [markdown]
 # `Agent` (imported from the package) builds its layers with whatever `init_layer` you give it:
@@ -135,7 +135,7 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # **Exercise.** `compute_gae(rewards, values, next_value, dones, gamma, gae_lambda)`, all `[steps, env]`
 # except `next_value: [env]`; `dones` is a bool tensor (convert with `.float()` before arithmetic).
 
-# %% exercise rlhf_tutorial.ppo:compute_gae
+# %% exercise rlhf_tutorial.ppo:compute_gae | 20 min | difficulty 3 | importance 5
 
 # %% [markdown]
 # ## 4. The objective: three terms
@@ -146,21 +146,21 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # unbiased std): the scale of rewards then no longer sets the step size, and about half the actions in
 # a batch are pushed up, half down. It is a value to **maximise** (no minus sign).
 
-# %% exercise rlhf_tutorial.ppo:calc_clipped_surrogate_objective
+# %% exercise rlhf_tutorial.ppo:calc_clipped_surrogate_objective | 15 min | difficulty 2 | importance 5
 
 # %% [markdown]
 # **Value.** The critic regresses on the returns:
 # $L^{VF} = \tfrac12 c_1\, \operatorname{mean}\big((V_\theta(s_t) - \hat R_t)^2\big)$ with $c_1$ = `vf_coef`. It is a loss, so the
 # objective subtracts it.
 
-# %% exercise rlhf_tutorial.ppo:calc_value_function_loss
+# %% exercise rlhf_tutorial.ppo:calc_value_function_loss | 5 min | difficulty 1 | importance 3
 
 # %% [markdown]
 # **Entropy.** A bonus $c_2\, \operatorname{mean}_t H[\pi_\theta(\cdot \mid s_t)]$, $H(p) = -\sum_a p_a \log p_a$,
 # $c_2$ = `ent_coef`, keeps the policy from collapsing onto one action too early. Compute it from
 # `log_softmax` (with `softmax` then `log`, a logit of 1e4 gives $0 \cdot \log 0$ = NaN).
 
-# %% exercise rlhf_tutorial.ppo:calc_entropy_bonus
+# %% exercise rlhf_tutorial.ppo:calc_entropy_bonus | 5 min | difficulty 1 | importance 3
 
 # %% [markdown]
 # **The combined objective**, maximised by Adam with `maximize=True`:
@@ -190,7 +190,7 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # index `step` and return the next observation as a float32 tensor. An episode ends when it is
 # `terminated` *or* `truncated` (CartPole truncates at 500 steps).
 
-# %% exercise rlhf_tutorial.ppo:rollout_step
+# %% exercise rlhf_tutorial.ppo:rollout_step | 20 min | difficulty 3 | importance 4
 
 # %% [markdown]
 # ## 6. The learning phase
@@ -203,7 +203,7 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # `batch_size // minibatch_size` index tensors, a random permutation cut into pieces (draw it from
 # `generator`, so a seed fixes the order).
 
-# %% exercise rlhf_tutorial.ppo:get_minibatch_indices
+# %% exercise rlhf_tutorial.ppo:get_minibatch_indices | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # The learning phase puts everything together, with the implementation details that make PPO work in
@@ -229,7 +229,7 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # recompute logits and values, build the objective from your three functions, step, and record
 # `approx_kl` and `clipfrac` (and `value_loss`, `entropy`, ...). Return a dict of their means.
 
-# %% exercise rlhf_tutorial.ppo:ppo_learning_phase
+# %% exercise rlhf_tutorial.ppo:ppo_learning_phase | 25 min | difficulty 3 | importance 5
 
 # %% [markdown]
 # ## 7. Probe environments
@@ -282,6 +282,8 @@ print(bad.diagnosis)
 
 # %%
 args = PPOArgs(seed=1, total_timesteps=40_000) if is_tiny() else PPOArgs(seed=1)
+if is_smoke():  # RLHF_TUTORIAL_SMOKE=1 (CI, the browser test): a few updates, the code path only
+    args = PPOArgs(seed=1, total_timesteps=4 * args.batch_size)
 dashboard = ppo_dashboard(title=f"PPO on CartPole-v1 ({args.total_timesteps:,} steps)")
 result = train(args, callback=dashboard.update, **learner_functions(globals()))
 dashboard.finish()

@@ -74,7 +74,7 @@ for s in samples:
 # the number of times `char` occurs in each sample, as a float32 tensor. (One line per sample with
 # `str.count`; mind the dtype.)
 
-# %% exercise rlhf_tutorial.rewards:reward_fn_char_count
+# %% exercise rlhf_tutorial.rewards:reward_fn_char_count | 5 min | difficulty 1 | importance 2
 
 # %% [markdown]
 # A policy maximising this reward has an easy way up: write nothing but full stops. The reward keeps
@@ -116,7 +116,7 @@ for text, r in zip(toy_texts, reward_fn_char_count(toy_texts)):
 classifier, cls_tokenizer = load_sentiment_classifier(world)
 print(type(classifier).__name__, classifier.config.id2label, classifier.config.label2id)
 
-# %% exercise rlhf_tutorial.rewards:reward_fn_sentiment
+# %% exercise rlhf_tutorial.rewards:reward_fn_sentiment | 10 min | difficulty 2 | importance 4
 
 # %% [markdown]
 # Does the reward separate positive from negative reviews? A few hand-written ones of each:
@@ -163,7 +163,7 @@ print("the policy's samples, p(NEGATIVE):",
 # numbers no longer sees the reward improving. (TRL's PPO whitens rewards with `shift_mean=False` and
 # advantages with the mean shifted.)
 
-# %% exercise rlhf_tutorial.rewards:whiten
+# %% exercise rlhf_tutorial.rewards:whiten | 5 min | difficulty 1 | importance 4
 
 # %%
 batch_rewards = reward_fn_sentiment(positive_reviews + negative_reviews, classifier, cls_tokenizer, "pos").cpu()
@@ -189,7 +189,7 @@ print(f"raw                mean {batch_rewards.mean():+.3f}  std(biased) {batch_
 #
 # Write `ngram_repetition(samples, n=3)`: **word** n-grams, not characters.
 
-# %% exercise rlhf_tutorial.rewards:ngram_repetition
+# %% exercise rlhf_tutorial.rewards:ngram_repetition | 15 min | difficulty 2 | importance 3
 
 # %%
 print(ngram_repetition(["the movie was good and the movie was good", "great great great great great", "too short"]))
@@ -266,7 +266,7 @@ print(f"shaped reward (coef {repetition_coef}): real reviews min {hack_shaped[:n
 # classifier played above: one number per completion, at its last token. Compute $\log\sigma$ with `F.logsigmoid`:
 # `torch.log(torch.sigmoid(z))` underflows to $\log 0 = -\infty$ once $z$ is around $-100$.
 
-# %% exercise rlhf_tutorial.rewards:bradley_terry_loss
+# %% exercise rlhf_tutorial.rewards:bradley_terry_loss | 10 min | difficulty 2 | importance 5
 
 # %%
 z = torch.tensor([-200.0, -20.0, 0.0, 20.0])
@@ -293,9 +293,9 @@ print("logsigmoid(z):  ", F.logsigmoid(z))
 # mask is 1**. Padding may be on the right (`[1, 1, 1, 0, 0]`) or on the left (`[0, 0, 1, 1, 1]`), so
 # `mask.sum(1) - 1` is not enough. `pool_mean` averages over the real positions only.
 
-# %% exercise rlhf_tutorial.rewards:pool_last_token
+# %% exercise rlhf_tutorial.rewards:pool_last_token | 10 min | difficulty 2 | importance 3
 
-# %% exercise rlhf_tutorial.rewards:pool_mean
+# %% exercise rlhf_tutorial.rewards:pool_mean | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # Now the reward model. `__init__` is written for you; write `forward(tokens, attention_mask=None)`:
@@ -303,7 +303,7 @@ print("logsigmoid(z):  ", F.logsigmoid(z))
 # it stores detached tensors, so no gradient would reach the backbone), and pool as `self.pooling`
 # says, returning a `[batch]` tensor.
 
-# %% exercise rlhf_tutorial.rewards:RewardModel
+# %% exercise rlhf_tutorial.rewards:RewardModel | 15 min | difficulty 2 | importance 4
 
 # %% [markdown]
 # A good reward model does not care how much padding a batch has. Score a few texts one by one and
@@ -328,7 +328,7 @@ print("max difference:", (one_by_one - together).abs().max().item())
 # **pairwise accuracy** (the fraction of pairs with $r_c > r_r$) and the mean **margin** $r_c - r_r$,
 # as floats: the diagnostics to watch beside the loss.
 
-# %% exercise rlhf_tutorial.rewards:reward_model_train_step
+# %% exercise rlhf_tutorial.rewards:reward_model_train_step | 15 min | difficulty 2 | importance 4
 
 # %% [markdown]
 # ## Training the reward model on preference pairs

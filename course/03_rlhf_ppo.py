@@ -44,6 +44,7 @@ import torch.nn as nn
 from IPython.display import display
 from jaxtyping import Float, Int
 from torch import Tensor
+from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
@@ -73,6 +74,7 @@ from rlhf_tutorial.widgets.rlhf import (
 )
 from rlhf_tutorial.worlds import (
     default_prompt,
+    is_smoke,
     is_tiny,
     load_policy,
     load_sentiment_classifier,
@@ -120,7 +122,7 @@ print(f"policy: {policy.cfg.n_layers} layers, d_model={policy.cfg.d_model}, voca
 # stores `value_head(resid).squeeze(-1)`. Return `(logits, values)`: shapes `[b, s, vocab]` and
 # `[b, s]`. The hook must not return anything (a returned tensor would replace the activation).
 
-# %% exercise rlhf_tutorial.rlhf:TransformerWithValueHead
+# %% exercise rlhf_tutorial.rlhf:TransformerWithValueHead | 20 min | difficulty 3 | importance 5
 
 # %%
 model = TransformerWithValueHead(policy)
@@ -154,7 +156,7 @@ print("values before training (random head):", [round(v, 3) for v in values[0].t
 # tokens cannot enter a forward pass that needs gradients. Decode the texts without special tokens
 # (`model.tokenizer.batch_decode(tokens, skip_special_tokens=True)`). Return `(tokens, texts)`.
 
-# %% exercise rlhf_tutorial.rlhf:get_samples
+# %% exercise rlhf_tutorial.rlhf:get_samples | 15 min | difficulty 2 | importance 4
 
 # %% [markdown]
 # The reward of this chapter is the classifier's probability of the NEGATIVE label (chapter 02's
@@ -189,7 +191,7 @@ samples_table(sample_texts, base_rewards, title="base model samples, reward = p(
 # With `prefix_len=None`, return the log-probs of `tokens[:, 1:]` (every token that has a previous
 # position); otherwise of `tokens[:, prefix_len:]`. Use `log_softmax` (stable) and `gather`.
 
-# %% exercise rlhf_tutorial.rlhf:get_logprobs
+# %% exercise rlhf_tutorial.rlhf:get_logprobs | 15 min | difficulty 3 | importance 5
 
 # %%
 prefix_len = policy.to_tokens(prompt).shape[1]
@@ -217,7 +219,7 @@ print("sequence log-prob of each sample:", [round(x, 1) for x in lp.sum(-1).toli
 # return `kl_coef` times the KL averaged over batch and positions. Use `log_softmax` for both
 # (large logits must not overflow).
 
-# %% exercise rlhf_tutorial.rlhf:calc_kl_penalty
+# %% exercise rlhf_tutorial.rlhf:calc_kl_penalty | 20 min | difficulty 3 | importance 5
 
 # %% [markdown]
 # ### Sampled estimators: k1, k2, k3
@@ -240,7 +242,7 @@ print("sequence log-prob of each sample:", [round(x, 1) for x in lp.sum(-1).toli
 #
 # Return the per-token estimate (same shape as the inputs, no mean) for `estimator` in k1, k2, k3.
 
-# %% exercise rlhf_tutorial.rlhf:approx_kl
+# %% exercise rlhf_tutorial.rlhf:approx_kl | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # Let us check the table's claims on two distributions over a small vocabulary: draw many tokens
@@ -291,7 +293,7 @@ for label, q_logits in [("nearby", p_logits + 0.4 * torch.randn(vocab)), ("far a
 #
 # ### Exercise: `compute_advantages`
 
-# %% exercise rlhf_tutorial.rlhf:compute_advantages
+# %% exercise rlhf_tutorial.rlhf:compute_advantages | 20 min | difficulty 3 | importance 5
 
 # %% [markdown]
 # ### GAE over per-token rewards
@@ -309,7 +311,7 @@ for label, q_logits in [("nearby", p_logits + 0.4 * torch.randn(vocab)), ("far a
 #
 # ### Exercise: `compute_per_token_rewards`
 
-# %% exercise rlhf_tutorial.rlhf:compute_per_token_rewards
+# %% exercise rlhf_tutorial.rlhf:compute_per_token_rewards | 15 min | difficulty 3 | importance 4
 
 # %% [markdown]
 # ### Why GAE with a sparse reward can make the values explode
@@ -362,7 +364,7 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # `torch.randperm(batch, generator=generator)`, reshape it to `[num_minibatches, -1]`, and build a
 # `ReplayMinibatch` from the same rows of every tensor.
 
-# %% exercise rlhf_tutorial.rlhf:ReplayMemory
+# %% exercise rlhf_tutorial.rlhf:ReplayMemory | 15 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # ## The RLHF objective
@@ -380,7 +382,7 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 #
 # ### Exercise: `compute_rlhf_objective`
 
-# %% exercise rlhf_tutorial.rlhf:compute_rlhf_objective
+# %% exercise rlhf_tutorial.rlhf:compute_rlhf_objective | 25 min | difficulty 4 | importance 5
 
 # %% [markdown]
 # ## Optimizer and learning-rate schedule
@@ -395,9 +397,9 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 #
 # ### Exercises: `get_optimizer` and `lr_schedule`
 
-# %% exercise rlhf_tutorial.rlhf:get_optimizer
+# %% exercise rlhf_tutorial.rlhf:get_optimizer | 10 min | difficulty 2 | importance 3
 
-# %% exercise rlhf_tutorial.rlhf:lr_schedule
+# %% exercise rlhf_tutorial.rlhf:lr_schedule | 10 min | difficulty 2 | importance 3
 
 # %%
 print("multiplier per phase (warmup 3, total 12, final 0.1):",
@@ -418,7 +420,7 @@ print("multiplier per phase (warmup 3, total 12, final 0.1):",
 #
 # ### Exercise: `AdaptiveKLController`
 
-# %% exercise rlhf_tutorial.rlhf:AdaptiveKLController
+# %% exercise rlhf_tutorial.rlhf:AdaptiveKLController | 15 min | difficulty 2 | importance 4
 
 # %%
 ctl = AdaptiveKLController(init_kl_coef=0.5, target=0.2, horizon=200)
@@ -438,7 +440,7 @@ print("beta while KL is below target, then above:", trace)
 #
 # ### Exercise: `EarlyStopping`
 
-# %% exercise rlhf_tutorial.rlhf:EarlyStopping
+# %% exercise rlhf_tutorial.rlhf:EarlyStopping | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # ## Reward whitening
@@ -467,12 +469,12 @@ print("beta while KL is below target, then above:", trace)
 #
 # ### Exercise: `rollout_phase`
 
-# %% exercise rlhf_tutorial.rlhf:rollout_phase
+# %% exercise rlhf_tutorial.rlhf:rollout_phase | 20 min | difficulty 3 | importance 4
 
 # %% [markdown]
 # ### Exercise: `learning_phase`
 
-# %% exercise rlhf_tutorial.rlhf:learning_phase
+# %% exercise rlhf_tutorial.rlhf:learning_phase | 25 min | difficulty 4 | importance 5
 
 # %% [markdown]
 # ## Train
@@ -487,6 +489,8 @@ print("beta while KL is below target, then above:", trace)
 
 # %%
 args = RLHFArgs.preset(world, direction=direction, seed=0)
+if is_smoke():  # RLHF_TUTORIAL_SMOKE=1 (CI, the browser test): a few short phases, the code path only
+    args = RLHFArgs.preset(world, direction=direction, seed=0, total_phases=4, batch_size=16, eval_samples=16)
 trainer = RLHFTrainer(args, **learner_functions(globals()))
 before = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
 dashboard = rlhf_dashboard(title=f"RLHF on the {world} world, towards {direction}")
@@ -548,6 +552,8 @@ if is_tiny():  # 40 short phases each, with larger steps than the main run, so t
     hack_common.update(batch_size=32, total_phases=40, base_lr=1e-3, head_lr=3e-3)
 else:
     hack_common.update(total_phases=100)
+if is_smoke():
+    hack_common.update(batch_size=16, total_phases=3, eval_samples=16)
 hack_runs = {
     "tiny beta": dict(kl_coef=0.001),
     "tiny beta + repetition penalty": dict(kl_coef=0.001, repetition_coef=1.0),
@@ -555,12 +561,15 @@ hack_runs = {
                                              **(dict(kl_target=0.25, kl_horizon=128) if is_tiny() else {})),
 }
 hack_results = {}
+bar = tqdm(total=len(hack_runs) * hack_common["total_phases"], desc="reward-hacking runs (phases)")
 for name, settings in hack_runs.items():
+    bar.set_postfix_str(name)
     run_args = RLHFArgs.preset(world, **hack_common, **settings)
     run = RLHFTrainer(run_args, **learner_functions(globals()))
-    run.train(progress=False)
+    run.train(callback=lambda record: bar.update(1), progress=False)
     hack_results[name] = {"history": run.history, "eval": run.evaluate(run_args.eval_samples, seed=run_args.seed + 1)}
     del run
+bar.close()
 
 print(f"{'run':>34} {'reward':>7} {'3-gram rep.':>11} {'word rep.':>9} {'ref log-prob/token':>18} {'KL/token':>8}")
 for name, result in {"base model": {"eval": before}, "main run above": {"eval": after}, **hack_results}.items():

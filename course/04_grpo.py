@@ -53,7 +53,7 @@ from rlhf_tutorial.grpo import (
 )
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs, make_reward_fn
 from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_curves
-from rlhf_tutorial.worlds import default_prompt, is_tiny, load_policy, resolve_world
+from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world
 
 # %%
 torch.manual_seed(0)
@@ -91,7 +91,7 @@ print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 # denominator: `"group"` (GRPO), `"batch"` (the std of all $p \cdot G$ rewards, a milder variant) or
 # `"none"` (Dr. GRPO). Use torch's default `std` (unbiased, it divides by $G - 1$).
 
-# %% exercise rlhf_tutorial.grpo:group_relative_advantages
+# %% exercise rlhf_tutorial.grpo:group_relative_advantages | 10 min | difficulty 2 | importance 5
 
 # %% [markdown]
 # A group whose rewards are all equal (every completion got 1, or all got 0) has advantages of
@@ -119,7 +119,7 @@ for scale in ["group", "batch", "none"]:
 # and in the tiny world, BOS and EOS are the same token, `<|endoftext|>`: the mask must look at the
 # generated tokens only, never at the prompt.)
 
-# %% exercise rlhf_tutorial.grpo:completion_mask
+# %% exercise rlhf_tutorial.grpo:completion_mask | 15 min | difficulty 3 | importance 4
 
 # %% [markdown]
 # Now the sampler. `model.generate` with `stop_at_eos=True` stops a row at its EOS and pads it with
@@ -127,7 +127,7 @@ for scale in ["group", "batch", "none"]:
 # `prompt_len + max_new_tokens` to give every group the same shape. As in chapter 03, `generate`
 # runs under `torch.inference_mode()`: clone its output.
 
-# %% exercise rlhf_tutorial.grpo:sample_group
+# %% exercise rlhf_tutorial.grpo:sample_group | 15 min | difficulty 2 | importance 4
 
 # %% [markdown]
 # One group from the base policy, with its mask (`·` marks a masked position) and its rewards:
@@ -183,7 +183,7 @@ for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
 # `clip_eps_high=None` means the symmetric clip $\varepsilon_\text{high} = \varepsilon_\text{low}$. Masked tokens must count for
 # nothing: not in the sums, not in the token counts.
 
-# %% exercise rlhf_tutorial.grpo:calc_grpo_objective
+# %% exercise rlhf_tutorial.grpo:calc_grpo_objective | 30 min | difficulty 4 | importance 5
 
 # %% [markdown]
 # The three aggregations on one small batch: a short and a long completion with the same advantage.
@@ -219,7 +219,7 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 # after the exercise compute the diagnostics (clip fraction, KL to $\pi_\text{old}$ and to the
 # reference) from them.
 
-# %% exercise rlhf_tutorial.grpo:grpo_step
+# %% exercise rlhf_tutorial.grpo:grpo_step | 20 min | difficulty 3 | importance 5
 
 # %% [markdown]
 # ## 5. Training: towards negative reviews, as in chapter 03
@@ -241,6 +241,8 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 args = GRPOArgs.preset(world, direction=direction, seed=0)
 if is_tiny():
     args.num_phases, args.eval_samples = 12, 64
+if is_smoke():  # RLHF_TUTORIAL_SMOKE=1 (CI, the browser test): a few phases, the code path only
+    args.num_phases, args.eval_samples = 3, 16
 result = train(args, reward_fn=sentiment_reward, **learner_functions(globals()))
 print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
       f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
@@ -289,6 +291,8 @@ print(reward_fn_rule(["This movie was really dull. The acting was wooden.",
 rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True)
 if is_tiny():
     rule_args.num_phases, rule_args.eval_samples = 14, 48
+if is_smoke():
+    rule_args.num_phases, rule_args.eval_samples = 3, 16
 rule_result = train(rule_args, **learner_functions(globals()))
 print(f"prompts: {rule_args.prompts}")
 print(f"rule reward: {rule_result.eval_initial['reward']:.3f} -> {rule_result.eval_final['reward']:.3f}")
@@ -355,8 +359,8 @@ def run_cli(command: str, *flags: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-COMPARE_PHASES = 10 if is_tiny() else 60
-short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() else []
+COMPARE_PHASES = 2 if is_smoke() else 10 if is_tiny() else 60
+short = ["--eval-samples", "16" if is_smoke() else "32", "--threads", "1"] if is_tiny() or is_smoke() else []
 ppo_summary = run_cli("train-rlhf", "--total-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
 ppo_summary["samples_per_phase"] = ppo_summary["args"]["batch_size"]
 grpo_summary = run_cli("train-grpo", "--num-phases", str(COMPARE_PHASES), *short)

@@ -14,6 +14,7 @@ _LAZY = {
     "check": "rlhf_tutorial.checks",
     "hint": "rlhf_tutorial.checks",
     "progress": "rlhf_tutorial.checks",
+    "reset_progress": "rlhf_tutorial.checks",
     "run_check": "rlhf_tutorial.checks",
     "load_policy": "rlhf_tutorial.worlds",
     "load_sentiment_classifier": "rlhf_tutorial.worlds",

@@ -27,11 +27,60 @@ BEGIN, END = "# >>> exercise", "# <<< exercise"
 _HEADER = re.compile(r"^# %%(.*)$")
 
 
+@dataclass(frozen=True)
+class ExerciseMeta:
+    """What an exercise's heading shows: a time estimate and two ratings out of 5 (ARENA's convention).
+
+    Written in the source after the exercise header's references:
+    ``# %% exercise rlhf_tutorial.ppo:compute_gae | 20 min | difficulty 3 | importance 5``.
+    """
+
+    minutes: int
+    difficulty: int  # 1 (a line or two) .. 5 (hard: most learners need the hint)
+    importance: int  # 1 (a detail) .. 5 (the heart of the chapter)
+
+    def heading(self, names: tuple[str, ...]) -> str:
+        """The markdown heading cell the build puts before the exercise."""
+        red, blue, grey = "\U0001f534", "\U0001f535", "\u26aa"
+        difficulty = red * self.difficulty + grey * (5 - self.difficulty)
+        importance = blue * self.importance + grey * (5 - self.importance)
+        title = ", ".join(f"`{n}`" for n in names)
+        return (f"#### Exercise: {title}\n\n> **Difficulty** {difficulty} &nbsp; **Importance** {importance}"
+                f" &nbsp; **Time** about {self.minutes} minutes")
+
+
 @dataclass
 class Cell:
     kind: str  # "markdown" | "code" | "imports" | "solution" | "stub" | "exercise"
     source: str
     refs: tuple[str, ...] = ()  # for exercises: "module:name"
+    meta: ExerciseMeta | None = None  # for exercises: time and ratings
+
+
+_META = {
+    "min": re.compile(r"^(\d+)\s*min(?:utes)?$"),
+    "difficulty": re.compile(r"^difficulty\s+([1-5])$"),
+    "importance": re.compile(r"^importance\s+([1-5])$"),
+}
+
+
+def parse_meta(parts: list[str], header: str) -> ExerciseMeta:
+    """``["20 min", "difficulty 3", "importance 5"]`` (any order) -> ExerciseMeta; all three are required."""
+    found: dict[str, int] = {}
+    for part in (p.strip() for p in parts):
+        for key, pattern in _META.items():
+            match = pattern.match(part)
+            if match:
+                found[key] = int(match.group(1))
+                break
+        else:
+            raise ValueError(f"course source: '# %%{header}': cannot read {part!r} "
+                             "(expected 'N min', 'difficulty 1-5', 'importance 1-5')")
+    missing = [k if k != "min" else "N min" for k in _META if k not in found]
+    if missing:
+        raise ValueError(f"course source: '# %%{header}' lacks {', '.join(missing)}: every exercise states "
+                         "its time and ratings, e.g. '# %% exercise pkg.mod:name | 15 min | difficulty 2 | importance 4'")
+    return ExerciseMeta(found["min"], found["difficulty"], found["importance"])
 
 
 def parse_source(text: str) -> list[Cell]:
@@ -54,7 +103,8 @@ def parse_source(text: str) -> list[Cell]:
         elif words[0] in {"imports", "solution", "stub"}:
             cells.append(Cell(words[0], body))
         elif words[0] == "exercise" and len(words) > 1:
-            cells.append(Cell("exercise", body, tuple(words[1:])))
+            refs, *meta = header.strip()[len("exercise"):].split("|")
+            cells.append(Cell("exercise", body, tuple(refs.split()), parse_meta(meta, header)))
         else:
             raise ValueError(f"course source: unknown cell header '# %%{header}'")
 
@@ -141,7 +191,23 @@ def hint_markdown(name: str) -> str:
     return f"<details><summary><b>Hint</b> for <code>{name}</code></summary>\n\n{REGISTRY[name].hint}\n\n</details>"
 
 
-def build(cells: list[Cell], variant: str) -> nbformat.NotebookNode:
+def how_to_work(stem: str, variant: str) -> str:
+    """The note under each notebook's title: how to work through it (and why Run All stops)."""
+    if variant == "solution":
+        return (f"> **This is the solved notebook.** The exercises are in `chapters/{stem}.ipynb`; open this one "
+                "to compare with your code, or to see every figure of the chapter. Run All runs it top to bottom.")
+    return (
+        "> **How to work through this chapter.** Run the cells from the top, one at a time (Shift+Enter). "
+        "At each exercise, replace the `raise NotImplementedError(...)` line with your code, run the cell, "
+        "then run the `check(...)` cell below it. Stuck? `hint(\"name\")` (or the collapsed **Hint** cell) "
+        f"gives a hint, and `solutions/{stem}.ipynb` the answer (in the file browser: one folder up, then "
+        "`solutions/`). `progress()` lists what you have passed, across kernel restarts.\n>\n"
+        "> **Run All stops at the first exercise you have not written yet**, with a `NotImplementedError` "
+        "that names it: that is expected, and it marks where to continue."
+    )
+
+
+def build(cells: list[Cell], variant: str, stem: str = "") -> nbformat.NotebookNode:
     """The notebook for ``variant`` ("chapter" or "solution")."""
     nb = nbformat.v4.new_notebook()
     nb.metadata = {
@@ -152,9 +218,12 @@ def build(cells: list[Cell], variant: str) -> nbformat.NotebookNode:
     for cell in cells:
         if cell.kind == "markdown":
             out.append(nbformat.v4.new_markdown_cell(cell.source))
+            if len(out) == 1 and stem:  # under the title
+                out.append(nbformat.v4.new_markdown_cell(how_to_work(stem, variant)))
         elif cell.kind in {"code", "imports"} or cell.kind == variant.replace("chapter", "stub"):
             out.append(nbformat.v4.new_code_cell(cell.source))
         elif cell.kind == "exercise":
+            out.append(nbformat.v4.new_markdown_cell(cell.meta.heading(tuple(map(exercise_name, cell.refs)))))
             parts = []
             for ref in cell.refs:
                 obj, name = resolve(ref), exercise_name(ref)
@@ -171,8 +240,8 @@ def build(cells: list[Cell], variant: str) -> nbformat.NotebookNode:
     return nb
 
 
-def render(cells: list[Cell], variant: str) -> str:
-    return nbformat.writes(build(cells, variant)) + "\n"
+def render(cells: list[Cell], variant: str, stem: str = "") -> str:
+    return nbformat.writes(build(cells, variant, stem)) + "\n"
 
 
 def sources() -> list[Path]:
@@ -184,9 +253,25 @@ def expected_files(root: Path = ROOT) -> dict[Path, str]:
     files = {}
     for src in sources():
         cells = parse_source(src.read_text())
-        files[root / "chapters" / f"{src.stem}.ipynb"] = render(cells, "chapter")
-        files[root / "solutions" / f"{src.stem}.ipynb"] = render(cells, "solution")
+        files[root / "chapters" / f"{src.stem}.ipynb"] = render(cells, "chapter", src.stem)
+        files[root / "solutions" / f"{src.stem}.ipynb"] = render(cells, "solution", src.stem)
     return files
+
+
+@dataclass(frozen=True)
+class Exercise:
+    chapter: str  # the source's stem, e.g. "01_ppo"
+    name: str
+    meta: ExerciseMeta
+
+
+def exercises() -> list[Exercise]:
+    """Every exercise of the course in notebook order (chapters by number, then by position).
+
+    Empty when the course sources are not there (an installed package without the repository)."""
+    return [Exercise(src.stem, exercise_name(ref), cell.meta)
+            for src in sources() for cell in parse_source(src.read_text()) if cell.kind == "exercise"
+            for ref in cell.refs]
 
 
 def load_stub(chapter: str, name: str) -> Any:

@@ -49,6 +49,7 @@ HUB_TIMEOUT_S = 2.0
 _ALIASES = {"gpt-2": "gpt2", "gpt2-small": "gpt2"}
 
 _auto_choice: str | None = None
+_why = ""
 
 
 class WorldUnavailable(RuntimeError):
@@ -70,20 +71,24 @@ def _normalise(world: str, source: str) -> str:
     return name
 
 
-def resolve_world(world: str | None = None) -> str:
+def resolve_world(world: str | None = None, announce: bool = True) -> str:
     """``"tiny"`` or ``"gpt2"``: the argument if given, else ``$RLHF_TUTORIAL_WORLD``, else an automatic
-    choice (GPT-2 if it can be loaded, tiny otherwise; printed once per process)."""
+    choice (GPT-2 if it can be loaded, tiny otherwise; printed once per process, unless ``announce`` is
+    False)."""
     if world is not None:
         return _normalise(world, "the world argument")
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
         return _normalise(env, f"${ENV_VAR}")
-    return _auto_world()
+    return _auto_world(announce)
 
 
 def is_tiny(world: str | None = None) -> bool:
-    """True when the (resolved) world is the tiny one: notebooks use it to size their runs."""
-    return resolve_world(world) == "tiny"
+    """True when the (resolved) world is the tiny one: notebooks use it to size their runs.
+
+    Says nothing: the automatic choice is announced when a model is loaded, where it matters (a chapter
+    that sizes a CartPole run with it has no use for the message)."""
+    return resolve_world(world, announce=False) == "tiny"
 
 
 SMOKE_ENV_VAR = "RLHF_TUTORIAL_SMOKE"
@@ -103,8 +108,11 @@ def default_prompt() -> str:
     return PROMPT
 
 
-def _auto_world() -> str:
-    global _auto_choice
+_announced = False
+
+
+def _auto_world(announce: bool = True) -> str:
+    global _auto_choice, _announced, _why
     if _auto_choice is None:
         if all(_is_cached(repo) for repo in (GPT2_POLICY, GPT2_CLASSIFIER)):
             _auto_choice, why = "gpt2", "GPT-2 and its classifier are in the local Hugging Face cache"
@@ -114,6 +122,9 @@ def _auto_world() -> str:
             _auto_choice, why = "gpt2", "the Hugging Face hub is reachable"
         else:
             _auto_choice, why = "tiny", f"GPT-2 is not cached and the Hugging Face hub did not answer in {HUB_TIMEOUT_S:g} s"
+        _why = why
+    if announce and not _announced:
+        _announced, why = True, _why
         print(
             f"[rlhf_tutorial] using the {_auto_choice!r} world ({why}). "
             f"Switch with RLHF_TUTORIAL_WORLD=tiny|gpt2 or load_policy('tiny'|'gpt2')."
@@ -244,6 +255,20 @@ def load_tokenizer(world: str | None = None):
         return AutoTokenizer.from_pretrained(GPT2_POLICY)
 
 
+@contextlib.contextmanager
+def _no_loading_bars():
+    """Hide transformers' "Loading weights" progress bar (noise in a notebook cell); restore it after."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_policy(world: str | None = None, device: Any = None) -> HookedTransformer:
     """The policy as a TransformerLens ``HookedTransformer`` in eval mode.
 
@@ -256,7 +281,8 @@ def load_policy(world: str | None = None, device: Any = None) -> HookedTransform
         with _hub_access(GPT2_POLICY, "the GPT-2 policy"):
             from transformer_lens import HookedTransformer
 
-            model = HookedTransformer.from_pretrained(GPT2_POLICY, device=device)
+            with _no_loading_bars():
+                model = HookedTransformer.from_pretrained(GPT2_POLICY, device=device)
         return model.eval()
 
     from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -292,12 +318,14 @@ def load_sentiment_classifier(world: str | None = None, device: Any = None):
     if resolve_world(world) == "gpt2":
         with _hub_access(GPT2_CLASSIFIER, "the sentiment classifier"):
             tokenizer = AutoTokenizer.from_pretrained(GPT2_CLASSIFIER)
-            classifier = AutoModelForSequenceClassification.from_pretrained(GPT2_CLASSIFIER)
+            with _no_loading_bars():
+                classifier = AutoModelForSequenceClassification.from_pretrained(GPT2_CLASSIFIER)
         return classifier.to(device).eval(), tokenizer
 
     folder = tiny_dir() / "classifier"
     _load_float32_safetensors(folder / "model.safetensors")  # refuse anything but float32 safetensors
-    classifier = AutoModelForSequenceClassification.from_pretrained(str(folder), use_safetensors=True)
+    with _no_loading_bars():
+        classifier = AutoModelForSequenceClassification.from_pretrained(str(folder), use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     return classifier.to(device).eval(), tokenizer
 

@@ -1,6 +1,12 @@
 """Shared test settings."""
 
+import os
+import tempfile
+
 import torch
+
+# check() records verdicts for progress(): never into the developer's own cache directory.
+os.environ["RLHF_TUTORIAL_PROGRESS_FILE"] = os.path.join(tempfile.mkdtemp(prefix="rlhf-progress-"), "progress.json")
 
 # One intra-op thread: on a busy 2-core machine two threads contend and make small ops many times slower.
 torch.set_num_threads(1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlhf_tutorial import tour
-from rlhf_tutorial.checks import check, progress, run_check
+from rlhf_tutorial.checks import check, hint, progress, run_check
 from rlhf_tutorial.checks.core import RESULTS, CheckResult
 
 
@@ -67,16 +67,76 @@ def test_the_learner_line_is_named_when_their_code_raises():
     assert "IndexError" in result.message and "softmax(dim=5)" in result.message
 
 
-def test_check_prints_in_a_terminal_and_records_progress(capsys, monkeypatch):
+def test_check_prints_in_a_terminal_and_records_progress(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
-    RESULTS.pop("final_normalized_residual", None)
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", str(tmp_path / "progress.json"))
     assert "[ ] final_normalized_residual" in str(progress("00"))
     check(tour.final_normalized_residual)
     assert "[PASSED] final_normalized_residual" in capsys.readouterr().out
     check(lambda m, t: m(t), name="final_normalized_residual")
     out = capsys.readouterr().out
-    assert "[FAILED]" in out and "Hint" in out
+    assert "[FAILED]" in out and 'hint("final_normalized_residual")' in out
     assert "[!] final_normalized_residual" in str(progress("00"))
+
+
+def test_a_failed_verdict_says_how_to_ask_for_the_hint_and_does_not_show_it(capsys, monkeypatch):
+    from rlhf_tutorial.checks.core import REGISTRY
+    from rlhf_tutorial.notebooks import load_stub
+
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    stub = load_stub("01_ppo", "compute_gae")
+    result = run_check("compute_gae", stub)
+    general = REGISTRY["compute_gae"].hint
+    assert not result.passed and "not implemented yet" in result.message
+    for form in (str(result), result._repr_html_()):
+        assert general not in form and general[:40] not in form
+        assert "hint(" in form and "compute_gae" in form
+    hint("compute_gae")  # asked: now it is shown, as a hint box's text form
+    out = capsys.readouterr().out
+    assert out.startswith("[HINT] compute_gae") and general in out and not out.startswith("'")
+
+
+def test_hint_renders_as_html_like_the_verdicts():
+    from rlhf_tutorial.checks.core import Hint
+
+    box = Hint("whiten", "Subtract the mean <first>.", last_failure="You divided by the variance.")._repr_html_()
+    assert box.startswith("<div style='border-left:4px solid")
+    assert "Hint for whiten" in box and "&lt;first&gt;" in box and "You divided by the variance." in box
+
+
+def test_progress_survives_a_new_kernel_lists_in_notebook_order_and_resets(monkeypatch, tmp_path):
+    import json
+
+    from rlhf_tutorial.checks import learner_progress as progress_module
+    from rlhf_tutorial.notebooks import exercises
+
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", str(tmp_path / "p.json"))
+    check(tour.next_token_probs)
+    recorded = json.loads((tmp_path / "p.json").read_text())
+    assert recorded["next_token_probs"]["status"] == "passed"
+    RESULTS.clear()  # what a kernel restart forgets; the file remembers
+    rows = progress_module.progress().rows
+    assert ("00_setup_and_tour", "next_token_probs", "passed") == rows[0][:3]
+    in_notebook_order = [(e.chapter, e.name) for e in exercises()]
+    assert [r[:2] for r in rows][: len(in_notebook_order)] == in_notebook_order
+    assert [r[1] for r in progress_module.progress("01").rows][:3] == ["layer_init", "compute_gae",
+                                                                       "calc_clipped_surrogate_objective"]
+    overview = str(progress_module.progress())
+    assert "00_setup_and_tour: 1/2 passed" in overview and "03_rlhf_ppo: 0/" in overview
+    progress_module.reset_progress("01")
+    assert progress_module.progress("00").rows[0][2] == "passed"
+    progress_module.reset_progress()
+    assert progress_module.progress("00").rows[0][2] == "not tried"
+
+
+def test_progress_off_records_nothing(monkeypatch, tmp_path):
+    from rlhf_tutorial.checks.learner_progress import progress_file, record
+
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", "off")
+    assert progress_file() is None
+    record("whiten", "02_rewards", True)  # no error, no file
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_strict_mode_raises_on_failure_only(monkeypatch):

@@ -23,7 +23,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_lab_serves_the_lab_page():
+def test_make_lab_serves_the_lab_rooted_at_the_repository():
     port = _free_port()
     args = f"--no-browser --port={port} --ip=127.0.0.1 --ServerApp.token= --ServerApp.password="
     proc = subprocess.Popen(
@@ -42,6 +42,12 @@ def test_make_lab_serves_the_lab_page():
                 time.sleep(1)
         assert status == 200, "JupyterLab did not answer on /lab within 90 s"
         assert "JupyterLab" in body
+        # Rooted at the repository: the chapters and their solutions are both one click away.
+        for path in ("chapters/03_rlhf_ppo.ipynb", "solutions/03_rlhf_ppo.ipynb"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents/{path}?content=0", timeout=10) as r:
+                assert r.status == 200 and json.loads(r.read())["type"] == "notebook", path
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert response.url.rstrip("/").endswith("/lab/tree/chapters"), "the lab opens on chapters/"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

@@ -62,3 +62,41 @@ def test_stub_keeps_signature_and_docstring_and_drops_the_body():
 def test_parse_source_rejects_unknown_headers():
     with pytest.raises(ValueError, match="unknown cell header"):
         parse_source("# %% bogus\nx = 1\n")
+
+
+def test_exercise_headers_carry_time_and_ratings_and_the_build_shows_them():
+    cells = parse_source("# %% exercise rlhf_tutorial.tour:next_token_probs | 10 min | importance 3 | difficulty 1\n")
+    assert cells[0].refs == ("rlhf_tutorial.tour:next_token_probs",)
+    assert (cells[0].meta.minutes, cells[0].meta.difficulty, cells[0].meta.importance) == (10, 1, 3)
+    with pytest.raises(ValueError, match="lacks difficulty"):
+        parse_source("# %% exercise rlhf_tutorial.tour:next_token_probs | 10 min | importance 3\n")
+    with pytest.raises(ValueError, match="cannot read 'difficulty 7'"):
+        parse_source("# %% exercise rlhf_tutorial.tour:next_token_probs | 10 min | difficulty 7 | importance 3\n")
+    nb = notebooks.build(cells, "chapter", "00_x")
+    heading = nb.cells[0].source
+    assert heading.startswith("#### Exercise: `next_token_probs`") and "about 10 minutes" in heading
+    assert heading.count("\U0001f534") == 1 and heading.count("\U0001f535") == 3
+
+
+def test_every_exercise_in_the_course_has_a_heading_before_its_code():
+    import nbformat
+
+    files = expected_files()
+    for exercise in notebooks.exercises():
+        for variant in ("chapters", "solutions"):
+            nb = nbformat.reads(files[notebooks.ROOT / variant / f"{exercise.chapter}.ipynb"], as_version=4)
+            sources = [c.source for c in nb.cells]
+            at = next(i for i, s in enumerate(sources) if s.startswith(f"#### Exercise: `{exercise.name}`"))
+            assert nb.cells[at + 1].cell_type == "code" and f" {exercise.name}" in nb.cells[at + 1].source
+
+
+def test_chapters_say_how_to_work_through_them_and_that_run_all_stops():
+    import nbformat
+
+    for path, text in expected_files().items():
+        nb = nbformat.reads(text, as_version=4)
+        note = nb.cells[1].source
+        if path.parent.name == "chapters":
+            assert "Run All stops at the first exercise" in note and f"solutions/{path.name}" in note
+        else:
+            assert f"chapters/{path.name}" in note

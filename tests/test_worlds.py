@@ -17,6 +17,7 @@ def clean_env(monkeypatch):
     monkeypatch.delenv(worlds.ENV_VAR, raising=False)
     monkeypatch.delenv(worlds.TINY_DIR_ENV_VAR, raising=False)
     monkeypatch.setattr(worlds, "_auto_choice", None)
+    monkeypatch.setattr(worlds, "_announced", False)
 
 
 def no_gpt2_here(monkeypatch):
@@ -57,6 +58,17 @@ def test_automatic_choice_without_gpt2_is_tiny_and_says_so(monkeypatch, capsys):
     assert "'tiny' world" in out and "RLHF_TUTORIAL_WORLD" in out
     assert worlds.resolve_world() == "tiny"
     assert capsys.readouterr().out == "", "the choice is printed once"
+
+
+def test_is_tiny_is_silent_and_the_choice_is_announced_when_a_model_is_loaded(monkeypatch, capsys):
+    no_gpt2_here(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert worlds.is_tiny()  # chapter 01 sizes its CartPole run with it: nothing to say there
+    assert capsys.readouterr().out == ""
+    worlds.load_sentiment_classifier()
+    captured = capsys.readouterr()
+    assert "'tiny' world" in captured.out
+    assert "Loading weights" not in captured.err + captured.out, "transformers' loading bar is hidden"
 
 
 def test_automatic_choice_with_gpt2_cached_is_gpt2(monkeypatch, capsys):

@@ -7,12 +7,13 @@ Jupyter or as text in a terminal.
 
 from __future__ import annotations
 
-import html
 import importlib
 import os
 from typing import Any
 
-from rlhf_tutorial.checks.core import REGISTRY, RESULTS, CheckResult, run_check, show
+from rlhf_tutorial.checks import learner_progress as _progress
+from rlhf_tutorial.checks.core import LAST_FAILURE_HINT, REGISTRY, CheckResult, Hint, run_check, show
+from rlhf_tutorial.checks.learner_progress import Progress, progress, reset_progress
 
 # One module of checkers per chapter, imported on first use.
 CHAPTER_MODULES: dict[str, str] = {
@@ -23,7 +24,8 @@ CHAPTER_MODULES: dict[str, str] = {
     "04_grpo": "rlhf_tutorial.checks.ch04_grpo",
 }
 
-__all__ = ["CheckResult", "run_check", "check", "hint", "progress", "load_all", "CHAPTER_MODULES"]
+__all__ = ["CheckResult", "run_check", "check", "hint", "progress", "reset_progress", "Progress", "load_all",
+           "CHAPTER_MODULES"]
 
 _loaded = False
 
@@ -56,53 +58,17 @@ def check(obj: Any, name: str | None = None) -> None:
         result = CheckResult(repr(obj)[:40], False, "pass the function or class itself, e.g. check(whiten).")
     else:
         result = run_check(name, obj)
+        if name in REGISTRY:
+            _progress.record(name, REGISTRY[name].chapter, result.passed)
     show(result)
     if not result.passed and os.environ.get("RLHF_TUTORIAL_STRICT") == "1":
         raise ExerciseFailed(str(result))
 
 
 def hint(name: str) -> None:
-    """Show the hint of exercise ``name``."""
+    """Show the hint of exercise ``name`` (and, after a failed check, what your last attempt got wrong)."""
     load_all()
-    text = REGISTRY[name].hint if name in REGISTRY else f"there is no exercise called {name!r}."
-    show(f"Hint for {name}: {text}")
-
-
-class Progress:
-    def __init__(self, rows: list[tuple[str, str, str]]):
-        self.rows = rows  # (chapter, exercise, status)
-
-    def __str__(self) -> str:
-        marks = {"passed": "[x]", "failed": "[!]", "not tried": "[ ]"}
-        lines, chapter = [], None
-        for ch, name, status in self.rows:
-            if ch != chapter:
-                chapter = ch
-                lines.append(ch)
-            lines.append(f"  {marks[status]} {name}")
-        return "\n".join(lines) if lines else "no exercises"
-
-    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text/plain form
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        colours = {"passed": "#1a7f37", "failed": "#cf222e", "not tried": "#6e7781"}
-        body = "".join(
-            f"<tr><td>{html.escape(ch)}</td><td><code>{html.escape(n)}</code></td>"
-            f"<td style='color:{colours[s]}'>{s}</td></tr>"
-            for ch, n, s in self.rows
-        )
-        return f"<table><tr><th>chapter</th><th>exercise</th><th>status</th></tr>{body}</table>"
-
-
-def progress(chapter: str | None = None) -> Progress:
-    """Which exercises (of ``chapter``, or of all chapters) have passed in this kernel."""
-    load_all()
-    rows = []
-    for name, entry in REGISTRY.items():
-        if chapter is not None and not entry.chapter.startswith(chapter):
-            continue
-        status = "not tried" if name not in RESULTS else ("passed" if RESULTS[name] else "failed")
-        rows.append((entry.chapter, name, status))
-    rows.sort(key=lambda r: r[0])
-    return Progress(rows)
+    if name not in REGISTRY:
+        show(CheckResult(str(name), False, f"there is no exercise called {name!r}. Exercises: {', '.join(REGISTRY)}"))
+        return
+    show(Hint(name, REGISTRY[name].hint, LAST_FAILURE_HINT.get(name)))

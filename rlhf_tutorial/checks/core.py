@@ -35,11 +35,15 @@ class CheckResult:
     message: str
     hint: str | None = None
 
+    def how_to_ask(self) -> str:
+        """What a failed verdict says instead of the hint: how to see it, when the learner wants to."""
+        return f'Stuck? hint("{self.name}") shows a hint (or open the Hint cell above); the solutions/ notebook has the answer.'
+
     def __str__(self) -> str:
         mark = "PASSED" if self.passed else "FAILED"
         text = f"[{mark}] {self.name}: {self.message}"
-        if self.hint and not self.passed:
-            text += f"\n  Hint: {self.hint}"
+        if not self.passed:
+            text += f"\n  {self.how_to_ask()}"
         return text
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text/plain form
@@ -47,15 +51,43 @@ class CheckResult:
 
     def _repr_html_(self) -> str:
         colour, mark = ("#1a7f37", "&#10004; passed") if self.passed else ("#cf222e", "&#10008; failed")
-        body = html.escape(self.message).replace("\n", "<br>")
-        hint = ""
-        if self.hint and not self.passed:
-            hint = f"<div style='margin-top:4px'><b>Hint:</b> {html.escape(self.hint)}</div>"
-        return (
-            f"<div style='border-left:4px solid {colour};padding:4px 10px;margin:4px 0;"
-            f"font-family:sans-serif'><b style='color:{colour}'>{html.escape(self.name)}: {mark}</b>"
-            f"<div style='white-space:pre-wrap;font-family:monospace;font-size:90%'>{body}</div>{hint}</div>"
-        )
+        ask = "" if self.passed else f"<div style='margin-top:4px;color:#57606a'>{html.escape(self.how_to_ask())}</div>"
+        return verdict_box(colour, f"{html.escape(self.name)}: {mark}", html.escape(self.message), ask)
+
+
+def verdict_box(colour: str, title: str, body_html: str, footer_html: str = "", monospace: bool = True) -> str:
+    """The course's box for verdicts and hints: a coloured left border, a bold title, the body."""
+    font = "font-family:monospace;font-size:90%;" if monospace else ""
+    return (
+        f"<div style='border-left:4px solid {colour};padding:4px 10px;margin:4px 0;font-family:sans-serif'>"
+        f"<b style='color:{colour}'>{title}</b>"
+        f"<div style='white-space:pre-wrap;{font}'>{body_html}</div>{footer_html}</div>"
+    )
+
+
+@dataclass
+class Hint:
+    """An exercise's hint, shown only when asked (``hint("name")``), in the verdicts' box."""
+
+    name: str
+    text: str
+    last_failure: str | None = None  # the more specific hint of the learner's last failed check, if any
+
+    def __str__(self) -> str:
+        text = f"[HINT] {self.name}: {self.text}"
+        if self.last_failure and self.last_failure != self.text:
+            text += f"\n  About your last attempt: {self.last_failure}"
+        return text
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        extra = ""
+        if self.last_failure and self.last_failure != self.text:
+            extra = f"<div style='margin-top:4px'><b>About your last attempt:</b> {html.escape(self.last_failure)}</div>"
+        return verdict_box("#0969da", f"Hint for {html.escape(self.name)}", html.escape(self.text), extra,
+                           monospace=False)
 
 
 class CheckFailure(Exception):
@@ -400,7 +432,8 @@ def compare_to_reference(
 # ----------------------------------------------------------------------------------------------------
 # Running a checker
 # ----------------------------------------------------------------------------------------------------
-RESULTS: dict[str, bool] = {}
+RESULTS: dict[str, bool] = {}  # this kernel's latest verdict per exercise
+LAST_FAILURE_HINT: dict[str, str] = {}  # the hint of the latest failure per exercise (for hint())
 
 
 def run_check(name: str, candidate: Any) -> CheckResult:
@@ -430,6 +463,10 @@ def run_check(name: str, candidate: Any) -> CheckResult:
             entry.hint,
         )
     RESULTS[name] = result.passed
+    if result.passed:
+        LAST_FAILURE_HINT.pop(name, None)
+    elif result.hint:
+        LAST_FAILURE_HINT[name] = result.hint
     return result
 
 
