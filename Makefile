@@ -27,9 +27,12 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Rooted at the repository so that both chapters/ and solutions/ are in the file browser; it opens on
-# chapters/.
+# chapters/. jupyterlab-settings/overrides.json turns on saving widget state with the notebook, so that
+# explorers' controls come back when a notebook is reopened (their views are saved outputs anyway).
+LAB_FLAGS = --notebook-dir=. --LabApp.default_url=/lab/tree/chapters \
+	--LabApp.app_settings_dir=$(CURDIR)/jupyterlab-settings
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=. --LabApp.default_url=/lab/tree/chapters $(ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check --no-cache rlhf_tutorial tests course

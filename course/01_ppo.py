@@ -292,7 +292,7 @@ dashboard.finish()
 first20, last20 = np.mean(result.episode_returns[:20]), result.mean_return_last(20)
 print(f"{len(result.episode_returns)} episodes, {result.env_steps:,} env steps in {result.wall_seconds:.0f} s")
 print(f"mean return: first 20 episodes {first20:.1f}, last 20 episodes {last20:.1f}")
-assert last20 > 3 * first20, "the agent should clearly learn within this run"
+assert is_smoke() or last20 > 3 * first20, "the agent should clearly learn within this run"
 
 # %% [markdown]
 # The full run uses the defaults of `PPOArgs` (250,000 steps, 488 updates):

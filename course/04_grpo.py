@@ -52,7 +52,7 @@ from rlhf_tutorial.grpo import (
     train,
 )
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs, make_reward_fn
-from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_curves
+from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_dashboard
 from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world
 
 # %%
@@ -243,10 +243,11 @@ if is_tiny():
     args.num_phases, args.eval_samples = 12, 64
 if is_smoke():  # RLHF_TUTORIAL_SMOKE=1 (CI, the browser test): a few phases, the code path only
     args.num_phases, args.eval_samples = 3, 16
-result = train(args, reward_fn=sentiment_reward, **learner_functions(globals()))
+curves = grpo_dashboard(title=f"GRPO on the {world} world, towards {direction}")
+result = train(args, reward_fn=sentiment_reward, callback=curves.update, **learner_functions(globals()))
+curves.finish()
 print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
       f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
-grpo_curves(result.history, title=f"GRPO on the {world} world, towards {direction}")
 
 # %%
 for name, stats in [("base", result.eval_initial), ("tuned", result.eval_final)]:
@@ -293,13 +294,14 @@ if is_tiny():
     rule_args.num_phases, rule_args.eval_samples = 14, 48
 if is_smoke():
     rule_args.num_phases, rule_args.eval_samples = 3, 16
-rule_result = train(rule_args, **learner_functions(globals()))
+rule_curves = grpo_dashboard(title="GRPO with a verifiable rule reward (mention the acting, <= 3 sentences)")
+rule_result = train(rule_args, callback=rule_curves.update, **learner_functions(globals()))
+rule_curves.finish()
 print(f"prompts: {rule_args.prompts}")
 print(f"rule reward: {rule_result.eval_initial['reward']:.3f} -> {rule_result.eval_final['reward']:.3f}")
 print("frac_reward_zero_std per phase:", [round(r["frac_reward_zero_std"], 2) for r in rule_result.history])
 print("groups sampled per phase:      ", [r["groups_sampled"] for r in rule_result.history])
 print("groups kept per phase:         ", [r["groups_kept"] for r in rule_result.history])
-grpo_curves(rule_result.history, title="GRPO with a verifiable rule reward (mention the acting, <= 3 sentences)")
 
 # %%
 for text, r in list(zip(rule_result.eval_final["texts"], rule_result.eval_final["rewards"]))[:5]:

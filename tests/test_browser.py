@@ -71,11 +71,12 @@ def chromium_executable() -> str:
 # ----------------------------------------------------------------------------------------------------
 @dataclass
 class Visual:
-    """A cell whose source contains ``marker`` must show at least ``plots`` plotly figures."""
+    """A cell whose source contains ``marker`` must show at least ``plots`` plotly figures (and, with
+    ``plots=0``, some HTML: an explorer's view)."""
 
     marker: str
     plots: int = 1
-    slider: bool = False  # move this cell's first slider and expect its output to change
+    interact: str | None = None  # "slider" or "dropdown": move it and expect the output to change
 
 
 @dataclass
@@ -86,18 +87,19 @@ class Spec:
 
 SPECS = [
     Spec("solutions/01_ppo.ipynb", [
-        Visual("clipped_objective_explorer(", slider=True),
+        Visual("clipped_objective_explorer(", interact="slider"),
         Visual("dashboard = ppo_dashboard("),
     ]),
     Spec("solutions/03_rlhf_ppo.ipynb", [
-        Visual("dashboard = rlhf_dashboard("),
-        Visual("token_explorer(trainer", slider=True),
+        Visual("dashboard = rlhf_dashboard(", interact="slider"),
+        Visual("token_explorer(trainer", plots=0, interact="dropdown"),
         Visual("runs_figure("),
     ]),
     Spec("solutions/04_grpo.ipynb", [
-        Visual("grpo_curves("),
+        Visual("curves = grpo_dashboard("),
+        Visual("rule_curves = grpo_dashboard("),
         Visual("comparison_figure("),
-        Visual("group_viewer(groups", slider=True),
+        Visual("group_viewer(groups", plots=0, interact="dropdown"),
     ]),
 ]
 
@@ -148,6 +150,7 @@ def lab(tmp_path_factory) -> Lab:
         sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
         f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
         "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False",
+        f"--LabApp.app_settings_dir={ROOT / 'jupyterlab-settings'}",  # as `make lab`: widget state saved
         *(["--allow-root"] if os.geteuid() == 0 else []),
     ]
     with log.open("wb") as out:
@@ -256,24 +259,37 @@ def _shot(locator, name: str) -> Path:
     return path
 
 
+# A figure counts as drawn when JupyterLab's plotly renderer shows it, either as an interactive plot
+# (an SVG) or as the PNG snapshot it stores in the output (what a reopened notebook shows first).
+JS_DRAWN = """(cell) => Array.from(cell.querySelectorAll('.jp-OutputArea .jp-RenderedPlotly')).filter(r => {
+  const svg = r.querySelector('.plot-container .main-svg');
+  const img = r.querySelector('img.plot-img');
+  const shown = el => el && getComputedStyle(el).display !== 'none' && el.getBoundingClientRect().height > 20;
+  return (svg && shown(r.querySelector('.plot-container'))) || (img && img.src.startsWith('data:image/png') && shown(img));
+}).length"""
+
+
+def _drawn(page, index: int) -> int:
+    return page.evaluate(f"(i) => ({JS_DRAWN})(document.querySelectorAll('.jp-Notebook .jp-Cell')[i])", index)
+
+
 def _assert_visuals(page, cells: list[dict], spec: Spec, stage: str) -> dict[str, int]:
     """Every visual's cell shows its plots; returns the plot count per marker. Screenshots each."""
     counts = {}
     for visual in spec.visuals:
         index = _cell_index(cells, visual.marker)
-        output = _cell(page, index).locator(".jp-OutputArea")
+        output = _cell(page, index).locator(".jp-Cell-outputArea")
         output.scroll_into_view_if_needed()
-        try:
-            page.wait_for_function(
-                "([i, n]) => document.querySelectorAll('.jp-Notebook .jp-Cell')[i]"
-                ".querySelectorAll('.jp-OutputArea .js-plotly-plot .main-svg').length >= n",
-                arg=[index, visual.plots], timeout=30_000,
-            )
-        except Exception:  # noqa: BLE001 - report what the cell shows instead
-            pass
-        count = output.locator(".js-plotly-plot").count()
+        deadline = time.time() + 30
+        while _drawn(page, index) < visual.plots and time.time() < deadline:
+            time.sleep(0.5)
+        count = _drawn(page, index)
         name = f"{Path(spec.notebook).stem}-{stage}-cell{index:03d}"
         shot = _shot(output, name)
+        if visual.plots == 0:
+            html_views = output.locator(".jp-RenderedHTMLCommon").count()
+            assert html_views >= 1 and output.inner_text().strip(), \
+                f"{spec.notebook} ({stage}): the cell with {visual.marker!r} shows no view (screenshot {shot})"
         assert count >= visual.plots, (
             f"{spec.notebook} ({stage}): the cell with {visual.marker!r} shows {count} plotly figure(s), "
             f"expected {visual.plots}. Its output reads: {output.inner_text()[:500]!r} (screenshot {shot})"
@@ -293,27 +309,78 @@ def _assert_no_broken_output(page, cells: list[dict], notebook: str, stage: str)
         f"{notebook} ({stage}): a raw FigureWidget(...) repr is shown instead of a figure (cells {raw})"
 
 
-def _move_slider(page, index: int, notebook: str) -> None:
+def _interact(page, index: int, kind: str, notebook: str) -> None:
+    """Move the cell's first slider (drag its handle) or pick the next dropdown option; the cell's
+    output (text and figures) must change."""
     cell = _cell(page, index)
-    handle = cell.locator(".jp-OutputArea .widget-slider .noUi-handle").first
-    assert handle.count() == 1, f"{notebook}: the explorer cell has no slider"
-    handle.scroll_into_view_if_needed()
-    before = cell.locator(".jp-OutputArea").inner_text()
-    plot_before = cell.locator(".js-plotly-plot").first.evaluate("gd => JSON.stringify(gd.data)")
-    box = handle.bounding_box()
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] / 2 + 60, box["y"] + box["height"] / 2, steps=6)
-    page.mouse.up()
+    output = cell.locator(".jp-Cell-outputArea")
+
+    def state() -> str:
+        plots = output.locator(".js-plotly-plot")
+        data = [plots.nth(i).evaluate("gd => JSON.stringify([gd.data, gd.layout.title])") for i in range(plots.count())]
+        return output.inner_text() + "".join(data)
+
+    before = state()
+    if kind == "slider":
+        handle = output.locator(".widget-slider .noUi-handle").first
+        assert handle.count() == 1, f"{notebook}: the cell has no slider"
+        handle.scroll_into_view_if_needed()
+        box = handle.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] / 2 - 80, box["y"] + box["height"] / 2, steps=6)
+        page.mouse.up()
+    else:
+        select = output.locator(".widget-dropdown select").first
+        assert select.count() == 1, f"{notebook}: the cell has no dropdown"
+        options = select.locator("option")
+        assert options.count() >= 2, f"{notebook}: the dropdown has a single option"
+        select.select_option(index=1)
     deadline = time.time() + 30
     while time.time() < deadline:
-        after = cell.locator(".jp-OutputArea").inner_text()
-        plot_after = cell.locator(".js-plotly-plot").first.evaluate("gd => JSON.stringify(gd.data)")
-        if after != before and plot_after != plot_before:
+        if state() != before:
             return
         time.sleep(0.5)
-    pytest.fail(f"{notebook}: moving the explorer's slider changed "
-                f"{'nothing' if after == before and plot_after == plot_before else 'the text or the figure, not both'}")
+    pytest.fail(f"{notebook}: moving the {kind} of the cell with index {index} changed nothing in its output")
+
+
+def _widget_outputs(state: dict, model_id: str, seen: set | None = None) -> list[dict]:
+    """The outputs held by the Output widgets in the saved widget state under ``model_id``."""
+    seen = set() if seen is None else seen
+    if model_id in seen or model_id not in state:
+        return []
+    seen.add(model_id)
+    model = state[model_id]["state"]
+    found = list(model.get("outputs", []))
+    for value in model.values():
+        for ref in value if isinstance(value, list) else [value]:
+            if isinstance(ref, str) and ref.startswith("IPY_MODEL_"):
+                found += _widget_outputs(state, ref[len("IPY_MODEL_"):], seen)
+    return found
+
+
+def _assert_saved_outputs(path: Path, spec: Spec) -> None:
+    """The .ipynb on disk: every visual's cell keeps what it showed in a form drawn with no kernel:
+    ordinary outputs (a plotly figure, HTML) or, for an explorer, the saved state of its widgets."""
+    nb = json.loads(path.read_text())
+    state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for visual in spec.visuals:
+        cell = next(c for c in cells if visual.marker in "".join(c["source"]))
+        outputs = [o for o in cell["outputs"] if o.get("output_type") in ("display_data", "execute_result")]
+        for o in list(outputs):
+            view = o.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            if view:
+                assert view["model_id"] in state, \
+                    f"{path.name}: a widget of the cell with {visual.marker!r} is not in the saved widget state"
+                outputs += _widget_outputs(state, view["model_id"])
+        figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+        views = [o for o in outputs if {"application/vnd.plotly.v1+json", "text/html"} & set(o.get("data", {}))]
+        assert len(figures) >= visual.plots and views, (
+            f"{path.name}: the saved cell with {visual.marker!r} keeps {len(figures)} plotly figure(s) "
+            f"(expected {visual.plots}) and {len(views)} view(s) that are drawn without a kernel")
+        live_figures = [o for o in cell["outputs"] if "FigureWidget" in str(o.get("data", {}).get("text/plain", ""))]
+        assert not live_figures, f"{path.name}: a live FigureWidget was left in the cell with {visual.marker!r}"
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: Path(s.notebook).stem)
@@ -334,13 +401,13 @@ def test_solution_runs_renders_and_survives_a_reopen(lab, browser, spec):
             time.sleep(1)
         cells = _cells(page)
         _assert_no_broken_output(page, cells, spec.notebook, "after Run All")
-        _assert_visuals(page, cells, spec, "run")
+        shown = _assert_visuals(page, cells, spec, "run")
 
         for visual in spec.visuals:
-            if visual.slider:
+            if visual.interact:
                 index = _cell_index(cells, visual.marker)
-                _move_slider(page, index, spec.notebook)
-                _shot(_cell(page, index).locator(".jp-OutputArea"), f"{stem}-slider-moved-cell{index:03d}")
+                _interact(page, index, visual.interact, spec.notebook)
+                _shot(_cell(page, index).locator(".jp-Cell-outputArea"), f"{stem}-{visual.interact}-moved-cell{index:03d}")
 
         # Save, stop the kernel, close the tab; then open the file again in a fresh page.
         page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
@@ -348,13 +415,20 @@ def test_solution_runs_renders_and_survives_a_reopen(lab, browser, spec):
         page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
         page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
         page.close()
+        saved = ARTIFACTS / "saved" / Path(spec.notebook).name
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(lab.root / spec.notebook, saved)  # kept for inspection
+        _assert_saved_outputs(saved, spec)
 
         page = context.new_page()
         page.on("pageerror", lambda exc: console_errors.append(str(exc)))
         _open(page, lab, spec.notebook)
         cells = _cells(page)
         assert any(c["outputs"] for c in cells), f"{spec.notebook}: the reopened notebook has no outputs"
-        _assert_visuals(page, cells, spec, "reopened")
+        reopened = _assert_visuals(page, cells, spec, "reopened")
+        for marker, count in shown.items():
+            assert reopened[marker] >= count, \
+                f"{spec.notebook}: the cell with {marker!r} showed {count} figure(s), {reopened[marker]} after reopening"
         _assert_no_broken_output(page, cells, spec.notebook, "reopened")
     finally:
         context.close()

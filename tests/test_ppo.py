@@ -255,16 +255,82 @@ def test_explorer_falls_back_to_a_static_figure(capsys):
     assert "1 + eps" in capsys.readouterr().out
 
 
-def test_live_dashboard_widget_mode_redraws(monkeypatch):
-    shown = []
-    monkeypatch.setattr(live, "_display", shown.append)
+def _fake_display(monkeypatch):
+    """Record what the live layer shows (mime bundles) and each in-place update (index, bundle)."""
+    shown, updates = [], []
+
+    class Handle:
+        def __init__(self, index):
+            self.index = index
+
+        def update(self, data, raw=False, metadata=None):
+            updates.append((self.index, data))
+
+    def display(obj, display_id=False, raw=False, metadata=None):
+        shown.append(obj)
+        return Handle(len(shown) - 1) if display_id else None
+
+    monkeypatch.setattr(live, "_display", display)
+    return shown, updates
+
+
+def test_live_dashboard_is_live_then_leaves_a_static_figure(monkeypatch):
+    shown, updates = _fake_display(monkeypatch)
     dash = live.LiveDashboard(["loss"], static=False, refresh_seconds=0.0)
     assert not dash.static and isinstance(dash.fig, go.FigureWidget)
-    assert len(shown) == 1  # the widget box, shown once at construction
+    assert len(shown) == 1 and "application/vnd.jupyter.widget-view+json" in shown[0]  # live while training
     dash.update(0, loss=2.0)
     dash.update(1, loss=1.0)
     assert list(dash.fig.data[0].y) == [2.0, 1.0]  # redrawn during training, not only at the end
     dash.note("sample text")
-    assert "sample text" in dash._note_widget.value
+    assert len(shown) == 2 and "sample text" in shown[1]["text/html"]
+    dash.note("more text")
+    assert "more text" in updates[-1][1]["text/html"] and len(shown) == 2  # replaced, not appended
     dash.finish()
-    assert len(shown) == 1
+    index, final = updates[-1]
+    assert index == 0, "the widget's own output is replaced"
+    assert "application/vnd.jupyter.widget-view+json" not in final
+    assert final[live.PLOTLY_MIME]["data"][0]["y"] == [2.0, 1.0]  # the static figure, with the curve
+    dash.finish()
+    assert len(updates) == 2 and len(shown) == 2  # once
+
+
+def test_explorer_is_controls_above_output_views_redrawn_when_a_control_moves(monkeypatch):
+    import ipywidgets
+
+    monkeypatch.setattr(live, "in_kernel", lambda: True)
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    monkeypatch.delenv("RLHF_TUTORIAL_STATIC", raising=False)
+
+    class Shell:  # the kernel's formatter, for the HTML view
+        class display_formatter:
+            @staticmethod
+            def format(obj):
+                return {"text/html": obj.data}, {}
+
+    monkeypatch.setattr("IPython.get_ipython", lambda: Shell())
+    explorer = ppo_widgets.clipped_objective_explorer(epsilon=0.2, ratio=1.3)
+    assert isinstance(explorer, live.Explorer)
+    box = explorer.widget()
+    controls, figure_view, text_view = box.children
+    assert isinstance(controls, ipywidgets.HBox) and isinstance(figure_view, ipywidgets.Output)
+    assert not any(isinstance(w, go.FigureWidget) for w in box.children)  # plain widgets: state is small
+
+    def shown():
+        assert len(figure_view.outputs) == 1 and len(text_view.outputs) == 1  # replaced, never appended
+        figure = figure_view.outputs[0]["data"][live.PLOTLY_MIME]
+        return figure["layout"]["title"]["text"], text_view.outputs[0]["data"]["text/html"]
+
+    title, text = shown()
+    assert "eps = 0.20" in title and "r = 1.30" in text
+    explorer.controls[0].value = 0.35  # eps
+    title, text = shown()
+    assert "eps = 0.35" in title and "0.65" in text
+
+
+def test_every_figure_uses_the_course_template():
+    import plotly.io as pio
+
+    assert pio.templates.default == live.COURSE_TEMPLATE
+    template = ppo_widgets.clipped_objective_figure().layout.template
+    assert template.layout.paper_bgcolor == "white" and template.layout.title.x == 0.01  # plotly_white + ours

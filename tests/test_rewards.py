@@ -262,7 +262,7 @@ def test_cli_trains_on_the_tiny_world():
 # ----------------------------------------------------------------------------------------------------
 # widgets
 # ----------------------------------------------------------------------------------------------------
-def test_widgets_build():
+def test_widgets_build(monkeypatch):
     from rlhf_tutorial.widgets import rewards as w
 
     clf, tok = tiny_classifier(("NEGATIVE", "POSITIVE"))
@@ -274,8 +274,12 @@ def test_widgets_build():
     table = w.reward_table(texts, clf, tok)
     assert "great fun" in table._repr_html_() and "great fun" in repr(table)
     assert len(w.reward_bars(rows).data) == 3
-    box = w.reward_explorer(texts, clf, tok)
-    assert "+" in box.children[-1].value  # the result table of the first text
+    assert "great fun" in repr(w.reward_explorer(texts, clf, tok))  # no kernel: the static table
+    monkeypatch.setattr(w, "widgets_available", lambda: True)
+    explorer = w.reward_explorer(texts, clf, tok)
+    assert "+" in explorer.render().data  # the result table of the first text
+    explorer.controls[1].value = "great great great great great"  # typed: scored on render
+    assert "great great" in explorer.render().data
     history = {"step": [1, 2, 3], "loss": [0.7, 0.6, 0.5], "accuracy": [0.5, 0.6, 0.8],
                "eval_step": [0, 3], "heldout_accuracy": [0.5, 0.75], "heldout_loss": [0.69, 0.55]}
     fig = w.reward_model_curve(history, smooth=2)

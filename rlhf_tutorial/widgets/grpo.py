@@ -20,7 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.checks.core import in_notebook
+from rlhf_tutorial.widgets.live import Explorer, LiveDashboard, html_output, widgets_available
 
 COLOURS = {"PPO": "#1f77b4", "GRPO": "#d62728"}
 
@@ -109,7 +109,7 @@ def group_viewer(groups: Sequence[dict[str, Any]], static: bool | None = None):
     a :class:`GroupTable` elsewhere or with ``static=True``."""
     groups = list(groups)
     if static is None:
-        static = not in_notebook()
+        static = not widgets_available()
     if static or not groups:
         return GroupTable(groups)
     import ipywidgets as widgets
@@ -117,13 +117,7 @@ def group_viewer(groups: Sequence[dict[str, Any]], static: bool | None = None):
     options = [(f"{i}: {g['prompt']!r}  (mean r {sum(c['reward'] for c in g['completions']) / len(g['completions']):.2f})", i)
                for i, g in enumerate(groups)]
     pick = widgets.Dropdown(options=options, value=0, description="group", layout=widgets.Layout(width="60%"))
-    view = widgets.HTML(group_html(groups[0], 0))
-
-    def show(change) -> None:
-        view.value = group_html(groups[change["new"]], change["new"])
-
-    pick.observe(show, names="value")
-    return widgets.VBox([pick, view])
+    return Explorer([pick], lambda: html_output(group_html(groups[pick.value], pick.value)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -131,19 +125,41 @@ def group_viewer(groups: Sequence[dict[str, Any]], static: bool | None = None):
 # ----------------------------------------------------------------------------------------------------
 
 
+GRPO_PANELS = ["reward", "frac_reward_zero_std", "kl", "clipfrac"]
+GRPO_TITLES = {"reward": "mean reward", "frac_reward_zero_std": "frac_reward_zero_std",
+               "kl": "KL(policy || ref), k3 per token", "clipfrac": "clip fraction"}
+
+
+class GRPODashboard:
+    """The GRPO curves, live: pass ``update`` as ``train(..., callback=dash.update)``, then ``finish()``.
+
+    The same four panels as :func:`grpo_curves`, redrawn after every phase while the cell runs."""
+
+    def __init__(self, title: str = "GRPO", static: bool | None = None):
+        self.live = LiveDashboard(GRPO_PANELS, title=title, titles=GRPO_TITLES, cols=4, x_title="phase",
+                                  static=static, height_per_row=240)
+
+    def update(self, record: dict[str, Any]) -> None:
+        self.live.update(record["phase"], **{k: record.get(k) for k in GRPO_PANELS})
+
+    def finish(self) -> None:
+        self.live.finish()
+
+    def to_figure(self) -> go.Figure:
+        return self.live.to_figure()
+
+
+def grpo_dashboard(title: str = "GRPO", static: bool | None = None) -> GRPODashboard:
+    """Chapter 04's live training curves (reward, all-equal groups, KL, clip fraction per phase)."""
+    return GRPODashboard(title=title, static=static)
+
+
 def grpo_curves(history: Sequence[dict[str, Any]], title: str = "GRPO") -> go.Figure:
-    """Reward, fraction of all-equal groups, KL to the reference and clip fraction, per phase."""
-    panels = [("reward", "mean reward"), ("frac_reward_zero_std", "frac_reward_zero_std"),
-              ("kl", "KL(policy || ref), k3 per token"), ("clipfrac", "clip fraction")]
-    fig = make_subplots(rows=1, cols=4, subplot_titles=[t for _, t in panels])
-    phases = [r["phase"] for r in history]
-    for col, (key, _) in enumerate(panels, start=1):
-        fig.add_trace(go.Scatter(x=phases, y=[r.get(key) for r in history], mode="lines+markers",
-                                 marker={"size": 3}, showlegend=False, line={"color": COLOURS["GRPO"]}),
-                      row=1, col=col)
-        fig.update_xaxes(title_text="phase", row=1, col=col)
-    fig.update_layout(title=title, height=300, margin={"t": 60, "b": 40, "l": 40, "r": 20})
-    return fig
+    """Reward, fraction of all-equal groups, KL to the reference and clip fraction, per phase (static)."""
+    dash = GRPODashboard(title=title, static=True)
+    for record in history:
+        dash.update(record)
+    return dash.to_figure()
 
 
 def comparison_figure(runs: dict[str, dict[str, Any]], title: str = "PPO vs GRPO on the same task") -> go.Figure:
@@ -157,8 +173,8 @@ def comparison_figure(runs: dict[str, dict[str, Any]], title: str = "PPO vs GRPO
     """
     training = all(run.get("peak_memory_training_mb") is not None for run in runs.values())
     memory_key = "peak_memory_training_mb" if training else "peak_memory_mb"
-    memory_title = "peak memory of training (MB)" if training else "peak memory of the process (MB)"
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.6, 0.2, 0.2],
+    memory_title = "peak memory (MB)<br>of training" if training else "peak memory (MB)<br>of the process"
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.56, 0.22, 0.22], horizontal_spacing=0.07,
                         subplot_titles=["mean reward per phase", "wall time (s)", memory_title])
     for name, run in runs.items():
         colour = COLOURS.get(name)
@@ -173,8 +189,8 @@ def comparison_figure(runs: dict[str, dict[str, Any]], title: str = "PPO vs GRPO
                           row=1, col=col)
     fig.update_xaxes(title_text="phase", row=1, col=1)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
-    fig.update_layout(title=title, height=360, margin={"t": 70, "b": 40, "l": 40, "r": 20},
-                      legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(title=title, height=420, margin={"t": 100, "b": 110, "l": 50, "r": 20},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0})
     return fig
 
 

@@ -1,26 +1,40 @@
-"""A live training dashboard, reused by every chapter that trains something.
+"""How every course visual reaches the notebook: outputs redrawn in place, and the live training dashboard.
+
+Every visual must still show when the notebook is reopened with no kernel. Two ways, one per kind:
+
+- A visual that is finished when its cell ends (training curves, a figure) leaves an ordinary output:
+  a plotly figure (JupyterLab adds a PNG snapshot to it when it draws it, which GitHub shows). While
+  it changes, it is a live ``FigureWidget``; :class:`Updatable` replaces it by the static figure at the
+  end (``LiveDashboard.finish()`` does this; ``show_updatable(obj).update(new)`` for anything else).
+- An :class:`Explorer` (controls above views that redraw) stays live while the kernel runs; it is made
+  of plain ipywidgets only (no FigureWidget: its saved state would carry 5 MB of JavaScript), so the
+  widget state JupyterLab saves with the notebook (``make lab`` turns saving on) brings it back.
+
+And the dashboard, reused by every chapter that trains something::
 
     dash = LiveDashboard(["episodic_return", "value_loss", ("reward", "kl")], title="PPO")
     for step in ...:
         dash.update(step, episodic_return=..., value_loss=..., reward=..., kl=...)
     dash.finish()
 
-In JupyterLab the figure is a plotly ``FigureWidget`` that redraws while the cell runs (at most every
-``refresh_seconds``, in one ``batch_update``). Where no widget front end can show it (a terminal,
-nbval, ``RLHF_TUTORIAL_STATIC=1`` or ``RLHF_TUTORIAL_STRICT=1``, or no ``anywidget``), nothing is drawn
-during training and ``finish()`` shows one static plotly figure instead (in a kernel; in a terminal
-it shows nothing: ``save(path)`` writes an HTML file).
+In JupyterLab its plotly figure redraws while the cell runs (at most every ``refresh_seconds``); the
+last drawing stays in the saved notebook. Where nothing can be redrawn (a terminal, nbval,
+``RLHF_TUTORIAL_STATIC=1`` or ``RLHF_TUTORIAL_STRICT=1``), nothing is drawn during training and
+``finish()`` shows one static plotly figure instead (in a kernel; in a terminal it shows nothing:
+``save(path)`` writes an HTML file). Every figure uses the course's plotly template, ``COURSE_TEMPLATE``.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 import time
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 
@@ -34,24 +48,149 @@ def in_kernel() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def widgets_available() -> bool:
-    """Whether a live ``FigureWidget`` can be shown: in a kernel, not forced static, anywidget present."""
+def live_available() -> bool:
+    """Whether outputs can be redrawn in place: in a kernel, and not forced static (STATIC or STRICT)."""
     if os.environ.get("RLHF_TUTORIAL_STATIC") == "1" or os.environ.get("RLHF_TUTORIAL_STRICT") == "1":
         return False
-    if not in_kernel():
+    return in_kernel()
+
+
+def widgets_available() -> bool:
+    """Whether ipywidgets controls can be shown: live outputs are available and ipywidgets is installed."""
+    if not live_available():
         return False
     try:
-        import anywidget  # noqa: F401  (plotly's FigureWidget needs it)
         import ipywidgets  # noqa: F401
     except ImportError:
         return False
     return True
 
 
-def _display(obj) -> None:
+# One template for every figure of the course: white background, the same font, room for titles.
+COURSE_TEMPLATE = "plotly_white+rlhf_tutorial"
+pio.templates["rlhf_tutorial"] = go.layout.Template(layout=dict(
+    font=dict(size=12),
+    title=dict(font=dict(size=16), x=0.01, xanchor="left"),
+    margin=dict(l=60, r=30, t=80, b=60),
+    colorway=["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"],
+))
+pio.templates.default = COURSE_TEMPLATE
+
+
+def _display(obj, **kwargs):
     from IPython.display import display
 
-    display(obj)
+    return display(obj, **kwargs)
+
+
+def html_output(text: str):
+    """An HTML object for :class:`Updatable` (IPython's ``HTML``)."""
+    from IPython.display import HTML
+
+    return HTML(text)
+
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def mimebundle(obj) -> tuple[dict, dict]:
+    """``(data, metadata)``: what ``display(obj)`` would send, without sending it.
+
+    Plotly figures define ``_ipython_display_``, which shows the figure at once (a new output, whatever
+    display id or update was asked for): they are asked for their bundle instead.
+    """
+    if hasattr(obj, "_ipython_display_") and hasattr(obj, "_repr_mimebundle_"):
+        out = obj._repr_mimebundle_()
+        data, metadata = out if isinstance(out, tuple) else (out, {})
+        if isinstance(obj, go.Figure) and PLOTLY_MIME not in data:  # no renderer chosen (not in a kernel)
+            data = {**data, PLOTLY_MIME: json.loads(obj.to_json())}
+        return data, metadata
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:  # not in IPython: the same formatters, standalone
+        from IPython.core.formatters import DisplayFormatter
+
+        return DisplayFormatter().format(obj)
+    return shell.display_formatter.format(obj)
+
+
+class Updatable:
+    """One notebook output that the kernel replaces in place: ``Updatable(fig)``, then ``update(fig2)``.
+
+    It is an ordinary output (a plotly figure, HTML), not a widget: what it shows last is saved with the
+    notebook and drawn with no kernel. Call it where a visual changes while the kernel runs (training
+    curves, an explorer's view); a visual that never changes is simply returned or displayed.
+    """
+
+    def __init__(self, obj) -> None:
+        data, metadata = mimebundle(obj)
+        self._handle = _display(data, raw=True, metadata=metadata, display_id=True)
+
+    def update(self, obj) -> None:
+        if self._handle is not None:
+            data, metadata = mimebundle(obj)
+            self._handle.update(data, raw=True, metadata=metadata)
+
+
+def show_updatable(obj) -> Updatable:
+    """Show ``obj`` (a plotly figure, an IPython HTML...) as an output that ``.update(new)`` replaces."""
+    return Updatable(obj)
+
+
+class Explorer:
+    """ipywidgets controls above views that are redrawn whenever a control's value changes.
+
+    Args:
+        controls: the widgets (sliders, dropdowns, text boxes); every one with a ``value`` redraws.
+        render: returns what the views show: one object or a tuple (plotly figures, ``html_output``...).
+        static: what to show where widgets cannot (a terminal, nbval); default: ``render()``.
+
+    Shown by IPython (return it from a cell, or ``display`` it) as one box of plain ipywidgets: the
+    controls, then one ``Output`` widget per view. The box's state is saved with the notebook when
+    JupyterLab saves widget state (``make lab`` turns that on), so a reopened notebook shows the last
+    view, without a kernel. ``redraw()`` redraws (for buttons).
+    """
+
+    def __init__(self, controls, render, static=None) -> None:
+        self.controls = list(controls)
+        self.render = render
+        self.static = static
+        self.views: list = []
+
+    def _objects(self) -> tuple:
+        out = self.render()
+        return out if isinstance(out, tuple) else (out,)
+
+    def redraw(self, *_) -> None:
+        for view, obj in zip(self.views, self._objects()):
+            data, metadata = mimebundle(obj)
+            view.outputs = ({"output_type": "display_data", "data": data, "metadata": metadata},)
+
+    def widget(self):
+        """The box of controls and views (built once, drawn with the current values)."""
+        import ipywidgets
+
+        if not self.views:
+            self.views = [ipywidgets.Output() for _ in self._objects()]
+            for control in self.controls:
+                if hasattr(control, "value"):
+                    control.observe(self.redraw, names="value")
+            self.redraw()
+        controls = ipywidgets.HBox(self.controls, layout=ipywidgets.Layout(flex_flow="row wrap"))
+        return ipywidgets.VBox([controls, *self.views])
+
+    def _ipython_display_(self) -> None:
+        if not widgets_available():
+            for obj in (self.static() if self.static is not None else self._objects()):
+                _display(obj)
+            return
+        _display(self.widget())
+
+
+ROW_GAP_PX = 75  # between two rows of subplots: tick labels, the x title, the next subplot title
+X_TITLE_PX = 50  # from the bottom of the lowest plots to below their x titles (where the legend starts)
+LEGEND_PX = 40
 
 
 class LiveDashboard:
@@ -98,19 +237,24 @@ class LiveDashboard:
         n = len(self.panels)
         self.cols = max(1, min(cols, n))
         rows = math.ceil(n / self.cols)
+        # Pixels: each row's plot area, the gap between rows (tick labels, the x title, then the next
+        # row's subplot title), and the legend's place under the lowest x titles.
+        area = rows * height_per_row
         fig = make_subplots(
             rows=rows,
             cols=self.cols,
             subplot_titles=[titles.get(p[0], " / ".join(m.replace("_", " ") for m in p)) for p in self.panels],
-            horizontal_spacing=0.08,
-            vertical_spacing=min(0.5 / max(rows, 1), 0.12),
+            horizontal_spacing=min(0.3 / self.cols, 0.08),
+            vertical_spacing=ROW_GAP_PX / area if rows > 1 else 0.0,
         )
         # One trace per metric (and one more per smoothed metric); remember which trace is which.
         self._trace: dict[str, int] = {}
         self._smooth_trace: dict[str, int] = {}
-        palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+        palette = pio.templates["rlhf_tutorial"].layout.colorway
+        has_legend = False
         for i, panel in enumerate(self.panels):
             row, col = i // self.cols + 1, i % self.cols + 1
+            has_legend |= len(panel) > 1
             for j, metric in enumerate(panel):
                 colour = palette[j % len(palette)]
                 raw_style = dict(mode="markers", marker=dict(size=3, color=colour, opacity=0.35)) \
@@ -123,31 +267,29 @@ class LiveDashboard:
                     fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name=f"{metric} (mean of last {self.smooth[metric]})",
                                              line=dict(color=colour, width=2), showlegend=False),
                                   row=row, col=col)
-            fig.update_xaxes(title_text=x_title, row=row, col=col)
+            if i + self.cols >= n:  # no panel below this one: it carries the x title
+                fig.update_xaxes(title_text=x_title, title_standoff=4, row=row, col=col)
+        top, bottom = (80 if title else 40), (60 + (LEGEND_PX if has_legend else 0))
         fig.update_layout(
             title=title or None,
-            height=rows * height_per_row + (80 if title else 40),
-            margin=dict(l=50, r=20, t=70 if title else 40, b=40),
-            template="plotly_white",
-            legend=dict(orientation="h", y=-0.15),
+            height=area + top + bottom,
+            margin=dict(l=60, r=30, t=top, b=bottom),
+            legend=dict(orientation="h", yanchor="top", y=-(X_TITLE_PX / area), x=0),
         )
         for annotation in fig.layout.annotations:  # smaller subplot titles
             annotation.font.size = 13
 
         self.static = (not widgets_available()) if static is None else static
-        self._note_widget = None
+        self.fig = fig
+        self._view: Updatable | None = None
+        self._notes_view: Updatable | None = None
         if not self.static:
             try:
-                self.fig = go.FigureWidget(fig)
+                self.fig = go.FigureWidget(fig)  # plotly 6+: needs anywidget
             except Exception:  # noqa: BLE001 - no widget support after all: fall back to static
                 self.static = True
-        if self.static:
-            self.fig = fig
-        else:
-            import ipywidgets
-
-            self._note_widget = ipywidgets.HTML()
-            _display(ipywidgets.VBox([self.fig, self._note_widget]))
+            else:
+                self._view = Updatable(self.fig)
 
     # ------------------------------------------------------------------------------------------
     def update(self, step: float, **metrics: float | None) -> None:
@@ -157,14 +299,18 @@ class LiveDashboard:
             xs, ys = self.history.setdefault(name, ([], []))
             xs.append(float(step))
             ys.append(value)
-        if not self.static and time.monotonic() - self._last_draw >= self.refresh_seconds:
+        if not self.static and not self._finished and time.monotonic() - self._last_draw >= self.refresh_seconds:
             self._draw()
 
     def note(self, text: str) -> None:
         """Show a line of text under the live figure (samples, status); static mode keeps them for finish."""
         self.notes.append(text)
-        if self._note_widget is not None:
-            self._note_widget.value = f"<pre style='white-space:pre-wrap'>{html.escape(text)}</pre>"
+        if not self.static:
+            shown = html_output(f"<pre style='white-space:pre-wrap'>{html.escape(text)}</pre>")
+            if self._notes_view is None:
+                self._notes_view = Updatable(shown)
+            else:
+                self._notes_view.update(shown)
 
     def _smoothed(self, ys: list[float], k: int) -> list[float]:
         out, window = [], []
@@ -191,7 +337,7 @@ class LiveDashboard:
     # ------------------------------------------------------------------------------------------
     def to_figure(self) -> go.Figure:
         """A static ``go.Figure`` with everything recorded so far (for saving or showing)."""
-        fig = go.Figure(self.fig)
+        fig = go.Figure(self.fig.to_dict())
         self._fill(fig)
         return fig
 
@@ -208,12 +354,13 @@ class LiveDashboard:
         second time; ``to_figure()`` gives the figure itself.
         """
         if not self.static:
-            self._draw()
+            if not self._finished:  # the live widget gives way to the static figure, saved with the notebook
+                self._view.update(self.to_figure())
+                self.fig.close()
+                self._finished = True
             return
         if not self._finished and in_kernel():
             _display(self.to_figure())
             if self.notes:
-                from IPython.display import HTML
-
-                _display(HTML(f"<pre style='white-space:pre-wrap'>{html.escape(self.notes[-1])}</pre>"))
+                _display(html_output(f"<pre style='white-space:pre-wrap'>{html.escape(self.notes[-1])}</pre>"))
         self._finished = True

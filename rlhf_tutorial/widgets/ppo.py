@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.widgets.live import LiveDashboard, widgets_available
+from rlhf_tutorial.widgets.live import Explorer, LiveDashboard, html_output, widgets_available
 
 # ---------------------------------------------------------------------------------------------------
 # The clipped surrogate, one sample at a time
@@ -68,7 +68,7 @@ def clipped_objective_figure(epsilon: float = 0.2, ratio: float | None = 1.0, r_
         fig.update_xaxes(title_text="ratio r = pi / pi_old", range=[0, r_max], row=1, col=col)
         fig.update_yaxes(range=[-r_max - 0.1, r_max + 0.1], row=1, col=col)
     fig.update_layout(title=f"The clipped surrogate objective, eps = {epsilon:.2f}", height=380,
-                      template="plotly_white", margin=dict(l=50, r=20, t=70, b=40),
+                      margin=dict(l=50, r=20, t=70, b=40),
                       legend=dict(orientation="h", y=-0.22))
     return fig
 
@@ -76,8 +76,8 @@ def clipped_objective_figure(epsilon: float = 0.2, ratio: float | None = 1.0, r_
 def clipped_objective_explorer(epsilon: float = 0.2, ratio: float = 1.3, static: bool | None = None):
     """Sliders for eps and r over the figure of ``clipped_objective_figure``, with a live explanation.
 
-    Returns an ipywidgets box in JupyterLab; where widgets cannot show (see ``live.py``) the static
-    figure for the given values instead, with the explanations printed.
+    Returns an :class:`~rlhf_tutorial.widgets.live.Explorer` in JupyterLab; where widgets cannot show
+    (see ``live.py``) the static figure for the given values instead, with the explanations printed.
     """
     if static if static is not None else not widgets_available():
         for adv in (1.0, -1.0):
@@ -86,32 +86,17 @@ def clipped_objective_explorer(epsilon: float = 0.2, ratio: float = 1.3, static:
 
     import ipywidgets as w
 
-    fig = go.FigureWidget(clipped_objective_figure(epsilon, ratio))
     eps_slider = w.FloatSlider(value=epsilon, min=0.05, max=0.5, step=0.01, description="eps",
                                continuous_update=True)
     ratio_slider = w.FloatSlider(value=ratio, min=0.0, max=2.0, step=0.01, description="ratio r",
                                  continuous_update=True)
-    text = w.HTML()
-    r = np.linspace(0.0, 2.0, 401)
 
-    def redraw(_=None) -> None:
+    def render():
         eps, x0 = eps_slider.value, ratio_slider.value
-        with fig.batch_update():
-            for k, adv in enumerate((1.0, -1.0)):
-                fig.data[4 * k + 1].y = np.clip(r, 1 - eps, 1 + eps) * adv
-                fig.data[4 * k + 2].y = clipped_term(r, adv, eps)
-                fig.data[4 * k + 3].x = [x0]
-                fig.data[4 * k + 3].y = [float(clipped_term(x0, adv, eps))]
-            for shape in fig.layout.shapes:
-                shape.x0, shape.x1 = 1 - eps, 1 + eps
-            fig.layout.title.text = f"The clipped surrogate objective, eps = {eps:.2f}"
-        text.value = "<br>".join(f"<b>{'A > 0' if adv > 0 else 'A < 0'}:</b> {explain(x0, adv, eps)}"
-                                 for adv in (1.0, -1.0))
+        text = "<br>".join(f"<b>{'A > 0' if adv > 0 else 'A < 0'}:</b> {explain(x0, adv, eps)}" for adv in (1.0, -1.0))
+        return clipped_objective_figure(eps, x0), html_output(text)
 
-    eps_slider.observe(redraw, names="value")
-    ratio_slider.observe(redraw, names="value")
-    redraw()
-    return w.VBox([w.HBox([eps_slider, ratio_slider]), fig, text])
+    return Explorer([eps_slider, ratio_slider], render)
 
 
 # ---------------------------------------------------------------------------------------------------

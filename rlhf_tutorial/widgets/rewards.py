@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from rlhf_tutorial import rewards
+from rlhf_tutorial.widgets.live import Explorer, html_output, widgets_available
 
 COLUMNS = ("sentiment", "repetition", "shaped", "reward_model")
 LABELS = {
@@ -123,12 +124,12 @@ def reward_explorer(
 ):
     """Pick a text from ``texts`` or type one: its classifier reward, repetition and RM score, live.
 
-    Returns an ipywidgets box; without ipywidgets, returns the static :func:`reward_table` instead.
+    Returns an :class:`~rlhf_tutorial.widgets.live.Explorer` in JupyterLab; where widgets cannot show,
+    the static :func:`reward_table` instead.
     """
-    try:
-        import ipywidgets as widgets
-    except ImportError:  # pragma: no cover - ipywidgets is a dependency, but keep the fallback
+    if not widgets_available():
         return reward_table(texts, classifier, tokenizer, reward_model, direction=direction, **kwargs)
+    import ipywidgets as widgets
 
     texts = list(texts)
     picker = widgets.Dropdown(options=texts, value=texts[0] if texts else None, description="pick",
@@ -136,24 +137,19 @@ def reward_explorer(
     box = widgets.Textarea(value=texts[0] if texts else "", description="or type", continuous_update=False,
                            layout=widgets.Layout(width="95%", height="70px"))  # scores when you leave the box
     direction_w = widgets.ToggleButtons(options=["pos", "neg"], value=direction, description="direction")
-    out = widgets.HTML()
 
-    def refresh(*_) -> None:
+    def render():
         text = box.value.strip()
         if not text:
-            out.value = "<i>type a text</i>"
-            return
+            return html_output("<i>type a text</i>")
         rows = score_rows([text], classifier, tokenizer, reward_model, direction=direction_w.value, **kwargs)
-        out.value = _table_html(rows)
+        return html_output(_table_html(rows))
 
     def on_pick(change) -> None:
         box.value = change["new"]
 
     picker.observe(on_pick, names="value")
-    box.observe(refresh, names="value")
-    direction_w.observe(refresh, names="value")
-    refresh()
-    return widgets.VBox([picker, box, direction_w, out])
+    return Explorer([picker, box, direction_w], render)
 
 
 class LiveRewardModelCurve:
@@ -217,5 +213,6 @@ def reward_model_curve(history: dict[str, list], smooth: int = 10) -> go.Figure:
     fig.add_hline(y=0.5, line_dash="dot", line_color="grey", row=1, col=2)
     fig.update_xaxes(title_text="optimizer step")
     fig.update_yaxes(range=[0, 1.02], row=1, col=2)
-    fig.update_layout(height=360, title="reward model training")
+    fig.update_layout(height=420, title="reward model training", margin=dict(b=110),
+                      legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))  # under the x titles
     return fig

@@ -27,7 +27,14 @@ import torch
 import torch.nn.functional as F
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.widgets.live import LiveDashboard, _display, widgets_available
+from rlhf_tutorial.widgets.live import (
+    Explorer,
+    LiveDashboard,
+    Updatable,
+    _display,
+    html_output,
+    widgets_available,
+)
 
 if TYPE_CHECKING:
     from rlhf_tutorial.rlhf import RLHFTrainer
@@ -107,13 +114,13 @@ class RLHFDashboard:
                                   height_per_row=230)
         self.records: list[dict[str, Any]] = []
         self._slider = self._table = None
-        if not self.live.static:
+        if not self.live.static and widgets_available():
             import ipywidgets
 
             self._slider = ipywidgets.IntSlider(value=0, min=0, max=0, description="phase", disabled=True)
-            self._table = ipywidgets.HTML()
             self._slider.observe(lambda change: self._show_phase(change["new"]), names="value")
-            _display(ipywidgets.VBox([self._slider, self._table]))
+            _display(self._slider)
+            self._table = Updatable(html_output("<i>samples of each phase appear here</i>"))
 
     @property
     def static(self) -> bool:
@@ -137,7 +144,7 @@ class RLHFDashboard:
 
     def _show_phase(self, index: int) -> None:
         if self._table is not None and self.records:
-            self._table.value = self.phase_samples(index).html
+            self._table.update(html_output(self.phase_samples(index).html))
 
     def to_figure(self):
         return self.live.to_figure()
@@ -169,8 +176,8 @@ def runs_figure(histories: dict[str, Sequence[dict[str, Any]]], title: str = "")
                                      name=name, legendgroup=name, showlegend=col == 1,
                                      line=dict(color=palette[i % len(palette)])), row=1, col=col)
             fig.update_xaxes(title_text="phase", row=1, col=col)
-    fig.update_layout(title=title or None, height=330, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(title=title or None, height=380, margin=dict(l=50, r=20, t=80 if title else 50, b=110),
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0))
     return fig
 
 
@@ -282,14 +289,7 @@ def token_explorer(trainer: RLHFTrainer, n_samples: int = 4, seed: int = 0, stat
     pick = widgets.Dropdown(options=[(f"{i}: r={r['reward']:.2f} {r['text'][:60]!r}", i) for i, r in enumerate(records)],
                             value=0, description="sample", layout=widgets.Layout(width="70%"))
     colour = widgets.ToggleButtons(options=list(_QUANTITIES), value="value", description="colour by")
-    view = widgets.HTML(sample_html(records[0]))
-
-    def redraw(*_) -> None:
-        view.value = sample_html(records[pick.value], colour.value)
-
-    pick.observe(redraw, names="value")
-    colour.observe(redraw, names="value")
-    return widgets.VBox([widgets.HBox([pick, colour]), view])
+    return Explorer([pick, colour], lambda: html_output(sample_html(records[pick.value], colour.value)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -335,18 +335,24 @@ def base_vs_tuned(trainer: RLHFTrainer, prompt: str | None = None, n: int = 6, s
         return HTMLText(_compare_html(result), _compare_text(result))
     import ipywidgets as widgets
 
-    box = widgets.Text(value=prompt, description="prompt", layout=widgets.Layout(width="60%"))
+    box = widgets.Text(value=prompt, description="prompt", layout=widgets.Layout(width="60%"),
+                       continuous_update=False)
     button = widgets.Button(description="sample again")
-    view = widgets.HTML(_compare_html(result))
-    state = {"seed": seed}
+    state = {"seed": seed, "result": result}
+
+    def render():
+        return html_output(_compare_html(state["result"]))
+
+    explorer = Explorer([box, button], render)
 
     def resample(*_) -> None:
         state["seed"] += 1
-        view.value = _compare_html(_compare(trainer, box.value, n, state["seed"]))
+        state["result"] = _compare(trainer, box.value, n, state["seed"])
+        explorer.redraw()
 
     button.on_click(resample)
-    box.on_submit(resample)
-    return widgets.VBox([widgets.HBox([box, button]), view])
+    box.observe(resample, names="value")  # observed before the explorer's own redraw: resample first
+    return explorer
 
 
 # ----------------------------------------------------------------------------------------------------
