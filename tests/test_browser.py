@@ -218,6 +218,21 @@ JS_BUSY = """() => {
 }"""
 
 
+def _start_session(lab: Lab, path: str) -> None:
+    body = json.dumps({"path": path, "name": Path(path).name, "type": "notebook",
+                       "kernel": {"name": "python3"}}).encode()
+    request = urllib.request.Request(f"{lab.url}/api/sessions?token={lab.token}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        kernel_id = json.loads(response.read())["kernel"]["id"]
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with urllib.request.urlopen(f"{lab.url}/api/kernels/{kernel_id}?token={lab.token}", timeout=10) as r:
+            if json.loads(r.read())["execution_state"] == "idle":
+                return
+        time.sleep(1)
+
+
 def _open(page, lab: Lab, path: str) -> None:
     page.goto(lab.page_url(path))
     page.wait_for_function(JS_READY, timeout=120_000)
@@ -420,6 +435,11 @@ def test_solution_runs_renders_and_survives_a_reopen(lab, browser, spec):
         shutil.copy(lab.root / spec.notebook, saved)  # kept for inspection
         _assert_saved_outputs(saved, spec)
 
+        # A fresh kernel (no widget models in it) is started for the file before the page opens: the
+        # widget manager of jupyterlab-manager 5 reads the saved widget state only when the kernel is
+        # there as the page loads (if the kernel comes later it restores from the kernel alone and
+        # shows "model not found"; re-running the cell mends it). Figures need no kernel at all.
+        _start_session(lab, spec.notebook)
         page = context.new_page()
         page.on("pageerror", lambda exc: console_errors.append(str(exc)))
         _open(page, lab, spec.notebook)
