@@ -293,7 +293,8 @@ def sequence_logprobs(
     ``[rows, seq, vocab]`` logits stay small. Log-probs are of ``logits / temperature`` (the
     distribution the tokens were sampled from), from chapter 03's ``get_logprobs`` with
     ``prefix_len`` = the prompt length. Gradients flow if enabled. The forward is
-    ``speed.forward_logits`` (the model's own function, without hook points when it can).
+    ``speed.forward_logits`` (the model's own function, without hook points when it can), and only
+    the positions that predict generated tokens are unembedded.
     """
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i, (group_tokens, prefix_len) in enumerate(zip(tokens, prefix_lens)):
@@ -302,8 +303,12 @@ def sequence_logprobs(
     for (_, prefix_len), groups in by_shape.items():
         stacked = torch.cat([tokens[i] for i in groups])  # [rows s]
         chunks = stacked.split(max_rows) if max_rows else [stacked]
+        # Only the positions that predict generated tokens are needed: logits from prefix_len - 1 on,
+        # whose log-probs are those of tokens[:, prefix_len - 1:] from their second token (prefix 1).
+        keep = prefix_len - 1
         logprobs = torch.cat([
-            get_logprobs(forward_logits(model, chunk) / temperature, chunk, prefix_len) for chunk in chunks  # [rows g]
+            get_logprobs(forward_logits(model, chunk, keep) / temperature, chunk[:, keep:], 1)  # [rows g]
+            for chunk in chunks
         ])
         for i, part in zip(groups, logprobs.split([tokens[i].shape[0] for i in groups])):
             out[i] = part

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -54,6 +54,44 @@ class PhaseClock:
         finally:
             sync()
             self.seconds[section] += time.perf_counter() - start
+
+    @contextmanager
+    def method(self, obj: object, name: str, section: str | Callable[..., str | None]) -> Iterator[None]:
+        """Within the block, every call of ``obj.name`` (a bound method or a callable attribute) is
+        timed into ``section``: the attribute is replaced on the instance and restored after.
+        ``section`` may be a function of the call's arguments naming the section (None: not timed)."""
+        had_own, original = name in vars(obj), getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            where = section(*args, **kwargs) if callable(section) else section
+            if where is None:
+                return original(*args, **kwargs)
+            with self(where):
+                return original(*args, **kwargs)
+
+        setattr(obj, name, timed)
+        try:
+            yield
+        finally:
+            setattr(obj, name, original) if had_own else delattr(obj, name)
+
+    @contextmanager
+    def module(self, module: torch.nn.Module, section: str) -> Iterator[None]:
+        """Within the block, every forward pass of ``module`` is timed into ``section`` (hooks)."""
+        starts: list[float] = []
+
+        def pre(*_):
+            starts.append(time.perf_counter())
+
+        def post(*_):
+            self.seconds[section] += time.perf_counter() - starts.pop()
+
+        handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def take(self) -> dict[str, float]:
         """The sections' seconds so far (``seconds_<section>`` keys), then start again from zero."""
@@ -125,9 +163,12 @@ def can_fast_sample(model: HookedTransformer) -> bool:
     return model.cfg.act_fn in _ACTIVATIONS and not hooked
 
 
-def forward_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Float[Tensor, "b s v"]:
-    """``model(tokens)``, by ``fast_logits`` when the speed-ups are on and the model allows it."""
-    return fast_logits(model, tokens) if _enabled and can_fast_sample(model) else model(tokens)
+def forward_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
+    """``model(tokens)[:, keep_from:]``, by ``fast_logits`` when the speed-ups are on and the model
+    allows it."""
+    if _enabled and can_fast_sample(model):
+        return fast_logits(model, tokens, keep_from)
+    return model(tokens)[:, keep_from:]
 
 
 _ACTIVATIONS = {
@@ -183,10 +224,12 @@ def _residual(model: HookedTransformer, tokens: Int[Tensor, "b n"], cache: _Cach
     return _layer_norm(x, model.ln_final, cfg.eps)
 
 
-def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Float[Tensor, "b s v"]:
-    """``model(tokens)`` for a GPT-2-shaped model (``can_fast_sample``), without TransformerLens's hook
-    points: the same logits to float rounding, gradients flowing to the same parameters."""
-    return _residual(model, tokens, None) @ model.W_U + model.b_U
+def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
+    """``model(tokens)[:, keep_from:]`` for a GPT-2-shaped model (``can_fast_sample``), without
+    TransformerLens's hook points: the same logits to float rounding, gradients flowing to the same
+    parameters. Only the kept positions are unembedded (the unembedding is a third of this model's
+    forward)."""
+    return _residual(model, tokens, None)[:, keep_from:] @ model.W_U + model.b_U
 
 
 def _draw(probs: Float[Tensor, "b v"], generator: torch.Generator | None) -> Int[Tensor, "b"]:
