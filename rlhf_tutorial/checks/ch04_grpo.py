@@ -172,6 +172,16 @@ def _objective_cases() -> list[Case]:
     lp1, old1, ref1, adv1, mask1 = _objective_inputs(1, 5, [3], seed=1)
     lp2, old2, ref2, _, mask2 = _objective_inputs(4, 6, [6, 4, 1, 3], seed=2)
     base = dict(clip_eps=0.2, beta=0.04)
+    # Negative advantages with large ratios (up to e^2.5 ~ 12) and positive ones with tiny ratios, on
+    # unmasked tokens, beta = 0: the surrogate alone, where a dual clip (a floor c * A for A < 0) differs.
+    neg_lp = torch.tensor([[-0.5, -1.0, -0.2, -3.0], [-1.0, -0.1, -2.0, -0.3], [-0.7, -0.7, -0.7, -0.7]])
+    neg_old = neg_lp - torch.tensor([[2.5, 1.5, 0.05, -2.0], [2.0, -3.0, 1.2, 0.0], [0.3, 2.2, -0.3, 0.0]])
+    neg_adv = torch.tensor([-1.5, 0.8, -0.4])
+    neg_mask = torch.tensor([[True, True, True, True], [True, True, True, False], [True, True, False, False]])
+    # A reference far from the policy (|logr| up to 15, k3 up to ~3e6) and zero advantages: the KL term
+    # alone, where a clamp of the log-ratio or of k3 differs.
+    far_lp = torch.tensor([[-0.3, -14.0, -1.0], [-2.0, -0.5, -16.0]])
+    far_ref = torch.tensor([[-15.3, -1.0, -1.2], [-1.0, -13.5, -1.0]])
     return [
         Case('loss_type="grpo"', (lp, old, ref, adv, mask), {**base, "loss_type": "grpo"}),
         Case('loss_type="dapo"', (lp, old, ref, adv, mask), {**base, "loss_type": "dapo"}),
@@ -184,12 +194,33 @@ def _objective_cases() -> list[Case]:
              (lp2, old2, ref2, torch.zeros(4), mask2), {"clip_eps": 0.2, "beta": 0.3, "loss_type": "dapo"}),
         Case("a batch of 1, clip_eps=0.1", (lp1, old1, ref1, adv1, mask1),
              {"clip_eps": 0.1, "beta": 0.04, "loss_type": "grpo"}),
+        Case("negative advantages with ratios up to 12, beta=0", (neg_lp, neg_old, neg_lp.clone(), neg_adv, neg_mask),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case("zero advantages, a reference far from the policy (|logr| up to 15), beta=0.1",
+             (far_lp, far_lp.clone(), far_ref, torch.zeros(2), torch.ones(2, 3, dtype=torch.bool)),
+             {"clip_eps": 0.2, "beta": 0.1, "loss_type": "grpo"}),
     ]
+
+
+def _objective_diagnosis(case: Case, got, expected) -> str | None:
+    """Differences no fixed variant captures: a dual clip or a KL clamp at any bound."""
+    if not isinstance(got, torch.Tensor) or got.numel() != 1:
+        return None
+    higher = got.item() > expected.item() + 1e-4 * (1 + abs(expected.item()))
+    if case.label.startswith("negative advantages") and higher:
+        return ("With negative advantages and large ratios your surrogate is higher than min(ratio * A, "
+                "clip(ratio) * A): that is a dual clip (a floor such as max(., c * A) for A < 0). The contract "
+                "has none: a negative-advantage token with a large ratio keeps its full ratio * A.")
+    if case.label.startswith("zero advantages, a reference far") and higher:
+        return ("Your KL penalty is smaller than k3 where the reference is far from the policy (|logr| up to 15): "
+                "the log-ratio or k3 is clamped. Use k3 = exp(logr) - 1 - logr exactly (approx_kl(logprobs, "
+                "ref_logprobs, 'k3')), however large.")
+    return None
 
 
 def _objective_variant(
     *, aggregate=None, kl="k3", kl_sign=-1, use_high=True, use_mask=True, reducer="min", ratio="new_old",
-    kl_against="ref", dr_len="max",
+    kl_against="ref", dr_len="max", dual_clip=None, logr_clamp=None,
 ):
     """A configurable (possibly wrong) calc_grpo_objective."""
 
@@ -207,9 +238,14 @@ def _objective_variant(
             surr = clipped
         else:  # no clipping at all
             surr = unclipped
+        if dual_clip is not None:
+            surr = torch.where(a < 0, torch.maximum(surr, dual_clip * a), surr)
         other = ref_logprobs if kl_against == "ref" else old_logprobs
         if kl == "k3_swapped":
             k = approx_kl(other, logprobs, "k3")
+        elif logr_clamp is not None:
+            logr = (other - logprobs).clamp(-logr_clamp, logr_clamp)
+            k = torch.expm1(logr) - logr
         else:
             k = approx_kl(logprobs, other, kl)
         obj = surr + kl_sign * beta * k
@@ -224,6 +260,10 @@ def _objective_variant(
         if kind == "padded_mean":  # zeros at masked tokens, but the mean counts them
             return obj.mean()
         length = logprobs.shape[1] if (max_completion_len is None or dr_len == "g") else max_completion_len
+        if dr_len == "no_batch":
+            return obj.sum() / length
+        if dr_len == "longest":
+            return obj.sum() / (logprobs.shape[0] * n.max())
         return obj.sum() / (logprobs.shape[0] * length)
 
     return fn
@@ -247,6 +287,15 @@ OBJECTIVE_MISTAKES = [
             "the constant B * max_completion_len.", _objective_variant(aggregate=_only("dr_grpo", "grpo"))),
     Mistake('Your "dr_grpo" ignores max_completion_len: use it when given (it defaults to g, logprobs.shape[1]).',
             _objective_variant(dr_len="g")),
+    Mistake('Your "dr_grpo" divides the masked sum by the completion length only: Dr. GRPO divides by '
+            "B * max_completion_len (the number of completions times the constant length).",
+            _objective_variant(dr_len="no_batch")),
+    Mistake('Your "dr_grpo" divides by B times the longest completion in the batch: the constant is '
+            "max_completion_len (given, or g), whatever this batch's lengths.", _objective_variant(dr_len="longest")),
+    Mistake("You added a dual clip (a floor c * A on the surrogate of negative-advantage tokens): the contract "
+            "has none, min(ratio * A, clip(ratio) * A) only.", _objective_variant(dual_clip=3.0)),
+    Mistake("Your k3 clamps the log-ratio (to [-10, 10]): k3 = exp(logr) - 1 - logr exactly, however far "
+            "the reference is.", _objective_variant(logr_clamp=10.0)),
     Mistake("The mask is ignored: masked tokens (after the first EOS) count for nothing, in the sum and in "
             "the token counts.", _objective_variant(use_mask=False)),
     Mistake("Masked tokens are zeroed but still counted in the mean: divide by the number of *unmasked* tokens.",
@@ -285,6 +334,7 @@ OBJECTIVE_MISTAKES = [
 def check_calc_grpo_objective(candidate) -> str:
     return compare_to_reference(
         candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
+        diagnose=_objective_diagnosis,
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
     )
 

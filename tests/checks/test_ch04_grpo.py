@@ -242,6 +242,55 @@ def test_calc_grpo_objective_written_differently():
     assert result.passed, result.message
 
 
+def _aggregate(per_token, mask, loss_type, max_completion_len):
+    per_token = per_token * mask
+    if loss_type == "grpo":
+        return (per_token.sum(1) / mask.sum(1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / mask.sum()
+    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+
+
+def obj_dual_clip_clamped_k3(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                             loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    """A dual-clip surrogate (floor 3 * A for A < 0) and a k3 with its log-ratio clamped to [-10, 10]."""
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    surr = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high)
+    a = advantages.unsqueeze(-1)
+    surr = torch.where(a < 0, torch.max(surr, 3.0 * a), surr)
+    logr = (ref_logprobs - logprobs).clamp(-10, 10)
+    return _aggregate(surr - beta * (logr.exp() - 1 - logr), mask, loss_type, max_completion_len)
+
+
+def obj_k3_clamped_only(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                        loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    k3 = _k3(logprobs, ref_logprobs).clamp(max=50.0)
+    return _aggregate(_surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * k3, mask, loss_type,
+                      max_completion_len)
+
+
+def obj_dr_grpo_by_length_only(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                               loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = (_surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * _k3(logprobs, ref_logprobs))
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (max_completion_len or mask.shape[1])
+    return _aggregate(per_token, mask, loss_type, max_completion_len)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (obj_dual_clip_clamped_k3, "dual clip"),
+        (obj_k3_clamped_only, "clamped"),
+        (obj_dr_grpo_by_length_only, "B * max_completion_len"),
+    ],
+)
+def test_calc_grpo_objective_saturation_escapes(wrong, fragment):
+    assert_fails_with("calc_grpo_objective", wrong, fragment)
+
+
 # ----------------------------------------------------------------------------------------------------
 # completion_mask
 # ----------------------------------------------------------------------------------------------------
