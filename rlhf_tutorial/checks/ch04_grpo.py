@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 
@@ -30,6 +31,7 @@ from rlhf_tutorial.checks.core import (
     checker,
     compare_to_reference,
     expect_tensor,
+    failure,
     fmt,
 )
 from rlhf_tutorial.rlhf import approx_kl
@@ -430,6 +432,25 @@ def _sampled(candidate, model, prompt, group_size, max_new_tokens, temperature=1
     return out
 
 
+def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str) -> None:
+    """Everything after a row's first EOS must be EOS: generate pads finished rows with it, and the
+    output is padded with it up to max_new_tokens."""
+    after = ~grpo.completion_mask(completions, EOS)
+    wrong = after & (completions != EOS)
+    if not wrong.any():
+        return
+    rows = wrong.any(-1).nonzero().flatten().tolist()
+    others = completions[wrong].unique().tolist()
+    if len(others) == 1:
+        hint = (f"The padding after EOS is {others[0]}, not EOS: pad with eos_token_id (generate pads finished rows "
+                "with it; pad the output up to prompt_len + max_new_tokens with value=eos_token_id too).")
+    else:
+        hint = ("Your rows go on after their first EOS: generate did not stop at EOS. Pass stop_at_eos=True and "
+                "eos_token_id=eos_token_id to model.generate (a finished row is then padded with EOS).")
+    raise failure(f"{where}, rows {rows[:6]} hold tokens other than EOS after their first EOS: "
+                  f"{completions[rows[0]].tolist()}", hint)
+
+
 @checker(
     "sample_group",
     chapter=CHAPTER,
@@ -474,6 +495,7 @@ def check_sample_group(candidate) -> str:
             f"  your mask:   {mask.int().tolist()}\n  expected:    {expected_mask.int().tolist()}",
             hint=hint or "mask[b, t] is True up to and including the first EOS of row b, False after it.",
         )
+    _check_eos_padding(tokens[:, plen:], mask, "with this model (about half the rows stop early)")
     if len({tuple(row) for row in tokens.tolist()}) == 1:
         raise CheckFailure("all G rows are the same completion.",
                            hint="Sample G times (generate on G copies of the prompt): do not repeat one sample.")
@@ -481,6 +503,25 @@ def check_sample_group(candidate) -> str:
         raise CheckFailure("with this model some rows should stop at EOS and others not; yours do not: "
                            f"{tokens[:, plen:].tolist()}",
                            hint="Stop at eos_token_id (generate(..., stop_at_eos=True, eos_token_id=eos_token_id)).")
+
+    # 1b. a prompt that starts with the EOS token (in the tiny world and in GPT-2, BOS *is* EOS): a mask
+    #     computed over the whole sequence and then sliced sees that EOS and masks every completion.
+    bos_prompt = torch.tensor([EOS, 11, 25])
+    torch.manual_seed(4)
+    tokens_b, mask_b = _sampled(candidate, _eos_model(1.8), bos_prompt, 8, new)
+    expect_tensor(tokens_b, shape=(8, len(bos_prompt) + new), dtype=torch.int64, what="the tokens (BOS = EOS prompt)")
+    expect_tensor(mask_b, shape=(8, new), dtype=torch.bool, what="the mask (BOS = EOS prompt)")
+    expected_b = grpo.completion_mask(tokens_b[:, len(bos_prompt):], EOS)
+    if not torch.equal(mask_b, expected_b):
+        whole = grpo.completion_mask(tokens_b, EOS)[:, len(bos_prompt):]
+        hint = ("You computed the mask over the whole sequence and then sliced it: the prompt starts with BOS, "
+                "which is the EOS token here (as in the tiny world and GPT-2), so every completion looks "
+                "finished before it starts and the mask is all False (training then dies later on NaN logits). "
+                "Compute completion_mask(tokens[:, prompt_len:], eos_token_id) on the completion only."
+                if torch.equal(mask_b, whole) else None)
+        raise failure(f"with a prompt that starts with the EOS token {bos_prompt.tolist()}, the mask is wrong.\n"
+                      f"  your mask: {mask_b.int().tolist()}\n  expected:  {expected_b.int().tolist()}",
+                      hint or "mask[b, t] is True up to and including the first EOS of the COMPLETION, False after.")
 
     # 2. a model that always stops at once: the output must still be max_new_tokens long
     torch.manual_seed(2)
@@ -494,6 +535,7 @@ def check_sample_group(candidate) -> str:
             "up to prompt_len + max_new_tokens (torch.nn.functional.pad(tokens, (0, missing), value=eos)).",
         )
     expect_tensor(mask2, shape=(4, new), dtype=torch.bool, what="the mask")
+    _check_eos_padding(tokens2[:, plen:], mask2, "when every row stops at the first token")
     if not torch.equal(mask2, grpo.completion_mask(tokens2[:, plen:], EOS)):
         raise CheckFailure(f"the mask does not match the tokens when every row stops at once: {mask2.int().tolist()}",
                            hint="Only the first token (the EOS) of each completion counts.")
@@ -590,7 +632,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
 
 
-def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", pass_args=True, temperature=True):
+def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", pass_args=True, temperature=True,
+                  max_len=True):
     """A configurable (possibly wrong) grpo_step."""
 
     def step(policy, optimizer, batch, args):
@@ -600,6 +643,8 @@ def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", 
         ref_lp = {"ref": batch.ref_logprobs, "old": batch.old_logprobs}[ref]
         kwargs = dict(clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
                       clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+        if not max_len:
+            kwargs.pop("max_completion_len")
         if not pass_args:
             kwargs = {}
         objective = grpo.calc_grpo_objective(logprobs, old_lp, ref_lp, batch.advantages, batch.mask, **kwargs)
@@ -629,6 +674,9 @@ STEP_MISTAKES = [
     Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
             "log-probs of logits / temperature (group_token_logprobs(..., args.temperature)).",
             _step_variant(temperature=False)),
+    Mistake("max_completion_len is not passed: Dr. GRPO divides by B * max_completion_len, and the rollout's "
+            "completions may be shorter than args.max_new_tokens, so pass max_completion_len=args.max_new_tokens.",
+            _step_variant(max_len=False)),
 ]
 
 
@@ -643,30 +691,48 @@ STEP_MISTAKES = [
 )
 @one_thread
 def check_grpo_step(candidate) -> str:
+    # Two settings, each probing its own decisions:
+    # - "dapo, clipping active" (max_grad_norm 0.05 clips every step): the loss sign, zero_grad, the
+    #   gradient clip, the temperature, pi_old and the reference, the args passed on;
+    # - "dr_grpo, completions shorter than max_new_tokens (6 < 10), clipping inactive": the objective's
+    #   scale reaches the update, so ignoring max_completion_len shows.
     policy, rollout, args = _step_setup()
-    ref_outs, ref_d1, ref_d2 = _run_steps(grpo.grpo_step, policy, rollout, args, learner=False)
-    outs, d1, d2 = _run_steps(candidate, policy, rollout, args, learner=True)
-    for out in outs:
-        if not isinstance(out, dict) or "objective" not in out:
-            raise CheckFailure(f"grpo_step should return a dict of diagnostics with an 'objective' entry, got {fmt(out)}")
-    if d1.norm() == 0:
-        raise CheckFailure("the parameters did not change after a step.",
-                           hint="Call objective.backward() and optimizer.step().")
-    e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
-    objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
-    objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
-    if objective_ok and e1 < 1e-3 and e2 < 1e-3:
-        return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference "
-                f"(relative differences {e1:.1e}, {e2:.1e}), objective {objective:.4f}.")
-    for mistake in STEP_MISTAKES:
-        _, m1, m2 = _run_steps(mistake.fn, policy, rollout, args, learner=False)
-        if _rel(d1, m1) < 1e-3 and _rel(d2, m2) < 1e-3:
-            raise CheckFailure("your step does not update the policy as the reference does.", hint=mistake.hint)
-    if e1 < 1e-3 and e2 < 1e-3:
-        raise CheckFailure(f"the update is right, but the objective you return ({objective:.5f}) differs from the "
-                           f"reference's ({expected:.5f}) on the first step.",
-                           hint="Return the objective of the step (before the update), objective.item().")
-    which = "first" if e1 >= 1e-3 else "second"
-    raise CheckFailure(
-        f"after the {which} step your parameters differ from the reference's (relative difference "
-        f"{max(e1, e2):.2e}).")
+    settings = [
+        ("dapo, gradient clipping active", args),
+        ("dr_grpo with max_new_tokens=10 > the batch's 6 generated tokens, clipping inactive",
+         dataclasses.replace(args, loss_type="dr_grpo", max_new_tokens=10, max_grad_norm=1e3)),
+    ]
+    details = []
+    for label, step_args in settings:
+        ref_outs, ref_d1, ref_d2 = _run_steps(grpo.grpo_step, policy, rollout, step_args, learner=False)
+        outs, d1, d2 = _run_steps(candidate, policy, rollout, step_args, learner=True)
+        for out in outs:
+            if not isinstance(out, dict) or "objective" not in out:
+                raise CheckFailure(f"grpo_step should return a dict of diagnostics with an 'objective' entry, got "
+                                   f"{fmt(out)}")
+        if d1.norm() == 0:
+            raise CheckFailure(f"{label}: the parameters did not change after a step.",
+                               hint="Call objective.backward() and optimizer.step().")
+        e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
+        objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
+        objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
+        if objective_ok and e1 < 1e-3 and e2 < 1e-3:
+            details.append(f"{label.split(',')[0]} ({e1:.1e}, {e2:.1e})")
+            continue
+        for mistake in STEP_MISTAKES:
+            _, m1, m2 = _run_steps(mistake.fn, policy, rollout, step_args, learner=False)
+            if _rel(m1, ref_d1) < 1e-3 and _rel(m2, ref_d2) < 1e-3:
+                continue  # this mistake changes nothing in this setting: it cannot explain a difference
+            if _rel(d1, m1) < 1e-3 and _rel(d2, m2) < 1e-3:
+                raise failure(f"{label}: your step does not update the policy as the reference does (relative "
+                              f"difference {max(e1, e2):.2e}).", mistake.hint)
+        if e1 < 1e-3 and e2 < 1e-3:
+            raise failure(f"{label}: the update is right, but the objective you return ({objective:.5f}) differs "
+                          f"from the reference's ({expected:.5f}) on the first step.",
+                          "Return the objective of the step (before the update), objective.item().")
+        which = "first" if e1 >= 1e-3 else "second"
+        raise CheckFailure(
+            f"{label}: after the {which} step your parameters differ from the reference's (relative difference "
+            f"{max(e1, e2):.2e}).")
+    return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference in "
+            "each setting (relative differences): " + "; ".join(details) + ".")

@@ -533,3 +533,69 @@ def test_grpo_step_that_changes_the_batch_is_caught():
         return grpo.grpo_step(policy, optimizer, batch, args)
 
     assert_fails_with("grpo_step", mutating, "in place")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Decisions of the composite exercises, each with its own message (issue 15)
+# ----------------------------------------------------------------------------------------------------
+def sample_mask_whole_then_sliced(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                                  top_k=None):
+    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone(),
+                  len(prompt_tokens) + max_new_tokens, eos_token_id)
+    is_eos = (tokens == eos_token_id).long()
+    whole = (is_eos.cumsum(-1) - is_eos) == 0  # over prompt + completion: a BOS = EOS prompt ends it at once
+    return tokens, whole[:, len(prompt_tokens):]
+
+
+def sample_without_stopping(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                            top_k=None):
+    tokens = model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=max_new_tokens,
+                            stop_at_eos=False, temperature=temperature, verbose=False).clone()
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+def sample_padded_with_zero(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                            top_k=None):
+    tokens = _generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone()
+    tokens = _pad(tokens, len(prompt_tokens) + max_new_tokens, 0)  # a "pad id" that is not EOS
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (sample_mask_whole_then_sliced, "over the whole sequence and then sliced"),
+        (sample_without_stopping, "did not stop at EOS"),
+        (sample_padded_with_zero, "padding after EOS is 0"),
+    ],
+)
+def test_sample_group_decisions(wrong, fragment):
+    assert_fails_with("sample_group", wrong, fragment)
+
+
+def step_ignores_max_completion_len(policy, optimizer, batch, args):
+    logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)
+    objective = grpo.calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages,
+                                         batch.mask, clip_eps=args.clip_eps, beta=args.beta,
+                                         loss_type=args.loss_type, clip_eps_high=args.clip_eps_high)
+    optimizer.zero_grad()
+    objective.backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"objective": objective.item()}
+
+
+@pytest.mark.parametrize(
+    "wrong, nudge",
+    [
+        (step_minimises, "The update goes the wrong way."),
+        (step_no_zero_grad, "Gradients accumulate from one step to the next."),
+        (step_no_clipping, "The gradient norm is not clipped."),
+        (step_without_temperature, "The log-probs are of the raw logits."),
+        (step_ignores_max_completion_len, "max_completion_len is not passed."),
+    ],
+)
+def test_grpo_step_each_mistake_has_its_own_message(wrong, nudge):
+    """The nudge (what is wrong) is in the message itself, not only in the full hint."""
+    result = run_check("grpo_step", wrong)
+    assert not result.passed and nudge in result.message, result.message
