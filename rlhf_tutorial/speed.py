@@ -13,7 +13,7 @@ only where they run the reference code:
 
   the very numbers a forward pass over the finished text gives (to float rounding, about 1e-6;
   tests/test_speed.py checks 1e-5), so the trainer needs no second forward for the old policy.
-  ``top_k`` restricts the draw, not the log-prob (as ``sequence_logprobs`` has it: the log-prob is of
+  ``top_k`` restricts the draw, not the log-prob (as ``grpo.group_token_logprobs`` has it: the log-prob is of
   the full tempered distribution).
 """
 

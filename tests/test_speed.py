@@ -32,7 +32,7 @@ def test_sampler_logprobs_are_a_forward_pass_logprobs(policy, prompt, temperatur
     tokens, logprobs = speed.fast_sample(policy, prompt.expand(32, -1), 16, eos, temperature, top_k)
     mask = grpo.completion_mask(tokens[:, prompt.shape[1]:], eos)
     with speed.harness_speedups(False), torch.no_grad():  # TransformerLens's own forward
-        forward = grpo.sequence_logprobs(policy, [tokens], [prompt.shape[1]], temperature)
+        forward = grpo.group_token_logprobs(policy, [tokens], [prompt.shape[1]], temperature)
     assert tokens.shape == (32, prompt.shape[1] + 16) and (tokens[:, : prompt.shape[1]] == prompt).all()
     assert ((logprobs - forward).abs() * mask).max() < 1e-5
     assert mask.sum() > 32  # the comparison covers many tokens, not only a few
@@ -113,7 +113,7 @@ def test_collect_rollout_keeps_the_sampler_logprobs_only_with_the_reference_samp
     torch.manual_seed(0)
     rollout, _ = grpo.collect_rollout(policy, policy, reward, args)
     with torch.no_grad():
-        forward = grpo.sequence_logprobs(policy, rollout.tokens, rollout.prefix_lens)
+        forward = grpo.group_token_logprobs(policy, rollout.tokens, rollout.prefix_lens)
     assert ((rollout.old_logprobs - forward).abs() * rollout.mask).max() < 1e-5
     # the policy is its own reference here: old and reference log-probs agree to the same tolerance
     assert ((rollout.old_logprobs - rollout.ref_logprobs).abs() * rollout.mask).max() < 1e-5
