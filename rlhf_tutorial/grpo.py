@@ -51,9 +51,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from rlhf_tutorial.dpo import gspo_sequence_ratio, rloo_advantages
 from rlhf_tutorial.rewards import ngram_repetition
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
-from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
+from rlhf_tutorial.trainer_args import add_flags, arg, gpt2_size_presets, learner_functions_for
 
 COURSE_PROMPT = "This movie was really"
 
@@ -106,6 +107,10 @@ class GRPOArgs:
     loss_type: str = arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
     scale: str = arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
     adv_eps: float = arg(1e-4, "eps added to the std of the advantage scaling")
+    advantage_estimator: str = arg("group", "'group' (group_relative_advantages with `scale`) or 'rloo' "
+                                   "(chapter 06's rloo_advantages: leave-one-out baseline, no std)")
+    importance_level: str = arg("token", "'token' (GRPO: clip every token's ratio) or 'sequence' (chapter 06's "
+                                "GSPO: clip one length-normalised ratio per completion)")
     # variants
     dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal, sample more")
     max_sampling_rounds: int = arg(3, "dynamic sampling: most sampling rounds per phase")
@@ -117,11 +122,13 @@ class GRPOArgs:
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> GRPOArgs:
-        """The preset of ``world`` ('tiny' or 'gpt2') with ``overrides`` applied. With
+        """The preset of ``world`` ('tiny' or 'gpt2'; in the GPT-2 world, of the chosen size) with ``overrides`` applied. With
         ``reward="rule"``, the prompts default to ``RULE_PROMPTS`` and completions may be 40 tokens
         long (room for a few sentences and the EOS)."""
         rule = {"prompts": RULE_PROMPTS, "max_new_tokens": 40} if overrides.get("reward") == "rule" else {}
-        return cls(**{**PRESETS[world], **rule, "world": world, **overrides})
+        from rlhf_tutorial.worlds import preset_key
+
+        return cls(**{**PRESETS[preset_key(world)], **rule, "world": world, **overrides})
 
 
 #: Per-world settings. The tiny preset (the dataclass defaults) is the one measured in this repository:
@@ -138,6 +145,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_minibatches=4, learning_rate=1e-5, max_grad_norm=0.5, clip_eps=0.2, beta=0.04,
     ),
 }
+#: gpt2-medium, gpt2-large, gpt2-xl: the gpt2 preset scaled by ``trainer_args.GPT2_SCALING`` (sources
+#: there); GRPO has no warm-up and no KL threshold.
+PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
+    lr_scale=("learning_rate",), max_grad_norm=("max_grad_norm",), clip_scale=("clip_eps",), kl_scale=("beta",),
+    phases=("num_phases",),
+)))
 
 # ----------------------------------------------------------------------------------------------------
 # Advantages and the objective
@@ -213,6 +226,39 @@ def calc_grpo_objective(
     # <<< exercise
 
 
+def calc_gspo_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """GSPO's objective (to maximise), with ``calc_grpo_objective``'s signature: one importance ratio
+    per *sequence* (chapter 06's ``gspo_sequence_ratio``, the geometric mean of its token ratios),
+    clipped once per sequence; the KL term stays per token, averaged over each sequence:
+
+        s[b]   = exp( mean_t (logprobs - old_logprobs)[b, t] )          (masked mean)
+        obj[b] = min(s[b] * A[b], clip(s[b], 1 - clip_eps, 1 + clip_eps_high) * A[b])
+                 - beta * mean_t k3[b, t]
+        mean_b obj[b]
+
+    ``loss_type`` and ``max_completion_len`` are accepted and ignored: the sequence is the unit.
+    (GSPO's paper clips its length-normalised ratio to a much narrower range, ~3e-4 / 4e-4, than
+    token-level GRPO's 0.2.) ``train`` uses it when ``importance_level="sequence"``.
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = gspo_sequence_ratio(logprobs, old_logprobs, mask)  # [B]
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages)  # [B]
+    k3 = torch.where(mask, approx_kl(logprobs, ref_logprobs, "k3"), torch.zeros_like(logprobs))  # [B g]
+    kl = k3.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [B]
+    return (surrogate - beta * kl).mean()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Sampling groups
 # ----------------------------------------------------------------------------------------------------
@@ -269,7 +315,7 @@ def sample_group(
     return tokens, mask
 
 
-def sequence_logprobs(
+def group_token_logprobs(
     model: HookedTransformer,
     tokens: Sequence[Int[Tensor, "G s"]],
     prefix_lens: Sequence[int],
@@ -425,8 +471,8 @@ def collect_rollout(
        only zero advantages (``frac_reward_zero_std`` is the fraction of such groups);
     3. with ``dynamic_sampling``, such groups are dropped and new prompts sampled, for at most
        ``max_sampling_rounds`` rounds, until p groups are kept (fewer if the rounds run out);
-    4. ``group_relative_advantages`` over the kept groups, repeated over each completion's tokens
-       by the objective;
+    4. ``group_relative_advantages`` over the kept groups (``rloo_advantages`` with
+       ``advantage_estimator="rloo"``), repeated over each completion's tokens by the objective;
     5. without gradients, the log-probs of the policy (pi_old: the policy *at rollout time*) and of
        the frozen reference.
 
@@ -480,12 +526,17 @@ def collect_rollout(
     rewards = torch.stack([k[4] for k in kept])  # [p G], on the CPU
     tokens = [k[0] for k in kept]
     device = tokens[0].device
-    advantages = group_relative_advantages(rewards, args.scale, args.adv_eps).flatten().to(device)  # [B]
+    if args.advantage_estimator == "rloo":
+        advantages = rloo_advantages(rewards).flatten().to(device)  # [B]
+    elif args.advantage_estimator == "group":
+        advantages = group_relative_advantages(rewards, args.scale, args.adv_eps).flatten().to(device)  # [B]
+    else:
+        raise ValueError(f"advantage_estimator must be 'group' or 'rloo', got {args.advantage_estimator!r}")
     prefix_lens = [k[0].shape[1] - k[1].shape[1] for k in kept]
     rows = max(1, p * size // args.num_minibatches)  # the rows of one minibatch: never more logits at once
     with torch.no_grad():
-        old_logprobs = sequence_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
-        ref_logprobs = sequence_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
+        old_logprobs = group_token_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
+        ref_logprobs = group_token_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
     rollout = GroupRollout(
         tokens=tokens,
         prefix_lens=prefix_lens,
@@ -526,7 +577,7 @@ def grpo_step(
     """One optimizer step of gradient *ascent* on the GRPO objective of ``batch``.
 
     1. log-probs of the batch's generated tokens under the current policy, with gradients
-       (``sequence_logprobs``, at ``args.temperature``);
+       (``group_token_logprobs``, at ``args.temperature``);
     2. ``calc_grpo_objective`` against the batch's ``old_logprobs`` (pi_old) and ``ref_logprobs``,
        with its advantages and mask and the args' ``clip_eps``, ``beta``, ``loss_type``,
        ``clip_eps_high`` and ``max_completion_len = args.max_new_tokens``;
@@ -538,7 +589,7 @@ def grpo_step(
     ``objective`` and ``grad_norm``).
     """
     # >>> exercise
-    logprobs = sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)  # [B g]
+    logprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)  # [B g]
     objective = calc_grpo_objective(
         logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask,
         clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
@@ -611,8 +662,8 @@ def evaluate(
                 policy, prompt_tokens, per_prompt, args.max_new_tokens, eos, args.temperature, args.top_k
             )
             texts += decode_completions(policy, tokens, mask, prompt)
-            lp = sequence_logprobs(policy, [tokens], [len(prompt_tokens)], args.temperature)
-            ref = sequence_logprobs(reference, [tokens], [len(prompt_tokens)], args.temperature)
+            lp = group_token_logprobs(policy, [tokens], [len(prompt_tokens)], args.temperature)
+            ref = group_token_logprobs(reference, [tokens], [len(prompt_tokens)], args.temperature)
             kls.append(approx_kl(lp, ref, "k3"))
             masks.append(mask)
     texts = texts[:n_samples]
@@ -634,7 +685,7 @@ def group_record(policy: HookedTransformer, rollout: GroupRollout, args: GRPOArg
     """What the group viewer shows, one dict per group: the prompt, and per completion its tokens
     (as strings, the completion only, up to EOS), reward, advantage, and per token the ratio
     pi_theta / pi_old under the *current* policy and whether it is clipped."""
-    logprobs = sequence_logprobs(policy, rollout.tokens, rollout.prefix_lens, args.temperature)
+    logprobs = group_token_logprobs(policy, rollout.tokens, rollout.prefix_lens, args.temperature)
     ratio = torch.exp(logprobs - rollout.old_logprobs)
     clipped = clipped_tokens(
         logprobs, rollout.old_logprobs, rollout.advantages, rollout.mask, args.clip_eps, args.clip_eps_high
@@ -723,16 +774,29 @@ PLUGGABLE = (
     "sample_group",
     "collect_rollout",
     "grpo_step",
+    "rloo_advantages",  # chapter 06
+    "gspo_sequence_ratio",  # chapter 06
+    "calc_gspo_objective",  # not an exercise: built on gspo_sequence_ratio
 )
 
 
 learner_functions = learner_functions_for(PLUGGABLE)
 
 
-def _bind(overrides: dict[str, Callable]) -> dict[str, Callable]:
+def _bind(overrides: dict[str, Callable], sequence_level: bool = False) -> dict[str, Callable]:
     """The pluggable functions, with the reference ones calling each other through one shared
     namespace in which the overrides replace them (so the reference ``collect_rollout`` calls *your*
-    ``sample_group``, which the reference ``sample_group`` would call ``completion_mask`` through)."""
+    ``sample_group``, which the reference ``sample_group`` would call ``completion_mask`` through).
+
+    With ``sequence_level`` (GSPO), the name ``calc_grpo_objective`` in that namespace is the
+    sequence-level ``calc_gspo_objective``: the reference ``grpo_step`` then optimises GSPO's
+    objective. A learner's own ``grpo_step`` calls the objective of its own notebook, so it cannot be
+    combined with ``sequence_level``."""
+    if sequence_level and "grpo_step" in overrides and overrides["grpo_step"] is not globals()["grpo_step"]:
+        raise ValueError(
+            "importance_level='sequence' (GSPO) needs the reference grpo_step: yours calls your token-level "
+            "calc_grpo_objective. Leave grpo_step out of the overrides for a GSPO run."
+        )
     # A reference function handed back as an override (imported into a notebook, say) is no override.
     overrides = {name: fn for name, fn in overrides.items() if fn is not globals()[name]}
     shared = dict(globals())
@@ -744,6 +808,8 @@ def _bind(overrides: dict[str, Callable]) -> dict[str, Callable]:
             fn.__kwdefaults__ = globals()[name].__kwdefaults__
         bound[name] = fn
     shared.update(bound)
+    if sequence_level:
+        shared["calc_grpo_objective"] = bound["calc_gspo_objective"]
     return bound
 
 
@@ -790,7 +856,9 @@ def train(
     unknown = set(overrides) - set(PLUGGABLE)
     if unknown:
         raise TypeError(f"train() cannot replace {sorted(unknown)}; replaceable: {PLUGGABLE}")
-    fns = _bind(overrides)
+    if args.importance_level not in ("token", "sequence"):
+        raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
+    fns = _bind(overrides, sequence_level=args.importance_level == "sequence")
     torch.manual_seed(args.seed)
     if policy is None:
         from rlhf_tutorial.worlds import load_policy

@@ -29,6 +29,7 @@ from rlhf_tutorial.checks.core import (
     checker,
     compare_to_reference,
     expect_tensor,
+    failure,
     fmt,
     get_attr,
     seeded,
@@ -175,13 +176,38 @@ def _approx_cases() -> list[Case]:
     lp = -torch.rand(3, 5, generator=g) * 3
     ref = -torch.rand(3, 5, generator=g) * 3
     lp1, ref1 = -torch.rand(4, generator=g) * 2, -torch.rand(4, generator=g) * 2
+    # Large |log ratio|: a reference far below and far above the policy at the sampled token (logr from
+    # -30 to +25), where implementations that clamp the log-ratio or the estimate (to [-10, 10], say)
+    # part from the contract. k3 at logr = 25 is ~7e10: still exact in float32.
+    far_lp = torch.tensor([[-0.01, -0.5, -21.0, -26.0], [-2.0, -1.0, -0.2, -3.0]])
+    far_ref = torch.tensor([[-30.01, -12.5, -1.0, -1.0], [-2.5, -1.0, -16.2, -14.0]])
     return [
-        Case("k3", (lp, ref, "k3")),
+        Case("k3", (lp, ref, "k3")),  # typical: |logr| < 3, all signs
         Case("k2", (lp, ref, "k2")),
         Case("k1", (lp, ref, "k1")),
-        Case("the default estimator (k3), 1-d input", (lp1, ref1)),
-        Case("k3 on equal log-probs (0)", (lp1, lp1.clone(), "k3")),
+        Case("the default estimator (k3), 1-d input", (lp1, ref1)),  # default argument, other rank
+        Case("k3 on equal log-probs (0)", (lp1, lp1.clone(), "k3")),  # zeros: logr = 0 exactly
+        Case("a single token", (torch.tensor([-1.3]), torch.tensor([-0.4]), "k3")),  # one element
+        Case("k3 with |logr| up to 30 (reference far from the policy)", (far_lp, far_ref, "k3")),  # clamps
+        Case("k1 with |logr| up to 30", (far_lp, far_ref, "k1")),  # clamps of the log-ratio
+        Case("k2 with |logr| up to 30", (far_lp, far_ref, "k2")),
     ]
+
+
+def _approx_clamp_diagnosis(case: Case, got, expected) -> str | None:
+    """A clamp of the log-ratio or of the estimate: right where |logr| is small, too small where it is large."""
+    logprobs, ref_logprobs = case.args[0], case.args[1]
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return None
+    small = (ref_logprobs - logprobs).abs() <= 5
+    got, expected = got.detach().double(), expected.double()
+    right_small = torch.allclose(got[small], expected[small], atol=1e-4, rtol=1e-4)
+    smaller_large = bool((got[~small].abs() < expected[~small].abs() * (1 - 1e-3)).any())
+    if small.any() and right_small and smaller_large:
+        return ("Your estimate is clamped where the log-ratio is large: it is right for |logr| <= 5 but smaller "
+                "for |logr| of 12 to 30. Do not clamp logr or the estimate (no .clamp(-10, 10)): k1 = -logr, "
+                "k2 = logr**2 / 2, k3 = (exp(logr) - 1) - logr exactly, however far the reference is.")
+    return None
 
 
 def _approx_sign_flipped_k3(lp, ref, est="k3"):
@@ -216,6 +242,7 @@ def check_approx_kl(candidate) -> str:
         rlhf.approx_kl,
         _approx_cases(),
         arg_names=["logprobs", "ref_logprobs", "estimator"],
+        diagnose=_approx_clamp_diagnosis,
         mistakes=[
             Mistake("Your k1 has the wrong sign: k1 = -logr = logprobs - ref_logprobs (its mean is the KL, "
                     "which is >= 0).", _approx_k1_sign),
@@ -418,13 +445,25 @@ class _KLAdditive(_KLNoClip):
         self.value += err * n_steps / self.horizon
 
 
-_KL_SCRIPT = [(12.0, 10), (3.0, 10), (6.6, 5), (100.0, 1), (0.0, 20), (5.0, 8)]
+# The scripts, and the regime each probes:
+# - "mixed": KL above and below target, inside and outside the clip range of the error, one huge KL
+#   (the error clip), a zero KL, and n_steps from 1 to 20 (n_steps / horizon);
+# - "runaway up": 30 updates with KL far above target, 40 steps each: the coefficient grows x1.2 per
+#   update to ~120 (an implementation that clamps the coefficient to a range stops early);
+# - "runaway down": 45 updates with KL = 0: it shrinks x0.8 per update to ~2e-5 (a floor on the
+#   coefficient shows), then KL exactly at target (err = 0: no change).
+_KL_SCRIPTS = {
+    "mixed": [(12.0, 10), (3.0, 10), (6.6, 5), (100.0, 1), (0.0, 20), (5.0, 8)],
+    "runaway up": [(60.0, 40)] * 30,
+    "runaway down": [(0.0, 40)] * 45 + [(6.0, 40)] * 3,
+}
+_KL_SCRIPT = _KL_SCRIPTS["mixed"]
 
 
-def _run_kl_controller(cls, init=0.5, target=6.0, horizon=40) -> list[float]:
+def _run_kl_controller(cls, init=0.5, target=6.0, horizon=40, script=None) -> list[float]:
     ctl = call(cls, init, target, horizon)
     values = [float(get_attr(ctl, "value"))]
-    for kl, n in _KL_SCRIPT:
+    for kl, n in (_KL_SCRIPT if script is None else script):
         out = call(ctl.update, kl, n)
         if out is not None and not isinstance(out, (int, float)):
             raise CheckFailure(f"update() should return None (it changes .value), got {fmt(out)}.")
@@ -439,28 +478,48 @@ def _run_kl_controller(cls, init=0.5, target=6.0, horizon=40) -> list[float]:
     "clipped to [-0.2, 0.2]; then self.value *= 1 + err * n_steps / horizon.",
 )
 def check_adaptive_kl_controller(candidate) -> str:
-    expected = _run_kl_controller(rlhf.AdaptiveKLController)
-    got = _run_kl_controller(candidate)
-    if all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(got, expected)):
-        return f"the coefficient follows the reference through {len(_KL_SCRIPT)} updates: {[round(v, 4) for v in expected]}"
-    hint = None
-    for cls, text in [
-        (_KLNoClip, "The error is not clipped: err = clip(current_kl / target - 1, -0.2, 0.2), so one huge KL "
-                    "cannot blow up the coefficient."),
-        (_KLInverted, "The error is inverted: KL above target must RAISE the coefficient, "
-                      "err = current_kl / target - 1."),
-        (_KLNoSteps, "n_steps is missing: the multiplier is 1 + err * n_steps / horizon."),
-        (_KLAdditive, "The update is multiplicative: value *= 1 + err * n_steps / horizon (not +=)."),
-    ]:
-        wrong = _run_kl_controller(cls)
-        if all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(got, wrong)):
-            hint = text
-            break
-    raise CheckFailure(
-        f"with init 0.5, target 6, horizon 40 and updates (kl, n_steps) = {_KL_SCRIPT}, .value went\n"
-        f"  expected: {[round(v, 5) for v in expected]}\n  got:      {[round(v, 5) for v in got]}",
-        hint,
-    )
+    def same(a: list[float], b: list[float]) -> bool:
+        return all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12) for x, y in zip(a, b))
+
+    for label, script in _KL_SCRIPTS.items():
+        expected = _run_kl_controller(rlhf.AdaptiveKLController, script=script)
+        got = _run_kl_controller(candidate, script=script)
+        if same(got, expected):
+            continue
+        hint = None
+        for cls, text in [
+            (_KLNoClip, "The error is not clipped: err = clip(current_kl / target - 1, -0.2, 0.2), so one huge "
+                        "KL cannot blow up the coefficient."),
+            (_KLInverted, "The error is inverted: KL above target must RAISE the coefficient, "
+                          "err = current_kl / target - 1."),
+            (_KLNoSteps, "n_steps is missing: the multiplier is 1 + err * n_steps / horizon."),
+            (_KLAdditive, "The update is multiplicative: value *= 1 + err * n_steps / horizon (not +=)."),
+        ]:
+            if same(got, _run_kl_controller(cls, script=script)):
+                hint = text
+                break
+        first = next(i for i, (a, b) in enumerate(zip(got, expected))
+                     if not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12))
+        if hint is None and first > 0 and same(got[:first], expected[:first]):
+            stuck = got[first:]
+            if max(stuck) - min(stuck) <= 1e-6 * max(abs(x) for x in stuck) and (
+                    (expected[first] > expected[first - 1] and got[first] < expected[first])
+                    or (expected[first] < expected[first - 1] and got[first] > expected[first])):
+                side = "above" if expected[first] > expected[first - 1] else "below"
+                hint = (f"Your coefficient is clamped: it stops at {got[first]:.4g} while the reference keeps "
+                        f"going {'up' if side == 'above' else 'down'} ({expected[-1]:.4g} after "
+                        f"{len(script)} updates). The controller bounds only the error, "
+                        "clip(current_kl / target - 1, -0.2, 0.2); the coefficient itself has no bounds.")
+        shown = [round(v, 5) for v in expected]
+        raise failure(
+            f"{label} script: with init 0.5, target 6, horizon 40, .value went (update {first} is the first "
+            f"to differ)\n  expected: {shown if len(shown) <= 10 else shown[:first + 3]}\n"
+            f"  got:      {[round(v, 5) for v in got][:len(shown) if len(shown) <= 10 else first + 3]}",
+            hint,
+        )
+    final = {label: _run_kl_controller(rlhf.AdaptiveKLController, script=sc)[-1] for label, sc in _KL_SCRIPTS.items()}
+    return (f"the coefficient follows the reference through {len(_KL_SCRIPTS)} scripts ("
+            + ", ".join(f"{k}: ends at {v:.3g}" for k, v in final.items()) + ").")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -932,8 +991,8 @@ def check_compute_rlhf_objective(candidate) -> str:
         out = call(candidate, model, ref, mb, prefix_len, kl_coef, args)
         if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], dict):
             raise CheckFailure(f"expected a tuple (objective, stats dict), got {fmt(out)}")
-        objective = expect_tensor(out[0], shape=(), what="the objective")
         expected = rlhf.compute_rlhf_objective(model, ref, mb, prefix_len, kl_coef, args)[0]
+        objective = expect_tensor(out[0], shape=(), dtype=expected.dtype, what="the objective")
         if not torch.allclose(objective.detach(), expected.detach(), atol=1e-4, rtol=1e-4):
             hint = None
             for text, change in _OBJECTIVE_MISTAKES:

@@ -919,3 +919,42 @@ def test_learning_phase_written_differently():
 
     result = run_check("learning_phase", by_hand)
     assert result.passed, result
+
+
+# ----------------------------------------------------------------------------------------------------
+# Escapes only a saturation or a long trajectory exposes (issue 15)
+# ----------------------------------------------------------------------------------------------------
+def approx_kl_logr_clamped(logprobs, ref_logprobs, estimator="k3"):
+    logr = (ref_logprobs - logprobs).clamp(-10.0, 10.0)  # "for numerical safety"
+    return {"k1": -logr, "k2": logr**2 / 2, "k3": torch.exp(logr) - 1 - logr}[estimator]
+
+
+def approx_kl_estimate_clamped(logprobs, ref_logprobs, estimator="k3"):
+    logr = ref_logprobs - logprobs
+    out = {"k1": -logr, "k2": logr**2 / 2, "k3": torch.expm1(logr) - logr}[estimator]
+    return out.clamp(-20.0, 20.0)
+
+
+@pytest.mark.parametrize("wrong", [approx_kl_logr_clamped, approx_kl_estimate_clamped])
+def test_approx_kl_clamps_are_rejected(wrong):
+    assert_fails_with("approx_kl", wrong, "clamped where the log-ratio is large")
+
+
+class KLControllerCoefficientClamped:
+    def __init__(self, init_kl_coef, target, horizon):
+        self.value, self.target, self.horizon = init_kl_coef, target, horizon
+
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value = min(max(self.value * (1 + err * n_steps / self.horizon), 0.01), 10.0)
+
+
+class KLControllerFloorOnly(KLControllerCoefficientClamped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value = max(self.value * (1 + err * n_steps / self.horizon), 1e-3)
+
+
+@pytest.mark.parametrize("wrong", [KLControllerCoefficientClamped, KLControllerFloorOnly])
+def test_adaptive_kl_controller_clamps_are_rejected(wrong):
+    assert_fails_with("AdaptiveKLController", wrong, "coefficient is clamped")
