@@ -38,7 +38,7 @@ from rlhf_tutorial.ppo import (
     train,
 )
 from rlhf_tutorial.widgets.ppo import clipped_objective_explorer, ppo_dashboard
-from rlhf_tutorial.worlds import is_tiny
+from rlhf_tutorial.worlds import is_smoke, is_tiny
 
 # %%
 torch.manual_seed(0)
@@ -281,7 +281,7 @@ print(bad.diagnosis)
 # `PPOArgs` defaults (about 250,000 steps, one to two minutes on a CPU).
 
 # %%
-args = PPOArgs(seed=1, total_timesteps=40_000) if is_tiny() else PPOArgs(seed=1)
+args = PPOArgs(seed=1, total_timesteps=40_000) if is_tiny() or is_smoke() else PPOArgs(seed=1)
 dashboard = ppo_dashboard(title=f"PPO on CartPole-v1 ({args.total_timesteps:,} steps)")
 result = train(args, callback=dashboard.update, **learner_functions(globals()))
 dashboard.finish()

@@ -47,6 +47,7 @@ from rlhf_tutorial.widgets.rewards import (
 )
 from rlhf_tutorial.worlds import (
     default_prompt,
+    is_smoke,
     is_tiny,
     load_policy,
     load_preference_pairs,
@@ -352,8 +353,8 @@ args = RewardModelArgs(
     pooling="last",
     epochs=1,
     batch_size=16,
-    max_train_pairs=2400 if is_tiny() else 400,  # the CLI trains on all pairs for 2 epochs
-    max_test_pairs=300 if is_tiny() else 100,
+    max_train_pairs=2400 if is_tiny() else (64 if is_smoke() else 400),  # the CLI: all pairs, 2 epochs
+    max_test_pairs=300 if is_tiny() else (32 if is_smoke() else 100),
     eval_every=25,
 )
 torch.manual_seed(args.seed)

@@ -77,6 +77,7 @@ from rlhf_tutorial.worlds import (
     load_policy,
     load_sentiment_classifier,
     resolve_world,
+    smoke_sizes,
 )
 
 # %%
@@ -486,7 +487,7 @@ print("beta while KL is below target, then above:", trace)
 # learning rate, with a table of samples per phase.
 
 # %%
-args = RLHFArgs.preset(world, direction=direction, seed=0)
+args = RLHFArgs.preset(world, direction=direction, seed=0, **smoke_sizes(total_phases=2, eval_samples=32))
 trainer = RLHFTrainer(args, **learner_functions(globals()))
 before = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
 dashboard = rlhf_dashboard(title=f"RLHF on the {world} world, towards {direction}")
@@ -548,6 +549,7 @@ if is_tiny():  # 40 short phases each, with larger steps than the main run, so t
     hack_common.update(batch_size=32, total_phases=40, base_lr=1e-3, head_lr=3e-3)
 else:
     hack_common.update(total_phases=100)
+hack_common.update(smoke_sizes(total_phases=1, batch_size=16, eval_samples=16))
 hack_runs = {
     "tiny beta": dict(kl_coef=0.001),
     "tiny beta + repetition penalty": dict(kl_coef=0.001, repetition_coef=1.0),

@@ -53,7 +53,7 @@ from rlhf_tutorial.grpo import (
 )
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs, make_reward_fn
 from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_curves
-from rlhf_tutorial.worlds import default_prompt, is_tiny, load_policy, resolve_world
+from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world, smoke_sizes
 
 # %%
 torch.manual_seed(0)
@@ -238,7 +238,7 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 # neg --seed 0`); `GRPOArgs` documents every knob.
 
 # %%
-args = GRPOArgs.preset(world, direction=direction, seed=0)
+args = GRPOArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
 if is_tiny():
     args.num_phases, args.eval_samples = 12, 64
 result = train(args, reward_fn=sentiment_reward, **learner_functions(globals()))
@@ -286,7 +286,8 @@ print(reward_fn_rule(["This movie was really dull. The acting was wooden.",
 # falls; once the policy succeeds on most samples, groups of all ones appear and it rises again.
 
 # %%
-rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True)
+rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True,
+                           **smoke_sizes(num_phases=2, eval_samples=16))
 if is_tiny():
     rule_args.num_phases, rule_args.eval_samples = 14, 48
 rule_result = train(rule_args, **learner_functions(globals()))
@@ -355,8 +356,8 @@ def run_cli(command: str, *flags: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-COMPARE_PHASES = 10 if is_tiny() else 60
-short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() else []
+COMPARE_PHASES = 10 if is_tiny() else (2 if is_smoke() else 60)
+short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() or is_smoke() else []
 ppo_summary = run_cli("train-rlhf", "--total-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
 ppo_summary["samples_per_phase"] = ppo_summary["args"]["batch_size"]
 grpo_summary = run_cli("train-grpo", "--num-phases", str(COMPARE_PHASES), *short)
