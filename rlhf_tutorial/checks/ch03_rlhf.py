@@ -248,8 +248,9 @@ def check_approx_kl(candidate) -> str:
                     "which is >= 0).", _approx_k1_sign),
             Mistake("The k3 sign is flipped: k3 = (exp(logr) - 1) - logr, which is >= 0 because "
                     "exp(x) >= 1 + x.", _approx_sign_flipped_k3),
-            Mistake("Your log-ratio is log p - log p_ref; it must be logr = ref_logprobs - logprobs (else k3 "
-                    "estimates KL(ref || policy)).", _approx_reversed_ratio),
+            Mistake("Your log-ratio is log p - log p_ref; it must be logr = ref_logprobs - logprobs. Swapped, "
+                    "k3 no longer estimates this KL: on tokens sampled from the policy it averages to "
+                    "chi2(policy || ref) - KL(policy || ref).", _approx_reversed_ratio),
             Mistake("k2 is logr**2 / 2: the factor 1/2 is missing.", _approx_k2_no_half),
         ],
     )
