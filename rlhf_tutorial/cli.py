@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-rlhf": ("rlhf_tutorial.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
     "bench-memory": ("rlhf_tutorial.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
     "train-grpo": ("rlhf_tutorial.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
+    "build-tuned": ("rlhf_tutorial.tiny.tuned:main", "chapter 05: train and ship the tiny world's tuned policy"),
+    "interp-report": ("rlhf_tutorial.interp_report:main", "chapter 05: what RLHF changed inside the model (HTML)"),
     "export-hf": ("rlhf_tutorial.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
     "bench-trl": ("rlhf_tutorial.bench_trl:main", "race our GRPO trainer against TRL's on the same model and settings"),
 }

@@ -126,6 +126,12 @@ def preset_key(world: str | None = None) -> str:
     return "tiny" if resolve_world(world) == "tiny" else gpt2_model()
 
 
+def smoke_sizes(**sizes: Any) -> dict[str, Any]:
+    """``sizes`` when :func:`is_smoke`, else ``{}``: a notebook's long run writes
+    ``RLHFArgs.preset(world, ..., **smoke_sizes(total_phases=2))`` and keeps its real length otherwise."""
+    return dict(sizes) if is_smoke() else {}
+
+
 def default_prompt() -> str:
     """The course prompt, the same in both worlds."""
     return PROMPT
