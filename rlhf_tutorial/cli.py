@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-rlhf": ("rlhf_tutorial.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
     "bench-memory": ("rlhf_tutorial.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
     "train-grpo": ("rlhf_tutorial.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
+    "train-dpo": ("rlhf_tutorial.dpo_trainer:main", "chapter 06: DPO / IPO on preference pairs"),
+    "frontier": ("rlhf_tutorial.frontier:main", "chapter 06: every method on one reward-KL frontier"),
     "export-hf": ("rlhf_tutorial.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
 }
 
