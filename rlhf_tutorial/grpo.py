@@ -54,7 +54,7 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial.dpo import gspo_sequence_ratio, rloo_advantages
 from rlhf_tutorial.rewards import ngram_repetition
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
-from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
+from rlhf_tutorial.trainer_args import add_flags, arg, gpt2_size_presets, learner_functions_for
 
 COURSE_PROMPT = "This movie was really"
 
@@ -96,7 +96,7 @@ class GRPOArgs:
     top_k: int | None = arg(None, "sample from the top k tokens only (None: the full distribution)")
     # phases and optimisation
     num_phases: int = arg(40, "rollout + learning phases")
-    updates_per_phase: int = arg(2, "mu: passes over each rollout (the first has ratio 1 exactly)")
+    updates_per_phase: int = arg(2, "mu: passes over each rollout (only the first minibatch of the first pass has ratio 1 exactly)")
     num_minibatches: int = arg(4, "minibatches (of whole groups) per pass")
     learning_rate: float = arg(3e-4, "AdamW learning rate (constant; no weight decay)")
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
@@ -122,11 +122,13 @@ class GRPOArgs:
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> GRPOArgs:
-        """The preset of ``world`` ('tiny' or 'gpt2') with ``overrides`` applied. With
+        """The preset of ``world`` ('tiny' or 'gpt2'; in the GPT-2 world, of the chosen size) with ``overrides`` applied. With
         ``reward="rule"``, the prompts default to ``RULE_PROMPTS`` and completions may be 40 tokens
         long (room for a few sentences and the EOS)."""
         rule = {"prompts": RULE_PROMPTS, "max_new_tokens": 40} if overrides.get("reward") == "rule" else {}
-        return cls(**{**PRESETS[world], **rule, "world": world, **overrides})
+        from rlhf_tutorial.worlds import preset_key
+
+        return cls(**{**PRESETS[preset_key(world)], **rule, "world": world, **overrides})
 
 
 #: Per-world settings. The tiny preset (the dataclass defaults) is the one measured in this repository:
@@ -143,6 +145,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_minibatches=4, learning_rate=1e-5, max_grad_norm=0.5, clip_eps=0.2, beta=0.04,
     ),
 }
+#: gpt2-medium, gpt2-large, gpt2-xl: the gpt2 preset scaled by ``trainer_args.GPT2_SCALING`` (sources
+#: there); GRPO has no warm-up and no KL threshold.
+PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
+    lr_scale=("learning_rate",), max_grad_norm=("max_grad_norm",), clip_scale=("clip_eps",), kl_scale=("beta",),
+    phases=("num_phases",),
+)))
 
 # ----------------------------------------------------------------------------------------------------
 # Advantages and the objective

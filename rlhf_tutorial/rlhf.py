@@ -58,7 +58,7 @@ from rlhf_tutorial.ppo import (
     layer_init,
 )
 from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
-from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
+from rlhf_tutorial.trainer_args import add_flags, arg, gpt2_size_presets, learner_functions_for
 
 # ----------------------------------------------------------------------------------------------------
 # Arguments
@@ -128,8 +128,11 @@ class RLHFArgs:
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> RLHFArgs:
-        """The preset of ``world`` ('tiny' or 'gpt2') with ``overrides`` applied."""
-        return cls(**{**PRESETS[world], "world": world, **overrides})
+        """The preset of ``world`` ('tiny' or 'gpt2'; in the GPT-2 world, of the chosen size:
+        ``worlds.preset_key``) with ``overrides`` applied."""
+        from rlhf_tutorial.worlds import preset_key
+
+        return cls(**{**PRESETS[preset_key(world)], "world": world, **overrides})
 
 
 #: Per-world settings. GPT-2 follows the seed blog's experiments on GPT-2 + distilbert-imdb towards
@@ -159,6 +162,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         temperature=1.0, kl_threshold=0.1, patience=4,
     ),
 }
+#: gpt2-medium, gpt2-large, gpt2-xl: the gpt2 preset scaled by ``trainer_args.GPT2_SCALING`` (its sources
+#: are documented there).
+PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
+    lr_scale=("base_lr", "head_lr"), max_grad_norm=("max_grad_norm",), clip_scale=("clip_coef",),
+    kl_scale=("kl_coef",), kl_threshold_scale=("kl_threshold", "kl_target"), phases=("total_phases",),
+    warmup=("warmup_steps",),
+)))
 
 
 # ----------------------------------------------------------------------------------------------------

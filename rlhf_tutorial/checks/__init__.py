@@ -21,6 +21,7 @@ CHAPTER_MODULES: dict[str, str] = {
     "02_rewards": "rlhf_tutorial.checks.ch02_rewards",
     "03_rlhf_ppo": "rlhf_tutorial.checks.ch03_rlhf",
     "04_grpo": "rlhf_tutorial.checks.ch04_grpo",
+    "05_interpretability": "rlhf_tutorial.checks.ch05_interp",
     "06_dpo_and_frontier": "rlhf_tutorial.checks.ch06_dpo",
 }
 

@@ -365,13 +365,16 @@ def compare_to_reference(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     arg_names: Sequence[str] | None = None,
+    diagnose: Callable[[Case, Any, Any], str | None] | None = None,
 ) -> str:
     """Run every case on the candidate and the reference; fail on the first disagreement.
 
     In order: the output's type and shape; its dtype and device (right values in the wrong dtype get
     their own message, before any mistake is looked for); NaN; the values. On wrong values each known
     mistake is run on the same case, and the first whose output the candidate matches (and that
-    differs from the reference there) gives the hint. Returns a one-line summary for the pass message.
+    differs from the reference there) gives the hint; when none matches, ``diagnose(case, got,
+    expected)`` may name a difference no fixed variant captures (a clamp at an unknown bound, a
+    saturation). Returns a one-line summary for the pass message.
     """
     for case in cases:
         expected = reference(*_clone(case.args), **_clone(case.kwargs))
@@ -393,7 +396,10 @@ def compare_to_reference(
         message = f"Wrong values on {case.label}.\n  expected: {fmt(expected)}\n  got:      {fmt(got)}"
         if mismatch:
             message += f"\n  (also, {mismatch})"
-        raise failure(message, _known_mistake(got, case, mistakes, atol, rtol, expected))
+        hint = _known_mistake(got, case, mistakes, atol, rtol, expected)
+        if hint is None and diagnose is not None:
+            hint = diagnose(case, got, expected)
+        raise failure(message, hint)
     return f"matches the reference on {len(cases)} cases ({', '.join(c.label for c in cases)})."
 
 
