@@ -20,9 +20,11 @@ help:
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
-	$(BIN)/python -m pip install --quiet --progress-bar off "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev]"
+	# torch first and pinned: the CPU build from PyTorch's CPU index when there is no NVIDIA GPU and that
+	# index answers, else the default index (scripts/install_torch.py says which and why).
+	$(BIN)/python scripts/install_torch.py --spec "$(TORCH_SPEC)"
+	@echo "[install] the course and its dependencies (torch is kept as installed above)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	@touch $(STAMP)
 
 install: $(STAMP)
