@@ -85,7 +85,9 @@ print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 # - Dividing by the group's std makes the scale of the advantages the same for every prompt. Dr.
 #   GRPO (below) argues this is a bias: prompts that are almost always solved (or almost never)
 #   have a tiny std, and their few differences get blown up.
-# - Each group has mean advantage 0: about half its completions are pushed up, half down.
+# - Each group has mean advantage 0. That is not "half up, half down": with one success among eight
+#   0/1 rewards, the success gets $A = (1 - \tfrac18)/s \approx 2.5$ and the seven failures $-\tfrac18/s \approx -0.35$ each
+#   ($s \approx 0.35$, the unbiased std): one completion is pushed up hard, seven are pushed down a little.
 #
 # With a batch of $p$ prompts, `rewards` is a `[p, G]` tensor: one row per group. `scale` chooses the
 # denominator: `"group"` (GRPO), `"batch"` (the std of all $p \cdot G$ rewards, a milder variant) or
@@ -144,9 +146,11 @@ for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
 # ## 3. The GRPO objective
 #
 # The old policy $\pi_{\theta_\text{old}}$ is simply the policy **at rollout time**: its log-probs of the
-# sampled tokens are stored with the rollout. The policy then takes $\mu$ gradient steps on the
-# rollout; the ratio $\rho_{i,t} = \pi_\theta(y_{i,t} \mid x, y_{i,<t}) / \pi_{\theta_\text{old}}(y_{i,t} \mid x, y_{i,<t})$
-# starts at exactly 1 and the clip keeps later steps from moving too far, as in PPO. Per token:
+# sampled tokens are stored with the rollout. The policy then makes $\mu$ passes over the rollout, each
+# cut into `num_minibatches` minibatches: $\mu \times$ `num_minibatches` optimizer steps per phase (8 in the
+# tiny preset). The ratio $\rho_{i,t} = \pi_\theta(y_{i,t} \mid x, y_{i,<t}) / \pi_{\theta_\text{old}}(y_{i,t} \mid x, y_{i,<t})$ is
+# exactly 1 only for the first minibatch of the first pass; every later step sees a policy that has
+# already moved, and the clip keeps it from moving too far, as in PPO. Per token:
 #
 # $$\ell_{i,t} = \min\!\big(\rho_{i,t} A_i,\ \operatorname{clip}(\rho_{i,t},\, 1 - \varepsilon_\text{low},\, 1 + \varepsilon_\text{high})\, A_i\big) \;-\; \beta\, \hat{D}_{i,t}$$
 #
@@ -156,7 +160,13 @@ for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
 # $$\hat{D}_{i,t} = e^{\log r} - 1 - \log r \;\ge\; 0, \qquad \mathbb{E}_{y \sim \pi_\theta}\big[\hat{D}\big] = \mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref}).$$
 #
 # PPO-RLHF put the KL into the reward, where it became part of the advantage. GRPO keeps the reward
-# clean and puts the KL into the loss, where its gradient acts on each token directly.
+# clean and puts the KL into the loss. Chapter 03's section "KL as a reward vs KL as a loss" says what
+# that changes: differentiated with the tokens held fixed, $k_3$'s gradient is $(1 - r)\nabla \log \pi_\theta$, whose
+# expectation over tokens from $\pi_\theta$ is the gradient of $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$, the reverse of the KL whose
+# value $k_3$ estimates. The tokens come from $\pi_{\theta_\text{old}}$ and the KL term has no importance ratio, so
+# after the first minibatch not even that holds exactly; and as a per-token loss it ignores how each
+# token changes the KL of the tokens after it. Near the reference the two directions agree to second
+# order, which is where $\beta$ keeps the policy, so in practice the term does its job: a tether.
 #
 # **How to average over tokens** is where the variants differ. With masks $m_{i,t}$, $|y_i| = \sum_t m_{i,t}$,
 # $B$ sequences in the batch and $L$ = `max_completion_len`:
@@ -303,6 +313,43 @@ for text, r in list(zip(rule_result.eval_final["texts"], rule_result.eval_final[
     print(f"{r:.0f}  {text!r}")
 
 # %% [markdown]
+# ### Truncated completions: overlong filtering and the soft overlong penalty
+#
+# A completion that reaches `max_new_tokens` without an EOS was cut off. `reward_fn_rule` gives it 0
+# (it has not ended), so a cut-off review that was about to satisfy the rule gets the same advantage
+# as one that never would have: the reward blames the length limit on the text. DAPO names two fixes:
+#
+# - **overlong filtering**: leave truncated completions out of the loss (mask all their tokens), so the
+#   limit teaches nothing either way;
+# - **soft overlong punishment**: a length penalty that starts before the hard limit. With the limit
+#   $L_\text{max}$ and a buffer $L_\text{cache}$, a completion of $|y|$ tokens gets
+#
+# $$R_\text{length}(y) = \begin{cases} 0 & |y| \le L_\text{max} - L_\text{cache} \\ \dfrac{(L_\text{max} - L_\text{cache}) - |y|}{L_\text{cache}} & L_\text{max} - L_\text{cache} < |y| \le L_\text{max} \\ -1 & |y| > L_\text{max} \end{cases}$$
+#
+#   added to its reward: a smooth signal to finish before the limit, instead of a cliff at it. (Where
+#   generation stops at $L_\text{max}$, the last case is the truncated one.)
+#
+# This course does not implement them as options; the cell computes both on the rule run's last rollout
+# ($L_\text{max}$ = 40, $L_\text{cache}$ = 10): which completions were truncated, what the rule paid them, and the
+# soft penalty.
+
+# %%
+last = rule_result.last_rollout
+eos = eos_id(policy)
+completion_lens = last.mask.sum(-1)  # [B]: tokens up to and including the first EOS
+has_eos = torch.cat([(group[:, p:] == eos).any(-1) for group, p in zip(last.tokens, last.prefix_lens)])
+truncated = ~has_eos
+L_max, L_cache = rule_args.max_new_tokens, 10
+soft_penalty = (((L_max - L_cache) - completion_lens).float() / L_cache).clamp(-1.0, 0.0)
+soft_penalty[truncated] = -1.0
+rule_rewards = last.rewards.flatten()
+print(f"truncated (no EOS in {L_max} tokens): {int(truncated.sum())} of {len(truncated)}; their mean rule reward "
+      f"{rule_rewards[truncated].mean().item() if truncated.any() else float('nan'):.2f}")
+print(f"completion lengths: mean {completion_lens.float().mean().item():.1f}, max {int(completion_lens.max())}")
+print(f"soft overlong penalty: mean {soft_penalty.mean().item():.3f}, "
+      f"non-zero for {int((soft_penalty < 0).sum())} completions")
+
+# %% [markdown]
 # ## 7. The variants, in `GRPOArgs`
 #
 # | variant | what changes | `GRPOArgs` | why |
@@ -319,8 +366,12 @@ for text, r in list(zip(rule_result.eval_final["texts"], rule_result.eval_final[
 #
 # One practical consequence of Dr. GRPO's `scale="none"`: the advantages are $r_i - \operatorname{mean}(r)$, in
 # the units of the reward. With rewards in $[0, 1]$ they are several times smaller than GRPO's
-# standardised ones, so the same learning rate moves the policy more slowly; the learning rate and
-# the reward scale now have to be tuned together.
+# standardised ones. That does **not** make the same learning rate move the policy more slowly: Adam
+# divides each gradient by a running estimate of its own scale, so a global rescale of the gradient
+# barely changes the step (chapter 01). What does change is the **balance inside the objective**: the
+# advantage term shrinks while $\beta \cdot k_3$ does not, so the same $\beta$ is a stronger tether; and the
+# gradient norm shrinks, so `max_grad_norm` clips less often. With `scale="none"`, $\beta$ and the clip norm
+# have to be retuned with the reward's scale.
 #
 # `beta` is the other knob: DeepSeekMath used 0.04; several later recipes (DAPO, Dr. GRPO) set it to 0
 # for verifiable rewards, where there is no reward model to fool, and drop the reference model
@@ -385,6 +436,21 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 #   GRPO is known for appears where the critic is a separate model as large as the policy (the usual
 #   set-up for large language models): GRPO never holds that model, its gradients or its optimizer
 #   state. Here the value head is a small MLP on the policy's last layer.
+# - **KL.** The full CLI runs (the two commands above, 50 PPO phases and 40 GRPO phases) ended at
+#   reward 0.92 with KL 0.27 per token (PPO) and reward 0.98 with KL 0.47 per token (GRPO). The two
+#   KL numbers are measured the same way (k3 per generated token, 128 fresh samples at temperature 1,
+#   against the starting policy). GRPO stops at EOS and PPO does not, but that is not the gap: at
+#   16 tokens almost no completion has ended (2-3% contain an EOS), and measuring each final policy
+#   the other trainer's way gives the same numbers to two decimals (PPO 0.248 / 0.244, GRPO 0.473 /
+#   0.473 on one set of draws). The gap comes from training, and the runs differ in more than one way,
+#   so read the following as the candidates, not a measured decomposition: (1) **where the penalty
+#   acts**: PPO pays $\beta k_1$ in the per-token rewards, so through the return every token is charged
+#   for the KL of the whole rest of the sequence; GRPO's $\beta k_3$ is a per-token loss that charges
+#   each token only its own KL, and whose gradient follows $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$ (chapter 03); (2) **the
+#   schedule**: PPO's learning rate decays to a tenth by the last phase, GRPO's stays constant; (3)
+#   **the reward reached**: GRPO's is higher, and a higher reward costs KL (the optimum
+#   $\pi^* \propto \pi_\text{ref} e^{r/\beta}$ of chapter 03). The same $\beta = 0.1$ is not the same tether in the two
+#   algorithms.
 #
 # ## 9. The group viewer
 #

@@ -96,7 +96,7 @@ class GRPOArgs:
     top_k: int | None = arg(None, "sample from the top k tokens only (None: the full distribution)")
     # phases and optimisation
     num_phases: int = arg(40, "rollout + learning phases")
-    updates_per_phase: int = arg(2, "mu: passes over each rollout (the first has ratio 1 exactly)")
+    updates_per_phase: int = arg(2, "mu: passes over each rollout (only the first minibatch of the first pass has ratio 1 exactly)")
     num_minibatches: int = arg(4, "minibatches (of whole groups) per pass")
     learning_rate: float = arg(3e-4, "AdamW learning rate (constant; no weight decay)")
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")

@@ -307,7 +307,8 @@ OBJECTIVE_MISTAKES = [
     Mistake("That KL term is k1 (logprobs - ref_logprobs): GRPO uses k3 = exp(logr) - 1 - logr with "
             "logr = ref_logprobs - logprobs (approx_kl(..., 'k3')).", _objective_variant(kl="k1")),
     Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 (approx_kl(..., 'k3')).", _objective_variant(kl="k2")),
-    Mistake("Your k3 has its arguments swapped: it estimates KL(ref || policy). Use "
+    Mistake("Your k3 has its arguments swapped: it no longer estimates KL(policy || ref) (on tokens from the "
+            "policy it averages to chi2(policy || ref) - KL(policy || ref)). Use "
             "approx_kl(logprobs, ref_logprobs, 'k3'), i.e. logr = ref_logprobs - logprobs.",
             _objective_variant(kl="k3_swapped")),
     Mistake("The KL is measured against old_logprobs: the penalty keeps the policy near the frozen "

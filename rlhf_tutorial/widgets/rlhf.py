@@ -181,7 +181,9 @@ def runs_figure(histories: dict[str, Sequence[dict[str, Any]]], title: str = "")
 def token_records(trainer: RLHFTrainer, tokens: torch.Tensor, texts: Sequence[str]) -> list[dict[str, Any]]:
     """Per sample: its reward and, per generated token, the value of the state that chose it, the KL to
     the reference at that position (full distributions, temperature-scaled), and its advantage as the
-    trainer computes it (one-step or GAE) from this sample's raw reward (a single sample is not whitened)."""
+    trainer computes it (one-step or GAE) from the scores of these samples whitened together, as a
+    rollout's are (``whiten_rewards``; a single sample is not whitened), so that advantages and values
+    are in the units the value head was trained on."""
     from rlhf_tutorial import rlhf
 
     args, p = trainer.args, trainer.prefix_len
@@ -193,11 +195,12 @@ def token_records(trainer: RLHFTrainer, tokens: torch.Tensor, texts: Sequence[st
     logprobs = logp.gather(-1, tokens[:, p:, None]).squeeze(-1)
     ref_logprobs = ref_logp.gather(-1, tokens[:, p:, None]).squeeze(-1)
     rewards = trainer.reward_fn(list(texts))
+    scores = rlhf.whiten(rewards) if args.whiten_rewards and len(rewards) > 1 else rewards
     if args.advantage_estimator == "gae":
-        per_token = rlhf.compute_per_token_rewards(rewards, logprobs, ref_logprobs, trainer.kl_coef)
+        per_token = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
         advantages = rlhf.compute_gae_advantages(per_token, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
     else:
-        advantages = rlhf.compute_advantages(values, rewards, p)
+        advantages = rlhf.compute_advantages(values, scores, p)
     model = trainer.model.base_model
     out = []
     for i in range(tokens.shape[0]):
