@@ -29,7 +29,7 @@
 # --world tiny` ran chapter 03's trainer (seed 0, towards negative, ~1 minute) and saved the policy and
 # its value head. You need no other notebook. In the GPT-2 world, set `RLHF_TUTORIAL_TUNED_DIR` to a
 # folder saved by `python -m rlhf_tutorial train-rlhf --world gpt2 --save DIR`; without it the cell
-# below trains one with chapter 03's preset (long: use a GPU) and saves it to `checkpoints/`.
+# below trains one with chapter 03's preset (long: use a GPU) and saves it to `runs/`.
 
 # %% imports
 import os
@@ -75,7 +75,7 @@ if is_tiny():
     torch.set_num_threads(1)  # the tiny model's matrices gain nothing from more threads
 checkpoint = os.environ.get("RLHF_TUTORIAL_TUNED_DIR")
 if checkpoint is None and not is_tiny():
-    checkpoint = Path("checkpoints") / ("tuned_gpt2_neg_smoke" if is_smoke() else "tuned_gpt2_neg")
+    checkpoint = Path("runs") / ("tuned_gpt2_neg_smoke" if is_smoke() else "tuned_gpt2_neg")
     if not (checkpoint / "policy.safetensors").exists():
         train_tuned(world, checkpoint, smoke=is_smoke())
 base, tuned = load_pair(world, checkpoint)  # tuned: chapter 03's TransformerWithValueHead

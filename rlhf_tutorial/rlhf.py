@@ -381,7 +381,10 @@ def compute_gae_advantages(
 
 @dataclass
 class ReplayMinibatch:
-    """A minibatch of one rollout: rows of every tensor of the memory, the same rows for each."""
+    """A minibatch of one rollout: rows of every tensor of the memory, the same rows for each.
+
+    Fields: ``tokens`` [mb, s], ``logprobs`` [mb, g] (pi_old), ``ref_logprobs`` [mb, g],
+    ``advantages`` [mb, g], ``returns`` [mb, g] (= advantages + values; no values field)."""
 
     tokens: Int[Tensor, "mb s"]
     logprobs: Float[Tensor, "mb g"]  # log pi_old(token) of the generated tokens
@@ -455,8 +458,10 @@ def compute_rlhf_objective(
                   - kl_coef * KL(policy || ref)
 
     KL is ``calc_kl_penalty`` on the reference logits of this minibatch (recomputed here, without
-    gradients, so no full-vocabulary tensor outlives one minibatch) when ``args.kl_estimator`` is
-    "full", else the mean of ``approx_kl`` with that estimator on the stored reference log-probs.
+    gradients, so no full-vocabulary tensor outlives one minibatch, and divided by the same
+    ``args.temperature`` as the policy's) when ``args.kl_estimator`` is "full", else the mean of
+    ``approx_kl`` with that estimator on the stored reference log-probs (taken at that temperature by
+    the rollout). ``kl_coef`` is the argument (the trainer's choice), not ``args.kl_coef``.
 
     Diagnostics: ``kl`` (the KL itself), ``approx_kl`` (k3 estimate of KL(old policy || policy): how
     far this update has moved), ``clipfrac`` (fraction of ratios outside 1 +- clip_coef). They are
@@ -592,12 +597,14 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
 
     1. ``get_samples`` from ``trainer.model.base_model`` with the args' prompt, sizes, temperature;
     2. task rewards ``trainer.reward_fn(texts)``, minus ``repetition_coef * ngram_repetition`` (shaping);
-    3. without gradients, one minibatch of rows at a time (never ``[batch, seq, vocab]`` at once):
-       policy logits and values, reference logits; keep only log-probs of the generated tokens
-       (of logits / temperature) and the values;
-    4. scores = the shaped rewards, whitened when ``whiten_rewards``;
+    3. without gradients, one chunk of ``args.minibatch_size`` rows at a time
+       (``tokens.split(args.minibatch_size)``; never ``[batch, seq, vocab]`` at once): policy logits
+       and values, reference logits; keep only log-probs of the generated tokens (of logits /
+       temperature, for both models) and the values;
+    4. scores = the shaped rewards, whitened only when ``args.whiten_rewards``;
     5. advantages: ``compute_advantages`` ("one_step"), or ``compute_per_token_rewards`` with the
-       current KL coefficient then ``compute_gae_advantages`` ("gae");
+       current KL coefficient ``trainer.kl_coef`` (the adaptive controller's value when it is on, not
+       ``args.kl_coef``) then ``compute_gae_advantages`` ("gae");
     6. a ``ReplayMemory`` with the values of the g states that chose the generated tokens.
 
     The last line logs the phase from the names your code defines: ``texts``, ``task_rewards``,
