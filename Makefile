@@ -29,13 +29,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# TRL, only for the tests (bench-trl races our GRPO against it); nothing else in the course needs it.
+TRL_STAMP := $(VENV)/.trl-stamp
+$(TRL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev,trl]"
+	@touch $(TRL_STAMP)
+
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=chapters $(ROOT_FLAG) $(LAB_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check --no-cache rlhf_tutorial tests course
 
-unit: $(STAMP)
+unit: $(STAMP) $(TRL_STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 nbval: $(STAMP)

@@ -395,6 +395,9 @@ def sentiment_setup(base: HookedTransformer) -> dict:
     pos_words, neg_words = sentiment_words()
     pos_ids, pos_kept = single_token_ids(base, pos_words)
     neg_ids, neg_kept = single_token_ids(base, neg_words)
+    if len(pos_ids) == 0 or len(neg_ids) == 0:
+        raise ValueError(f"no single-token words in this vocabulary ({len(pos_ids)} positive, {len(neg_ids)} negative): "
+                         "pass other word lists to single_token_ids and build the direction yourself")
     direction = sentiment_direction(base.W_U.detach(), pos_ids, neg_ids)
     return {"pos_ids": pos_ids, "neg_ids": neg_ids, "pos_words": pos_kept, "neg_words": neg_kept, "direction": direction}
 

@@ -121,3 +121,12 @@ def test_widgets_live_and_static(pair):
     slider, out = box.children
     slider.value = -1.0
     assert "text -1.0" in out.value and calls[-1] == -1.0
+
+
+def test_a_missing_checkpoint_is_a_message_and_a_json_error(tmp_path, capsys):
+    from rlhf_tutorial import cli
+
+    assert cli.main(["interp-report", "--world", "tiny", "--checkpoint", str(tmp_path / "nowhere")]) == 1
+    out = capsys.readouterr()
+    assert "no tuned policy in" in out.err and "Traceback" not in out.err
+    assert "train-rlhf" in json.loads(out.out.strip().splitlines()[-1])["error"]
