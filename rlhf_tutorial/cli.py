@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-dpo": ("rlhf_tutorial.dpo_trainer:main", "chapter 06: DPO / IPO on preference pairs"),
     "frontier": ("rlhf_tutorial.frontier:main", "chapter 06: every method on one reward-KL frontier"),
     "export-hf": ("rlhf_tutorial.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
+    "bench-trl": ("rlhf_tutorial.bench_trl:main", "race our GRPO trainer against TRL's on the same model and settings"),
 }
 
 

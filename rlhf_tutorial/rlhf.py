@@ -58,6 +58,7 @@ from rlhf_tutorial.ppo import (
     layer_init,
 )
 from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
+from rlhf_tutorial.speed import REWARD_TARGET, PhaseClock, time_split, time_to_reward
 from rlhf_tutorial.trainer_args import add_flags, arg, gpt2_size_presets, learner_functions_for
 
 # ----------------------------------------------------------------------------------------------------
@@ -829,18 +830,28 @@ class RLHFTrainer:
         """Run ``total_phases`` phases (fewer if early stopping fires). ``callback(record)`` gets each
         phase's record (rollout stats, then learning stats) as soon as the phase is done."""
         bar = tqdm(range(self.args.total_phases), desc="RLHF phases", disable=not progress, file=sys.stderr)
+        clock = PhaseClock()
         for phase in bar:
             self.phase = phase
-            memory = self.fns["rollout_phase"](self)
+            phase_start = time.perf_counter()
+            # Where the time goes, measured from outside the exercises: the sampler, the reward, the
+            # forward passes of the policy (old log-probs and values) and of the reference.
+            with clock.method(self.model.base_model, "generate", "sampling"), \
+                    clock.method(self, "reward_fn", "scoring"), \
+                    clock.module(self.model, "old_logprobs"), clock.module(self.ref_model, "ref_logprobs"):
+                memory = self.fns["rollout_phase"](self)
             record = self.history[-1]
             if self.early_stopping is not None and self.early_stopping.should_stop(record["kl"], record["reward"]):
                 record["early_stopped"] = True
+                record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
                 if callback is not None:
                     callback(record)
                 break
-            record.update(self.fns["learning_phase"](self, memory))
+            with clock("optimisation"):
+                record.update(self.fns["learning_phase"](self, memory))
             if self.kl_controller is not None:
                 self.kl_controller.update(record["kl"], self.args.batch_size)
+            record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
             if callback is not None:
                 callback(record)
             bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record['kl']:.3f}")
@@ -991,6 +1002,8 @@ def main(argv: list[str]) -> dict:
         "samples_initial": before["texts"][:4],
         "samples_final": after["texts"][:4],
         "wall_seconds": round(wall, 1),
+        "seconds_per_phase": time_split(history),
+        **time_to_reward(history, REWARD_TARGET),
         "peak_memory_mb": round(peak_memory_mb(), 1),
         "torch_threads": threads,
         "args": {k: v for k, v in asdict(args).items()},
