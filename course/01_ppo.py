@@ -28,15 +28,8 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from rlhf_tutorial import check, hint, ppo, probes, progress
-from rlhf_tutorial.ppo import (
-    Agent,
-    PPOArgs,
-    RolloutBuffer,
-    explained_variance,
-    learner_functions,
-    make_vector_env,
-    train,
-)
+from rlhf_tutorial.ppo import Agent, RolloutBuffer, explained_variance, make_vector_env
+from rlhf_tutorial.trainers.ppo import PPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.ppo import clipped_objective_explorer, ppo_dashboard
 from rlhf_tutorial.worlds import is_tiny
 

@@ -53,15 +53,13 @@ from rlhf_tutorial.ppo import (
     calc_value_function_loss,
     layer_init,
 )
-from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
-from rlhf_tutorial.rlhf import (
-    ReplayMinibatch,
+from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, sentiment_reward_fn, whiten
+from rlhf_tutorial.rlhf import ReplayMinibatch, compute_gae_advantages
+from rlhf_tutorial.trainers.rlhf import (
     RLHFArgs,
     RLHFTrainer,
-    compute_gae_advantages,
     learner_functions,
     load_tuned_policy,
-    make_reward_fn,
     save_tuned_policy,
 )
 from rlhf_tutorial.widgets.rlhf import (
@@ -162,7 +160,7 @@ print("values before training (random head):", [round(v, 3) for v in values[0].t
 
 # %%
 direction = "neg"
-reward_fn = make_reward_fn(world, direction)
+reward_fn = sentiment_reward_fn(world, direction)
 torch.manual_seed(0)
 sample_tokens, sample_texts = get_samples(policy, prompt, batch_size=8, gen_len=16)
 base_rewards = reward_fn(sample_texts)
@@ -343,6 +341,13 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step moved the policy
 # (KL 0.22 per token) but hardly the reward (0.29 -> 0.32); GAE took it from 0.29 to 0.86.
 #
+# `rollout_advantages` (not an exercise: read it) makes that choice in one place, from the settings'
+# `advantage_estimator`; your `rollout_phase` below calls it, and so does the token explorer at the end
+# of the chapter. It calls your `compute_advantages` and `compute_per_token_rewards`.
+
+# %% source rlhf_tutorial.rlhf:rollout_advantages
+
+# %% [markdown]
 # ## Replay memory and minibatches
 #
 # One rollout is one batch of samples. The learning phase visits it `batches_per_learning_phase`

@@ -40,18 +40,17 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import check, hint, progress
 from rlhf_tutorial.grpo import (
     GroupRollout,
-    GRPOArgs,
     collect_rollout,
     decode_completions,
     eos_id,
     group_record,
     grpo_diagnostics,
-    learner_functions,
     reward_fn_rule,
     sequence_logprobs,
-    train,
 )
-from rlhf_tutorial.rlhf import approx_kl, get_logprobs, make_reward_fn
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import approx_kl, get_logprobs
+from rlhf_tutorial.trainers.grpo import GRPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_curves
 from rlhf_tutorial.worlds import default_prompt, is_tiny, load_policy, resolve_world
 
@@ -63,7 +62,7 @@ if is_tiny():
 policy = load_policy(world)
 prompt = default_prompt()
 direction = "neg"
-sentiment_reward = make_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
+sentiment_reward = sentiment_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
 print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 
 # %% [markdown]
@@ -224,7 +223,7 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 # %% [markdown]
 # ## 5. Training: towards negative reviews, as in chapter 03
 #
-# The trainer (`rlhf_tutorial.grpo.train`) runs your functions: `learner_functions(globals())` hands
+# The trainer (`rlhf_tutorial.trainers.grpo.train`) runs your functions: `learner_functions(globals())` hands
 # it your `group_relative_advantages`, `calc_grpo_objective`, `completion_mask`, `sample_group` and
 # `grpo_step`. One phase:
 #

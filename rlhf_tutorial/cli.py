@@ -15,12 +15,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-tiny": ("rlhf_tutorial.tiny.build:main", "rebuild the offline tiny world from its seed"),
     "world-info": ("rlhf_tutorial.worlds:info_main", "load a world and report what it contains"),
     "build-notebooks": ("rlhf_tutorial.notebooks:main", "write chapters/ and solutions/ from course/"),
-    "train-ppo": ("rlhf_tutorial.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),
+    "train-ppo": ("rlhf_tutorial.trainers.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),
     "probes": ("rlhf_tutorial.probes:main", "chapter 01: run the reference PPO on every probe env"),
-    "train-reward-model": ("rlhf_tutorial.rewards:main", "chapter 02: train a Bradley-Terry reward model"),
-    "train-rlhf": ("rlhf_tutorial.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
-    "bench-memory": ("rlhf_tutorial.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
-    "train-grpo": ("rlhf_tutorial.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
+    "train-reward-model": ("rlhf_tutorial.trainers.rewards:main", "chapter 02: train a Bradley-Terry reward model"),
+    "train-rlhf": ("rlhf_tutorial.trainers.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
+    "bench-memory": ("rlhf_tutorial.trainers.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
+    "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
 }
 
 

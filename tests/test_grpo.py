@@ -9,6 +9,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import grpo
 from rlhf_tutorial.rlhf import approx_kl
+from rlhf_tutorial.trainers import grpo as grpo_trainer
+from rlhf_tutorial.trainers import runtime
 from rlhf_tutorial.widgets import grpo as widgets
 
 
@@ -193,7 +195,7 @@ def tiny_policy():
 
 def small_args(**overrides):
     base = dict(groups_per_phase=2, group_size=4, max_new_tokens=8, num_phases=2, eval_samples=8, num_minibatches=2)
-    return grpo.GRPOArgs.preset("tiny", **{**base, **overrides})
+    return grpo_trainer.GRPOArgs.preset("tiny", **{**base, **overrides})
 
 
 def test_all_equal_rewards_give_zero_advantages_and_dynamic_sampling_drops_them(tiny_policy):
@@ -237,7 +239,7 @@ def test_train_mechanics_reference_frozen_kl_from_zero_and_deterministic(tiny_po
         start = {k: v.clone() for k, v in policy.state_dict().items()}
         # collect_rollout handed back unchanged (as learner_functions does when it is imported) must
         # still call the learner's group_relative_advantages
-        result = grpo.train(small_args(), policy=policy, reward_fn=_reward_by_length, progress=False,
+        result = grpo_trainer.train(small_args(), policy=policy, reward_fn=_reward_by_length, progress=False,
                             group_relative_advantages=my_advantages, collect_rollout=grpo.collect_rollout)
         results.append(result)
         reference_state = result.reference.state_dict()
@@ -253,14 +255,14 @@ def test_train_mechanics_reference_frozen_kl_from_zero_and_deterministic(tiny_po
 
 def test_iterative_variant_refreshes_the_reference(tiny_policy):
     policy = copy.deepcopy(tiny_policy)
-    result = grpo.train(small_args(ref_refresh_every=1, num_phases=1), policy=policy, reward_fn=_reward_by_length,
+    result = grpo_trainer.train(small_args(ref_refresh_every=1, num_phases=1), policy=policy, reward_fn=_reward_by_length,
                         evaluate_before_after=False, progress=False)
     assert result.history[0]["reference_refreshed"]
     assert all(torch.equal(a, b) for a, b in zip(policy.parameters(), result.reference.parameters()))
 
 
 def test_cli_main_prints_the_acceptance_keys(tiny_policy, tmp_path):
-    summary = grpo.main(["--world", "tiny", "--num-phases", "2", "--groups-per-phase", "2", "--group-size", "4",
+    summary = grpo_trainer.main(["--world", "tiny", "--num-phases", "2", "--groups-per-phase", "2", "--group-size", "4",
                          "--max-new-tokens", "8", "--eval-samples", "8", "--no-progress",
                          "--report", str(tmp_path / "report.html")])
     for key in ["mean_reward_initial", "mean_reward_final", "kl_final", "frac_reward_zero_std", "phases",
@@ -316,7 +318,7 @@ def test_comparison_figure_has_reward_time_and_memory_for_both():
 
 
 def test_peak_memory_sees_an_allocation():
-    with grpo.PeakMemory() as memory:
+    with runtime.PeakMemory() as memory:
         block = torch.ones(50_000_000)  # 200 MB
         block += 1
     assert memory.peak_mb > 150

@@ -33,7 +33,8 @@ from rlhf_tutorial.checks.core import (
     get_attr,
     seeded,
 )
-from rlhf_tutorial.rewards import ngram_repetition, whiten
+from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
+from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
 CHAPTER = "03_rlhf_ppo"
 
@@ -922,10 +923,10 @@ _OBJECTIVE_MISTAKES = [
 def check_compute_rlhf_objective(candidate) -> str:
     model, ref, prefix_len, mb = _objective_setup()
     configs = [
-        ("full KL, temperature 1", rlhf.RLHFArgs(kl_estimator="full", temperature=1.0), 0.5),
-        ("k3 KL, temperature 0.7", rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
+        ("full KL, temperature 1", RLHFArgs(kl_estimator="full", temperature=1.0), 0.5),
+        ("k3 KL, temperature 0.7", RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
         ("full KL, temperature 1.3, other coefficients",
-         rlhf.RLHFArgs(kl_estimator="full", temperature=1.3, clip_coef=0.1, vf_coef=0.5, ent_coef=0.1), 2.0),
+         RLHFArgs(kl_estimator="full", temperature=1.3, clip_coef=0.1, vf_coef=0.5, ent_coef=0.1), 2.0),
     ]
     for label, args, kl_coef in configs:
         out = call(candidate, model, ref, mb, prefix_len, kl_coef, args)
@@ -962,17 +963,17 @@ def check_compute_rlhf_objective(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 # The phases, on the tiny world
 # ----------------------------------------------------------------------------------------------------
-def phase_args(**overrides: Any) -> rlhf.RLHFArgs:
+def phase_args(**overrides: Any) -> RLHFArgs:
     """Small settings for checking the phases on the tiny world in seconds."""
     base = dict(batch_size=8, gen_len=6, num_minibatches=2, batches_per_learning_phase=2,
                 total_phases=6, warmup_steps=0, temperature=0.8, repetition_coef=0.2, early_stopping=False,
                 eval_samples=8)
-    return rlhf.RLHFArgs.preset("tiny", **{**base, **overrides})
+    return RLHFArgs.preset("tiny", **{**base, **overrides})
 
 
 @functools.lru_cache(maxsize=4)
 def _tiny_reward(direction: str) -> Callable:
-    return rlhf.make_reward_fn("tiny", direction)
+    return sentiment_reward_fn("tiny", direction)
 
 
 @functools.lru_cache(maxsize=1)
@@ -982,10 +983,10 @@ def _tiny_policy_weights():
     return load_policy("tiny")
 
 
-def make_trainer(args: rlhf.RLHFArgs, **overrides: Callable) -> rlhf.RLHFTrainer:
+def make_trainer(args: RLHFArgs, **overrides: Callable) -> RLHFTrainer:
     """A trainer on fresh copies of the tiny world's policy (the same seed gives the same trainer)."""
     policy = _tiny_policy_weights()
-    return rlhf.RLHFTrainer(args, copy.deepcopy(policy), copy.deepcopy(policy), _tiny_reward(args.direction),
+    return RLHFTrainer(args, copy.deepcopy(policy), copy.deepcopy(policy), _tiny_reward(args.direction),
                             **overrides)
 
 
@@ -993,7 +994,7 @@ def _params(module: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in module.parameters()]
 
 
-def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+def _expected_memory(trainer: RLHFTrainer, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """What the memory should hold for these tokens, recomputed with the reference pieces."""
     args, p = trainer.args, trainer.prefix_len
     with torch.no_grad():
@@ -1007,10 +1008,7 @@ def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[st
 
     def advantages_of(rewards: torch.Tensor, whitened: bool = args.whiten_rewards) -> torch.Tensor:
         scores = whiten(rewards) if whitened else rewards
-        if args.advantage_estimator == "gae":
-            per_token = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
-            return rlhf.compute_gae_advantages(per_token, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
-        return rlhf.compute_advantages(values, scores, p)
+        return rlhf.rollout_advantages(scores, logprobs, ref_logprobs, values, p, trainer.kl_coef, args)
 
     return {
         "logprobs": logprobs, "ref_logprobs": ref_logprobs, "values": values[:, p - 1 : -1],
@@ -1022,7 +1020,7 @@ def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[st
     }
 
 
-def _check_memory(memory, trainer: rlhf.RLHFTrainer, label: str) -> None:
+def _check_memory(memory, trainer: RLHFTrainer, label: str) -> None:
     args, p = trainer.args, trainer.prefix_len
     if memory is None:
         raise CheckFailure(f"{label}: rollout_phase returned None: return the ReplayMemory.")
@@ -1126,14 +1124,14 @@ _LEARNING_MISTAKES = [
 ]
 
 
-def _rollout_memory(args: rlhf.RLHFArgs) -> rlhf.ReplayMemory:
+def _rollout_memory(args: RLHFArgs) -> rlhf.ReplayMemory:
     """One reference rollout (seeded) of a fresh trainer: every learning run starts from it."""
     trainer = make_trainer(args)
     torch.manual_seed(21)
     return rlhf.rollout_phase(trainer)
 
 
-def _run_learning(fn: Callable, args: rlhf.RLHFArgs, memory: rlhf.ReplayMemory) -> tuple[rlhf.RLHFTrainer, list[torch.Tensor], Any]:
+def _run_learning(fn: Callable, args: RLHFArgs, memory: rlhf.ReplayMemory) -> tuple[RLHFTrainer, list[torch.Tensor], Any]:
     """A fresh trainer (identical to the one that made ``memory``) runs ``fn(trainer, memory)``."""
     trainer = make_trainer(args)
     memory = rlhf.ReplayMemory(**{f: getattr(memory, f).clone() for f in

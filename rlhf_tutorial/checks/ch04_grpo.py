@@ -33,6 +33,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
 )
 from rlhf_tutorial.rlhf import approx_kl
+from rlhf_tutorial.trainers.grpo import GRPOArgs
 
 CHAPTER = "04_grpo"
 
@@ -475,12 +476,12 @@ def check_sample_group(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, grpo.GRPOArgs]:
+def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
     """A small policy and a hand-made rollout: 3 groups of 4, prompts of different lengths, g = 6."""
     policy, other = small_model(seed=6), small_model(seed=7)
     gen = torch.Generator().manual_seed(8)
     size, g = 4, 6
-    args = grpo.GRPOArgs(
+    args = GRPOArgs(
         group_size=size, max_new_tokens=g, clip_eps=0.2, clip_eps_high=0.3, beta=0.1, loss_type="dapo",
         temperature=0.8, max_grad_norm=0.05, learning_rate=0.1,
     )

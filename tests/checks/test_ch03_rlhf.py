@@ -774,12 +774,7 @@ def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards=T
         logprobs = rlhf.get_logprobs(logits / t, tokens, p)
         ref_logprobs = rlhf.get_logprobs(ref_logits / t, tokens, p)
         scores = whiten(rewards) if whiten_rewards else rewards
-        if args.advantage_estimator == "gae":
-            token_rewards = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
-            advantages = rlhf.compute_gae_advantages(token_rewards, values[:, p - 1 : -1], args.gamma,
-                                                     args.gae_lambda)
-        else:
-            advantages = rlhf.compute_advantages(values, scores, p)
+        advantages = rlhf.rollout_advantages(scores, logprobs, ref_logprobs, values, p, trainer.kl_coef, args)
         vslice = slice(p - 1 + value_offset, values.shape[1] - 1 + value_offset)
         memory = rlhf.ReplayMemory(tokens, logprobs, ref_logprobs, values[:, vslice], advantages)
         trainer.log_rollout(texts=texts, task_rewards=task, rewards=rewards, memory=memory)
@@ -817,11 +812,7 @@ def test_rollout_phase_written_differently():
         ref_logprobs = rlhf.get_logprobs(ref_logits / args.temperature, tokens, p).clone()
         values = values.clone()
         scores = (rewards - rewards.mean()) / (rewards.var(unbiased=False) + 1e-8).sqrt()
-        if args.advantage_estimator == "gae":
-            r = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
-            advantages = rlhf.compute_gae_advantages(r, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
-        else:
-            advantages = rlhf.compute_advantages(values, scores, p)
+        advantages = rlhf.rollout_advantages(scores, logprobs, ref_logprobs, values, p, trainer.kl_coef, args)
         memory = rlhf.ReplayMemory(tokens=tokens, logprobs=logprobs, ref_logprobs=ref_logprobs,
                                    values=values[:, p - 1 : -1], advantages=advantages)
         trainer.log_rollout(texts=texts, task_rewards=task, rewards=rewards, memory=memory)
