@@ -44,9 +44,9 @@ from rlhf_tutorial.grpo import (
     decode_completions,
     eos_id,
     group_record,
+    group_token_logprobs,
     grpo_diagnostics,
     reward_fn_rule,
-    sequence_logprobs,
 )
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
@@ -206,7 +206,7 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 # One optimizer step on a batch of groups (a `GroupRollout`, or a minibatch of one):
 #
 # 1. log-probs of the generated tokens under the current policy, with gradients:
-#    `sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)` runs one forward
+#    `group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)` runs one forward
 #    pass per group (its rows share a prompt, so no padding) and calls chapter 03's `get_logprobs` on
 #    `logits / temperature`, the distribution the tokens were sampled from;
 # 2. `calc_grpo_objective` against the stored `old_logprobs` and `ref_logprobs`, with the args'

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-rlhf": ("rlhf_tutorial.trainers.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
     "bench-memory": ("rlhf_tutorial.trainers.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
     "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
+    "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
 }
 
 

@@ -42,6 +42,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
+from rlhf_tutorial.dpo import gspo_sequence_ratio, rloo_advantages
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
 
 if TYPE_CHECKING:
@@ -121,6 +122,39 @@ def calc_grpo_objective(
     # <<< exercise
 
 
+def calc_gspo_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """GSPO's objective (to maximise), with ``calc_grpo_objective``'s signature: one importance ratio
+    per *sequence* (chapter 06's ``gspo_sequence_ratio``, the geometric mean of its token ratios),
+    clipped once per sequence; the KL term stays per token, averaged over each sequence:
+
+        s[b]   = exp( mean_t (logprobs - old_logprobs)[b, t] )          (masked mean)
+        obj[b] = min(s[b] * A[b], clip(s[b], 1 - clip_eps, 1 + clip_eps_high) * A[b])
+                 - beta * mean_t k3[b, t]
+        mean_b obj[b]
+
+    ``loss_type`` and ``max_completion_len`` are accepted and ignored: the sequence is the unit.
+    (GSPO's paper clips its length-normalised ratio to a much narrower range, ~3e-4 / 4e-4, than
+    token-level GRPO's 0.2.) ``train`` uses it when ``importance_level="sequence"``.
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = gspo_sequence_ratio(logprobs, old_logprobs, mask)  # [B]
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages)  # [B]
+    k3 = torch.where(mask, approx_kl(logprobs, ref_logprobs, "k3"), torch.zeros_like(logprobs))  # [B g]
+    kl = k3.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [B]
+    return (surrogate - beta * kl).mean()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Sampling groups
 # ----------------------------------------------------------------------------------------------------
@@ -177,7 +211,7 @@ def sample_group(
     return tokens, mask
 
 
-def sequence_logprobs(
+def group_token_logprobs(
     model: HookedTransformer,
     tokens: Sequence[Int[Tensor, "G s"]],
     prefix_lens: Sequence[int],
@@ -322,8 +356,8 @@ def collect_rollout(
        only zero advantages (``frac_reward_zero_std`` is the fraction of such groups);
     3. with ``dynamic_sampling``, such groups are dropped and new prompts sampled, for at most
        ``max_sampling_rounds`` rounds, until p groups are kept (fewer if the rounds run out);
-    4. ``group_relative_advantages`` over the kept groups, repeated over each completion's tokens
-       by the objective;
+    4. ``group_relative_advantages`` over the kept groups (``rloo_advantages`` with
+       ``advantage_estimator="rloo"``), repeated over each completion's tokens by the objective;
     5. without gradients, the log-probs of the policy (pi_old: the policy *at rollout time*) and of
        the frozen reference.
 
@@ -377,12 +411,17 @@ def collect_rollout(
     rewards = torch.stack([k[4] for k in kept])  # [p G], on the CPU
     tokens = [k[0] for k in kept]
     device = tokens[0].device
-    advantages = group_relative_advantages(rewards, args.scale, args.adv_eps).flatten().to(device)  # [B]
+    if args.advantage_estimator == "rloo":
+        advantages = rloo_advantages(rewards).flatten().to(device)  # [B]
+    elif args.advantage_estimator == "group":
+        advantages = group_relative_advantages(rewards, args.scale, args.adv_eps).flatten().to(device)  # [B]
+    else:
+        raise ValueError(f"advantage_estimator must be 'group' or 'rloo', got {args.advantage_estimator!r}")
     prefix_lens = [k[0].shape[1] - k[1].shape[1] for k in kept]
     rows = max(1, p * size // args.num_minibatches)  # the rows of one minibatch: never more logits at once
     with torch.no_grad():
-        old_logprobs = sequence_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
-        ref_logprobs = sequence_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
+        old_logprobs = group_token_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
+        ref_logprobs = group_token_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
     rollout = GroupRollout(
         tokens=tokens,
         prefix_lens=prefix_lens,
@@ -423,7 +462,7 @@ def grpo_step(
     """One optimizer step of gradient *ascent* on the GRPO objective of ``batch``.
 
     1. log-probs of the batch's generated tokens under the current policy, with gradients
-       (``sequence_logprobs``, at ``args.temperature``);
+       (``group_token_logprobs``, at ``args.temperature``);
     2. ``calc_grpo_objective`` against the batch's ``old_logprobs`` (pi_old) and ``ref_logprobs``,
        with its advantages and mask and the args' ``clip_eps``, ``beta``, ``loss_type``,
        ``clip_eps_high`` and ``max_completion_len = args.max_new_tokens``;
@@ -435,7 +474,7 @@ def grpo_step(
     ``objective`` and ``grad_norm``).
     """
     # >>> exercise
-    logprobs = sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)  # [B g]
+    logprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)  # [B g]
     objective = calc_grpo_objective(
         logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask,
         clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
@@ -490,7 +529,7 @@ def group_record(policy: HookedTransformer, rollout: GroupRollout, args: GRPOArg
     """What the group viewer shows, one dict per group: the prompt, and per completion its tokens
     (as strings, the completion only, up to EOS), reward, advantage, and per token the ratio
     pi_theta / pi_old under the *current* policy and whether it is clipped."""
-    logprobs = sequence_logprobs(policy, rollout.tokens, rollout.prefix_lens, args.temperature)
+    logprobs = group_token_logprobs(policy, rollout.tokens, rollout.prefix_lens, args.temperature)
     ratio = torch.exp(logprobs - rollout.old_logprobs)
     clipped = clipped_tokens(
         logprobs, rollout.old_logprobs, rollout.advantages, rollout.mask, args.clip_eps, args.clip_eps_high

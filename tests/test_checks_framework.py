@@ -96,3 +96,24 @@ def test_checking_does_not_disturb_the_learners_random_state():
 
 def test_check_result_text_has_no_hint_when_passed():
     assert "Hint" not in str(CheckResult("x", True, "ok", hint="h"))
+
+
+def test_a_mistake_that_equals_the_reference_on_the_case_is_never_named():
+    from rlhf_tutorial.checks.core import Case, CheckFailure, Mistake, compare_to_reference
+
+    def reference(x):
+        return x.abs()
+
+    cases = [Case("non-negative inputs", (torch.tensor([0.0, 1.0, 2.0]),))]
+    same_here = Mistake("You forgot abs.", lambda x: x.clone())  # equals the reference on this case
+    with pytest.raises(CheckFailure) as wrong:  # wrong values, and the mistake explains nothing here
+        compare_to_reference(lambda x: x + 1, reference, cases, mistakes=[same_here])
+    assert wrong.value.hint is None
+    with pytest.raises(CheckFailure) as dtype:  # right values in float64: the dtype verdict, no mistake
+        compare_to_reference(lambda x: x.abs().double(), reference, cases, mistakes=[same_here])
+    assert "values are right" in dtype.value.message and "float64: return float32" in dtype.value.message
+    assert "abs" not in (dtype.value.hint or "")
+    named = Mistake("Off by one: you added 1.", lambda x: x + 1)
+    with pytest.raises(CheckFailure) as matched:  # a real match: the nudge in the message, the hint apart
+        compare_to_reference(lambda x: x + 1, reference, cases, mistakes=[same_here, named])
+    assert matched.value.hint == "Off by one: you added 1." and "Off by one." in matched.value.message

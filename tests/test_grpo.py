@@ -148,8 +148,8 @@ def test_sequence_logprobs_stacks_groups_without_changing_them():
               torch.randint(0, 40, (3, 9), generator=gen)]
     prefix_lens = [4, 2, 4]
     with torch.no_grad():
-        stacked = grpo.sequence_logprobs(model, tokens, prefix_lens, temperature=0.7, max_rows=4)
-        one_by_one = torch.cat([grpo.sequence_logprobs(model, [t], [p], temperature=0.7)
+        stacked = grpo.group_token_logprobs(model, tokens, prefix_lens, temperature=0.7, max_rows=4)
+        one_by_one = torch.cat([grpo.group_token_logprobs(model, [t], [p], temperature=0.7)
                                 for t, p in zip(tokens, prefix_lens)])
     assert stacked.shape == (9, 5)
     torch.testing.assert_close(stacked, one_by_one, atol=1e-5, rtol=1e-5)
@@ -259,6 +259,60 @@ def test_iterative_variant_refreshes_the_reference(tiny_policy):
                         evaluate_before_after=False, progress=False)
     assert result.history[0]["reference_refreshed"]
     assert all(torch.equal(a, b) for a, b in zip(policy.parameters(), result.reference.parameters()))
+
+
+def test_rloo_estimator_runs_the_learners_rloo_advantages(tiny_policy):
+    calls = []
+
+    def my_rloo(rewards):
+        calls.append(rewards.shape)
+        size = rewards.shape[1]
+        return size / (size - 1) * (rewards - rewards.mean(1, keepdim=True))
+
+    result = grpo_trainer.train(small_args(advantage_estimator="rloo", num_phases=1), policy=copy.deepcopy(tiny_policy),
+                        reward_fn=_reward_by_length, evaluate_before_after=False, progress=False,
+                        rloo_advantages=my_rloo)
+    assert calls == [(2, 4)]
+    rollout = result.last_rollout
+    expected = rollout.rewards - (rollout.rewards.sum(1, keepdim=True) - rollout.rewards) / 3
+    torch.testing.assert_close(rollout.advantages.view(2, 4), expected)
+    with pytest.raises(ValueError, match="advantage_estimator"):
+        grpo_trainer.train(small_args(advantage_estimator="ppo"), policy=copy.deepcopy(tiny_policy),
+                   reward_fn=_reward_by_length, evaluate_before_after=False, progress=False)
+
+
+def test_gspo_objective_clips_one_ratio_per_sequence():
+    logprobs = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
+    old = torch.tensor([[-1.2, -2.4, 5.0], [-0.5, -0.5, -0.5]])  # row 0: log-ratios 0.2, 0.4 (+ junk)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    adv = torch.tensor([1.0, -1.0])
+    obj = grpo.calc_gspo_objective(logprobs, old, logprobs, adv, mask, clip_eps=0.2, beta=0.0)
+    # row 0: s = exp(0.3) = 1.35 > 1.2 with A > 0: clipped to 1.2; row 1: s = 1, A = -1
+    assert obj.item() == pytest.approx((1.2 - 1.0) / 2)
+    ref = logprobs + torch.tensor([[0.1, 0.3, 7.0], [0.0, 0.0, 0.0]])
+    with_kl = grpo.calc_gspo_objective(logprobs, old, ref, adv, mask, clip_eps=0.2, beta=1.0)
+    k3 = approx_kl(logprobs, ref, "k3")
+    assert with_kl.item() == pytest.approx(obj.item() - (k3[0, :2].mean().item() + 0.0) / 2, rel=1e-5)
+
+
+def test_sequence_level_runs_the_learners_gspo_ratio_and_refuses_a_learners_step(tiny_policy):
+    calls = []
+
+    def my_ratio(logprobs, old_logprobs, mask):
+        calls.append(logprobs.shape)
+        m = mask.float()
+        return torch.exp(((logprobs - old_logprobs) * m).sum(-1) / m.sum(-1))
+
+    grpo_trainer.train(small_args(importance_level="sequence", num_phases=1), policy=copy.deepcopy(tiny_policy),
+               reward_fn=_reward_by_length, evaluate_before_after=False, progress=False, gspo_sequence_ratio=my_ratio)
+    assert len(calls) == 2 * 2 and all(shape[0] == 4 for shape in calls)  # 2 passes x 2 minibatches of 4 rows
+
+    def my_step(policy, optimizer, batch, args):
+        return grpo.grpo_step(policy, optimizer, batch, args)
+
+    with pytest.raises(ValueError, match="reference grpo_step"):
+        grpo_trainer.train(small_args(importance_level="sequence"), policy=copy.deepcopy(tiny_policy),
+                   reward_fn=_reward_by_length, progress=False, grpo_step=my_step)
 
 
 def test_cli_main_prints_the_acceptance_keys(tiny_policy, tmp_path):

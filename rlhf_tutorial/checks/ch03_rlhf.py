@@ -932,8 +932,8 @@ def check_compute_rlhf_objective(candidate) -> str:
         out = call(candidate, model, ref, mb, prefix_len, kl_coef, args)
         if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], dict):
             raise CheckFailure(f"expected a tuple (objective, stats dict), got {fmt(out)}")
-        objective = expect_tensor(out[0], shape=(), what="the objective")
         expected = rlhf.compute_rlhf_objective(model, ref, mb, prefix_len, kl_coef, args)[0]
+        objective = expect_tensor(out[0], shape=(), dtype=expected.dtype, what="the objective")
         if not torch.allclose(objective.detach(), expected.detach(), atol=1e-4, rtol=1e-4):
             hint = None
             for text, change in _OBJECTIVE_MISTAKES:

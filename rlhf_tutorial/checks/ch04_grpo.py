@@ -493,8 +493,8 @@ def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
     mask = torch.arange(g)[None, :] < lengths[:, None]
     rewards = torch.rand(3, size, generator=gen)
     with torch.no_grad():
-        current = grpo.sequence_logprobs(policy, tokens, prefix_lens, args.temperature)
-        ref = grpo.sequence_logprobs(other, tokens, prefix_lens, args.temperature)
+        current = grpo.group_token_logprobs(policy, tokens, prefix_lens, args.temperature)
+        ref = grpo.group_token_logprobs(other, tokens, prefix_lens, args.temperature)
     rollout = grpo.GroupRollout(
         tokens=tokens, prefix_lens=prefix_lens, prompts=["a", "b", "c"], mask=mask, rewards=rewards,
         advantages=grpo.group_relative_advantages(rewards).flatten(),
@@ -546,7 +546,7 @@ def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", 
 
     def step(policy, optimizer, batch, args):
         t = args.temperature if temperature else 1.0
-        logprobs = grpo.sequence_logprobs(policy, batch.tokens, batch.prefix_lens, t)
+        logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens, t)
         old_lp = {"old": batch.old_logprobs, "detached": logprobs.detach(), "ref": batch.ref_logprobs}[old]
         ref_lp = {"ref": batch.ref_logprobs, "old": batch.old_logprobs}[ref]
         kwargs = dict(clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
@@ -578,7 +578,7 @@ STEP_MISTAKES = [
     Mistake("The objective ignores the args: pass clip_eps, beta, loss_type, clip_eps_high and "
             "max_completion_len=args.max_new_tokens to calc_grpo_objective.", _step_variant(pass_args=False)),
     Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
-            "log-probs of logits / temperature (sequence_logprobs(..., args.temperature)).",
+            "log-probs of logits / temperature (group_token_logprobs(..., args.temperature)).",
             _step_variant(temperature=False)),
 ]
 
@@ -586,7 +586,7 @@ STEP_MISTAKES = [
 @checker(
     "grpo_step",
     chapter=CHAPTER,
-    hint="logprobs = sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature); objective = "
+    hint="logprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature); objective = "
     "calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, "
     "clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type, clip_eps_high=args.clip_eps_high, "
     "max_completion_len=args.max_new_tokens); optimizer.zero_grad(); objective.backward(); "

@@ -10,12 +10,14 @@ because of the candidate, and never shows a traceback of the checker's own code.
 from __future__ import annotations
 
 import html
+import importlib
 import math
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -193,6 +195,10 @@ def fmt(x: Any, limit: int = 6) -> str:
     return text if len(text) < 200 else text[:200] + "..."
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def expect_tensor(
     out: Any,
     *,
@@ -216,9 +222,11 @@ def expect_tensor(
             hint = "A dimension is missing: did you reduce (sum/mean) over a dimension that should stay?"
         raise CheckFailure(f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)}.", hint=hint)
     if dtype is not None and out.dtype != dtype:
+        want = _dtype_name(dtype)
         raise CheckFailure(
-            f"{what} has dtype {out.dtype}, expected {dtype}.",
-            hint="Build new tensors with an explicit dtype (e.g. torch.tensor(xs, dtype=torch.float32)).",
+            f"{what} has the wrong dtype: it is {_dtype_name(out.dtype)}: return {want}.",
+            hint=f"Build new tensors with an explicit dtype (e.g. torch.tensor(xs, dtype=torch.{want})), or "
+            f"convert with .to(torch.{want}).",
         )
     if not allow_nan and out.is_floating_point() and not torch.isfinite(out).all():
         raise CheckFailure(
@@ -279,8 +287,9 @@ def _clone(obj: Any) -> Any:
 
 
 def _check_output_form(out: Any, expected: Any, label: str) -> None:
+    """Type, shape and NaN of ``out`` against ``expected`` (dtype and device are judged separately)."""
     if isinstance(expected, torch.Tensor):
-        expect_tensor(out, shape=expected.shape, dtype=expected.dtype, what=f"On {label}, your output")
+        expect_tensor(out, shape=expected.shape, what=f"On {label}, your output")
     elif isinstance(expected, (tuple, list)):
         if not isinstance(out, (tuple, list)) or len(out) != len(expected):
             raise CheckFailure(
@@ -292,12 +301,57 @@ def _check_output_form(out: Any, expected: Any, label: str) -> None:
         raise CheckFailure(f"On {label}, your function returned None: did you forget a `return`?")
 
 
-def _known_mistake(got: Any, case: Case, mistakes: Sequence[Mistake], atol: float, rtol: float) -> str | None:
-    """The hint of the first known mistake whose output on ``case`` equals the candidate's."""
+def form_mismatch(out: Any, expected: Any) -> str | None:
+    """The first dtype or device difference between two outputs of the same structure, in words
+    ("the dtype is float64: return float32"), or None when there is none."""
+    if isinstance(expected, torch.Tensor) and isinstance(out, torch.Tensor):
+        if out.dtype != expected.dtype:
+            want = _dtype_name(expected.dtype)
+            how = ("a comparison such as `x == y`, or .bool()" if expected.dtype == torch.bool
+                   else f"an explicit dtype=torch.{want} where you build the tensor, or .to(torch.{want})")
+            return f"the dtype is {_dtype_name(out.dtype)}: return {want} ({how})"
+        if out.device != expected.device:
+            return (f"the tensor is on {out.device}: return it on {expected.device}, the device of the inputs "
+                    "(build new tensors with device=... of an input)")
+    elif isinstance(expected, (tuple, list)) and isinstance(out, (tuple, list)):
+        for i, (o, e) in enumerate(zip(out, expected)):
+            text = form_mismatch(o, e)
+            if text:
+                return f"item {i}: {text}" if len(expected) > 1 else text
+    return None
+
+
+def nudge(hint: str) -> str:
+    """The short form of a hint: what is wrong, without the fix (its first clause or sentence)."""
+    cut = len(hint)
+    for sep in (": ", ". ", "; "):
+        i = hint.find(sep)
+        if 0 < i < cut:
+            cut = i
+    return hint[:cut].rstrip(".") + "."
+
+
+def failure(message: str, hint: str | None) -> CheckFailure:
+    """A failure whose message ends with the hint's nudge (what is wrong and where); the full hint
+    stays in ``hint``, for the learner to open when they want it."""
+    if hint:
+        message = f"{message}\n  {nudge(hint)}"
+    return CheckFailure(message, hint)
+
+
+def _known_mistake(got: Any, case: Case, mistakes: Sequence[Mistake], atol: float, rtol: float,
+                   expected: Any = None) -> str | None:
+    """The hint of the first known mistake whose output on ``case`` equals the candidate's.
+
+    A mistake whose output on this case equals the correct one (``expected``) is never named: on this
+    case it is indistinguishable from a right answer, so it cannot explain a wrong one.
+    """
     for mistake in mistakes:
         try:
             wrong = mistake.fn(*_clone(case.args), **_clone(case.kwargs))
         except Exception:  # noqa: BLE001 - a mistake variant may not apply to this case
+            continue
+        if expected is not None and _close(wrong, expected, atol, rtol):
             continue
         if _close(got, wrong, atol, rtol):
             return mistake.hint
@@ -316,22 +370,32 @@ def compare_to_reference(
 ) -> str:
     """Run every case on the candidate and the reference; fail on the first disagreement.
 
-    On a disagreement, each known mistake is run on the same case: if the candidate's output matches
-    a mistake's, its hint is given. Returns a one-line summary for the pass message.
+    In order: the output's type and shape; its dtype and device (right values in the wrong dtype get
+    their own message, before any mistake is looked for); NaN; the values. On wrong values each known
+    mistake is run on the same case, and the first whose output the candidate matches (and that
+    differs from the reference there) gives the hint. Returns a one-line summary for the pass message.
     """
     for case in cases:
         expected = reference(*_clone(case.args), **_clone(case.kwargs))
         got = call(candidate, *_clone(case.args), _arg_names=arg_names, **_clone(case.kwargs))
         try:
             _check_output_form(got, expected, case.label)
-        except CheckFailure as failure:
-            raise CheckFailure(failure.message, _known_mistake(got, case, mistakes, atol, rtol) or failure.hint) from None
+        except CheckFailure as form:
+            hint = _known_mistake(got, case, mistakes, atol, rtol, expected)
+            raise (failure(form.message, hint) if hint else form) from None
+        mismatch = form_mismatch(got, expected)
+        if mismatch and _close(got, expected, atol, rtol):
+            raise CheckFailure(
+                f"On {case.label}, the values are right, but {mismatch}.",
+                hint="Only the dtype (or device) differs: the training code downstream expects exactly the "
+                "reference's, and mixing dtypes fails there, far from here.",
+            )
         if _close(got, expected, atol, rtol):
             continue
-        raise CheckFailure(
-            f"Wrong values on {case.label}.\n  expected: {fmt(expected)}\n  got:      {fmt(got)}",
-            _known_mistake(got, case, mistakes, atol, rtol),
-        )
+        message = f"Wrong values on {case.label}.\n  expected: {fmt(expected)}\n  got:      {fmt(got)}"
+        if mismatch:
+            message += f"\n  (also, {mismatch})"
+        raise failure(message, _known_mistake(got, case, mistakes, atol, rtol, expected))
     return f"matches the reference on {len(cases)} cases ({', '.join(c.label for c in cases)})."
 
 
@@ -339,12 +403,26 @@ def compare_to_reference(
 # Running a checker
 # ----------------------------------------------------------------------------------------------------
 RESULTS: dict[str, bool] = {}
+_loaded = False
+
+
+def chapter_modules() -> list[str]:
+    """Every module of checkers: ``rlhf_tutorial/checks/chNN_*.py``, found on disk (no list to keep)."""
+    folder = Path(__file__).parent
+    return [f"rlhf_tutorial.checks.{path.stem}" for path in sorted(folder.glob("ch[0-9][0-9]_*.py"))]
+
+
+def load_all() -> None:
+    """Import every chapter's checker module (each registers its checkers)."""
+    global _loaded
+    if not _loaded:
+        for module in chapter_modules():
+            importlib.import_module(module)
+        _loaded = True
 
 
 def run_check(name: str, candidate: Any) -> CheckResult:
     """Run the checker of exercise ``name`` on ``candidate``. Never raises because of the candidate."""
-    from rlhf_tutorial.checks import load_all
-
     load_all()
     if name not in REGISTRY:
         known = ", ".join(sorted(REGISTRY)) or "none"

@@ -34,9 +34,9 @@ from rlhf_tutorial.grpo import (
     decode_completions,
     eos_id,
     group_record,
+    group_token_logprobs,
     reward_fn_rule,
     sample_group,
-    sequence_logprobs,
 )
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn
 from rlhf_tutorial.rlhf import approx_kl
@@ -95,6 +95,10 @@ class GRPOArgs:
     loss_type: str = arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
     scale: str = arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
     adv_eps: float = arg(1e-4, "eps added to the std of the advantage scaling")
+    advantage_estimator: str = arg("group", "'group' (group_relative_advantages with `scale`) or 'rloo' "
+                                   "(chapter 06's rloo_advantages: leave-one-out baseline, no std)")
+    importance_level: str = arg("token", "'token' (GRPO: clip every token's ratio) or 'sequence' (chapter 06's "
+                                "GSPO: clip one length-normalised ratio per completion)")
     # variants
     dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal, sample more")
     max_sampling_rounds: int = arg(3, "dynamic sampling: most sampling rounds per phase")
@@ -165,8 +169,8 @@ def evaluate(
                 policy, prompt_tokens, per_prompt, args.max_new_tokens, eos, args.temperature, args.top_k
             )
             texts += decode_completions(policy, tokens, mask, prompt)
-            lp = sequence_logprobs(policy, [tokens], [len(prompt_tokens)], args.temperature)
-            ref = sequence_logprobs(reference, [tokens], [len(prompt_tokens)], args.temperature)
+            lp = group_token_logprobs(policy, [tokens], [len(prompt_tokens)], args.temperature)
+            ref = group_token_logprobs(reference, [tokens], [len(prompt_tokens)], args.temperature)
             kls.append(approx_kl(lp, ref, "k3"))
             masks.append(mask)
     texts = texts[:n_samples]
@@ -195,6 +199,9 @@ PLUGGABLE = (
     "sample_group",
     "collect_rollout",
     "grpo_step",
+    "rloo_advantages",  # chapter 06
+    "gspo_sequence_ratio",  # chapter 06
+    "calc_gspo_objective",  # not an exercise: built on gspo_sequence_ratio
 )
 
 
@@ -241,7 +248,17 @@ def train(
     record. Wall time and peak memory cover everything after the models are loaded, evaluations
     included.
     """
-    fns = bind(grpo, PLUGGABLE, overrides)
+    if args.importance_level not in ("token", "sequence"):
+        raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
+    sequence_level = args.importance_level == "sequence"
+    if sequence_level and overrides.get("grpo_step", grpo.grpo_step) is not grpo.grpo_step:
+        raise ValueError(
+            "importance_level='sequence' (GSPO) needs the reference grpo_step: yours calls your token-level "
+            "calc_grpo_objective. Leave grpo_step out of the overrides for a GSPO run."
+        )
+    # GSPO: the reference grpo_step optimises calc_gspo_objective under the name calc_grpo_objective.
+    aliases = {"calc_grpo_objective": "calc_gspo_objective"} if sequence_level else None
+    fns = bind(grpo, PLUGGABLE, overrides, aliases=aliases)
     torch.manual_seed(args.seed)
     if policy is None:
         from rlhf_tutorial.worlds import load_policy

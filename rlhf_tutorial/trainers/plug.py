@@ -20,11 +20,18 @@ from collections.abc import Callable
 from typing import Any
 
 
-def bind(module: types.ModuleType, pluggable: tuple[str, ...], overrides: dict[str, Any]) -> dict[str, Any]:
+def bind(
+    module: types.ModuleType,
+    pluggable: tuple[str, ...],
+    overrides: dict[str, Any],
+    aliases: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Every name of ``pluggable``: the override where there is one, else the reference of ``module``
     rebound so that it calls the overrides (see the module docstring for the rule).
 
-    Raises ``TypeError`` for a name that is not in ``pluggable``.
+    ``aliases`` maps a name to another pluggable that the shared namespace holds under it (GRPO's
+    sequence-level variant: ``{"calc_grpo_objective": "calc_gspo_objective"}``, so that the reference
+    ``grpo_step`` optimises GSPO's objective). Raises ``TypeError`` for a name not in ``pluggable``.
     """
     unknown = set(overrides) - set(pluggable)
     if unknown:
@@ -35,7 +42,10 @@ def bind(module: types.ModuleType, pluggable: tuple[str, ...], overrides: dict[s
     for name, obj in vars(module).items():
         if name not in overrides and isinstance(obj, types.FunctionType) and obj.__globals__ is vars(module):
             namespace[name] = _rebound(obj, namespace)
-    return {name: namespace[name] for name in pluggable}
+    bound = {name: namespace[name] for name in pluggable}
+    for name, target in (aliases or {}).items():
+        namespace[name] = bound[target]
+    return bound
 
 
 def _rebound(fn: types.FunctionType, namespace: dict[str, Any]) -> types.FunctionType:

@@ -386,7 +386,7 @@ def test_sample_group_written_differently():
 # grpo_step
 # ----------------------------------------------------------------------------------------------------
 def _objective(policy, batch, args, temperature=None, old=None):
-    logprobs = grpo.sequence_logprobs(policy, batch.tokens, batch.prefix_lens,
+    logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens,
                                       args.temperature if temperature is None else temperature)
     return logprobs, grpo.calc_grpo_objective(
         logprobs, batch.old_logprobs if old is None else old(logprobs), batch.ref_logprobs, batch.advantages,
