@@ -330,7 +330,7 @@ def test_cli_main_prints_the_acceptance_keys(tiny_policy, tmp_path):
 def test_cli_is_registered():
     from rlhf_tutorial.cli import COMMANDS
 
-    assert COMMANDS["train-grpo"][0] == "rlhf_tutorial.grpo:main"
+    assert COMMANDS["train-grpo"][0] == "rlhf_tutorial.trainers.grpo:main"
 
 
 # ----------------------------------------------------------------------------------------------------

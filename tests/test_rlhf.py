@@ -230,7 +230,7 @@ def test_widgets_static_forms():
     assert "phase 1" in repr(dashboard.phase_samples(-1))
     explorer = w.token_explorer(trainer, n_samples=2, seed=0, static=True)
     assert "value" in explorer._repr_html_() and "reward" in repr(explorer)
-    records = w.token_records(trainer, *rlhf.get_samples(trainer.model.base_model, trainer.args.prefix, 2, 6))
+    records = rlhf.token_records(trainer, *rlhf.get_samples(trainer.model.base_model, trainer.args.prefix, 2, 6))
     assert len(records[0]["tokens"]) == len(records[0]["kl"]) == len(records[0]["advantage"]) == 6
     assert min(records[0]["kl"]) >= -1e-6
     comparison = w.base_vs_tuned(trainer, n=2, seed=0, static=True)
