@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from rlhf_tutorial import ppo
+from rlhf_tutorial import display, ppo
 from rlhf_tutorial.trainers import ppo as ppo_trainer
 from rlhf_tutorial.widgets import live
 from rlhf_tutorial.widgets import ppo as ppo_widgets
@@ -199,13 +199,13 @@ def test_parser_covers_every_field():
 # Widgets
 # ----------------------------------------------------------------------------------------------------
 def test_widgets_are_static_outside_a_kernel(monkeypatch):
-    assert not live.widgets_available()  # pytest is not a Jupyter kernel
-    monkeypatch.setattr(live, "in_kernel", lambda: True)
+    assert not display.widgets_available()  # pytest is not a Jupyter kernel
+    monkeypatch.setattr(display, "in_kernel", lambda: True)
     monkeypatch.setenv("RLHF_TUTORIAL_STATIC", "1")
-    assert not live.widgets_available()
+    assert not display.widgets_available()
     monkeypatch.delenv("RLHF_TUTORIAL_STATIC")
     monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
-    assert not live.widgets_available()
+    assert not display.widgets_available()
 
 
 def test_live_dashboard_static_mode_records_and_draws(tmp_path):
@@ -258,7 +258,7 @@ def test_explorer_falls_back_to_a_static_figure(capsys):
 
 def test_live_dashboard_widget_mode_redraws(monkeypatch):
     shown = []
-    monkeypatch.setattr(live, "_display", shown.append)
+    monkeypatch.setattr(display, "show_object", shown.append)
     dash = live.LiveDashboard(["loss"], static=False, refresh_seconds=0.0)
     assert not dash.static and isinstance(dash.fig, go.FigureWidget)
     assert len(shown) == 1  # the widget box, shown once at construction

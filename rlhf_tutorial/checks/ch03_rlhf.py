@@ -35,6 +35,7 @@ from rlhf_tutorial.checks.core import (
 )
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
+from rlhf_tutorial.worlds import PROMPT
 
 CHAPTER = "03_rlhf_ppo"
 
@@ -704,7 +705,7 @@ def _decodings(model, tokens: torch.Tensor, n_bos: int) -> tuple[list[str], list
 )
 def check_get_samples(candidate) -> str:
     model = tiny_policy()
-    prompt = "This movie was really"
+    prompt = PROMPT
     prompt_tokens = model.to_tokens(prompt)
     p = prompt_tokens.shape[1]
     out = call(candidate, model, prompt, 5, 7)

@@ -13,7 +13,6 @@ import html
 import importlib
 import math
 import os
-import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -447,21 +446,3 @@ def run_check(name: str, candidate: Any) -> CheckResult:
         )
     RESULTS[name] = result.passed
     return result
-
-
-def in_notebook() -> bool:
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    shell = ipython.get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
-def show(obj: Any) -> None:
-    """Display an object with an HTML form in Jupyter, or print its text form elsewhere."""
-    if in_notebook():
-        from IPython.display import display
-
-        display(obj)
-    else:
-        print(str(obj))

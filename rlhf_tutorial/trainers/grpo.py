@@ -43,12 +43,11 @@ from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.runtime import PeakMemory, peak_memory_mb
-
-COURSE_PROMPT = "This movie was really"
+from rlhf_tutorial.worlds import PROMPT
 
 #: The prompts of a rule-reward run (``reward="rule"``): review openings of which none mentions the
 #: default aspect ("acting"), so the policy has to write it. ``--prompts`` takes any list of strings.
-RULE_PROMPTS = ("This movie was really", "I watched this film", "The plot was")
+RULE_PROMPTS = (PROMPT, "I watched this film", "The plot was")
 
 # ----------------------------------------------------------------------------------------------------
 # Arguments
@@ -74,7 +73,7 @@ class GRPOArgs:
     direction: str = arg("neg", "sentiment the classifier reward asks for: 'neg' or 'pos'")
     aspect: str = arg("acting", "rule reward: the aspect the review must mention")
     max_sentences: int = arg(3, "rule reward: the review must end within this many sentences")
-    prompts: tuple[str, ...] = arg((COURSE_PROMPT,), "prompts the groups cycle through")
+    prompts: tuple[str, ...] = arg((PROMPT,), "prompts the groups cycle through")
     prepend_bos: bool = arg(True, "put the BOS token before each prompt")
     # sampling
     groups_per_phase: int = arg(8, "p: groups (prompts) sampled per phase")

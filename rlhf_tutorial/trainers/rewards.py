@@ -25,6 +25,7 @@ from rlhf_tutorial.rewards import PairBatch, RewardModel, evaluate_pairs, tokeni
 from rlhf_tutorial.trainers.args import add_flags, arg
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.runtime import torch_threads
+from rlhf_tutorial.trainers.schedules import warmup_then_linear_to_zero
 
 # ----------------------------------------------------------------------------------------------------
 # Training
@@ -145,14 +146,9 @@ def _train_reward_model(args, model, train_pairs, test_pairs, fns, on_eval):
 
     total = -(-len(train_data) // args.batch_size) * args.epochs
 
-    def lr_scale(step: int) -> float:
-        if step < args.warmup_steps:
-            return (step + 1) / args.warmup_steps
-        if not args.decay:
-            return 1.0
-        return max(0.0, (total - step) / max(1, total - args.warmup_steps))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_then_linear_to_zero(step, total, args.warmup_steps, args.decay)
+    )
 
     history: dict[str, list] = {"n_train_pairs": [len(train_data)], "n_test_pairs": [len(test_data)]}
     history.update({k: [] for k in ("step", "loss", "accuracy", "margin")})

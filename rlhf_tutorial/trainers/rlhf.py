@@ -33,6 +33,7 @@ from rlhf_tutorial.rlhf import ReplayMemory, TransformerWithValueHead, approx_kl
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.runtime import default_threads, peak_memory_mb
+from rlhf_tutorial.worlds import PROMPT
 
 # ----------------------------------------------------------------------------------------------------
 # Arguments
@@ -52,7 +53,7 @@ class RLHFArgs:
 
     world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
     direction: str = arg("neg", "sentiment the reward asks for: 'neg' or 'pos'")
-    prefix: str = arg("This movie was really", "the prompt every completion starts from")
+    prefix: str = arg(PROMPT, "the prompt every completion starts from")
     prepend_bos: bool = arg(True, "put the BOS token before the prompt")
     seed: int = arg(0, "seeds the value head, sampling and the minibatch order")
     # sampling

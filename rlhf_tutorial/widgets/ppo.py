@@ -6,7 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.widgets.live import LiveDashboard, widgets_available
+from rlhf_tutorial.display import widgets_available
+from rlhf_tutorial.widgets.live import LiveDashboard
 
 # ---------------------------------------------------------------------------------------------------
 # The clipped surrogate, one sample at a time

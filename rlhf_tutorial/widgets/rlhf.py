@@ -27,7 +27,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from rlhf_tutorial import rlhf
-from rlhf_tutorial.widgets.live import LiveDashboard, _display, widgets_available
+from rlhf_tutorial.display import HTMLText, in_kernel, show_object, widgets_available
+from rlhf_tutorial.widgets.live import LiveDashboard
 
 if TYPE_CHECKING:
     from rlhf_tutorial.trainers.rlhf import RLHFTrainer
@@ -42,19 +43,6 @@ TITLES = {
     "kl_coef": "KL coefficient beta",
     "lr": "learning rate (transformer)",
 }
-
-
-class HTMLText:
-    """HTML in a notebook, plain text in a terminal."""
-
-    def __init__(self, html_text: str, plain: str):
-        self.html, self.plain = html_text, plain
-
-    def _repr_html_(self) -> str:
-        return self.html
-
-    def __repr__(self) -> str:
-        return self.plain
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -113,7 +101,7 @@ class RLHFDashboard:
             self._slider = ipywidgets.IntSlider(value=0, min=0, max=0, description="phase", disabled=True)
             self._table = ipywidgets.HTML()
             self._slider.observe(lambda change: self._show_phase(change["new"]), names="value")
-            _display(ipywidgets.VBox([self._slider, self._table]))
+            show_object(ipywidgets.VBox([self._slider, self._table]))
 
     @property
     def static(self) -> bool:
@@ -147,10 +135,8 @@ class RLHFDashboard:
         was_static = self.live.static
         self.live.finish()
         if was_static and self.records:
-            from rlhf_tutorial.widgets.live import in_kernel
-
             if in_kernel():
-                _display(self.phase_samples(-1))
+                show_object(self.phase_samples(-1))
 
 
 def rlhf_dashboard(title: str = "RLHF", static: bool | None = None) -> RLHFDashboard:
