@@ -221,6 +221,11 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # buffer to `[(steps env), ...]` (the same order for every field!); then for every epoch and minibatch,
 # recompute logits and values, build the objective from your three functions, step, and record
 # `approx_kl` and `clipfrac` (and `value_loss`, `entropy`, ...). Return a dict of their means.
+#
+# The two diagnostics have one definition in the course, used by chapters 01, 03 and 04 alike (read
+# it, then call it from your learning phase):
+
+# %% source rlhf_tutorial.ppo:clip_diagnostics
 
 # %% exercise rlhf_tutorial.ppo:ppo_learning_phase
 

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial.dpo import gspo_sequence_ratio, rloo_advantages
+from rlhf_tutorial.ppo import clip_diagnostics
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
 
 if TYPE_CHECKING:
@@ -507,13 +508,21 @@ def clipped_tokens(
 
 
 def grpo_diagnostics(logprobs: Float[Tensor, "B g"], batch: GroupRollout, args: GRPOArgs) -> dict[str, float]:
-    """Masked means of: the clip fraction, the k3 KL to pi_old and to the reference, the ratio."""
+    """Masked means over the completion tokens, beside the loss:
+
+    - ``approx_kl``, ``clipfrac``: chapter 01's ``clip_diagnostics`` (KL(pi_old || pi_theta), k3, and
+      the share of ratios with ``|r - 1| > clip_eps``), the same definitions as PPO's;
+    - ``clip_active_frac``: the share of tokens whose *clipped branch wins* (``clipped_tokens``:
+      r > 1 + eps_high with A > 0, or r < 1 - eps with A < 0), whose gradient is zero. It is at most
+      ``clipfrac`` and depends on the advantage's sign;
+    - ``kl_ref``: k3 KL to the reference; ``ratio_mean``: mean of r.
+    """
     m = batch.mask.float()
     n = m.sum().clamp(min=1)
     clipped = clipped_tokens(logprobs, batch.old_logprobs, batch.advantages, batch.mask, args.clip_eps, args.clip_eps_high)
     return {
-        "clipfrac": (clipped.float().sum() / n).item(),
-        "approx_kl_old": ((approx_kl(logprobs, batch.old_logprobs, "k3") * m).sum() / n).item(),
+        **clip_diagnostics(logprobs, batch.old_logprobs, args.clip_eps, batch.mask),  # approx_kl, clipfrac
+        "clip_active_frac": (clipped.float().sum() / n).item(),
         "kl_ref": ((approx_kl(logprobs, batch.ref_logprobs, "k3") * m).sum() / n).item(),
         "ratio_mean": ((torch.exp(logprobs - batch.old_logprobs) * m).sum() / n).item(),
     }

@@ -146,6 +146,30 @@ def calc_clipped_surrogate_objective(
     # <<< exercise
 
 
+@torch.no_grad()
+def clip_diagnostics(
+    logprobs: Float[Tensor, "*b"],
+    old_logprobs: Float[Tensor, "*b"],
+    clip_coef: float,
+    mask: Bool[Tensor, "*b"] | None = None,
+) -> dict[str, float]:
+    """The diagnostics of a clipped update, beside its loss (the same two in every chapter).
+
+        log r     = logprobs - old_logprobs
+        approx_kl = mean((r - 1) - log r)         k3 estimate of KL(pi_old || pi_theta) from pi_old's samples
+        clipfrac  = mean(|r - 1| > clip_coef)     the share of ratios outside the clip range, either side
+
+    With ``mask`` the means are over the True elements only.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()
+
+    def mean(x: Tensor) -> Tensor:
+        return x.float().mean() if mask is None else (x.float() * mask).sum() / mask.sum().clamp(min=1)
+
+    return {"approx_kl": mean((ratio - 1) - log_ratio).item(), "clipfrac": mean((ratio - 1).abs() > clip_coef).item()}
+
+
 def calc_value_function_loss(
     values: Float[Tensor, "*b"], returns: Float[Tensor, "*b"], vf_coef: float
 ) -> Float[Tensor, ""]:
@@ -292,8 +316,8 @@ def ppo_learning_phase(
        ``get_minibatch_indices(batch_size, minibatch_size, generator)``: recompute logits and values,
        ``objective = L_clip - L_value + L_entropy``, ``zero_grad``, ``backward``, clip the gradient
        norm to ``max_grad_norm``, ``optimizer.step()`` (the optimizer maximises).
-    3. Beside the loss (no gradients): ``approx_kl = mean((r - 1) - log r)`` and
-       ``clipfrac = mean(|r - 1| > clip_coef)``.
+    3. Beside the loss (no gradients): ``clip_diagnostics`` gives ``approx_kl = mean((r - 1) - log r)``
+       and ``clipfrac = mean(|r - 1| > clip_coef)``.
 
     Returns means over all minibatches of ``policy_objective``, ``value_loss``, ``entropy``,
     ``approx_kl``, ``clipfrac``, plus the rollout's ``explained_variance``.
@@ -335,10 +359,8 @@ def ppo_learning_phase(
             optimizer.step()
 
             with torch.no_grad():  # diagnostics, beside the loss
-                logratio = new_logprobs - b_logprobs[mb]
-                ratio = logratio.exp()
-                stats["approx_kl"].append(((ratio - 1) - logratio).mean().item())
-                stats["clipfrac"].append(((ratio - 1).abs() > args.clip_coef).float().mean().item())
+                for key, value in clip_diagnostics(new_logprobs, b_logprobs[mb], args.clip_coef).items():
+                    stats[key].append(value)
                 stats["entropy"].append(dist.entropy().mean().item())
             stats["policy_objective"].append(policy_objective.item())
             stats["value_loss"].append(value_loss.item())

@@ -47,6 +47,7 @@ from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_entropy_bonus,
     calc_value_function_loss,
+    clip_diagnostics,
     compute_gae,
     layer_init,
 )
@@ -389,15 +390,13 @@ def compute_rlhf_objective(
     objective = clipped_surrogate - value_loss + args.ent_coef * entropy - kl_coef * kl
     # <<< exercise
     with torch.no_grad():
-        log_ratio = logprobs - minibatch.logprobs
         stats = {
             "objective": objective.item(),
             "clipped_surrogate": clipped_surrogate.item(),
             "value_loss": value_loss.item(),
             "entropy": entropy.item(),
             "kl": kl.item(),
-            "approx_kl": approx_kl(minibatch.logprobs, logprobs, "k3").mean().item(),
-            "clipfrac": ((log_ratio.exp() - 1).abs() > args.clip_coef).float().mean().item(),
+            **clip_diagnostics(logprobs, minibatch.logprobs, args.clip_coef),  # approx_kl, clipfrac
             "value_mean": values[:, gen].mean().item(),
         }
     return objective, stats

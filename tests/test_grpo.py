@@ -246,7 +246,7 @@ def test_train_mechanics_reference_frozen_kl_from_zero_and_deterministic(tiny_po
         assert all(torch.equal(reference_state[k], v) for k, v in start.items())  # reference untouched
         assert any(not torch.equal(policy.state_dict()[k], v) for k, v in start.items())  # policy trained
         assert result.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
-        for key in ["reward", "frac_reward_zero_std", "kl", "clipfrac", "objective", "approx_kl_old", "grad_norm"]:
+        for key in ["reward", "frac_reward_zero_std", "kl", "clipfrac", "clip_active_frac", "objective", "approx_kl", "grad_norm"]:
             assert key in result.history[-1]
         assert result.eval_final is not None and result.peak_memory_mb >= 0
     assert calls == [(2, 4)] * 4  # the learner's function ran in every phase of both runs

@@ -127,7 +127,7 @@ def group_viewer(groups: Sequence[dict[str, Any]], static: bool | None = None):
 def grpo_curves(history: Sequence[dict[str, Any]], title: str = "GRPO") -> go.Figure:
     """Reward, fraction of all-equal groups, KL to the reference and clip fraction, per phase."""
     panels = [("reward", "mean reward"), ("frac_reward_zero_std", "frac_reward_zero_std"),
-              ("kl", "KL(policy || ref), k3 per token"), ("clipfrac", "clip fraction")]
+              ("kl", "KL(policy || ref), k3 per token"), ("clip_active_frac", "clipped tokens (zero gradient)")]
     fig = make_subplots(rows=1, cols=4, subplot_titles=[t for _, t in panels])
     phases = [r["phase"] for r in history]
     for col, (key, _) in enumerate(panels, start=1):
@@ -185,7 +185,7 @@ def write_report(path: str | Path, summary: dict[str, Any], groups: Sequence[dic
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     history = [
-        {"phase": i, "reward": r, "kl": k, "frac_reward_zero_std": z, "clipfrac": None}
+        {"phase": i, "reward": r, "kl": k, "frac_reward_zero_std": z, "clip_active_frac": None}
         for i, (r, k, z) in enumerate(zip(summary["reward_per_phase"], summary["kl_per_phase"],
                                           summary["frac_reward_zero_std_per_phase"]))
     ]
