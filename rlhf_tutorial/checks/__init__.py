@@ -18,8 +18,8 @@ from rlhf_tutorial.checks.core import (
     chapter_modules,
     load_all,
     run_check,
-    show,
 )
+from rlhf_tutorial.display import show
 
 __all__ = ["CheckResult", "run_check", "check", "hint", "progress", "load_all", "chapter_modules"]
 
