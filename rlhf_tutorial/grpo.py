@@ -45,6 +45,7 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial.dpo import gspo_sequence_ratio, rloo_advantages
 from rlhf_tutorial.ppo import clip_diagnostics
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
+from rlhf_tutorial.speed import PhaseClock, can_fast_sample, fast_sample, forward_logits
 
 if TYPE_CHECKING:
     from rlhf_tutorial.trainers.grpo import GRPOArgs
@@ -212,6 +213,12 @@ def sample_group(
     return tokens, mask
 
 
+_SAMPLE_GROUP_CODE = sample_group.__code__  # collect_rollout samples faster when this is the one bound
+
+#: Wall time per section of a phase (``speed.SECTIONS``); ``train`` reads it after every phase.
+CLOCK = PhaseClock()
+
+
 def group_token_logprobs(
     model: HookedTransformer,
     tokens: Sequence[Int[Tensor, "G s"]],
@@ -225,7 +232,9 @@ def group_token_logprobs(
     ever needed), in chunks of at most ``max_rows`` rows (None: no limit) so that the
     ``[rows, seq, vocab]`` logits stay small. Log-probs are of ``logits / temperature`` (the
     distribution the tokens were sampled from), from chapter 03's ``get_logprobs`` with
-    ``prefix_len`` = the prompt length. Gradients flow if enabled.
+    ``prefix_len`` = the prompt length. Gradients flow if enabled. The forward is
+    ``speed.forward_logits`` (the model's own function, without hook points when it can), and only
+    the positions that predict generated tokens are unembedded.
     """
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i, (group_tokens, prefix_len) in enumerate(zip(tokens, prefix_lens)):
@@ -234,8 +243,12 @@ def group_token_logprobs(
     for (_, prefix_len), groups in by_shape.items():
         stacked = torch.cat([tokens[i] for i in groups])  # [rows s]
         chunks = stacked.split(max_rows) if max_rows else [stacked]
+        # Only the positions that predict generated tokens are needed: logits from prefix_len - 1 on,
+        # whose log-probs are those of tokens[:, prefix_len - 1:] from their second token (prefix 1).
+        keep = prefix_len - 1
         logprobs = torch.cat([
-            get_logprobs(model(chunk) / temperature, chunk, prefix_len) for chunk in chunks  # [rows g]
+            get_logprobs(forward_logits(model, chunk, keep) / temperature, chunk[:, keep:], 1)  # [rows g]
+            for chunk in chunks
         ])
         for i, part in zip(groups, logprobs.split([tokens[i].shape[0] for i in groups])):
             out[i] = part
@@ -362,11 +375,17 @@ def collect_rollout(
     5. without gradients, the log-probs of the policy (pi_old: the policy *at rollout time*) and of
        the frozen reference.
 
+    Speed (harness only): when ``sample_group`` is the reference one and the policy is GPT-2-shaped,
+    the groups are drawn by ``speed.fast_sample`` (a cache of our own), whose per-token log-probs are
+    pi_old's, so step 5 runs the reference forward only. Sections are timed on ``CLOCK``.
+
     Returns the rollout (None if every group was dropped) and the phase's rollout statistics.
     """
     p, size = args.groups_per_phase, args.group_size
     eos = eos_id(policy)
-    kept: list[tuple[Tensor, Tensor, str, list[str], Tensor]] = []  # tokens, mask, prompt, texts, rewards
+    fast = args.fast and sample_group.__code__ is _SAMPLE_GROUP_CODE and can_fast_sample(policy)
+    # tokens, mask, prompt, texts, rewards, sampler log-probs (None: not kept by the sampler)
+    kept: list[tuple[Tensor, Tensor, str, list[str], Tensor, Tensor | None]] = []
     all_rewards, zero_std, n_sampled, next_prompt = [], 0, 0, phase * p
     rounds = 0
     while len(kept) < p and rounds < max(1, args.max_sampling_rounds if args.dynamic_sampling else 1):
@@ -374,28 +393,38 @@ def collect_rollout(
         prompts = [args.prompts[(next_prompt + k) % len(args.prompts)] for k in range(p - len(kept))]
         next_prompt += len(prompts)
         # One sample_group call per distinct prompt draws all its groups at once (n * G rows).
-        sampled: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        for prompt in dict.fromkeys(prompts):
-            n = prompts.count(prompt)
-            prompt_tokens = policy.to_tokens(prompt, prepend_bos=args.prepend_bos)[0]  # [prompt_len]
-            with torch.no_grad():
-                tokens, mask = sample_group(
-                    policy, prompt_tokens, n * size, args.max_new_tokens, eos, args.temperature, args.top_k
-                )
-            sampled[prompt] = list(zip(tokens.split(size), mask.split(size)))  # n groups of [G s], [G g]
-        batch = []
-        for prompt in prompts:
-            tokens, mask = sampled[prompt].pop(0)
-            batch.append((tokens, mask, prompt, decode_completions(policy, tokens, mask, prompt)))
+        sampled: dict[str, list[tuple[Tensor, Tensor, Tensor | None]]] = {}
+        with CLOCK("sampling"):
+            for prompt in dict.fromkeys(prompts):
+                n = prompts.count(prompt)
+                prompt_tokens = policy.to_tokens(prompt, prepend_bos=args.prepend_bos)[0]  # [prompt_len]
+                if fast:
+                    tokens, logprobs = fast_sample(policy, prompt_tokens[None].expand(n * size, -1),
+                                                   args.max_new_tokens, eos, args.temperature, args.top_k)
+                    mask = completion_mask(tokens[:, len(prompt_tokens):], eos)
+                    logprob_groups: list = list(logprobs.split(size))
+                else:
+                    with torch.no_grad():
+                        tokens, mask = sample_group(
+                            policy, prompt_tokens, n * size, args.max_new_tokens, eos, args.temperature, args.top_k
+                        )
+                    logprob_groups = [None] * n
+                # n groups of [G s], [G g], [G g]
+                sampled[prompt] = list(zip(tokens.split(size), mask.split(size), logprob_groups))
+            batch = []
+            for prompt in prompts:
+                tokens, mask, logprobs = sampled[prompt].pop(0)
+                batch.append((tokens, mask, prompt, decode_completions(policy, tokens, mask, prompt), logprobs))
         texts = [t for group in batch for t in group[3]]
-        rewards = reward_fn(texts).float().cpu().view(len(batch), size)  # [groups G]
+        with CLOCK("scoring"):
+            rewards = reward_fn(texts).float().cpu().view(len(batch), size)  # [groups G]
         all_rewards.append(rewards)
         n_sampled += len(batch)
-        for (tokens, mask, prompt, group_texts), group_rewards in zip(batch, rewards):
+        for (tokens, mask, prompt, group_texts, logprobs), group_rewards in zip(batch, rewards):
             flat = bool(group_rewards.std() < args.zero_std_tol)
             zero_std += flat
             if not (args.dynamic_sampling and flat):
-                kept.append((tokens, mask, prompt, group_texts, group_rewards))
+                kept.append((tokens, mask, prompt, group_texts, group_rewards, logprobs))
 
     sampled_rewards = torch.cat(all_rewards)  # [n_sampled G]
     stats: dict[str, Any] = {
@@ -420,8 +449,12 @@ def collect_rollout(
         raise ValueError(f"advantage_estimator must be 'group' or 'rloo', got {args.advantage_estimator!r}")
     prefix_lens = [k[0].shape[1] - k[1].shape[1] for k in kept]
     rows = max(1, p * size // args.num_minibatches)  # the rows of one minibatch: never more logits at once
-    with torch.no_grad():
-        old_logprobs = group_token_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
+    with torch.no_grad(), CLOCK("old_logprobs"):
+        if fast:  # the sampler's own: the same numbers (to ~1e-6) without a second forward
+            old_logprobs = torch.cat([k[5] for k in kept])
+        else:
+            old_logprobs = group_token_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
+    with torch.no_grad(), CLOCK("ref_logprobs"):
         ref_logprobs = group_token_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
     rollout = GroupRollout(
         tokens=tokens,

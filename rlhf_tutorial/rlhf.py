@@ -287,7 +287,10 @@ def rollout_advantages(
 
 @dataclass
 class ReplayMinibatch:
-    """A minibatch of one rollout: rows of every tensor of the memory, the same rows for each."""
+    """A minibatch of one rollout: rows of every tensor of the memory, the same rows for each.
+
+    Fields: ``tokens`` [mb, s], ``logprobs`` [mb, g] (pi_old), ``ref_logprobs`` [mb, g],
+    ``advantages`` [mb, g], ``returns`` [mb, g] (= advantages + values; no values field)."""
 
     tokens: Int[Tensor, "mb s"]
     logprobs: Float[Tensor, "mb g"]  # log pi_old(token) of the generated tokens
@@ -361,8 +364,10 @@ def compute_rlhf_objective(
                   - kl_coef * KL(policy || ref)
 
     KL is ``calc_kl_penalty`` on the reference logits of this minibatch (recomputed here, without
-    gradients, so no full-vocabulary tensor outlives one minibatch) when ``args.kl_estimator`` is
-    "full", else the mean of ``approx_kl`` with that estimator on the stored reference log-probs.
+    gradients, so no full-vocabulary tensor outlives one minibatch, and divided by the same
+    ``args.temperature`` as the policy's) when ``args.kl_estimator`` is "full", else the mean of
+    ``approx_kl`` with that estimator on the stored reference log-probs (taken at that temperature by
+    the rollout). ``kl_coef`` is the argument (the trainer's choice), not ``args.kl_coef``.
 
     Diagnostics: ``kl`` (the KL itself), ``approx_kl`` (k3 estimate of KL(old policy || policy): how
     far this update has moved), ``clipfrac`` (fraction of ratios outside 1 +- clip_coef). They are
@@ -496,12 +501,14 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
 
     1. ``get_samples`` from ``trainer.model.base_model`` with the args' prompt, sizes, temperature;
     2. task rewards ``trainer.reward_fn(texts)``, minus ``repetition_coef * ngram_repetition`` (shaping);
-    3. without gradients, one minibatch of rows at a time (never ``[batch, seq, vocab]`` at once):
-       policy logits and values, reference logits; keep only log-probs of the generated tokens
-       (of logits / temperature) and the values;
-    4. scores = the shaped rewards, whitened when ``whiten_rewards``;
-    5. advantages: ``rollout_advantages`` with the current KL coefficient ``trainer.kl_coef``
-       (one-step or GAE, as ``args.advantage_estimator`` says);
+    3. without gradients, one chunk of ``args.minibatch_size`` rows at a time
+       (``tokens.split(args.minibatch_size)``; never ``[batch, seq, vocab]`` at once): policy logits
+       and values, reference logits; keep only log-probs of the generated tokens (of logits /
+       temperature, for both models) and the values;
+    4. scores = the shaped rewards, whitened only when ``args.whiten_rewards``;
+    5. advantages: ``rollout_advantages`` with the current KL coefficient ``trainer.kl_coef`` (the
+       adaptive controller's value when it is on, not ``args.kl_coef``): one-step or GAE, as
+       ``args.advantage_estimator`` says;
     6. a ``ReplayMemory`` with the values of the g states that chose the generated tokens.
 
     The last line logs the phase from the names your code defines: ``texts``, ``task_rewards``,
@@ -578,7 +585,9 @@ def token_records(trainer: RLHFTrainer, tokens: Int[Tensor, "b s"], texts: list[
     """Per sample: its reward and, per generated token, the value of the state that chose it, the KL to
     the reference at that position (``calc_kl_penalty`` of that position's full distributions, at the
     sampling temperature), and its advantage as the trainer computes it (``rollout_advantages``) from
-    this sample's raw reward (a single sample is not whitened)."""
+    the scores of these samples whitened together, as a rollout's are (``whiten_rewards``; a single
+    sample is not whitened), so that advantages and values are in the units the value head was
+    trained on."""
     args, p = trainer.args, trainer.prefix_len
     logits, values = trainer.model(tokens)  # [b s v], [b s]
     logits = logits / args.temperature
@@ -591,7 +600,8 @@ def token_records(trainer: RLHFTrainer, tokens: Int[Tensor, "b s"], texts: list[
         for row, ref_row in zip(logits[:, gen], ref_logits[:, gen])
     ])  # [b g]: KL(policy || ref) at each position
     rewards = trainer.reward_fn(list(texts))
-    advantages = rollout_advantages(rewards, logprobs, ref_logprobs, values, p, trainer.kl_coef, args)
+    scores = whiten(rewards) if args.whiten_rewards and len(rewards) > 1 else rewards
+    advantages = rollout_advantages(scores, logprobs, ref_logprobs, values, p, trainer.kl_coef, args)
     model = trainer.model.base_model
     return [
         {

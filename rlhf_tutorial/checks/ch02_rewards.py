@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -18,6 +19,7 @@ from rlhf_tutorial.checks.core import (
     checker,
     compare_to_reference,
     expect_tensor,
+    failure,
     fmt,
     get_attr,
 )
@@ -158,6 +160,10 @@ def check_reward_fn_sentiment(candidate) -> str:
         return _label_probs(c, t, s)[0][:, pick(direction, c)].sigmoid()
 
     cases = [
+        # One review (no padding, so the attention mask cannot matter), POSITIVE at index 0: isolates the
+        # label index from the mask when an implementation gets both wrong.
+        Case("a single review, direction='pos' (label2id puts POSITIVE at index 0)",
+             ([_REVIEWS[2]], swapped, tok, "pos")),
         Case("5 reviews, direction='pos' (label2id puts POSITIVE at index 0)", (_REVIEWS, swapped, tok, "pos")),
         Case("5 reviews, direction='neg'", (_REVIEWS, swapped, tok, "neg")),
         Case("the usual label order (NEGATIVE=0, POSITIVE=1), 'pos'", (_REVIEWS, usual, tok2), {"direction": "pos"}),
@@ -313,11 +319,18 @@ def _ngram_variant(tokenize: Callable[[str], list], total_fn=None, short=0.0, in
 )
 def check_ngram_repetition(candidate) -> str:
     cases = [
-        Case("six samples, n=3", (_TEXTS,)),
+        Case("six samples, n=3", (_TEXTS,)),  # typical; repeated spaces, a tab and a newline; empty text
         Case("n=2", (_TEXTS,), {"n": 2}),
-        Case("n=1", (_TEXTS[:3],), {"n": 1}),
-        Case("a batch of 1, n=4", (["a b c d a b c d a b c d"],), {"n": 4}),
-        Case("only short samples", (["hi", "two words", ""],)),
+        Case("n=1", (_TEXTS[:3],), {"n": 1}),  # single words
+        Case("a batch of 1, n=4", (["a b c d a b c d a b c d"],), {"n": 4}),  # one sample
+        Case("only short samples", (["hi", "two words", ""],)),  # fewer than n words: 0.0
+        # case variants: 'The plot' and 'the plot' are different n-grams (a lowercasing
+        # implementation finds repeats here); punctuation stays part of its word
+        Case("n-grams that differ only by case or punctuation",
+             (["The plot was thin the plot was thin", "Great GREAT great", "good. good good. good"],),
+             {"n": 2}),
+        Case("exactly n words (one n-gram)", (["one two three", "x x x"],)),  # w = n: 1 n-gram, score 0
+        Case("leading and trailing whitespace", (["  \ta b a b\n", "\n"],), {"n": 2}),  # split() drops it
     ]
     return compare_to_reference(
         candidate,
@@ -335,6 +348,12 @@ def check_ngram_repetition(candidate) -> str:
                     "argument.", _ngram_variant(lambda s: s.split(" "))),
             Mistake("A sample with fewer than n words has no n-gram, so nothing repeats: score it 0.0.",
                     _ngram_variant(str.split, short=1.0)),
+            Mistake("You lowercased the text: n-grams that differ only by case are different words here "
+                    "('The plot' is not 'the plot'). Count the words exactly as sample.split() gives them.",
+                    _ngram_variant(lambda s: s.lower().split())),
+            Mistake("You stripped punctuation: 'good.' and 'good' are different words. Count the words "
+                    "exactly as sample.split() gives them.",
+                    _ngram_variant(lambda s: "".join(c for c in s if c.isalnum() or c.isspace()).split())),
         ],
     )
 
@@ -344,6 +363,34 @@ def check_ngram_repetition(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 _LARGE_CHOSEN = torch.tensor([-150.0, 120.0, 0.5, -300.0])
 _LARGE_REJECTED = torch.tensor([150.0, -100.0, 0.0, 0.0])
+
+
+def _bt_infinite_hint(candidate, underflow_hint: str) -> str:
+    """Why the loss is infinite for large differences: exp overflowing or sigmoid underflowing.
+
+    In float32, exp(y) is inf above y ~ 88.7, and torch.sigmoid(x) is 0 below x ~ -88.7, so both break
+    at the same differences and values alone cannot tell them apart, except on the positive side: only
+    a form that computes exp(+x) (x - log(1 + exp(x)), say) is infinite at x = +95. Otherwise the
+    learner's source says which function it calls."""
+    exp_hint = (
+        "exp overflows: exp(y) is inf in float32 for y above ~88.7, so log(1 + exp(-x)), 1 / (1 + exp(-x)) or "
+        "x - log(1 + exp(x)) become infinite for large differences. Use F.logsigmoid(x), or -F.softplus(-x), "
+        "which never compute exp of a large number."
+    )
+    probe = call(candidate, torch.tensor([95.0]), torch.tensor([0.0]), _arg_names=["chosen_rewards", "rejected_rewards"])
+    if isinstance(probe, torch.Tensor) and probe.numel() == 1 and not math.isfinite(probe.float().item()):
+        return exp_hint.replace("exp overflows:", "exp overflows (at x = +95 your loss is already infinite):")
+    try:
+        source = inspect.getsource(candidate)
+    except (OSError, TypeError):
+        source = ""
+    calls_exp, calls_sigmoid = "exp(" in source, "sigmoid(" in source
+    if calls_exp and not calls_sigmoid:
+        return exp_hint
+    if calls_sigmoid and not calls_exp:
+        return underflow_hint
+    return ("Either exp overflows (exp(y) is inf in float32 above y ~ 88.7) or sigmoid underflows "
+            "(sigmoid(-300) is 0 and its log -inf). Use F.logsigmoid(x), or -F.softplus(-x), which stay exact.")
 
 
 @checker(
@@ -400,19 +447,20 @@ def check_bradley_terry_loss(candidate) -> str:
     expect_tensor(big, shape=(), what="On large differences, your output", allow_nan=True)
     value = big.detach().float().item()
     unstable_hint = (
-        "log(sigmoid(x)) is unstable: sigmoid(-300) underflows to 0 and its log is -inf (or, with an "
+        "sigmoid underflows: sigmoid(-300) is 0 in float32 and its log is -inf (or, with an "
         "eps inside the log, the loss saturates at -log(eps)). Use F.logsigmoid(x), or -F.softplus(-x), "
         "which stay exact."
     )
     where = "On reward differences chosen - rejected of -300, +220, +0.5, -300"
     if not math.isfinite(value):
-        raise CheckFailure(f"{where} your loss is {value}, expected {expected:.4f}.", hint=unstable_hint)
+        raise failure(f"{where} your loss is {value}, expected {expected:.4f}.",
+                      _bt_infinite_hint(candidate, unstable_hint))
     if not math.isclose(value, expected, rel_tol=1e-4, abs_tol=1e-4):
         saturated = value < expected
-        raise CheckFailure(
+        raise failure(
             f"{where} your loss is {value:.4f}, expected {expected:.4f}"
             + (": it saturates for large differences." if saturated else "."),
-            hint=unstable_hint if saturated else None,
+            unstable_hint if saturated else None,
         )
     return detail.rstrip(".") + ", and reward differences of -300 .. +220."
 

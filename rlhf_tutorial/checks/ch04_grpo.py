@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 
@@ -30,6 +31,7 @@ from rlhf_tutorial.checks.core import (
     checker,
     compare_to_reference,
     expect_tensor,
+    failure,
     fmt,
 )
 from rlhf_tutorial.rlhf import approx_kl
@@ -173,6 +175,16 @@ def _objective_cases() -> list[Case]:
     lp1, old1, ref1, adv1, mask1 = _objective_inputs(1, 5, [3], seed=1)
     lp2, old2, ref2, _, mask2 = _objective_inputs(4, 6, [6, 4, 1, 3], seed=2)
     base = dict(clip_eps=0.2, beta=0.04)
+    # Negative advantages with large ratios (up to e^2.5 ~ 12) and positive ones with tiny ratios, on
+    # unmasked tokens, beta = 0: the surrogate alone, where a dual clip (a floor c * A for A < 0) differs.
+    neg_lp = torch.tensor([[-0.5, -1.0, -0.2, -3.0], [-1.0, -0.1, -2.0, -0.3], [-0.7, -0.7, -0.7, -0.7]])
+    neg_old = neg_lp - torch.tensor([[2.5, 1.5, 0.05, -2.0], [2.0, -3.0, 1.2, 0.0], [0.3, 2.2, -0.3, 0.0]])
+    neg_adv = torch.tensor([-1.5, 0.8, -0.4])
+    neg_mask = torch.tensor([[True, True, True, True], [True, True, True, False], [True, True, False, False]])
+    # A reference far from the policy (|logr| up to 15, k3 up to ~3e6) and zero advantages: the KL term
+    # alone, where a clamp of the log-ratio or of k3 differs.
+    far_lp = torch.tensor([[-0.3, -14.0, -1.0], [-2.0, -0.5, -16.0]])
+    far_ref = torch.tensor([[-15.3, -1.0, -1.2], [-1.0, -13.5, -1.0]])
     return [
         Case('loss_type="grpo"', (lp, old, ref, adv, mask), {**base, "loss_type": "grpo"}),
         Case('loss_type="dapo"', (lp, old, ref, adv, mask), {**base, "loss_type": "dapo"}),
@@ -185,12 +197,33 @@ def _objective_cases() -> list[Case]:
              (lp2, old2, ref2, torch.zeros(4), mask2), {"clip_eps": 0.2, "beta": 0.3, "loss_type": "dapo"}),
         Case("a batch of 1, clip_eps=0.1", (lp1, old1, ref1, adv1, mask1),
              {"clip_eps": 0.1, "beta": 0.04, "loss_type": "grpo"}),
+        Case("negative advantages with ratios up to 12, beta=0", (neg_lp, neg_old, neg_lp.clone(), neg_adv, neg_mask),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case("zero advantages, a reference far from the policy (|logr| up to 15), beta=0.1",
+             (far_lp, far_lp.clone(), far_ref, torch.zeros(2), torch.ones(2, 3, dtype=torch.bool)),
+             {"clip_eps": 0.2, "beta": 0.1, "loss_type": "grpo"}),
     ]
+
+
+def _objective_diagnosis(case: Case, got, expected) -> str | None:
+    """Differences no fixed variant captures: a dual clip or a KL clamp at any bound."""
+    if not isinstance(got, torch.Tensor) or got.numel() != 1:
+        return None
+    higher = got.item() > expected.item() + 1e-4 * (1 + abs(expected.item()))
+    if case.label.startswith("negative advantages") and higher:
+        return ("With negative advantages and large ratios your surrogate is higher than min(ratio * A, "
+                "clip(ratio) * A): that is a dual clip (a floor such as max(., c * A) for A < 0). The contract "
+                "has none: a negative-advantage token with a large ratio keeps its full ratio * A.")
+    if case.label.startswith("zero advantages, a reference far") and higher:
+        return ("Your KL penalty is smaller than k3 where the reference is far from the policy (|logr| up to 15): "
+                "the log-ratio or k3 is clamped. Use k3 = exp(logr) - 1 - logr exactly (approx_kl(logprobs, "
+                "ref_logprobs, 'k3')), however large.")
+    return None
 
 
 def _objective_variant(
     *, aggregate=None, kl="k3", kl_sign=-1, use_high=True, use_mask=True, reducer="min", ratio="new_old",
-    kl_against="ref", dr_len="max",
+    kl_against="ref", dr_len="max", dual_clip=None, logr_clamp=None,
 ):
     """A configurable (possibly wrong) calc_grpo_objective."""
 
@@ -208,9 +241,14 @@ def _objective_variant(
             surr = clipped
         else:  # no clipping at all
             surr = unclipped
+        if dual_clip is not None:
+            surr = torch.where(a < 0, torch.maximum(surr, dual_clip * a), surr)
         other = ref_logprobs if kl_against == "ref" else old_logprobs
         if kl == "k3_swapped":
             k = approx_kl(other, logprobs, "k3")
+        elif logr_clamp is not None:
+            logr = (other - logprobs).clamp(-logr_clamp, logr_clamp)
+            k = torch.expm1(logr) - logr
         else:
             k = approx_kl(logprobs, other, kl)
         obj = surr + kl_sign * beta * k
@@ -225,6 +263,10 @@ def _objective_variant(
         if kind == "padded_mean":  # zeros at masked tokens, but the mean counts them
             return obj.mean()
         length = logprobs.shape[1] if (max_completion_len is None or dr_len == "g") else max_completion_len
+        if dr_len == "no_batch":
+            return obj.sum() / length
+        if dr_len == "longest":
+            return obj.sum() / (logprobs.shape[0] * n.max())
         return obj.sum() / (logprobs.shape[0] * length)
 
     return fn
@@ -248,6 +290,15 @@ OBJECTIVE_MISTAKES = [
             "the constant B * max_completion_len.", _objective_variant(aggregate=_only("dr_grpo", "grpo"))),
     Mistake('Your "dr_grpo" ignores max_completion_len: use it when given (it defaults to g, logprobs.shape[1]).',
             _objective_variant(dr_len="g")),
+    Mistake('Your "dr_grpo" divides the masked sum by the completion length only: Dr. GRPO divides by '
+            "B * max_completion_len (the number of completions times the constant length).",
+            _objective_variant(dr_len="no_batch")),
+    Mistake('Your "dr_grpo" divides by B times the longest completion in the batch: the constant is '
+            "max_completion_len (given, or g), whatever this batch's lengths.", _objective_variant(dr_len="longest")),
+    Mistake("You added a dual clip (a floor c * A on the surrogate of negative-advantage tokens): the contract "
+            "has none, min(ratio * A, clip(ratio) * A) only.", _objective_variant(dual_clip=3.0)),
+    Mistake("Your k3 clamps the log-ratio (to [-10, 10]): k3 = exp(logr) - 1 - logr exactly, however far "
+            "the reference is.", _objective_variant(logr_clamp=10.0)),
     Mistake("The mask is ignored: masked tokens (after the first EOS) count for nothing, in the sum and in "
             "the token counts.", _objective_variant(use_mask=False)),
     Mistake("Masked tokens are zeroed but still counted in the mean: divide by the number of *unmasked* tokens.",
@@ -257,7 +308,8 @@ OBJECTIVE_MISTAKES = [
     Mistake("That KL term is k1 (logprobs - ref_logprobs): GRPO uses k3 = exp(logr) - 1 - logr with "
             "logr = ref_logprobs - logprobs (approx_kl(..., 'k3')).", _objective_variant(kl="k1")),
     Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 (approx_kl(..., 'k3')).", _objective_variant(kl="k2")),
-    Mistake("Your k3 has its arguments swapped: it estimates KL(ref || policy). Use "
+    Mistake("Your k3 has its arguments swapped: it no longer estimates KL(policy || ref) (on tokens from the "
+            "policy it averages to chi2(policy || ref) - KL(policy || ref)). Use "
             "approx_kl(logprobs, ref_logprobs, 'k3'), i.e. logr = ref_logprobs - logprobs.",
             _objective_variant(kl="k3_swapped")),
     Mistake("The KL is measured against old_logprobs: the penalty keeps the policy near the frozen "
@@ -286,6 +338,7 @@ OBJECTIVE_MISTAKES = [
 def check_calc_grpo_objective(candidate) -> str:
     return compare_to_reference(
         candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
+        diagnose=_objective_diagnosis,
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
     )
 
@@ -381,6 +434,25 @@ def _sampled(candidate, model, prompt, group_size, max_new_tokens, temperature=1
     return out
 
 
+def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str) -> None:
+    """Everything after a row's first EOS must be EOS: generate pads finished rows with it, and the
+    output is padded with it up to max_new_tokens."""
+    after = ~grpo.completion_mask(completions, EOS)
+    wrong = after & (completions != EOS)
+    if not wrong.any():
+        return
+    rows = wrong.any(-1).nonzero().flatten().tolist()
+    others = completions[wrong].unique().tolist()
+    if len(others) == 1:
+        hint = (f"The padding after EOS is {others[0]}, not EOS: pad with eos_token_id (generate pads finished rows "
+                "with it; pad the output up to prompt_len + max_new_tokens with value=eos_token_id too).")
+    else:
+        hint = ("Your rows go on after their first EOS: generate did not stop at EOS. Pass stop_at_eos=True and "
+                "eos_token_id=eos_token_id to model.generate (a finished row is then padded with EOS).")
+    raise failure(f"{where}, rows {rows[:6]} hold tokens other than EOS after their first EOS: "
+                  f"{completions[rows[0]].tolist()}", hint)
+
+
 @checker(
     "sample_group",
     chapter=CHAPTER,
@@ -425,6 +497,7 @@ def check_sample_group(candidate) -> str:
             f"  your mask:   {mask.int().tolist()}\n  expected:    {expected_mask.int().tolist()}",
             hint=hint or "mask[b, t] is True up to and including the first EOS of row b, False after it.",
         )
+    _check_eos_padding(tokens[:, plen:], mask, "with this model (about half the rows stop early)")
     if len({tuple(row) for row in tokens.tolist()}) == 1:
         raise CheckFailure("all G rows are the same completion.",
                            hint="Sample G times (generate on G copies of the prompt): do not repeat one sample.")
@@ -432,6 +505,25 @@ def check_sample_group(candidate) -> str:
         raise CheckFailure("with this model some rows should stop at EOS and others not; yours do not: "
                            f"{tokens[:, plen:].tolist()}",
                            hint="Stop at eos_token_id (generate(..., stop_at_eos=True, eos_token_id=eos_token_id)).")
+
+    # 1b. a prompt that starts with the EOS token (in the tiny world and in GPT-2, BOS *is* EOS): a mask
+    #     computed over the whole sequence and then sliced sees that EOS and masks every completion.
+    bos_prompt = torch.tensor([EOS, 11, 25])
+    torch.manual_seed(4)
+    tokens_b, mask_b = _sampled(candidate, _eos_model(1.8), bos_prompt, 8, new)
+    expect_tensor(tokens_b, shape=(8, len(bos_prompt) + new), dtype=torch.int64, what="the tokens (BOS = EOS prompt)")
+    expect_tensor(mask_b, shape=(8, new), dtype=torch.bool, what="the mask (BOS = EOS prompt)")
+    expected_b = grpo.completion_mask(tokens_b[:, len(bos_prompt):], EOS)
+    if not torch.equal(mask_b, expected_b):
+        whole = grpo.completion_mask(tokens_b, EOS)[:, len(bos_prompt):]
+        hint = ("You computed the mask over the whole sequence and then sliced it: the prompt starts with BOS, "
+                "which is the EOS token here (as in the tiny world and GPT-2), so every completion looks "
+                "finished before it starts and the mask is all False (training then dies later on NaN logits). "
+                "Compute completion_mask(tokens[:, prompt_len:], eos_token_id) on the completion only."
+                if torch.equal(mask_b, whole) else None)
+        raise failure(f"with a prompt that starts with the EOS token {bos_prompt.tolist()}, the mask is wrong.\n"
+                      f"  your mask: {mask_b.int().tolist()}\n  expected:  {expected_b.int().tolist()}",
+                      hint or "mask[b, t] is True up to and including the first EOS of the COMPLETION, False after.")
 
     # 2. a model that always stops at once: the output must still be max_new_tokens long
     torch.manual_seed(2)
@@ -445,6 +537,7 @@ def check_sample_group(candidate) -> str:
             "up to prompt_len + max_new_tokens (torch.nn.functional.pad(tokens, (0, missing), value=eos)).",
         )
     expect_tensor(mask2, shape=(4, new), dtype=torch.bool, what="the mask")
+    _check_eos_padding(tokens2[:, plen:], mask2, "when every row stops at the first token")
     if not torch.equal(mask2, grpo.completion_mask(tokens2[:, plen:], EOS)):
         raise CheckFailure(f"the mask does not match the tokens when every row stops at once: {mask2.int().tolist()}",
                            hint="Only the first token (the EOS) of each completion counts.")
@@ -541,7 +634,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
 
 
-def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", pass_args=True, temperature=True):
+def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", pass_args=True, temperature=True,
+                  max_len=True):
     """A configurable (possibly wrong) grpo_step."""
 
     def step(policy, optimizer, batch, args):
@@ -551,6 +645,8 @@ def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", 
         ref_lp = {"ref": batch.ref_logprobs, "old": batch.old_logprobs}[ref]
         kwargs = dict(clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
                       clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+        if not max_len:
+            kwargs.pop("max_completion_len")
         if not pass_args:
             kwargs = {}
         objective = grpo.calc_grpo_objective(logprobs, old_lp, ref_lp, batch.advantages, batch.mask, **kwargs)
@@ -580,6 +676,9 @@ STEP_MISTAKES = [
     Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
             "log-probs of logits / temperature (group_token_logprobs(..., args.temperature)).",
             _step_variant(temperature=False)),
+    Mistake("max_completion_len is not passed: Dr. GRPO divides by B * max_completion_len, and the rollout's "
+            "completions may be shorter than args.max_new_tokens, so pass max_completion_len=args.max_new_tokens.",
+            _step_variant(max_len=False)),
 ]
 
 
@@ -594,30 +693,48 @@ STEP_MISTAKES = [
 )
 @one_thread
 def check_grpo_step(candidate) -> str:
+    # Two settings, each probing its own decisions:
+    # - "dapo, clipping active" (max_grad_norm 0.05 clips every step): the loss sign, zero_grad, the
+    #   gradient clip, the temperature, pi_old and the reference, the args passed on;
+    # - "dr_grpo, completions shorter than max_new_tokens (6 < 10), clipping inactive": the objective's
+    #   scale reaches the update, so ignoring max_completion_len shows.
     policy, rollout, args = _step_setup()
-    ref_outs, ref_d1, ref_d2 = _run_steps(grpo.grpo_step, policy, rollout, args, learner=False)
-    outs, d1, d2 = _run_steps(candidate, policy, rollout, args, learner=True)
-    for out in outs:
-        if not isinstance(out, dict) or "objective" not in out:
-            raise CheckFailure(f"grpo_step should return a dict of diagnostics with an 'objective' entry, got {fmt(out)}")
-    if d1.norm() == 0:
-        raise CheckFailure("the parameters did not change after a step.",
-                           hint="Call objective.backward() and optimizer.step().")
-    e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
-    objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
-    objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
-    if objective_ok and e1 < 1e-3 and e2 < 1e-3:
-        return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference "
-                f"(relative differences {e1:.1e}, {e2:.1e}), objective {objective:.4f}.")
-    for mistake in STEP_MISTAKES:
-        _, m1, m2 = _run_steps(mistake.fn, policy, rollout, args, learner=False)
-        if _rel(d1, m1) < 1e-3 and _rel(d2, m2) < 1e-3:
-            raise CheckFailure("your step does not update the policy as the reference does.", hint=mistake.hint)
-    if e1 < 1e-3 and e2 < 1e-3:
-        raise CheckFailure(f"the update is right, but the objective you return ({objective:.5f}) differs from the "
-                           f"reference's ({expected:.5f}) on the first step.",
-                           hint="Return the objective of the step (before the update), objective.item().")
-    which = "first" if e1 >= 1e-3 else "second"
-    raise CheckFailure(
-        f"after the {which} step your parameters differ from the reference's (relative difference "
-        f"{max(e1, e2):.2e}).")
+    settings = [
+        ("dapo, gradient clipping active", args),
+        ("dr_grpo with max_new_tokens=10 > the batch's 6 generated tokens, clipping inactive",
+         dataclasses.replace(args, loss_type="dr_grpo", max_new_tokens=10, max_grad_norm=1e3)),
+    ]
+    details = []
+    for label, step_args in settings:
+        ref_outs, ref_d1, ref_d2 = _run_steps(grpo.grpo_step, policy, rollout, step_args, learner=False)
+        outs, d1, d2 = _run_steps(candidate, policy, rollout, step_args, learner=True)
+        for out in outs:
+            if not isinstance(out, dict) or "objective" not in out:
+                raise CheckFailure(f"grpo_step should return a dict of diagnostics with an 'objective' entry, got "
+                                   f"{fmt(out)}")
+        if d1.norm() == 0:
+            raise CheckFailure(f"{label}: the parameters did not change after a step.",
+                               hint="Call objective.backward() and optimizer.step().")
+        e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
+        objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
+        objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
+        if objective_ok and e1 < 1e-3 and e2 < 1e-3:
+            details.append(f"{label.split(',')[0]} ({e1:.1e}, {e2:.1e})")
+            continue
+        for mistake in STEP_MISTAKES:
+            _, m1, m2 = _run_steps(mistake.fn, policy, rollout, step_args, learner=False)
+            if _rel(m1, ref_d1) < 1e-3 and _rel(m2, ref_d2) < 1e-3:
+                continue  # this mistake changes nothing in this setting: it cannot explain a difference
+            if _rel(d1, m1) < 1e-3 and _rel(d2, m2) < 1e-3:
+                raise failure(f"{label}: your step does not update the policy as the reference does (relative "
+                              f"difference {max(e1, e2):.2e}).", mistake.hint)
+        if e1 < 1e-3 and e2 < 1e-3:
+            raise failure(f"{label}: the update is right, but the objective you return ({objective:.5f}) differs "
+                          f"from the reference's ({expected:.5f}) on the first step.",
+                          "Return the objective of the step (before the update), objective.item().")
+        which = "first" if e1 >= 1e-3 else "second"
+        raise CheckFailure(
+            f"{label}: after the {which} step your parameters differ from the reference's (relative difference "
+            f"{max(e1, e2):.2e}).")
+    return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference in "
+            "each setting (relative differences): " + "; ".join(details) + ".")

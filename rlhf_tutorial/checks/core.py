@@ -236,7 +236,7 @@ def expect_tensor(
 
 
 def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
-    """Whether two outputs agree (tensors, numbers, or tuples/lists of them)."""
+    """Whether two outputs agree (tensors, numbers, or tuples/lists/dicts of them)."""
     if isinstance(b, torch.Tensor):
         if not isinstance(a, torch.Tensor) or a.shape != b.shape:
             return False
@@ -246,6 +246,8 @@ def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
         return isinstance(a, (tuple, list)) and len(a) == len(b) and all(
             _close(x, y, atol, rtol) for x, y in zip(a, b)
         )
+    if isinstance(b, dict):
+        return isinstance(a, dict) and set(a) == set(b) and all(_close(a[k], b[k], atol, rtol) for k in b)
     if isinstance(b, (float, int)) and not isinstance(b, bool):
         if isinstance(a, torch.Tensor) and a.numel() == 1:
             a = a.item()
@@ -296,6 +298,11 @@ def _check_output_form(out: Any, expected: Any, label: str) -> None:
             )
         for i, (o, e) in enumerate(zip(out, expected)):
             _check_output_form(o, e, f"{label} (item {i})")
+    elif isinstance(expected, dict):
+        if not isinstance(out, dict):
+            raise CheckFailure(f"On {label}, expected a dict, got {fmt(out)}.")
+        if set(out) != set(expected):
+            raise CheckFailure(f"On {label}, your dict has the keys {sorted(out)}, expected {sorted(expected)}.")
     elif isinstance(expected, float) and out is None:
         raise CheckFailure(f"On {label}, your function returned None: did you forget a `return`?")
 
@@ -366,13 +373,16 @@ def compare_to_reference(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     arg_names: Sequence[str] | None = None,
+    diagnose: Callable[[Case, Any, Any], str | None] | None = None,
 ) -> str:
     """Run every case on the candidate and the reference; fail on the first disagreement.
 
     In order: the output's type and shape; its dtype and device (right values in the wrong dtype get
     their own message, before any mistake is looked for); NaN; the values. On wrong values each known
     mistake is run on the same case, and the first whose output the candidate matches (and that
-    differs from the reference there) gives the hint. Returns a one-line summary for the pass message.
+    differs from the reference there) gives the hint; when none matches, ``diagnose(case, got,
+    expected)`` may name a difference no fixed variant captures (a clamp at an unknown bound, a
+    saturation). Returns a one-line summary for the pass message.
     """
     for case in cases:
         expected = reference(*_clone(case.args), **_clone(case.kwargs))
@@ -394,7 +404,10 @@ def compare_to_reference(
         message = f"Wrong values on {case.label}.\n  expected: {fmt(expected)}\n  got:      {fmt(got)}"
         if mismatch:
             message += f"\n  (also, {mismatch})"
-        raise failure(message, _known_mistake(got, case, mistakes, atol, rtol, expected))
+        hint = _known_mistake(got, case, mistakes, atol, rtol, expected)
+        if hint is None and diagnose is not None:
+            hint = diagnose(case, got, expected)
+        raise failure(message, hint)
     return f"matches the reference on {len(cases)} cases ({', '.join(c.label for c in cases)})."
 
 

@@ -30,7 +30,8 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import rlhf
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn
 from rlhf_tutorial.rlhf import ReplayMemory, TransformerWithValueHead, approx_kl, get_logprobs, get_samples
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
+from rlhf_tutorial.speed import REWARD_TARGET, PhaseClock, time_split, time_to_reward
+from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.runtime import default_threads, peak_memory_mb
 from rlhf_tutorial.worlds import PROMPT
@@ -103,8 +104,11 @@ class RLHFArgs:
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> RLHFArgs:
-        """The preset of ``world`` ('tiny' or 'gpt2') with ``overrides`` applied."""
-        return cls(**{**PRESETS[world], "world": world, **overrides})
+        """The preset of ``world`` ('tiny' or 'gpt2'; in the GPT-2 world, of the chosen size:
+        ``worlds.preset_key``) with ``overrides`` applied."""
+        from rlhf_tutorial.worlds import preset_key
+
+        return cls(**{**PRESETS[preset_key(world)], "world": world, **overrides})
 
 
 #: Per-world settings. GPT-2 follows the seed blog's experiments on GPT-2 + distilbert-imdb towards
@@ -134,6 +138,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         temperature=1.0, kl_threshold=0.1, patience=4,
     ),
 }
+#: gpt2-medium, gpt2-large, gpt2-xl: the gpt2 preset scaled by ``trainers.args.GPT2_SCALING`` (its sources
+#: are documented there).
+PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
+    lr_scale=("base_lr", "head_lr"), max_grad_norm=("max_grad_norm",), clip_scale=("clip_coef",),
+    kl_scale=("kl_coef",), kl_threshold_scale=("kl_threshold", "kl_target"), phases=("total_phases",),
+    warmup=("warmup_steps",),
+)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -251,18 +262,28 @@ class RLHFTrainer:
         """Run ``total_phases`` phases (fewer if early stopping fires). ``callback(record)`` gets each
         phase's record (rollout stats, then learning stats) as soon as the phase is done."""
         bar = tqdm(range(self.args.total_phases), desc="RLHF phases", disable=not progress, file=sys.stderr)
+        clock = PhaseClock()
         for phase in bar:
             self.phase = phase
-            memory = self.fns["rollout_phase"](self)
+            phase_start = time.perf_counter()
+            # Where the time goes, measured from outside the exercises: the sampler, the reward, the
+            # forward passes of the policy (old log-probs and values) and of the reference.
+            with clock.method(self.model.base_model, "generate", "sampling"), \
+                    clock.method(self, "reward_fn", "scoring"), \
+                    clock.module(self.model, "old_logprobs"), clock.module(self.ref_model, "ref_logprobs"):
+                memory = self.fns["rollout_phase"](self)
             record = self.history[-1]
             if self.early_stopping is not None and self.early_stopping.should_stop(record["kl"], record["reward"]):
                 record["early_stopped"] = True
+                record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
                 if callback is not None:
                     callback(record)
                 break
-            record.update(self.fns["learning_phase"](self, memory))
+            with clock("optimisation"):
+                record.update(self.fns["learning_phase"](self, memory))
             if self.kl_controller is not None:
                 self.kl_controller.update(record["kl"], self.args.batch_size)
+            record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
             if callback is not None:
                 callback(record)
             bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record['kl']:.3f}")
@@ -406,6 +427,8 @@ def main(argv: list[str]) -> dict:
         "samples_initial": before["texts"][:4],
         "samples_final": after["texts"][:4],
         "wall_seconds": round(wall, 1),
+        "seconds_per_phase": time_split(history),
+        **time_to_reward(history, REWARD_TARGET),
         "peak_memory_mb": round(peak_memory_mb(), 1),
         "torch_threads": threads,
         "args": {k: v for k, v in asdict(args).items()},
