@@ -212,7 +212,7 @@ def load_checkpoint(checkpoint: str | None, world: str | None) -> tuple[HookedTr
     if checkpoint is None:
         name = resolve_world(world)
         return load_policy(name, device="cpu"), None, f"base policy of the {name!r} world"
-    from rlhf_tutorial.trainers.rlhf import CONFIG_FILE, load_tuned_policy
+    from rlhf_tutorial.trainers.checkpoint import CONFIG_FILE, load_tuned_policy
 
     if not (Path(checkpoint) / CONFIG_FILE).exists():
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint saved by `train-rlhf --save` (no {CONFIG_FILE})")

@@ -13,12 +13,10 @@ summary; ``--report reports/demo.html`` also writes an HTML report with curves a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,9 +27,10 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import rlhf
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn
-from rlhf_tutorial.rlhf import ReplayMemory, TransformerWithValueHead, approx_kl, get_logprobs, get_samples
+from rlhf_tutorial.rlhf import ReplayMemory, approx_kl, get_logprobs, get_samples
 from rlhf_tutorial.speed import REWARD_TARGET, PhaseClock, time_split, time_to_reward
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
+from rlhf_tutorial.trainers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_tuned_policy, save_tuned_policy  # noqa: F401
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.runtime import default_threads, peak_memory_mb
 from rlhf_tutorial.worlds import PROMPT
@@ -323,42 +322,6 @@ class RLHFTrainer:
             "texts": texts,
             "rewards": rewards_t.tolist(),
         }
-
-
-# ----------------------------------------------------------------------------------------------------
-# Saving and loading the tuned policy
-# ----------------------------------------------------------------------------------------------------
-
-WEIGHTS_FILE, CONFIG_FILE = "policy.safetensors", "rlhf_config.json"
-
-
-def save_tuned_policy(model: TransformerWithValueHead, path: str | Path, args: RLHFArgs, **extra: Any) -> Path:
-    """Write the policy and its value head to ``path/policy.safetensors`` and the run's arguments
-    (with the world, so it can be rebuilt) to ``path/rlhf_config.json``. Returns the folder."""
-    from safetensors.torch import save_model
-
-    from rlhf_tutorial.worlds import resolve_world
-
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(folder / WEIGHTS_FILE))
-    config = {"world": resolve_world(args.world), "args": asdict(args), **extra}
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
-    return folder
-
-
-def load_tuned_policy(path: str | Path) -> TransformerWithValueHead:
-    """Rebuild the world's policy, wrap it with a value head, and load the saved weights (safetensors:
-    no code runs on load). Returns the model in eval mode."""
-    from safetensors.torch import load_model
-
-    from rlhf_tutorial.worlds import load_policy
-
-    folder = Path(path)
-    config = json.loads((folder / CONFIG_FILE).read_text())
-    model = TransformerWithValueHead(load_policy(config["world"]))
-    load_model(model, str(folder / WEIGHTS_FILE))
-    return model.eval()
 
 
 # ----------------------------------------------------------------------------------------------------
