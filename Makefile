@@ -16,7 +16,7 @@ STAND_IN_HF ?= .stand-in-hf
 .PHONY: lab test lint unit nbval nbval-gpt2 stand-in-hub notebooks tiny demo clean help
 
 help:
-	@echo "make lab | make test | make demo | make notebooks | make tiny | make clean"
+	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make clean"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,14 +32,14 @@ install: $(STAMP)
 # TRL, only for the tests (bench-trl races our GRPO against it); nothing else in the course needs it.
 TRL_STAMP := $(VENV)/.trl-stamp
 $(TRL_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev,trl]"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,trl]"
 	@touch $(TRL_STAMP)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=chapters $(ROOT_FLAG) $(LAB_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check --no-cache rlhf_tutorial tests course
+	$(BIN)/ruff check --no-cache rlhf_tutorial tests course scripts
 
 unit: $(STAMP) $(TRL_STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests $(PYTEST_ARGS)
