@@ -511,8 +511,8 @@ def grpo_step(
     logprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)  # [B g]
     objective = calc_grpo_objective(
         logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask,
-        clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
-        clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens,
+        clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type,
+        clip_eps_high=args.clip_coef_high, max_completion_len=args.max_new_tokens,
     )
     optimizer.zero_grad()
     objective.backward()
@@ -552,9 +552,9 @@ def grpo_diagnostics(logprobs: Float[Tensor, "B g"], batch: GroupRollout, args: 
     """
     m = batch.mask.float()
     n = m.sum().clamp(min=1)
-    clipped = clipped_tokens(logprobs, batch.old_logprobs, batch.advantages, batch.mask, args.clip_eps, args.clip_eps_high)
+    clipped = clipped_tokens(logprobs, batch.old_logprobs, batch.advantages, batch.mask, args.clip_coef, args.clip_coef_high)
     return {
-        **clip_diagnostics(logprobs, batch.old_logprobs, args.clip_eps, batch.mask),  # approx_kl, clipfrac
+        **clip_diagnostics(logprobs, batch.old_logprobs, args.clip_coef, batch.mask),  # approx_kl, clipfrac
         "clip_active_frac": (clipped.float().sum() / n).item(),
         "kl_ref": ((approx_kl(logprobs, batch.ref_logprobs, "k3") * m).sum() / n).item(),
         "ratio_mean": ((torch.exp(logprobs - batch.old_logprobs) * m).sum() / n).item(),
@@ -574,7 +574,7 @@ def group_record(policy: HookedTransformer, rollout: GroupRollout, args: GRPOArg
     logprobs = group_token_logprobs(policy, rollout.tokens, rollout.prefix_lens, args.temperature)
     ratio = torch.exp(logprobs - rollout.old_logprobs)
     clipped = clipped_tokens(
-        logprobs, rollout.old_logprobs, rollout.advantages, rollout.mask, args.clip_eps, args.clip_eps_high
+        logprobs, rollout.old_logprobs, rollout.advantages, rollout.mask, args.clip_coef, args.clip_coef_high
     )
     size = rollout.rewards.shape[1]
     groups = []

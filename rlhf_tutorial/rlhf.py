@@ -310,9 +310,9 @@ class ReplayMemory:
     advantages: Float[Tensor, "b g"]
 
     def get_minibatches(
-        self, num_minibatches: int, batches_per_learning_phase: int = 1, generator: torch.Generator | None = None
+        self, num_minibatches: int, update_epochs: int = 1, generator: torch.Generator | None = None
     ) -> list[ReplayMinibatch]:
-        """``batches_per_learning_phase`` passes over the memory, each a fresh random permutation of
+        """``update_epochs`` passes over the memory, each a fresh random permutation of
         the rows cut into ``num_minibatches`` equal minibatches (every row once per pass).
 
         The value targets are ``returns = advantages + values``: with one-step advantages, the next
@@ -323,7 +323,7 @@ class ReplayMemory:
         # >>> exercise
         returns = self.advantages + self.values
         minibatches = []
-        for _ in range(batches_per_learning_phase):
+        for _ in range(update_epochs):
             permutation = torch.randperm(batch, generator=generator)
             for indices in permutation.reshape(num_minibatches, -1):  # [num_minibatches mb]
                 minibatches.append(
@@ -551,7 +551,7 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
 def learning_phase(trainer: RLHFTrainer, memory: ReplayMemory) -> dict[str, float]:
     """Several passes of minibatch gradient ascent on one rollout, then one step of the LR schedule.
 
-    For each minibatch of ``memory.get_minibatches(num_minibatches, batches_per_learning_phase,
+    For each minibatch of ``memory.get_minibatches(num_minibatches, update_epochs,
     trainer.generator)``: zero the gradients, compute the objective (``compute_rlhf_objective`` with
     ``trainer.objective_kl_coef``), backpropagate, clip the global gradient norm to
     ``max_grad_norm``, step the optimizer. After the last one, step ``trainer.scheduler`` once.
@@ -561,7 +561,7 @@ def learning_phase(trainer: RLHFTrainer, memory: ReplayMemory) -> dict[str, floa
     args = trainer.args
     all_stats = []
     # >>> exercise
-    for minibatch in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+    for minibatch in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
         trainer.optimizer.zero_grad()
         objective, stats = compute_rlhf_objective(
             trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, trainer.objective_kl_coef, args

@@ -202,7 +202,7 @@ def test_run_frontier_measures_every_point_the_same_way():
     assert result["methods"]["ipo"]["points"] == 2 and result["base"]["kl"] == pytest.approx(0.0, abs=1e-6)
     fig = widgets.frontier_figure(result)
     assert [t.name for t in fig.data] == ["GRPO (ch. 04)", "IPO", "base policy"]
-    assert "beta = 0.5" in "".join(fig.data[1].hovertext)
+    assert "kl_coef = 0.5" in "".join(fig.data[1].hovertext)
     table = str(widgets.FrontierTable(result))
     assert table.count("\n") == 4 and "IPO" in table
 

@@ -192,7 +192,7 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch():
 def _train_synthetic(seed: int):
     torch.manual_seed(seed)
     rm = rewards.RewardModel(small_model(seed=5))
-    args = rewards_trainer.RewardModelArgs(seed=seed, epochs=2, batch_size=16, lr=1e-3, head_lr=3e-3, eval_every=8,
+    args = rewards_trainer.RewardModelArgs(seed=seed, epochs=2, batch_size=16, learning_rate=1e-3, head_lr=3e-3, eval_every=8,
                                    progress=False)
     return rewards_trainer.train_reward_model(args, model=rm, train_pairs=synthetic_pairs(160, 1),
                                       test_pairs=synthetic_pairs(64, 2))

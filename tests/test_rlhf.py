@@ -36,8 +36,8 @@ def count_bad(texts: list[str]) -> torch.Tensor:
 
 
 def small_args(**overrides) -> rlhf_trainer.RLHFArgs:
-    base = dict(batch_size=16, gen_len=6, num_minibatches=4, batches_per_learning_phase=2, total_phases=3,
-                warmup_steps=0, base_lr=1e-3, head_lr=1e-3, early_stopping=False, eval_samples=16)
+    base = dict(batch_size=16, gen_len=6, num_minibatches=4, update_epochs=2, num_phases=3,
+                warmup_steps=0, learning_rate=1e-3, head_lr=1e-3, early_stopping=False, eval_samples=16)
     return rlhf_trainer.RLHFArgs(**{**base, **overrides})
 
 
@@ -103,20 +103,20 @@ def test_memory_rule_no_full_batch_forward(tokenizer):
 
 
 def test_adaptive_kl_and_early_stopping_in_the_loop(tokenizer):
-    trainer = make(tokenizer, adaptive_kl=True, kl_coef=0.5, kl_target=1e-6, kl_horizon=16, total_phases=3)
+    trainer = make(tokenizer, adaptive_kl=True, kl_coef=0.5, kl_target=1e-6, kl_horizon=16, num_phases=3)
     trainer.train(progress=False)
     assert trainer.kl_coef > 0.5  # the KL is far above its (tiny) target: beta went up
     assert [r["kl_coef"] for r in trainer.history] == sorted(r["kl_coef"] for r in trainer.history)
 
-    stopper = make(tokenizer, early_stopping=True, patience=2, kl_threshold=-1.0, total_phases=5)
+    stopper = make(tokenizer, early_stopping=True, patience=2, kl_threshold=-1.0, num_phases=5)
     history = stopper.train(progress=False)
     assert len(history) == 2 and history[-1]["early_stopped"]  # every phase violates: stop at the 2nd
 
 
 def test_warmup_starts_at_zero(tokenizer):
-    trainer = make(tokenizer, warmup_steps=2, total_phases=4)
+    trainer = make(tokenizer, warmup_steps=2, num_phases=4)
     trainer.train(progress=False)
-    assert [round(r["lr"] / trainer.args.base_lr, 3) for r in trainer.history] == [0.0, 0.5, 1.0, 0.55]
+    assert [round(r["lr"] / trainer.args.learning_rate, 3) for r in trainer.history] == [0.0, 0.5, 1.0, 0.55]
 
 
 def test_learner_functions_are_plugged_in(tokenizer):
@@ -129,7 +129,7 @@ def test_learner_functions_are_plugged_in(tokenizer):
     namespace = {"get_logprobs": my_get_logprobs, "not_an_exercise": print}
     picked = rlhf_trainer.learner_functions(namespace)
     assert set(picked) == {"get_logprobs"}
-    trainer = rlhf_trainer.RLHFTrainer(small_args(total_phases=1), random_policy(tokenizer), random_policy(tokenizer),
+    trainer = rlhf_trainer.RLHFTrainer(small_args(num_phases=1), random_policy(tokenizer), random_policy(tokenizer),
                                count_bad, **picked)
     trainer.train(progress=False)
     # The reference rollout called it twice per chunk of 4 rows (policy, reference), and the reference
@@ -163,7 +163,7 @@ def test_get_samples_general(tokenizer):
 # ----------------------------------------------------------------------------------------------------
 def test_presets_follow_the_seed_for_gpt2():
     args = rlhf_trainer.RLHFArgs.preset("gpt2")
-    assert (args.base_lr, args.head_lr, args.max_grad_norm, args.clip_coef, args.ent_coef) == (8e-6, 8e-5, 0.5, 0.3, 0.01)
+    assert (args.learning_rate, args.head_lr, args.max_grad_norm, args.clip_coef, args.ent_coef) == (8e-6, 8e-5, 0.5, 0.3, 0.01)
     assert 0.8 <= args.kl_coef <= 1.0 and args.prefix == "This movie was really" and args.world == "gpt2"
     assert rlhf_trainer.RLHFArgs.preset("tiny", kl_coef=0.2).kl_coef == 0.2
 
@@ -183,7 +183,7 @@ def test_every_arg_is_documented_and_parsed():
 # Tiny world: save / load, the CLI, the widgets
 # ----------------------------------------------------------------------------------------------------
 def tiny_trainer(**overrides) -> rlhf_trainer.RLHFTrainer:
-    args = rlhf_trainer.RLHFArgs.preset("tiny", **{**dict(batch_size=8, gen_len=6, num_minibatches=2, total_phases=1,
+    args = rlhf_trainer.RLHFArgs.preset("tiny", **{**dict(batch_size=8, gen_len=6, num_minibatches=2, num_phases=1,
                                                    eval_samples=8), **overrides})
     return rlhf_trainer.RLHFTrainer(args)
 
@@ -206,7 +206,7 @@ def test_save_and_load_tuned_policy(tmp_path):
 
 def test_cli_summary_and_report(tmp_path):
     report = tmp_path / "report.html"
-    summary = rlhf_trainer.main(["--world", "tiny", "--direction", "neg", "--seed", "0", "--total-phases", "2",
+    summary = rlhf_trainer.main(["--world", "tiny", "--direction", "neg", "--seed", "0", "--num-phases", "2",
                          "--batch-size", "8", "--gen-len", "6", "--num-minibatches", "2", "--eval-samples", "8",
                          "--report", str(report), "--save", str(tmp_path / "tuned"), "--no-progress", "--threads", "1"])
     for key in ("mean_reward_initial", "mean_reward_final", "kl_final", "phases", "wall_seconds", "peak_memory_mb",
@@ -223,7 +223,7 @@ def test_cli_summary_and_report(tmp_path):
 def test_widgets_static_forms():
     from rlhf_tutorial.widgets import rlhf as w
 
-    trainer = tiny_trainer(total_phases=2)
+    trainer = tiny_trainer(num_phases=2)
     dashboard = w.rlhf_dashboard(static=True)
     trainer.train(callback=dashboard.update, progress=False)
     assert len(dashboard.records) == 2 and dashboard.to_figure().data

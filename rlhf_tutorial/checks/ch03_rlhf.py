@@ -935,7 +935,7 @@ def _minibatch_rows(mb, fields: dict[str, torch.Tensor], label: str) -> tuple[li
 @checker(
     "ReplayMemory",
     chapter=CHAPTER,
-    hint="returns = advantages + values. Then, for each of batches_per_learning_phase passes, draw "
+    hint="returns = advantages + values. Then, for each of update_epochs passes, draw "
     "torch.randperm(batch, generator=generator), reshape it to [num_minibatches, -1], and for each row of "
     "indices build ReplayMinibatch(tokens=self.tokens[idx], ..., returns=returns[idx]).",
 )
@@ -944,9 +944,9 @@ def check_replay_memory(candidate) -> str:
     memory = call(candidate, **{k: v.clone() for k, v in fields.items()})
     minibatches = call(get_attr(memory, "get_minibatches"), 4, 3, seeded(11))
     if not isinstance(minibatches, list) or len(minibatches) != 12:
-        raise CheckFailure(f"with num_minibatches=4 and batches_per_learning_phase=3, expected a list of 12 "
+        raise CheckFailure(f"with num_minibatches=4 and update_epochs=3, expected a list of 12 "
                            f"minibatches, got {fmt(minibatches)}",
-                           hint="One pass = num_minibatches minibatches; make batches_per_learning_phase passes.")
+                           hint="One pass = num_minibatches minibatches; make update_epochs passes.")
     expected_returns = fields["advantages"] + fields["values"]
     passes = []
     for k, mb in enumerate(minibatches):
@@ -1208,8 +1208,8 @@ _TERM_HINTS = {
 # ----------------------------------------------------------------------------------------------------
 def phase_args(**overrides: Any) -> RLHFArgs:
     """Small settings for checking the phases on the tiny world in seconds."""
-    base = dict(batch_size=8, gen_len=6, num_minibatches=2, batches_per_learning_phase=2,
-                total_phases=6, warmup_steps=0, temperature=0.8, repetition_coef=0.2, early_stopping=False,
+    base = dict(batch_size=8, gen_len=6, num_minibatches=2, update_epochs=2,
+                num_phases=6, warmup_steps=0, temperature=0.8, repetition_coef=0.2, early_stopping=False,
                 eval_samples=8)
     return RLHFArgs.preset("tiny", **{**base, **overrides})
 
@@ -1400,7 +1400,7 @@ def _learning_phase_wrong(kind: str) -> Callable:
 
     def wrong(trainer, memory):
         args = trainer.args
-        passes = 1 if kind == "one_pass" else args.batches_per_learning_phase
+        passes = 1 if kind == "one_pass" else args.update_epochs
         generator = None if kind == "global_rng" else trainer.generator
         stats = []
         for mb in memory.get_minibatches(args.num_minibatches, passes, generator):
@@ -1431,7 +1431,7 @@ _LEARNING_MISTAKES = [
                      "backward pass."),
     ("no_clip", "The gradient norm is not clipped: nn.utils.clip_grad_norm_(trainer.model.parameters(), "
                 "args.max_grad_norm) between backward() and step()."),
-    ("one_pass", "Only one pass over the memory: pass args.batches_per_learning_phase to get_minibatches."),
+    ("one_pass", "Only one pass over the memory: pass args.update_epochs to get_minibatches."),
     ("scheduler_per_minibatch", "The learning-rate schedule counts phases: step trainer.scheduler once, after the "
                                 "last minibatch."),
     ("no_scheduler", "The learning-rate scheduler is never stepped: call trainer.scheduler.step() once per phase."),
@@ -1476,7 +1476,7 @@ def _delta(trainer, before) -> torch.Tensor:
 @checker(
     "learning_phase",
     chapter=CHAPTER,
-    hint="For each minibatch of memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, "
+    hint="For each minibatch of memory.get_minibatches(args.num_minibatches, args.update_epochs, "
     "trainer.generator): trainer.optimizer.zero_grad(); objective, stats = compute_rlhf_objective("
     "trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, trainer.objective_kl_coef, args); "
     "objective.backward(); nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm); "
@@ -1488,15 +1488,15 @@ def check_learning_phase(candidate) -> str:
     # coefficient shows); two passes of two minibatches (zero_grad, the number of passes, the order
     # from trainer.generator); the scheduler's steps. Tolerance 0.2% of the update: the reference is
     # deterministic, and the closest catalogued deviation differs by several percent.
-    args = phase_args(base_lr=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0, kl_coef=0.5)
+    args = phase_args(learning_rate=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0, kl_coef=0.5)
     memory = _rollout_memory(args)
     trainer, before, out = _run_learning(candidate, args, memory)
     ref_trainer, ref_before, _ = _run_learning(rlhf.learning_phase, args, memory)
-    fresh = torch.Generator().manual_seed(args.seed).get_state()
+    fresh = seeded(args.seed).get_state()
     if torch.equal(trainer.generator.get_state(), fresh) and not torch.equal(ref_trainer.generator.get_state(), fresh):
         raise failure("trainer.generator was never drawn from: the minibatch order did not come from it.",
                       "The generator is forgotten: pass trainer.generator to memory.get_minibatches(num_minibatches, "
-                      "batches_per_learning_phase, trainer.generator), so that the same seed gives the same run.")
+                      "update_epochs, trainer.generator), so that the same seed gives the same run.")
     expected = _delta(ref_trainer, ref_before)
     ref_params = _params(_tiny_policy_weights())
     if any(not torch.equal(a, b.detach()) for a, b in zip(ref_params, trainer.ref_model.parameters())):
@@ -1507,7 +1507,7 @@ def check_learning_phase(candidate) -> str:
     if got.abs().sum() == 0:
         raise CheckFailure("the policy's weights did not change: call trainer.optimizer.step() after backward().")
     steps = {int(s["step"]) for s in trainer.optimizer.state.values() if "step" in s}
-    expected_steps = args.num_minibatches * args.batches_per_learning_phase
+    expected_steps = args.num_minibatches * args.update_epochs
     rel = ((got - expected).norm() / expected.norm()).item()
     if rel > 2e-3 or trainer.scheduler.last_epoch != ref_trainer.scheduler.last_epoch:
         hint = None
@@ -1545,7 +1545,7 @@ MOVE_PHASES = 4
 def reward_moves(learning_phase_fn: Callable | None = None, seed: int = 0) -> tuple[float, float]:
     """Mean reward (32 samples, the same draws) before and after ``MOVE_PHASES`` short phases on the tiny
     world towards 'neg', with ``learning_phase_fn`` as the learning phase (default: the reference)."""
-    args = phase_args(batch_size=16, gen_len=8, total_phases=MOVE_PHASES, base_lr=1e-3, head_lr=1e-2,
+    args = phase_args(batch_size=16, gen_len=8, num_phases=MOVE_PHASES, learning_rate=1e-3, head_lr=1e-2,
                       temperature=1.0, repetition_coef=0.0, seed=seed)
     overrides = {"learning_phase": learning_phase_fn} if learning_phase_fn is not None else {}
     trainer = make_trainer(args, **overrides)

@@ -84,7 +84,7 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
                              for t in texts])
 
     args = RLHFArgs(batch_size=config["batch_size"], gen_len=config["gen_len"], num_minibatches=config["num_minibatches"],
-                         batches_per_learning_phase=1, total_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
+                         update_epochs=1, num_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
                          advantage_estimator="one_step", early_stopping=False)
     trainer = RLHFTrainer(args, policy, ref, reward_fn)
     if device == "cuda":

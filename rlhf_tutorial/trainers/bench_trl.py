@@ -14,7 +14,7 @@ is the mean over the last ``final_window`` phases' batches.
 
 The settings map one to one (``trl_config``): p * G = 64 completions a phase (``num_generations =
 G``, ``per_device_train_batch_size * steps_per_generation = p * G``), ``num_minibatches`` optimizer
-steps of ``p * G / num_minibatches`` completions per pass, ``updates_per_phase`` passes
+steps of ``p * G / num_minibatches`` completions per pass, ``update_epochs`` passes
 (``num_iterations``), the same learning rate (constant), gradient clipping, clip range, beta, loss
 aggregation, advantage scaling, temperature and completion length. What TRL cannot express, or does
 differently (``TRL_DIFFERENCES``), goes into the summary.
@@ -97,13 +97,13 @@ def trl_config(args: grpo.GRPOArgs, seed: int, out: str):
         disable_tqdm=True, dataloader_num_workers=0,
         num_generations=args.group_size, per_device_train_batch_size=minibatch,
         steps_per_generation=args.num_minibatches, gradient_accumulation_steps=1,
-        num_iterations=args.updates_per_phase,
-        max_steps=args.num_phases * args.num_minibatches * args.updates_per_phase,
+        num_iterations=args.update_epochs,
+        max_steps=args.num_phases * args.num_minibatches * args.update_epochs,
         max_completion_length=args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k or 0, top_p=1.0,
         learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.max_grad_norm,
-        beta=args.beta, epsilon=args.clip_eps, epsilon_high=args.clip_eps_high or args.clip_eps,
+        beta=args.kl_coef, epsilon=args.clip_coef, epsilon_high=args.clip_coef_high or args.clip_coef,
         loss_type=args.loss_type, scale_rewards=args.scale,
     )
 

@@ -27,7 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import dpo
 from rlhf_tutorial.grpo import decode_completions, eos_id, sample_group
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
 from rlhf_tutorial.trainers.runtime import PeakMemory
@@ -77,7 +77,7 @@ class DPOArgs:
     learning_rate: float = arg(2e-4, "AdamW learning rate (constant, no weight decay)")
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
     # loss
-    beta: float = arg(0.1, "beta: the KL strength of DPO's implied objective")
+    kl_coef: float = arg(0.1, "beta: the KL strength of DPO's implied objective (dpo_loss's beta)")
     loss_type: str = arg("sigmoid", "'sigmoid' (DPO), 'ipo' or 'hinge'")
     label_smoothing: float = arg(0.0, "probability that a pair's label is wrong (cDPO; sigmoid only)")
     # evaluation and logging
@@ -246,14 +246,14 @@ def dpo_step(
     logps = fns["sequence_logprobs"](policy(tokens), tokens, mask)  # [2n]
     chosen_logps, rejected_logps = logps.split(len(batch))
     loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
-                           beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
+                           beta=args.kl_coef, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
     optimizer.zero_grad()
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
     optimizer.step()
     with torch.no_grad():
-        margin = (fns["implicit_reward"](chosen_logps, batch.ref_chosen_logps, args.beta)
-                  - fns["implicit_reward"](rejected_logps, batch.ref_rejected_logps, args.beta))
+        margin = (fns["implicit_reward"](chosen_logps, batch.ref_chosen_logps, args.kl_coef)
+                  - fns["implicit_reward"](rejected_logps, batch.ref_rejected_logps, args.kl_coef))
     return {"loss": loss.item(), "margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item(),
             "grad_norm": float(grad_norm)}
 
@@ -386,9 +386,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def args_from_namespace(ns: argparse.Namespace, world: str) -> DPOArgs:
     """The preset of ``world`` with every flag that was given."""
-    given = {f.name: getattr(ns, f.name) for f in fields(DPOArgs) if getattr(ns, f.name) is not None and f.name != "world"}
-    if "prompts" in given:
-        given["prompts"] = tuple(given["prompts"])
+    given = given_flags(DPOArgs, ns)
+    given.pop("world", None)
     return DPOArgs.preset(world, **given)
 
 
@@ -414,7 +413,7 @@ def main(argv: list[str]) -> dict:
         "pairs": args.pairs,
         "online": args.online,
         "loss_type": args.loss_type,
-        "beta": args.beta,
+        "kl_coef": args.kl_coef,
         "mean_reward_initial": round(before["reward"], 4),
         "mean_reward_final": round(after["reward"], 4),
         "reward_se_final": round(after["reward_se"], 4),

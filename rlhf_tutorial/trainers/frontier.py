@@ -10,9 +10,9 @@ its standard error).
 | method | trainer | KL strength swept |
 |---|---|---|
 | ``ppo``  | chapter 03's ``RLHFTrainer`` (value head, GAE, KL in the reward) | ``kl_coef`` |
-| ``grpo`` | chapter 04's ``grpo.train`` | ``beta`` (k3 KL in the loss) |
-| ``rloo`` | the same, ``advantage_estimator="rloo"`` | ``beta`` |
-| ``gspo`` | the same, ``importance_level="sequence"`` | ``beta`` |
+| ``grpo`` | chapter 04's ``grpo.train`` | ``kl_coef`` (beta of the k3 KL in the loss) |
+| ``rloo`` | the same, ``advantage_estimator="rloo"`` | ``kl_coef`` |
+| ``gspo`` | the same, ``importance_level="sequence"`` | ``kl_coef`` |
 | ``dpo``  | ``dpo_trainer.train`` (offline pairs from the reference), ``loss_type="sigmoid"`` | ``beta`` |
 | ``ipo``  | the same, ``loss_type="ipo"`` | ``beta`` |
 
@@ -104,19 +104,19 @@ def train_one(
     policy = copy.deepcopy(base).train()
     if method == "ppo":
         run_args = rlhf.RLHFArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
-                                        total_phases=args.rl_phases, early_stopping=False)
+                                        num_phases=args.rl_phases, early_stopping=False)
         trainer = rlhf.RLHFTrainer(run_args, model=policy, ref_model=reference, reward_fn=reward_fn)
         trainer.train(progress=False)
         tuned = trainer.model.base_model
     elif method in ("grpo", "rloo", "gspo"):
         extra = {"rloo": {"advantage_estimator": "rloo"}, "gspo": {"importance_level": "sequence"}}.get(method, {})
-        run_args = grpo.GRPOArgs.preset(world, direction=args.direction, seed=args.seed, beta=strength,
+        run_args = grpo.GRPOArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
                                         num_phases=args.rl_phases, **extra)
         grpo.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, evaluate_before_after=False,
                    progress=False)
         tuned = policy
     else:
-        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, beta=strength,
+        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
                                               loss_type="sigmoid" if method == "dpo" else "ipo",
                                               rounds=args.dpo_rounds, num_pairs=args.dpo_pairs)
         dpo_trainer.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=pairs,
@@ -165,7 +165,7 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
         point = {
             "method": method,
             "strength": strength,
-            "strength_name": "kl_coef" if method == "ppo" else "beta",
+            "strength_name": "kl_coef",
             "reward": stats["reward"], "reward_se": stats["reward_se"],
             "kl": stats["kl"], "kl_se": stats["kl_se"], "kl_per_token": stats["kl_per_token"],
             "repetition": stats["repetition"], "completion_len": stats["completion_len"],

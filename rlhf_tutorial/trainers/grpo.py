@@ -62,7 +62,7 @@ class GRPOArgs:
 
     Sizes: one phase samples ``groups_per_phase`` groups (p) of ``group_size`` completions (G) of at
     most ``max_new_tokens`` tokens, B = p * G rows. The learning phase then makes
-    ``updates_per_phase`` passes (mu) over the rollout in ``num_minibatches`` minibatches of whole
+    ``update_epochs`` passes (mu) over the rollout in ``num_minibatches`` minibatches of whole
     groups: ``mu * num_minibatches`` optimizer steps per phase. Group ``i`` of phase ``k`` uses prompt
     ``prompts[(k * p + i) % len(prompts)]``.
     """
@@ -84,14 +84,14 @@ class GRPOArgs:
     top_k: int | None = arg(None, "sample from the top k tokens only (None: the full distribution)")
     # phases and optimisation
     num_phases: int = arg(40, "rollout + learning phases")
-    updates_per_phase: int = arg(2, "mu: passes over each rollout (only the first minibatch of the first pass has ratio 1 exactly)")
+    update_epochs: int = arg(2, "mu: passes over each rollout (only the first minibatch of the first pass has ratio 1 exactly)")
     num_minibatches: int = arg(4, "minibatches (of whole groups) per pass")
     learning_rate: float = arg(3e-4, "AdamW learning rate (constant; no weight decay)")
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
     # objective
-    clip_eps: float = arg(0.2, "lower clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]")
-    clip_eps_high: float | None = arg(None, "upper clip (DAPO's clip-higher uses 0.28); None: clip_eps")
-    beta: float = arg(0.1, "weight of the k3 KL to the reference inside the loss (DeepSeekMath: 0.04)")
+    clip_coef: float = arg(0.2, "epsilon (clip_eps): the ratio is clipped to [1 - clip_coef, 1 + clip_coef_high]")
+    clip_coef_high: float | None = arg(None, "upper clip (DAPO's clip-higher uses 0.28); None: clip_coef")
+    kl_coef: float = arg(0.1, "beta: weight of the k3 KL to the reference inside the loss (DeepSeekMath: 0.04)")
     loss_type: str = arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
     scale: str = arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
     adv_eps: float = arg(1e-4, "eps added to the std of the advantage scaling")
@@ -124,7 +124,7 @@ class GRPOArgs:
 
 #: Per-world settings. The tiny preset (the dataclass defaults) is the one measured in this repository:
 #: 40 phases of 8 groups of 8 (30 reached 0.92-0.98 depending on the seed, 40 gives more margin),
-#: learning rate 3e-4, beta 0.1 (0.04 let the KL climb past 0.6 per token and garbled more words),
+#: learning rate 3e-4, kl_coef (beta) 0.1 (0.04 let the KL climb past 0.6 per token and garbled more words),
 #: 4 minibatches x 2 passes = 8 steps per phase like chapter 03's PPO.
 #: The GPT-2 preset scales chapter 03's GPT-2 settings to GRPO (learning rate of the same order as
 #: PPO's 8e-6 base rate, beta = 0.04 and clip 0.2 as in DeepSeekMath, 30 new tokens): it has not
@@ -132,14 +132,14 @@ class GRPOArgs:
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
     "gpt2": dict(
-        groups_per_phase=8, group_size=8, max_new_tokens=30, num_phases=200, updates_per_phase=2,
-        num_minibatches=4, learning_rate=1e-5, max_grad_norm=0.5, clip_eps=0.2, beta=0.04,
+        groups_per_phase=8, group_size=8, max_new_tokens=30, num_phases=200, update_epochs=2,
+        num_minibatches=4, learning_rate=1e-5, max_grad_norm=0.5, clip_coef=0.2, kl_coef=0.04,
     ),
 }
 #: gpt2-medium, gpt2-large, gpt2-xl: the gpt2 preset scaled by ``trainers.args.GPT2_SCALING`` (sources
 #: there); GRPO has no warm-up and no KL threshold.
 PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
-    lr_scale=("learning_rate",), max_grad_norm=("max_grad_norm",), clip_scale=("clip_eps",), kl_scale=("beta",),
+    lr_scale=("learning_rate",), max_grad_norm=("max_grad_norm",), clip_scale=("clip_coef",), kl_scale=("kl_coef",),
     phases=("num_phases",),
 )))
 
@@ -252,7 +252,7 @@ def train(
 
     ``policy`` defaults to the world's policy, ``reference`` to a frozen copy of the policy as it is
     at the start, ``reward_fn`` to ``make_reward_fn(args)``. Each phase: ``collect_rollout`` (the
-    policy at this moment is pi_old), then ``updates_per_phase`` passes of ``grpo_step`` over
+    policy at this moment is pi_old), then ``update_epochs`` passes of ``grpo_step`` over
     ``num_minibatches`` minibatches; with ``ref_refresh_every = k > 0`` the reference becomes a copy
     of the policy every k phases (the iterative variant; the phases' ``kl`` is then to the current
     reference, the evaluations' to the starting policy). ``callback(record)`` gets each phase's
@@ -310,7 +310,7 @@ def train(
                 policy.train()
                 steps = []
                 with grpo.CLOCK("optimisation"):
-                    for _ in range(args.updates_per_phase):
+                    for _ in range(args.update_epochs):
                         for minibatch in rollout.minibatches(args.num_minibatches, generator):
                             steps.append(fns["grpo_step"](policy, optimizer, minibatch, args))
                 record.update({k: sum(s[k] for s in steps) / len(steps) for k in steps[0]})

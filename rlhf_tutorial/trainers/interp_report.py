@@ -46,7 +46,7 @@ def train_tuned(world: str, out: str | Path, smoke: bool = False) -> Path:
     ``smoke``) and save the policy with its value head to ``out``."""
     from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer, save_tuned_policy
 
-    small = dict(total_phases=2, batch_size=8, num_minibatches=2, gen_len=8, eval_samples=8) if smoke else {}
+    small = dict(num_phases=2, batch_size=8, num_minibatches=2, gen_len=8, eval_samples=8) if smoke else {}
     args = RLHFArgs.preset(world, direction="neg", **small)
     trainer = RLHFTrainer(args)
     trainer.train()

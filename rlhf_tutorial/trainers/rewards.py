@@ -42,7 +42,7 @@ class RewardModelArgs:
     head_hidden: int | None = arg(None, "None: a linear head; an int: a ReLU MLP head with that many hidden units")
     epochs: int = arg(2, "passes over the training pairs")
     batch_size: int = arg(16, "pairs per optimizer step")
-    lr: float = arg(5e-4, "AdamW learning rate of the backbone")
+    learning_rate: float = arg(5e-4, "AdamW learning rate of the backbone")
     head_lr: float = arg(3e-3, "AdamW learning rate of the scalar head (new weights learn faster)")
     weight_decay: float = arg(0.0, "AdamW weight decay (all parameters)")
     warmup_steps: int = arg(10, "linear learning-rate warm-up from 0 over this many steps")
@@ -140,7 +140,7 @@ def _train_reward_model(args, model, train_pairs, test_pairs, fns, on_eval):
     head_ids = {id(p) for p in head_params}
     base_params = [p for p in model.parameters() if id(p) not in head_ids]
     optimizer = torch.optim.AdamW(
-        [{"params": base_params, "lr": args.lr}, {"params": head_params, "lr": args.head_lr}],
+        [{"params": base_params, "lr": args.learning_rate}, {"params": head_params, "lr": args.head_lr}],
         weight_decay=args.weight_decay,
     )
 

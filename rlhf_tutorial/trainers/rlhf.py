@@ -46,8 +46,8 @@ class RLHFArgs:
     gives the GPT-2 world's, which follow the seed blog's findings (see ``PRESETS``).
 
     Sizes: one phase samples ``batch_size`` completions of ``gen_len`` tokens, then visits them
-    ``batches_per_learning_phase`` times in ``num_minibatches`` minibatches of ``minibatch_size``:
-    ``num_minibatches * batches_per_learning_phase`` optimizer steps per phase. The learning-rate
+    ``update_epochs`` times in ``num_minibatches`` minibatches of ``minibatch_size``:
+    ``num_minibatches * update_epochs`` optimizer steps per phase. The learning-rate
     schedule counts phases.
     """
 
@@ -62,11 +62,11 @@ class RLHFArgs:
     temperature: float = arg(1.0, "sampling temperature; log-probs are taken of logits / temperature")
     top_k: int | None = arg(None, "sample from the top k tokens only (None: the full distribution)")
     # phases and minibatches
-    total_phases: int = arg(50, "rollout + learning phases")
+    num_phases: int = arg(50, "rollout + learning phases")
     num_minibatches: int = arg(4, "minibatches per pass over a rollout")
-    batches_per_learning_phase: int = arg(2, "passes over each rollout (PPO epochs)")
+    update_epochs: int = arg(2, "passes over each rollout (PPO epochs)")
     # optimizer and schedule
-    base_lr: float = arg(7e-4, "learning rate of the transformer")
+    learning_rate: float = arg(7e-4, "AdamW learning rate of the transformer (get_optimizer's base_lr)")
     head_lr: float = arg(3e-3, "learning rate of the value head (freshly initialised: larger)")
     max_grad_norm: float = arg(0.5, "clip the global gradient norm to this")
     warmup_steps: int = arg(2, "phases of linear learning-rate warmup from 0")
@@ -130,8 +130,8 @@ class RLHFArgs:
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
     "gpt2": dict(
-        batch_size=64, gen_len=30, total_phases=200, num_minibatches=4, batches_per_learning_phase=2,
-        base_lr=8e-6, head_lr=8e-5, max_grad_norm=0.5, warmup_steps=20, final_scale=0.1,
+        batch_size=64, gen_len=30, num_phases=200, num_minibatches=4, update_epochs=2,
+        learning_rate=8e-6, head_lr=8e-5, max_grad_norm=0.5, warmup_steps=20, final_scale=0.1,
         clip_coef=0.3, vf_coef=0.15, ent_coef=0.01, kl_coef=0.8, kl_estimator="full",
         advantage_estimator="one_step", adaptive_kl=True, kl_target=0.05, kl_horizon=10_000,
         temperature=1.0, kl_threshold=0.1, patience=4,
@@ -140,8 +140,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: gpt2-medium, gpt2-large, gpt2-xl: the gpt2 preset scaled by ``trainers.args.GPT2_SCALING`` (its sources
 #: are documented there).
 PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
-    lr_scale=("base_lr", "head_lr"), max_grad_norm=("max_grad_norm",), clip_scale=("clip_coef",),
-    kl_scale=("kl_coef",), kl_threshold_scale=("kl_threshold", "kl_target"), phases=("total_phases",),
+    lr_scale=("learning_rate", "head_lr"), max_grad_norm=("max_grad_norm",), clip_scale=("clip_coef",),
+    kl_scale=("kl_coef",), kl_threshold_scale=("kl_threshold", "kl_target"), phases=("num_phases",),
     warmup=("warmup_steps",),
 )))
 
@@ -208,10 +208,10 @@ class RLHFTrainer:
         self.prefix_len = model.to_tokens(args.prefix, prepend_bos=args.prepend_bos).shape[1]
         self.generator = torch.Generator().manual_seed(args.seed)
 
-        self.optimizer = self.fns["get_optimizer"](self.model, args.base_lr, args.head_lr)
+        self.optimizer = self.fns["get_optimizer"](self.model, args.learning_rate, args.head_lr)
         schedule = self.fns["lr_schedule"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: schedule(step, args.warmup_steps, args.total_phases, args.final_scale)
+            self.optimizer, lambda step: schedule(step, args.warmup_steps, args.num_phases, args.final_scale)
         )
         self.kl_controller = (
             self.fns["AdaptiveKLController"](args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl else None
@@ -258,9 +258,9 @@ class RLHFTrainer:
         })
 
     def train(self, callback: Callable[[dict[str, Any]], None] | None = None, progress: bool = True) -> list[dict]:
-        """Run ``total_phases`` phases (fewer if early stopping fires). ``callback(record)`` gets each
+        """Run ``num_phases`` phases (fewer if early stopping fires). ``callback(record)`` gets each
         phase's record (rollout stats, then learning stats) as soon as the phase is done."""
-        bar = tqdm(range(self.args.total_phases), desc="RLHF phases", disable=not progress, file=sys.stderr)
+        bar = tqdm(range(self.args.num_phases), desc="RLHF phases", disable=not progress, file=sys.stderr)
         clock = PhaseClock()
         for phase in bar:
             self.phase = phase

@@ -602,23 +602,23 @@ def _mb(self, idx, returns):
                                 self.advantages[idx], returns[idx])
 
 
-def mb_returns_are_advantages(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+def mb_returns_are_advantages(self, num_minibatches, update_epochs=1, generator=None):
     n = self.tokens.shape[0]
-    return [_mb(self, idx, self.advantages) for _ in range(batches_per_learning_phase)
+    return [_mb(self, idx, self.advantages) for _ in range(update_epochs)
             for idx in torch.randperm(n, generator=generator).reshape(num_minibatches, -1)]
 
 
-def mb_same_order_every_pass(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+def mb_same_order_every_pass(self, num_minibatches, update_epochs=1, generator=None):
     n = self.tokens.shape[0]
     perm = torch.randperm(n, generator=generator)
-    return [_mb(self, idx, self.advantages + self.values) for _ in range(batches_per_learning_phase)
+    return [_mb(self, idx, self.advantages + self.values) for _ in range(update_epochs)
             for idx in perm.reshape(num_minibatches, -1)]
 
 
-def mb_fields_shuffled_apart(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+def mb_fields_shuffled_apart(self, num_minibatches, update_epochs=1, generator=None):
     n, out = self.tokens.shape[0], []
     returns = self.advantages + self.values
-    for _ in range(batches_per_learning_phase):
+    for _ in range(update_epochs):
         a = torch.randperm(n, generator=generator).reshape(num_minibatches, -1)
         b = torch.randperm(n, generator=generator).reshape(num_minibatches, -1)
         out += [rlhf.ReplayMinibatch(self.tokens[i], self.logprobs[j], self.ref_logprobs[j], self.advantages[j],
@@ -626,17 +626,17 @@ def mb_fields_shuffled_apart(self, num_minibatches, batches_per_learning_phase=1
     return out
 
 
-def mb_with_replacement(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+def mb_with_replacement(self, num_minibatches, update_epochs=1, generator=None):
     n = self.tokens.shape[0]
     returns = self.advantages + self.values
     return [_mb(self, torch.randint(0, n, (n // num_minibatches,), generator=generator), returns)
-            for _ in range(batches_per_learning_phase) for _ in range(num_minibatches)]
+            for _ in range(update_epochs) for _ in range(num_minibatches)]
 
 
-def mb_global_rng(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+def mb_global_rng(self, num_minibatches, update_epochs=1, generator=None):
     n = self.tokens.shape[0]
     returns = self.advantages + self.values
-    return [_mb(self, idx, returns) for _ in range(batches_per_learning_phase)
+    return [_mb(self, idx, returns) for _ in range(update_epochs)
             for idx in torch.randperm(n).reshape(num_minibatches, -1)]
 
 
@@ -655,11 +655,11 @@ def test_replay_memory_mistakes(wrong, fragment):
 
 
 def test_replay_memory_written_differently():
-    def by_argsort(self, num_minibatches, batches_per_learning_phase=1, generator=None):
+    def by_argsort(self, num_minibatches, update_epochs=1, generator=None):
         n = self.tokens.shape[0]
         size = n // num_minibatches
         out = []
-        for _ in range(batches_per_learning_phase):
+        for _ in range(update_epochs):
             order = torch.rand(n, generator=generator).argsort()
             for k in range(num_minibatches):
                 idx = order[k * size : (k + 1) * size]
@@ -831,7 +831,7 @@ def _objective(trainer, minibatch, kl_coef=None):
 def learn_accumulating_gradients(trainer, memory):
     args, stats = trainer.args, []
     trainer.optimizer.zero_grad()  # once, before the loop: every later step adds up old gradients
-    for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
         objective, s = _objective(trainer, mb)
         objective.backward()
         nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
@@ -843,7 +843,7 @@ def learn_accumulating_gradients(trainer, memory):
 
 def learn_without_clipping(trainer, memory):
     args, stats = trainer.args, []
-    for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
         trainer.optimizer.zero_grad()
         objective, s = _objective(trainer, mb)
         objective.backward()
@@ -868,7 +868,7 @@ def learn_single_pass(trainer, memory):
 
 def learn_scheduler_per_step(trainer, memory):
     args, stats = trainer.args, []
-    for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
         trainer.optimizer.zero_grad()
         objective, s = _objective(trainer, mb)
         objective.backward()
@@ -881,7 +881,7 @@ def learn_scheduler_per_step(trainer, memory):
 
 def learn_unseeded_order(trainer, memory):
     args, stats = trainer.args, []
-    for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase):  # global RNG
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs):  # global RNG
         trainer.optimizer.zero_grad()
         objective, s = _objective(trainer, mb)
         objective.backward()
@@ -896,7 +896,7 @@ def learn_kl_twice(trainer, memory):
     """Not in the checker's catalogue: the KL coefficient from the args even with GAE, whose per-token
     rewards already pay the KL (the objective must use trainer.objective_kl_coef, 0 there)."""
     args, stats = trainer.args, []
-    for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
         trainer.optimizer.zero_grad()
         objective, s = _objective(trainer, mb, kl_coef=5.0)
         objective.backward()
@@ -909,7 +909,7 @@ def learn_kl_twice(trainer, memory):
 
 def learn_reward_kl_coef(trainer, memory):
     args, stats = trainer.args, []
-    for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
         trainer.optimizer.zero_grad()
         objective, s = _objective(trainer, mb, kl_coef=trainer.kl_coef)  # the rollout's beta, not the objective's
         objective.backward()
@@ -926,7 +926,7 @@ def learn_reward_kl_coef(trainer, memory):
         (learn_reward_kl_coef, "objective_kl_coef"),
         (learn_accumulating_gradients, "zero_grad"),
         (learn_without_clipping, "clip_grad_norm_"),
-        (learn_single_pass, "batches_per_learning_phase"),
+        (learn_single_pass, "update_epochs"),
         (learn_scheduler_per_step, "once, after the last minibatch"),
         (learn_unseeded_order, "pass trainer.generator"),
         (learn_kl_twice, "differ from the reference update"),
@@ -942,7 +942,7 @@ def test_learning_phase_descending_fails():
     def descending(trainer, memory):
         args = trainer.args
         stats = []
-        for mb in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+        for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
             trainer.optimizer.zero_grad()
             objective, s = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
                                                        trainer.objective_kl_coef, args)
@@ -963,7 +963,7 @@ def test_learning_phase_written_differently():
         args = trainer.args
         kept = {}
         params = [p for p in trainer.model.parameters() if p.requires_grad]
-        minibatches = memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator)
+        minibatches = memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator)
         for mb in minibatches:
             for p in params:
                 p.grad = None

@@ -420,8 +420,8 @@ def _objective(policy, batch, args, temperature=None, old=None):
                                       args.temperature if temperature is None else temperature)
     return logprobs, grpo.calc_grpo_objective(
         logprobs, batch.old_logprobs if old is None else old(logprobs), batch.ref_logprobs, batch.advantages,
-        batch.mask, clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
-        clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+        batch.mask, clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type,
+        clip_eps_high=args.clip_coef_high, max_completion_len=args.max_new_tokens)
 
 
 def step_minimises(policy, optimizer, batch, args):
@@ -491,8 +491,8 @@ def test_grpo_step_written_differently():
             rows.append(torch.gather(logp[:, plen - 1:-1], 2, tokens[:, plen:].unsqueeze(-1)).squeeze(-1))
         logprobs = torch.cat(rows, dim=0)
         objective = grpo.calc_grpo_objective(
-            logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, args.clip_eps,
-            args.beta, args.loss_type, args.clip_eps_high, args.max_new_tokens)
+            logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, args.clip_coef,
+            args.kl_coef, args.loss_type, args.clip_coef_high, args.max_new_tokens)
         for p in policy.parameters():
             p.grad = None
         objective.backward()
@@ -557,8 +557,8 @@ def test_sample_group_decisions(wrong, fragment):
 def step_ignores_max_completion_len(policy, optimizer, batch, args):
     logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)
     objective = grpo.calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages,
-                                         batch.mask, clip_eps=args.clip_eps, beta=args.beta,
-                                         loss_type=args.loss_type, clip_eps_high=args.clip_eps_high)
+                                         batch.mask, clip_eps=args.clip_coef, beta=args.kl_coef,
+                                         loss_type=args.loss_type, clip_eps_high=args.clip_coef_high)
     optimizer.zero_grad()
     objective.backward()
     nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
