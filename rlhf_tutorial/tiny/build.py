@@ -104,6 +104,18 @@ def write_manifest(out: Path) -> dict[str, str]:
     return manifest
 
 
+def train_step(loss: torch.Tensor, model: torch.nn.Module, opt, sched, bar) -> None:
+    """One optimizer step of the builder's training loops: backward, clip the gradient norm to 1, step
+    the optimizer and the schedule, clear the gradients; the loss goes to the progress bar."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss.item():.3f}")
+
+
 def length_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
     """Indices grouped into batches of similar length (little padding), batches in random order."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -251,13 +263,7 @@ def train_policy(args: BuildArgs, tokenizer, train_texts: list[str], val_texts: 
         for batch in length_batches(lengths, args.policy_batch, rng):
             tokens, mask = pad_right([train[i] for i in batch], pad)
             loss = lm_loss(model(tokens).logits, tokens, mask)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            train_step(loss, model, opt, sched, bar)
     bar.close()
     val_loss = lm_eval_loss(model, val, pad)
 
@@ -348,13 +354,7 @@ def train_classifier(args: BuildArgs, tokenizer, reviews: list[corpus.Review]):
         for batch in length_batches(lengths, args.clf_batch, rng):
             tokens, mask = pad_right([ids[i] for i in batch], tokenizer.pad_token_id)
             loss = F.cross_entropy(model(input_ids=tokens, attention_mask=mask).logits, labels[batch])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            train_step(loss, model, opt, sched, bar)
     bar.close()
     model.eval()
     return model, {"train_examples": len(examples)}
