@@ -134,7 +134,7 @@ def length_penalty(
 
 
 def missing_eos_penalty(
-    completion_tokens: Int[Tensor, "batch gen"], eos_token_id: int, penalty: float = 1.0
+    completion_tokens: Int[Tensor, "batch g"], eos_token_id: int, penalty: float = 1.0
 ) -> Float[Tensor, "batch"]:
     """-penalty for each completion that never emits the end-of-sequence token, 0 for the others."""
     has_eos = (completion_tokens == eos_token_id).any(dim=-1)
@@ -150,7 +150,7 @@ def shaped_reward(
     lengths: Int[Tensor, "batch"] | None = None,
     length_coef: float = 0.0,
     length_target: int | None = None,
-    completion_tokens: Int[Tensor, "batch gen"] | None = None,
+    completion_tokens: Int[Tensor, "batch g"] | None = None,
     eos_token_id: int | None = None,
     eos_penalty: float = 0.0,
 ) -> Float[Tensor, "batch"]:
@@ -187,8 +187,8 @@ def bradley_terry_loss(
 
 
 def pool_last_token(
-    x: Float[Tensor, "batch seq *feat"], attention_mask: Int[Tensor, "batch seq"]
-) -> Float[Tensor, "batch *feat"]:
+    x: Float[Tensor, "b s *feat"], attention_mask: Int[Tensor, "b s"]
+) -> Float[Tensor, "b *feat"]:
     """out[b] = x[b, t_b], t_b = the last position with attention_mask[b, t] = 1.
 
     Works for right padding (real tokens first) and left padding (padding first) alike. Every row
@@ -205,8 +205,8 @@ def pool_last_token(
 
 
 def pool_mean(
-    x: Float[Tensor, "batch seq *feat"], attention_mask: Int[Tensor, "batch seq"]
-) -> Float[Tensor, "batch *feat"]:
+    x: Float[Tensor, "b s *feat"], attention_mask: Int[Tensor, "b s"]
+) -> Float[Tensor, "b *feat"]:
     """out[b] = sum_t m[b, t] x[b, t] / sum_t m[b, t], the mean over real (unmasked) positions only.
 
     Padding positions are excluded with ``torch.where`` (not multiplied by 0), so that a NaN or inf
@@ -252,8 +252,8 @@ class RewardModel(nn.Module):
             self.head = nn.Linear(d_model, 1)
 
     def forward(
-        self, tokens: Int[Tensor, "batch seq"], attention_mask: Int[Tensor, "batch seq"] | None = None
-    ) -> Float[Tensor, "batch"]:
+        self, tokens: Int[Tensor, "b s"], attention_mask: Int[Tensor, "b s"] | None = None
+    ) -> Float[Tensor, "b"]:
         """One reward per sequence. ``attention_mask`` (1 = real token, 0 = padding) defaults to all ones.
 
         Step 1: run the backbone with the attention mask (so that no real token attends to padding,
@@ -266,7 +266,7 @@ class RewardModel(nn.Module):
             attention_mask = torch.ones_like(tokens)
         stored: list[Tensor] = []
 
-        def keep(activation: Float[Tensor, "batch seq d_model"], hook) -> None:
+        def keep(activation: Float[Tensor, "b s d_model"], hook) -> None:
             stored.append(activation)
 
         self.base_model.run_with_hooks(
@@ -275,11 +275,11 @@ class RewardModel(nn.Module):
             return_type=None,
             fwd_hooks=[("ln_final.hook_normalized", keep)],
         )
-        hidden: Float[Tensor, "batch seq d_model"] = stored[0]
+        hidden: Float[Tensor, "b s d_model"] = stored[0]
         if self.pooling == "last":
             return self.head(pool_last_token(hidden, attention_mask)).squeeze(-1)
         if self.pooling == "mean_scores":
-            scores: Float[Tensor, "batch seq"] = self.head(hidden).squeeze(-1)
+            scores: Float[Tensor, "b s"] = self.head(hidden).squeeze(-1)
             return pool_mean(scores, attention_mask)
         return self.head(pool_mean(hidden, attention_mask)).squeeze(-1)
         # <<< exercise
@@ -338,7 +338,7 @@ def pair_texts(pair: dict) -> tuple[str, str]:
 
 def tokenize_texts(
     model: HookedTransformer, texts: Sequence[str], max_len: int | None = None
-) -> tuple[Int[Tensor, "n seq"], Int[Tensor, "n seq"]]:
+) -> tuple[Int[Tensor, "n s"], Int[Tensor, "n s"]]:
     """Tokenize with a BOS token, keep at most ``max_len`` tokens, right-pad; return (tokens, mask).
 
     The mask is built from the lengths, not from the pad id: GPT-2's pad, BOS and EOS are one token.

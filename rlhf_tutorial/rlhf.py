@@ -110,7 +110,7 @@ def get_samples(
     temperature: float = 1.0,
     top_k: int | None = None,
     prepend_bos: bool = True,
-) -> tuple[Int[Tensor, "batch seq"], list[str]]:
+) -> tuple[Int[Tensor, "b s"], list[str]]:
     """Sample ``batch_size`` completions of ``gen_len`` new tokens after ``prompt``.
 
     Each new token is drawn from softmax(logits / temperature) (restricted to the top k when
