@@ -51,6 +51,7 @@ from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_entropy_bonus,
     calc_value_function_loss,
+    clip_diagnostics,
     layer_init,
 )
 from rlhf_tutorial.rewards import (
