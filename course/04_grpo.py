@@ -410,7 +410,7 @@ def run_cli(command: str, *flags: str) -> dict:
 
 COMPARE_PHASES = 10 if is_tiny() else (2 if is_smoke() else 60)
 short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() or is_smoke() else []
-ppo_summary = run_cli("train-rlhf", "--total-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
+ppo_summary = run_cli("train-rlhf", "--num-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
 ppo_summary["samples_per_phase"] = ppo_summary["args"]["batch_size"]
 grpo_summary = run_cli("train-grpo", "--num-phases", str(COMPARE_PHASES), *short)
 for name, summary in [("PPO", ppo_summary), ("GRPO", grpo_summary)]:

@@ -48,6 +48,7 @@ from rlhf_tutorial.checks.core import (
     expect_tensor,
     failure,
     fmt,
+    seeded,
 )
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.trainers.grpo import GRPOArgs
