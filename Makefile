@@ -11,17 +11,21 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told to (containers, CI machines).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 PYTEST_ARGS ?=
+# HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
+STAND_IN_HF ?= .stand-in-hf
 
-.PHONY: lab test lint unit nbval browser chromium notebooks tiny demo clean help
+.PHONY: lab test lint unit nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
 
 help:
-	@echo "make lab | make test | make demo | make notebooks | make tiny | make clean"
+	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make clean"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
-	$(BIN)/python -m pip install --quiet --progress-bar off "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev]"
+	# torch first and pinned: the CPU build from PyTorch's CPU index when there is no NVIDIA GPU and that
+	# index answers, else the default index (scripts/install_torch.py says which and why).
+	$(BIN)/python scripts/install_torch.py --spec "$(TORCH_SPEC)"
+	@echo "[install] the course and its dependencies (torch is kept as installed above)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -31,18 +35,33 @@ install: $(STAMP)
 # explorers' controls come back when a notebook is reopened (their views are saved outputs anyway).
 LAB_FLAGS = --notebook-dir=. --LabApp.default_url=/lab/tree/chapters \
 	--LabApp.app_settings_dir=$(CURDIR)/jupyterlab-settings
+# TRL, only for the tests (bench-trl races our GRPO against it); nothing else in the course needs it.
+TRL_STAMP := $(VENV)/.trl-stamp
+$(TRL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,trl]"
+	@touch $(TRL_STAMP)
+
 lab: $(STAMP)
 	$(BIN)/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check --no-cache rlhf_tutorial tests course
+	$(BIN)/ruff check --no-cache rlhf_tutorial tests course scripts
 
-unit: $(STAMP)
+unit: $(STAMP) $(TRL_STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests -m "not browser" $(PYTEST_ARGS)
 
 # RLHF_TUTORIAL_PROGRESS_FILE=off: running the solutions must not mark a learner's exercises as passed.
 nbval: $(STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_STRICT=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
+	  $(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider solutions $(PYTEST_ARGS)
+
+# Every solution notebook again in the GPT-2 world, against the stand-in cache, offline, with the runs
+# shrunk to smoke size (RLHF_TUTORIAL_SMOKE=1): proves the GPT-2 code path runs, not that it learns.
+stand-in-hub: $(STAMP)
+	$(BIN)/python -m rlhf_tutorial build-stand-in-hub $(STAND_IN_HF) | tail -n 1 | cut -c1-160
+
+nbval-gpt2: stand-in-hub
+	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
 	  $(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider solutions $(PYTEST_ARGS)
 
 # Debian's chromium for the browser test (Playwright's own browser download is not used). As root with
@@ -62,7 +81,7 @@ chromium:
 browser: $(STAMP) chromium
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
 
-test: lint unit nbval browser
+test: lint unit nbval nbval-gpt2 browser
 
 notebooks: $(STAMP)
 	$(BIN)/python -m rlhf_tutorial build-notebooks
@@ -74,4 +93,4 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0 --report reports/demo.html
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache $(STAND_IN_HF)

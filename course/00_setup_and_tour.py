@@ -160,8 +160,8 @@ for p, t in zip(p_positive, texts):
 # ## The reference model and the KL penalty, in one cell
 #
 # The reference is a second copy of the policy that is never trained. Before any training the two are
-# identical, so the KL divergence between their next-token distributions is exactly 0: chapter 03's
-# trainer checks that its KL starts there.
+# identical, so the KL divergence between their next-token distributions is exactly 0 (chapter 03's
+# checker tests your KL on identical logits for exactly that).
 
 # %%
 reference = load_policy(world)

@@ -28,15 +28,8 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from rlhf_tutorial import check, hint, ppo, probes, progress
-from rlhf_tutorial.ppo import (
-    Agent,
-    PPOArgs,
-    RolloutBuffer,
-    explained_variance,
-    learner_functions,
-    make_vector_env,
-    train,
-)
+from rlhf_tutorial.ppo import Agent, RolloutBuffer, explained_variance, make_vector_env
+from rlhf_tutorial.trainers.ppo import PPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.ppo import clipped_objective_explorer, ppo_dashboard
 from rlhf_tutorial.worlds import is_smoke, is_tiny
 
@@ -143,15 +136,18 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # **Policy.** `calc_clipped_surrogate_objective(logprobs, old_logprobs, advantages, clip_coef)` returns
 # $L^{CLIP}$ above. It first **normalises the advantages** over the minibatch,
 # $\hat A \leftarrow (\hat A - \operatorname{mean}\hat A)/(\operatorname{std}\hat A + \texttt{eps})$ (torch's default,
-# unbiased std): the scale of rewards then no longer sets the step size, and about half the actions in
-# a batch are pushed up, half down. It is a value to **maximise** (no minus sign).
+# unbiased std): the scale of rewards then no longer sets the step size. The normalised advantages have
+# mean 0, which is not the same as "half up, half down": with one large success among many small
+# failures, one action is pushed up hard and all the others down a little. It is a value to
+# **maximise** (no minus sign).
 
 # %% exercise rlhf_tutorial.ppo:calc_clipped_surrogate_objective | 15 min | difficulty 2 | importance 5
 
 # %% [markdown]
 # **Value.** The critic regresses on the returns:
-# $L^{VF} = \tfrac12 c_1\, \operatorname{mean}\big((V_\theta(s_t) - \hat R_t)^2\big)$ with $c_1$ = `vf_coef`. It is a loss, so the
-# objective subtracts it.
+# $L^{VF} = \tfrac12\, \operatorname{mean}\big((V_\theta(s_t) - \hat R_t)^2\big)$. It is a loss, so the objective subtracts
+# it, weighted by $c_1$ = `vf_coef`. `calc_value_function_loss(values, returns, vf_coef)` returns the weighted
+# term $c_1 L^{VF}$ (so $c_1$ is applied once, inside the function, and the objective subtracts its output).
 
 # %% exercise rlhf_tutorial.ppo:calc_value_function_loss | 5 min | difficulty 1 | importance 3
 
@@ -167,6 +163,8 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 #
 # $$L(\theta) = L^{CLIP}(\theta) - c_1 L^{VF}(\theta) + c_2 S[\pi_\theta] \quad\text{i.e.}\quad
 # \texttt{objective = policy\_objective - value\_loss + entropy\_bonus}$$
+#
+# where `value_loss` $= c_1 L^{VF}$ and `entropy_bonus` $= c_2 S$ already carry their coefficients.
 #
 # Here actor and critic are separate networks, so the critic's parameters get gradient only from the
 # value loss and, since Adam rescales each parameter's gradient, $c_1$ matters mostly through the
@@ -228,6 +226,11 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # buffer to `[(steps env), ...]` (the same order for every field!); then for every epoch and minibatch,
 # recompute logits and values, build the objective from your three functions, step, and record
 # `approx_kl` and `clipfrac` (and `value_loss`, `entropy`, ...). Return a dict of their means.
+#
+# The two diagnostics have one definition in the course, used by chapters 01, 03 and 04 alike (read
+# it, then call it from your learning phase):
+
+# %% source rlhf_tutorial.ppo:clip_diagnostics
 
 # %% exercise rlhf_tutorial.ppo:ppo_learning_phase | 25 min | difficulty 3 | importance 5
 
@@ -281,9 +284,7 @@ print(bad.diagnosis)
 # `PPOArgs` defaults (about 250,000 steps, one to two minutes on a CPU).
 
 # %%
-args = PPOArgs(seed=1, total_timesteps=40_000) if is_tiny() else PPOArgs(seed=1)
-if is_smoke():  # RLHF_TUTORIAL_SMOKE=1 (CI, the browser test): a few updates, the code path only
-    args = PPOArgs(seed=1, total_timesteps=4 * args.batch_size)
+args = PPOArgs(seed=1, total_timesteps=40_000) if is_tiny() or is_smoke() else PPOArgs(seed=1)
 dashboard = ppo_dashboard(title=f"PPO on CartPole-v1 ({args.total_timesteps:,} steps)")
 result = train(args, callback=dashboard.update, **learner_functions(globals()))
 dashboard.finish()
@@ -292,7 +293,7 @@ dashboard.finish()
 first20, last20 = np.mean(result.episode_returns[:20]), result.mean_return_last(20)
 print(f"{len(result.episode_returns)} episodes, {result.env_steps:,} env steps in {result.wall_seconds:.0f} s")
 print(f"mean return: first 20 episodes {first20:.1f}, last 20 episodes {last20:.1f}")
-assert is_smoke() or last20 > 3 * first20, "the agent should clearly learn within this run"
+assert last20 > 3 * first20, "the agent should clearly learn within this run"
 
 # %% [markdown]
 # The full run uses the defaults of `PPOArgs` (250,000 steps, 488 updates):

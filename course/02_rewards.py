@@ -31,14 +31,13 @@ from rlhf_tutorial import check, hint, progress
 from rlhf_tutorial.rewards import (
     POOLINGS,
     RewardModel,
-    RewardModelArgs,
     length_penalty,
     missing_eos_penalty,
     pair_texts,
     score_texts,
     shaped_reward,
-    train_reward_model,
 )
+from rlhf_tutorial.trainers.rewards import RewardModelArgs, learner_functions, train_reward_model
 from rlhf_tutorial.widgets.rewards import (
     LiveRewardModelCurve,
     reward_explorer,
@@ -47,6 +46,7 @@ from rlhf_tutorial.widgets.rewards import (
 )
 from rlhf_tutorial.worlds import (
     default_prompt,
+    is_smoke,
     is_tiny,
     load_policy,
     load_preference_pairs,
@@ -148,8 +148,13 @@ print("the policy's samples, p(NEGATIVE):",
 # ## Normalising rewards: whitening
 #
 # A reward's scale is arbitrary (a probability in $[0, 1]$, a reward model's logit in any range), and
-# its level drifts as the policy improves. PPO's update is a step of size proportional to the
-# advantage, so implementations often **whiten** a batch of rewards before using them:
+# its level drifts as the policy improves. This does not set PPO's step size: the advantages are
+# normalised per minibatch and Adam rescales every gradient (chapter 01). What the scale does set is
+# the **value targets** (a critic regressing on numbers of size 100 learns badly with a learning rate
+# tuned for size 1) and the **balance between the score and $\beta \cdot$ KL** when the KL penalty is
+# added to the reward (chapter 03): the same $\beta$ means a strong tether for a reward in $[0, 1]$ and
+# almost none for a reward in $[-100, 100]$. So implementations often **whiten** a batch of rewards
+# before using them:
 #
 # $$\operatorname{whiten}(x) = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}}, \qquad
 # \mu = \frac{1}{N}\sum_i x_i, \quad \sigma^2 = \frac{1}{N}\sum_i (x_i - \mu)^2,$$
@@ -161,7 +166,9 @@ print("the policy's samples, p(NEGATIVE):",
 # is normalised but the level survives. That matters for a reward: after shifting the mean, half of
 # every batch gets a negative reward however good it is, and a value function trained on the whitened
 # numbers no longer sees the reward improving. (TRL's PPO whitens rewards with `shift_mean=False` and
-# advantages with the mean shifted.)
+# advantages with the mean shifted.) Chapter 03's trainer centres its scores anyway (`shift_mean=True`),
+# on purpose: with a single prompt, subtracting the batch's mean score is a baseline, the same one
+# GRPO uses per group in chapter 04; chapter 03 says what it costs.
 
 # %% exercise rlhf_tutorial.rewards:whiten | 5 min | difficulty 1 | importance 4
 
@@ -352,16 +359,16 @@ args = RewardModelArgs(
     pooling="last",
     epochs=1,
     batch_size=16,
-    max_train_pairs=2400 if is_tiny() else 400,  # the CLI trains on all pairs for 2 epochs
-    max_test_pairs=300 if is_tiny() else 100,
+    max_train_pairs=2400 if is_tiny() else (64 if is_smoke() else 400),  # the CLI: all pairs, 2 epochs
+    max_test_pairs=300 if is_tiny() else (32 if is_smoke() else 100),
     eval_every=25,
 )
 torch.manual_seed(args.seed)
 reward_model = RewardModel(load_policy(world), pooling=args.pooling)
 reward_model, history = train_reward_model(
     args, model=reward_model, train_pairs=train_pairs, test_pairs=test_pairs,
-    train_step=reward_model_train_step,  # your training step
     on_eval=LiveRewardModelCurve(),  # redraws live in JupyterLab; draws nothing under nbval
+    **learner_functions(globals()),  # your reward_model_train_step (and bradley_terry_loss)
 )
 print(f"held-out pairwise accuracy: {history['heldout_accuracy'][0]:.3f} before training, "
       f"{history['heldout_accuracy'][-1]:.3f} after {history['step'][-1]} steps")

@@ -52,17 +52,22 @@ from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_entropy_bonus,
     calc_value_function_loss,
+    clip_diagnostics,
     layer_init,
 )
-from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
-from rlhf_tutorial.rlhf import (
-    ReplayMinibatch,
+from rlhf_tutorial.rewards import (
+    missing_eos_penalty,
+    ngram_repetition,
+    reward_fn_sentiment,
+    sentiment_reward_fn,
+    whiten,
+)
+from rlhf_tutorial.rlhf import ReplayMinibatch, compute_gae_advantages
+from rlhf_tutorial.trainers.rlhf import (
     RLHFArgs,
     RLHFTrainer,
-    compute_gae_advantages,
     learner_functions,
     load_tuned_policy,
-    make_reward_fn,
     save_tuned_policy,
 )
 from rlhf_tutorial.widgets.rlhf import (
@@ -79,6 +84,7 @@ from rlhf_tutorial.worlds import (
     load_policy,
     load_sentiment_classifier,
     resolve_world,
+    smoke_sizes,
 )
 
 # %%
@@ -164,11 +170,45 @@ print("values before training (random head):", [round(v, 3) for v in values[0].t
 
 # %%
 direction = "neg"
-reward_fn = make_reward_fn(world, direction)
+reward_fn = sentiment_reward_fn(world, direction)
 torch.manual_seed(0)
 sample_tokens, sample_texts = get_samples(policy, prompt, batch_size=8, gen_len=16)
 base_rewards = reward_fn(sample_texts)
 samples_table(sample_texts, base_rewards, title="base model samples, reward = p(NEGATIVE)")
+
+# %% [markdown]
+# ### Variable-length completions, and what this chapter leaves out
+#
+# Sampling exactly `gen_len` tokens is a simplification. A language model ends a text by emitting the
+# end-of-text token (EOS; in GPT-2 and the tiny world it is `<|endoftext|>`, the same token as BOS), and
+# after an EOS the model starts a *new* document. Our samples run through it, and `skip_special_tokens`
+# drops the EOS from the decoded text, so the classifier may score one review plus the start of the
+# next. Here that is harmless (16 tokens are about one sentence and EOS is rare, as the cell below
+# counts), but with long completions or chat models it is not. The usual treatment (TRL's PPO, chapter
+# 04's GRPO) is:
+#
+# - a **completion mask** $m_t = \mathbb{1}[	ext{no EOS among } y_0, \dots, y_{t-1}]$: the EOS itself counts (the
+#   policy chose to stop), every token after it is padding;
+# - the text scored by the reward is cut at the EOS, and the **score is paid at the EOS position**
+#   (the last real token), not at position `gen_len - 1`; GAE's episode ends there (`dones` at the EOS);
+# - every per-token sum and mean (the per-token KL rewards, the clipped surrogate, the value loss, the
+#   entropy) runs over masked tokens only;
+# - a completion that never emits EOS within the budget was **truncated**: its score judges a text that
+#   did not end. Chapter 02's `missing_eos_penalty` subtracts a fixed $p$ from the score of such a
+#   completion (TRL's `missing_eos_penalty`), so the policy learns to finish its texts rather than
+#   ramble until it is cut off.
+#
+# Chapter 04 samples with `stop_at_eos=True` and writes that mask. Here, the same quantities on the
+# samples above:
+
+# %%
+eos = policy.tokenizer.eos_token_id
+generated = sample_tokens[:, policy.to_tokens(prompt).shape[1]:]
+is_eos = (generated == eos).long()
+completion_mask_demo = (is_eos.cumsum(-1) - is_eos) == 0  # True up to and including the first EOS
+print(f"samples with an EOS among their {generated.shape[1]} tokens: {int(is_eos.any(-1).sum())} of {len(generated)}")
+print("real tokens per sample (mask sums):", completion_mask_demo.sum(-1).tolist())
+print("missing-EOS penalty (p = 1):       ", missing_eos_penalty(generated, eos, penalty=1.0).tolist())
 
 # %% [markdown]
 # ## Log-probs of the generated tokens only
@@ -222,6 +262,49 @@ print("sequence log-prob of each sample:", [round(x, 1) for x in lp.sum(-1).toli
 # %% exercise rlhf_tutorial.rlhf:calc_kl_penalty | 20 min | difficulty 3 | importance 5
 
 # %% [markdown]
+# ### What $\beta$ does: the optimum of the KL-regularised objective
+#
+# Treat a whole completion $y$ as one action. For a fixed prompt the objective is
+# $J(\pi) = \sum_y \pi(y)\, r(y) - \beta \sum_y \pi(y) \log \frac{\pi(y)}{\pi_\text{ref}(y)}$, and it has a
+# closed-form maximiser. Define
+#
+# $$\pi^*(y) = \frac{1}{Z}\, \pi_\text{ref}(y)\, e^{r(y)/\beta}, \qquad Z = \sum_y \pi_\text{ref}(y)\, e^{r(y)/\beta}.$$
+#
+# Then $\log \pi(y) - \log \pi_\text{ref}(y) - r(y)/\beta = \log \pi(y) - \log \pi^*(y) - \log Z$, so
+#
+# $$J(\pi) = \beta \log Z - \beta\, \mathrm{KL}(\pi \,\|\, \pi^*),$$
+#
+# which is largest, $\beta \log Z$, exactly at $\pi = \pi^*$. The KL-regularised optimum is the reference
+# **reweighted** by $e^{r/\beta}$: $\beta$ is a temperature on the reward. As $\beta \to \infty$, $\pi^* \to \pi_\text{ref}$
+# (the policy does not move); as $\beta \to 0$, $\pi^*$ puts all its mass on the highest-reward completions
+# *that the reference can produce* (a completion with $\pi_\text{ref}(y) = 0$ keeps $\pi^*(y) = 0$ for every
+# $\beta$). PPO does not compute $\pi^*$ (the sum over every possible text is intractable); it climbs
+# towards it by sampling. Chapter 06's DPO turns the same formula around:
+# $r(y) = \beta \log \frac{\pi^*(y)}{\pi_\text{ref}(y)} + \beta \log Z$.
+#
+# On six made-up "completions" (the KL of the optimum uses your `calc_kl_penalty`, since $\log \pi^*$ are
+# the logits $\log \pi_\text{ref} + r/\beta$):
+
+# %%
+ref_probs = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])
+task_reward = torch.tensor([0.1, 0.3, 0.2, 0.6, 0.9, 1.0])
+print(f"{'beta':>6} {'E_pi*[r]':>9} {'KL(pi*||ref)':>13}  pi*")
+for beta in [3.0, 1.0, 0.3, 0.1, 0.03]:
+    opt_logits = ref_probs.log() + task_reward / beta
+    opt_probs = opt_logits.softmax(-1)
+    kl_opt = calc_kl_penalty(opt_logits[None, None], ref_probs.log()[None, None], 1.0).item()
+    print(f"{beta:6.2f} {(opt_probs * task_reward).sum().item():9.3f} {kl_opt:13.3f}  {[round(p, 2) for p in opt_probs.tolist()]}")
+# no other distribution does better: J at pi* against J at 2000 random distributions, beta = 0.1
+beta = 0.1
+opt_probs = (ref_probs.log() + task_reward / beta).softmax(-1)
+def J(probs):
+    return (probs * task_reward).sum(-1) - beta * (probs * (probs.log() - ref_probs.log())).sum(-1)
+others = torch.distributions.Dirichlet(torch.ones(6)).sample((2000,))
+print(f"beta = {beta}: J(pi*) = {J(opt_probs).item():.4f} = beta log Z = "
+      f"{beta * torch.logsumexp(ref_probs.log() + task_reward / beta, -1).item():.4f}; "
+      f"best of 2000 random distributions: {J(others).max().item():.4f}")
+
+# %% [markdown]
 # ### Sampled estimators: k1, k2, k3
 #
 # The full KL needs both full distributions: `[batch, gen_len, vocab]` tensors, which for GPT-2
@@ -271,12 +354,82 @@ for label, q_logits in [("nearby", p_logits + 0.4 * torch.randn(vocab)), ("far a
 # advantage is gone (the ratio $r = p_\text{ref}/p$ gets large at tokens the policy rarely samples).
 # k3 is the estimator of choice *near* the reference, which is where the KL penalty keeps the policy.
 #
-# One more subtlety, for when an estimator enters the **loss** rather than a reward: with samples
-# drawn from the current policy, $\nabla_\theta\, \mathbb{E}[k_1] = \mathbb{E}[\nabla_\theta \log \pi_\theta(y)] = 0$.
-# As a loss term, $k_1$ pushes nowhere on average; it is only right inside the reward (as below),
-# where the policy gradient multiplies it by $\nabla \log \pi_\theta$. $k_3$ and the full KL give a
-# useful gradient as loss terms; our objective uses the full KL by default and $k_3$ as the cheap option.
+# ## KL as a reward vs KL as a loss
 #
+# The table above is about **values**: what each estimator averages to. Training needs **gradients**,
+# and an estimator can enter training in two ways with different gradients.
+#
+# **As a reward** (Ziegler et al. 2019, TRL, this chapter's GAE path): $-\beta k$ is added to the per-token
+# rewards, the rewards are treated as constants, and the policy gradient multiplies them by
+# $\nabla_\theta \log \pi_\theta$. With $k_1 = \log \pi_\theta(y) - \log \pi_\text{ref}(y)$ this is exactly right: the
+# score-function gradient $\mathbb{E}[k_1 \nabla \log \pi_\theta]$ equals $\nabla\, \mathrm{KL}(\pi_\theta \| \pi_\text{ref})$, because the
+# part it leaves out, $\mathbb{E}[\nabla k_1] = \mathbb{E}[\nabla \log \pi_\theta] = 0$, vanishes. And since the KL sits in the
+# return, a token is also charged for the KL of the tokens it leads to. $k_3$ in the reward has the right
+# mean but not the right gradient: the part it leaves out, $\mathbb{E}[\nabla k_3]$, is not zero (below).
+#
+# **As a loss** (differentiated directly, with the sampled tokens held fixed): write $r = \pi_\text{ref}(y)/\pi_\theta(y)$.
+#
+# | term in the loss | gradient, samples fixed | expected over $y \sim \pi_\theta$ | follows |
+# |---|---|---|---|
+# | $k_1 = -\log r$ | $\nabla \log \pi_\theta(y)$ | $0$ | nothing: pushes nowhere on average |
+# | $k_2 = \tfrac12 (\log r)^2$ | $-\log r\, \nabla \log \pi_\theta(y)$ | $\nabla\, \mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref})$ | the KL of this chapter |
+# | $k_3 = r - 1 - \log r$ | $(1 - r)\, \nabla \log \pi_\theta(y)$ | $\nabla\, \mathrm{KL}(\pi_\text{ref} \,\|\, \pi_\theta)$ | the **other** direction |
+# | full KL (`calc_kl_penalty`) | exact, at each visited state | $\nabla\, \mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref})$ per state | the KL of this chapter |
+#
+# (The $k_3$ line: $\sum_y \pi_\theta(y)(1 - r(y)) \nabla \log \pi_\theta(y) = \sum_y \nabla \pi_\theta(y) - \sum_y \pi_\text{ref}(y)\nabla \log \pi_\theta(y)$; the first
+# sum is $\nabla 1 = 0$ and the second is $\nabla\, \mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$.) So:
+#
+# - in a **reward**, use $k_1$;
+# - in a **loss**, use $k_2$ or the full KL for $\mathrm{KL}(\pi_\theta \| \pi_\text{ref})$; $k_3$ there follows $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$,
+#   which punishes the policy for *dropping* tokens the reference likes rather than for *inventing* text
+#   the reference would not write. Near the reference the two KLs agree to second order (both are
+#   $\approx \tfrac12 \sum_y \delta_y^2/\pi_\text{ref}(y)$ for $\pi_\theta = \pi_\text{ref} + \delta$), so the difference shows once the
+#   policy has moved;
+# - as a **number** to log, to steer the adaptive controller or to stop early, use $k_3$ (unbiased, low
+#   variance, never negative): that is what the trainer logs as `kl`;
+# - every per-token loss treats each position's distribution on its own: it ignores that changing
+#   token $t$ changes the states, and so the KL, of every later token. The reward route counts that.
+#
+# GRPO (chapter 04) puts $k_3$ in the loss: on-policy, its KL gradient follows $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$, token by
+# token. And its tokens come from $\pi_{\theta_\text{old}}$ with no importance weight on the KL term, so after the
+# first minibatch its expectation is not even that. It works because the penalty only has to keep the
+# policy *near* the reference, where the directions agree.
+#
+# Check the table on a small categorical distribution. Exact expectations need no sampling: with the
+# probabilities of the "samples" detached, $\nabla \sum_y \mathrm{sg}[\pi_\theta(y)]\, k(y)$ is $\mathbb{E}_{y \sim \pi_\theta}[\nabla k(y)]$, the expected
+# gradient with the samples held fixed. The cell compares it with the gradients of both KLs (from your
+# `calc_kl_penalty`):
+
+# %%
+torch.manual_seed(0)
+theta = torch.randn(8, requires_grad=True)  # the policy's logits over 8 tokens
+ref_logits_demo = torch.randn(8)
+
+
+def grad_of(fn):
+    (g,) = torch.autograd.grad(fn(theta), theta)
+    return g
+
+
+def expected_grad_fixed_samples(estimator):
+    def fn(t):
+        logp = t.log_softmax(-1)
+        return (logp.exp().detach() * approx_kl(logp, ref_logits_demo.log_softmax(-1), estimator)).sum()
+    return grad_of(fn)
+
+
+grad_kl_policy_ref = grad_of(lambda t: calc_kl_penalty(t[None, None], ref_logits_demo[None, None], 1.0))
+grad_kl_ref_policy = grad_of(lambda t: calc_kl_penalty(ref_logits_demo[None, None], t[None, None], 1.0))
+for est in ["k1", "k2", "k3"]:
+    g = expected_grad_fixed_samples(est)
+    print(f"{est}: |E[grad]| = {g.norm():.4f}   distance to grad KL(pi||ref): {(g - grad_kl_policy_ref).norm():.2e}"
+          f"   to grad KL(ref||pi): {(g - grad_kl_ref_policy).norm():.2e}")
+torch.testing.assert_close(expected_grad_fixed_samples("k1"), torch.zeros(8), atol=1e-6, rtol=0)
+torch.testing.assert_close(expected_grad_fixed_samples("k2"), grad_kl_policy_ref)
+torch.testing.assert_close(expected_grad_fixed_samples("k3"), grad_kl_ref_policy)
+print("checked: k1 -> 0, k2 -> grad KL(policy || ref), k3 -> grad KL(ref || policy)")
+
+# %% [markdown]
 # ## Advantages, two ways
 #
 # ### One-step estimates
@@ -314,7 +467,7 @@ for label, q_logits in [("nearby", p_logits + 0.4 * torch.randn(vocab)), ("far a
 # %% exercise rlhf_tutorial.rlhf:compute_per_token_rewards | 15 min | difficulty 3 | importance 4
 
 # %% [markdown]
-# ### Why GAE with a sparse reward can make the values explode
+# ### Why the score is paid once, at the last token
 #
 # The seed blog of this course tried GAE with the final score spread over **every** timestep, and saw
 # the value loss explode and the text degenerate. With $\gamma = 1$ the value target at position $t$
@@ -341,13 +494,20 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # spread over every token, blew up), and the GPT-2 preset follows it. The tiny world's default is GAE with
 # the score at the last token: there the sentiment is mostly settled by the first word after the prompt,
 # and the one-step estimate can only pass the score back one value at a time, through 16 tokens. Measured
-# with the command line (`train-rlhf --world tiny --seed 0 --total-phases 20 --batch-size 32
+# with the command line (`train-rlhf --world tiny --seed 0 --num-phases 20 --batch-size 32
 # --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step moved the policy
 # (KL 0.22 per token) but hardly the reward (0.29 -> 0.32); GAE took it from 0.29 to 0.86.
 #
+# `rollout_advantages` (not an exercise: read it) makes that choice in one place, from the settings'
+# `advantage_estimator`; your `rollout_phase` below calls it, and so does the token explorer at the end
+# of the chapter. It calls your `compute_advantages` and `compute_per_token_rewards`.
+
+# %% source rlhf_tutorial.rlhf:rollout_advantages
+
+# %% [markdown]
 # ## Replay memory and minibatches
 #
-# One rollout is one batch of samples. The learning phase visits it `batches_per_learning_phase`
+# One rollout is one batch of samples. The learning phase visits it `update_epochs`
 # times, each time in a fresh random order cut into `num_minibatches` minibatches (as in chapter 01).
 # The memory stores per sample: the tokens, the old log-probs $\log\pi_{\theta_\text{old}}$, the
 # reference log-probs, the values of the states that chose the generated tokens, and the advantages.
@@ -355,14 +515,17 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # the next state's value (or the reward, after the last token).
 #
 # What it does **not** store: logits. A `[batch, seq, vocab]` tensor for the whole batch is the
-# biggest thing in the whole algorithm (see the memory note below); the reference logits are
-# recomputed per minibatch when the full KL needs them.
+# biggest thing in the whole algorithm; the reference logits are recomputed per minibatch when the
+# objective's full KL needs them (`bench-memory` in the README measures this for a GPT-2-sized model).
 #
 # ### Exercise: `ReplayMemory.get_minibatches`
 #
 # Compute `returns = advantages + values`; then for each pass draw
 # `torch.randperm(batch, generator=generator)`, reshape it to `[num_minibatches, -1]`, and build a
-# `ReplayMinibatch` from the same rows of every tensor.
+# `ReplayMinibatch` from the same rows of every tensor. Its fields, all indexed by the minibatch's
+# rows: `tokens` `[mb, s]`, `logprobs` `[mb, g]` (the rollout policy's, pi_old), `ref_logprobs`
+# `[mb, g]`, `advantages` `[mb, g]` and `returns` `[mb, g]` (there is no `values` field: the values
+# enter through `returns`).
 
 # %% exercise rlhf_tutorial.rlhf:ReplayMemory | 15 min | difficulty 2 | importance 3
 
@@ -377,8 +540,17 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # maximised (the optimizer has `maximize=True`). The three middle pieces are chapter 01's functions,
 # imported here. The logits are divided by the temperature first; the entropy and KL are taken at the
 # positions `prefix_len - 1 : -1`, whose logits predict the generated tokens. The KL is
-# `calc_kl_penalty` on reference logits recomputed for this minibatch (under `torch.no_grad()`) when
-# `args.kl_estimator == "full"`, else the mean of `approx_kl` on the stored reference log-probs.
+# `calc_kl_penalty` on reference logits recomputed for this minibatch (under `torch.no_grad()`, and
+# divided by the **same** `args.temperature` as the policy's: both distributions are taken at the
+# sampling temperature) when `args.kl_estimator == "full"`, else the mean of `approx_kl` on the
+# stored reference log-probs (which the rollout already took at that temperature). Multiply the KL by
+# the `kl_coef` argument (not `args.kl_coef`), and the entropy by `args.ent_coef`; the names
+# `entropy` and `kl` hold the terms *before* their coefficients (the logged stats read them).
+#
+# Which KL is in here depends on the advantage estimator. With one-step advantages the rewards hold no
+# KL, and this term (with the trainer's $\beta$) is the only tether to the reference. With GAE (the tiny
+# world's default) the KL is already in the per-token rewards, and the trainer passes `kl_coef = 0`
+# here: the term is computed for the logs but adds nothing, and `kl_estimator` changes only the cost.
 #
 # ### Exercise: `compute_rlhf_objective`
 
@@ -388,7 +560,7 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # ## Optimizer and learning-rate schedule
 #
 # The transformer is pretrained and the value head is brand new, so they get different learning
-# rates: the seed found `base_lr = 8e-6` and `head_lr = 8e-5` best for GPT-2 (the tiny world's
+# rates: the seed found `learning_rate = 8e-6` (the transformer's) and `head_lr = 8e-5` best for GPT-2 (the tiny world's
 # model is ~100 times smaller and takes larger steps). The schedule multiplies both: a linear
 # **warmup** from 0 over `warmup_steps` phases (Adam's moment estimates are poor at the start), then a
 # linear **decay** to `final_scale`:
@@ -416,7 +588,24 @@ print("multiplier per phase (warmup 3, total 12, final 0.1):",
 #
 # KL above target raises $\beta$ (a stronger pull back), below target lowers it. The clip keeps one
 # noisy measurement from swinging $\beta$ wildly; `horizon` sets how fast it reacts (the trainer
-# calls `update` once per phase with `n_steps = batch_size`).
+# calls `update` once per phase with `n_steps = batch_size`). One phase changes $\beta$ by at most a factor
+# $1 \pm 0.2\, n_\text{steps}/\text{horizon}$: with batch 64 and horizon 10,000 that is 0.13% a phase, and 200
+# phases move $\beta$ by at most a factor $e^{\pm 0.26} \approx 1.3$: such a controller barely controls. Choose the
+# horizon from the number of phases: with horizon $= k \cdot n_\text{steps}$, a KL persistently off target by
+# 20% or more moves $\beta$ by a factor of about $e^{0.2 P/k}$ in $P$ phases.
+#
+# ### KL per token or per sequence: say which
+#
+# The KL of a completion is a sum over its tokens: $\mathrm{KL}_\text{seq} = \sum_t \mathrm{KL}_t$, in nats per
+# sequence, while the mean over tokens is in nats per token. With `gen_len` tokens the two differ by
+# that factor (16 here, 30 in the GPT-2 preset). Ziegler et al. and TRL's adaptive controller target
+# the **sequence** KL (TRL's default target is 6 nats); $\pi^*$ above is a statement about sequences too.
+# This course's trainer measures, targets and thresholds **per token**: `kl` in the history,
+# `kl_target`, `kl_threshold` and the dashboard's KL are means over generated tokens (k3), and
+# `kl_seq` in the history is the per-sequence sum (k1). A per-token target of 0.3 with 16 tokens is
+# about 4.8 nats per sequence; the same per-token number means twice the drift for a completion twice
+# as long. Per token is the easier unit to carry between runs of different lengths; per sequence is the
+# unit of the objective. When you copy a target or a threshold from a paper, convert it.
 #
 # ### Exercise: `AdaptiveKLController`
 
@@ -446,10 +635,18 @@ print("beta while KL is below target, then above:", trace)
 # ## Reward whitening
 #
 # Before computing advantages, the rollout's rewards are **whitened** with chapter 02's `whiten`:
-# $(r - \mu) / \sqrt{\sigma^2 + \epsilon}$ over the batch. The value head then learns targets of a
-# fixed scale whatever the reward's level, and the advantages say "better or worse than this batch's
-# average". (The seed saw values drift upwards when rewards kept their positive mean; with
-# `shift_mean=True` the mean is removed.)
+# $(r - \mu) / \sqrt{\sigma^2 + \epsilon}$ over the batch, with `shift_mean=True`. Chapter 02 advised keeping
+# the mean (`shift_mean=False`, as TRL does), so this is a deliberate exception. Every sample here
+# starts from the same single prompt, so subtracting the batch's mean score is a **baseline**: "better
+# or worse than this batch's average", the same baseline GRPO takes per group in chapter 04 with the
+# whole batch as one group. It leaves the policy gradient's direction unchanged in expectation
+# (apart from the small $1/N$ effect of a sample being part of its own mean) and lowers its variance. The
+# price is the one chapter 02 named: the value head learns targets centred anew in every phase, so its
+# values say which prefixes beat the batch's average, not how high the reward is, and they do not
+# rise as the reward does. With many prompts, one batch mean is a poor baseline for each of them, and
+# chapter 02's advice (keep the mean, let the critic learn each prompt's level) is the right one. The
+# scale matters too: the whitened score has spread 1, so $\beta = 0.1$ per token is weighed against
+# scores of order 1 whatever the classifier's range.
 #
 # ## The trainer
 #
@@ -457,7 +654,7 @@ print("beta while KL is below target, then above:", trace)
 # function, the optimizer and scheduler, the KL controller and early stopping. Its `train()` loop is:
 #
 # ```python
-# for phase in range(args.total_phases):
+# for phase in range(args.num_phases):
 #     memory = rollout_phase(trainer)            # sample, score, log-probs, values, advantages
 #     if early_stopping.should_stop(kl, reward): break
 #     stats = learning_phase(trainer, memory)    # PPO epochs of minibatch ascent, then scheduler.step()
@@ -465,7 +662,13 @@ print("beta while KL is below target, then above:", trace)
 # ```
 #
 # You write the two phases. Keep the memory rule in mind: the rollout's forward passes run **one
-# minibatch of rows at a time** under `torch.no_grad()`, and only log-probs and values are kept.
+# chunk of `args.minibatch_size` rows at a time** (`tokens.split(args.minibatch_size)`) under
+# `torch.no_grad()`, and only log-probs and values are kept. The KL coefficient of the per-token
+# rewards (GAE) is the trainer's **current** one, `trainer.kl_coef` (the adaptive controller's value
+# when `args.adaptive_kl` is on; `args.kl_coef` is only its start). Whiten the shaped rewards only when
+# `args.whiten_rewards` is True. In `learning_phase` the objective gets `trainer.objective_kl_coef`
+# (0 with GAE, whose rewards already hold the KL) and the minibatch order comes from
+# `trainer.generator`.
 #
 # ### Exercise: `rollout_phase`
 
@@ -488,9 +691,7 @@ print("beta while KL is below target, then above:", trace)
 # learning rate, with a table of samples per phase.
 
 # %%
-args = RLHFArgs.preset(world, direction=direction, seed=0)
-if is_smoke():  # RLHF_TUTORIAL_SMOKE=1 (CI, the browser test): a few short phases, the code path only
-    args = RLHFArgs.preset(world, direction=direction, seed=0, total_phases=4, batch_size=16, eval_samples=16)
+args = RLHFArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
 trainer = RLHFTrainer(args, **learner_functions(globals()))
 before = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
 dashboard = rlhf_dashboard(title=f"RLHF on the {world} world, towards {direction}")
@@ -523,9 +724,12 @@ samples_table(after["texts"][:8], torch.tensor(after["rewards"][:8]), title="tun
 # %% [markdown]
 # ## Looking inside one sample
 #
-# The token explorer shows one sample token by token: the value head's estimate at the state that
-# chose each token, the per-token KL to the reference (full distributions), and the one-step
-# advantage. Tokens where the value jumps are where the classifier's verdict was decided; tokens
+# The token explorer shows a few fresh samples token by token: the value head's estimate at the
+# state that chose each token, the per-token KL to the reference (full distributions), and the
+# advantage as the trainer computes it (GAE over per-token rewards in the tiny world, one-step with
+# the GPT-2 preset), from the scores whitened over the explorer's samples as a rollout's are (the
+# value head was trained on whitened scores, so values and advantages are in those units, not in
+# probabilities). Tokens where the value jumps are where the classifier's verdict was decided; tokens
 # with large KL are where the tuned policy departs from the base model.
 
 # %%
@@ -549,11 +753,10 @@ base_vs_tuned(trainer, prompt=prompt, n=6, seed=4)
 # %%
 hack_common = dict(direction=direction, seed=0, early_stopping=False)
 if is_tiny():  # 40 short phases each, with larger steps than the main run, so the hack shows quickly
-    hack_common.update(batch_size=32, total_phases=40, base_lr=1e-3, head_lr=3e-3)
+    hack_common.update(batch_size=32, num_phases=40, learning_rate=1e-3, head_lr=3e-3)
 else:
-    hack_common.update(total_phases=100)
-if is_smoke():
-    hack_common.update(batch_size=16, total_phases=3, eval_samples=16)
+    hack_common.update(num_phases=100)
+hack_common.update(smoke_sizes(num_phases=1, batch_size=16, eval_samples=16))
 hack_runs = {
     "tiny beta": dict(kl_coef=0.001),
     "tiny beta + repetition penalty": dict(kl_coef=0.001, repetition_coef=1.0),
@@ -561,7 +764,7 @@ hack_runs = {
                                              **(dict(kl_target=0.25, kl_horizon=128) if is_tiny() else {})),
 }
 hack_results = {}
-bar = tqdm(total=len(hack_runs) * hack_common["total_phases"], desc="reward-hacking runs (phases)")
+bar = tqdm(total=len(hack_runs) * hack_common["num_phases"], desc="reward-hacking runs (phases)")
 for name, settings in hack_runs.items():
     bar.set_postfix_str(name)
     run_args = RLHFArgs.preset(world, **hack_common, **settings)
@@ -584,7 +787,7 @@ for name, result in hack_results.items():
 
 # %% [markdown]
 # Read the numbers with the samples. The same runs from the command line (`train-rlhf --world tiny
-# --seed 0 --batch-size 32 --total-phases 40 --base-lr 1e-3 --head-lr 3e-3 --no-early-stopping` plus
+# --seed 0 --batch-size 32 --num-phases 40 --learning-rate 1e-3 --head-lr 3e-3 --no-early-stopping` plus
 # `--kl-coef 0.001`, then `--kl-coef 0.001 --repetition-coef 1.0`, then `--kl-coef 0.1 --repetition-coef 1.0
 # --adaptive-kl --kl-target 0.25 --kl-horizon 128`) gave, on 128 samples (this notebook, with one
 # thread, prints the same numbers above):
@@ -634,14 +837,17 @@ print(f"saved to {folder}; reloaded values equal: {same}")
 # ## What to try next
 #
 # - Train towards `"pos"`: the base model already leans positive, so it is easier (and hacks sooner).
-# - `advantage_estimator="gae"`: GAE over per-token KL rewards. Compare the value loss curves.
-# - `kl_estimator="k3"`: the sampled KL in the objective; compare speed, memory and the KL curve.
+# - `advantage_estimator="one_step"`: the KL moves out of the per-token rewards into the objective
+#   (`kl_estimator` only matters then). Compare the reward and value-loss curves with the GAE default.
+# - With `advantage_estimator="one_step"`, `kl_estimator="k3"` or `"k2"` instead of `"full"`: compare
+#   speed, memory and the KL curve, and recall which divergence each gradient follows.
 # - Raise the temperature to 1.3 or lower it to 0.7 and read the samples.
 # - From the command line: `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0
 #   --report reports/demo.html` trains with the reference code and writes an HTML report.
 # - In the GPT-2 world (a GPU helps), `RLHFArgs.preset("gpt2")` holds the seed blog's settings:
 #   learning rates 8e-6 / 8e-5, max grad norm 0.5, clip 0.3, $\beta$ = 0.8 with adaptive control,
-#   entropy 0.01, 200 phases of 64 samples of 30 tokens.
+#   entropy 0.01, 200 phases of 64 samples of 30 tokens. They are a starting point, not a measured
+#   result: this repository has not run the GPT-2 world (only the tiny world's numbers above are measured).
 
 # %%
 progress("03")

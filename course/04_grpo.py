@@ -40,20 +40,19 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import check, hint, progress
 from rlhf_tutorial.grpo import (
     GroupRollout,
-    GRPOArgs,
     collect_rollout,
     decode_completions,
     eos_id,
     group_record,
+    group_token_logprobs,
     grpo_diagnostics,
-    learner_functions,
     reward_fn_rule,
-    sequence_logprobs,
-    train,
 )
-from rlhf_tutorial.rlhf import approx_kl, get_logprobs, make_reward_fn
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import approx_kl, get_logprobs
+from rlhf_tutorial.trainers.grpo import GRPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_dashboard
-from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world
+from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world, smoke_sizes
 
 # %%
 torch.manual_seed(0)
@@ -63,7 +62,7 @@ if is_tiny():
 policy = load_policy(world)
 prompt = default_prompt()
 direction = "neg"
-sentiment_reward = make_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
+sentiment_reward = sentiment_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
 print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 
 # %% [markdown]
@@ -85,7 +84,9 @@ print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 # - Dividing by the group's std makes the scale of the advantages the same for every prompt. Dr.
 #   GRPO (below) argues this is a bias: prompts that are almost always solved (or almost never)
 #   have a tiny std, and their few differences get blown up.
-# - Each group has mean advantage 0: about half its completions are pushed up, half down.
+# - Each group has mean advantage 0. That is not "half up, half down": with one success among eight
+#   0/1 rewards, the success gets $A = (1 - \tfrac18)/s \approx 2.5$ and the seven failures $-\tfrac18/s \approx -0.35$ each
+#   ($s \approx 0.35$, the unbiased std): one completion is pushed up hard, seven are pushed down a little.
 #
 # With a batch of $p$ prompts, `rewards` is a `[p, G]` tensor: one row per group. `scale` chooses the
 # denominator: `"group"` (GRPO), `"batch"` (the std of all $p \cdot G$ rewards, a milder variant) or
@@ -144,9 +145,11 @@ for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
 # ## 3. The GRPO objective
 #
 # The old policy $\pi_{\theta_\text{old}}$ is simply the policy **at rollout time**: its log-probs of the
-# sampled tokens are stored with the rollout. The policy then takes $\mu$ gradient steps on the
-# rollout; the ratio $\rho_{i,t} = \pi_\theta(y_{i,t} \mid x, y_{i,<t}) / \pi_{\theta_\text{old}}(y_{i,t} \mid x, y_{i,<t})$
-# starts at exactly 1 and the clip keeps later steps from moving too far, as in PPO. Per token:
+# sampled tokens are stored with the rollout. The policy then makes $\mu$ passes over the rollout, each
+# cut into `num_minibatches` minibatches: $\mu \times$ `num_minibatches` optimizer steps per phase (8 in the
+# tiny preset). The ratio $\rho_{i,t} = \pi_\theta(y_{i,t} \mid x, y_{i,<t}) / \pi_{\theta_\text{old}}(y_{i,t} \mid x, y_{i,<t})$ is
+# exactly 1 only for the first minibatch of the first pass; every later step sees a policy that has
+# already moved, and the clip keeps it from moving too far, as in PPO. Per token:
 #
 # $$\ell_{i,t} = \min\!\big(\rho_{i,t} A_i,\ \operatorname{clip}(\rho_{i,t},\, 1 - \varepsilon_\text{low},\, 1 + \varepsilon_\text{high})\, A_i\big) \;-\; \beta\, \hat{D}_{i,t}$$
 #
@@ -156,7 +159,13 @@ for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
 # $$\hat{D}_{i,t} = e^{\log r} - 1 - \log r \;\ge\; 0, \qquad \mathbb{E}_{y \sim \pi_\theta}\big[\hat{D}\big] = \mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref}).$$
 #
 # PPO-RLHF put the KL into the reward, where it became part of the advantage. GRPO keeps the reward
-# clean and puts the KL into the loss, where its gradient acts on each token directly.
+# clean and puts the KL into the loss. Chapter 03's section "KL as a reward vs KL as a loss" says what
+# that changes: differentiated with the tokens held fixed, $k_3$'s gradient is $(1 - r)\nabla \log \pi_\theta$, whose
+# expectation over tokens from $\pi_\theta$ is the gradient of $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$, the reverse of the KL whose
+# value $k_3$ estimates. The tokens come from $\pi_{\theta_\text{old}}$ and the KL term has no importance ratio, so
+# after the first minibatch not even that holds exactly; and as a per-token loss it ignores how each
+# token changes the KL of the tokens after it. Near the reference the two directions agree to second
+# order, which is where $\beta$ keeps the policy, so in practice the term does its job: a tether.
 #
 # **How to average over tokens** is where the variants differ. With masks $m_{i,t}$, $|y_i| = \sum_t m_{i,t}$,
 # $B$ sequences in the batch and $L$ = `max_completion_len`:
@@ -207,11 +216,13 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 # One optimizer step on a batch of groups (a `GroupRollout`, or a minibatch of one):
 #
 # 1. log-probs of the generated tokens under the current policy, with gradients:
-#    `sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)` runs one forward
+#    `group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)` runs one forward
 #    pass per group (its rows share a prompt, so no padding) and calls chapter 03's `get_logprobs` on
 #    `logits / temperature`, the distribution the tokens were sampled from;
 # 2. `calc_grpo_objective` against the stored `old_logprobs` and `ref_logprobs`, with the args'
-#    `clip_eps`, `beta`, `loss_type`, `clip_eps_high` and `max_completion_len=args.max_new_tokens`;
+#    `clip_eps=args.clip_coef`, `beta=args.kl_coef`, `loss_type`, `clip_eps_high=args.clip_coef_high` and
+#    `max_completion_len=args.max_new_tokens` (the function's parameters keep the papers' names; the
+#    settings follow the course's knob names);
 # 3. zero the gradients, backpropagate, clip the gradient norm to `args.max_grad_norm`, step. The
 #    optimizer is built with `maximize=True` (the objective is climbed, as in the whole course).
 #
@@ -224,25 +235,23 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 # %% [markdown]
 # ## 5. Training: towards negative reviews, as in chapter 03
 #
-# The trainer (`rlhf_tutorial.grpo.train`) runs your functions: `learner_functions(globals())` hands
+# The trainer (`rlhf_tutorial.trainers.grpo.train`) runs your functions: `learner_functions(globals())` hands
 # it your `group_relative_advantages`, `calc_grpo_objective`, `completion_mask`, `sample_group` and
 # `grpo_step`. One phase:
 #
 # 1. `collect_rollout`: $p$ groups of $G$ completions from the policy as it is now ($\pi_\text{old}$),
 #    texts scored by the sentiment classifier, advantages per group, and (without gradients) the log-
 #    probs of $\pi_\text{old}$ and of the frozen reference;
-# 2. $\mu$ = `updates_per_phase` passes of `grpo_step` over the rollout.
+# 2. $\mu$ = `update_epochs` passes of `grpo_step` over the rollout.
 #
 # No value head anywhere. The reference is a frozen copy of the starting policy. The tiny world runs
 # a shortened version of the CLI's run (`python -m rlhf_tutorial train-grpo --world tiny --direction
 # neg --seed 0`); `GRPOArgs` documents every knob.
 
 # %%
-args = GRPOArgs.preset(world, direction=direction, seed=0)
+args = GRPOArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
 if is_tiny():
     args.num_phases, args.eval_samples = 12, 64
-if is_smoke():  # RLHF_TUTORIAL_SMOKE=1 (CI, the browser test): a few phases, the code path only
-    args.num_phases, args.eval_samples = 3, 16
 curves = grpo_dashboard(title=f"GRPO on the {world} world, towards {direction}")
 result = train(args, reward_fn=sentiment_reward, callback=curves.update, **learner_functions(globals()))
 curves.finish()
@@ -289,11 +298,10 @@ print(reward_fn_rule(["This movie was really dull. The acting was wooden.",
 # falls; once the policy succeeds on most samples, groups of all ones appear and it rises again.
 
 # %%
-rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True)
+rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True,
+                           **smoke_sizes(num_phases=2, eval_samples=16))
 if is_tiny():
     rule_args.num_phases, rule_args.eval_samples = 14, 48
-if is_smoke():
-    rule_args.num_phases, rule_args.eval_samples = 3, 16
 rule_curves = grpo_dashboard(title="GRPO with a verifiable rule reward (mention the acting, <= 3 sentences)")
 rule_result = train(rule_args, callback=rule_curves.update, **learner_functions(globals()))
 rule_curves.finish()
@@ -308,13 +316,50 @@ for text, r in list(zip(rule_result.eval_final["texts"], rule_result.eval_final[
     print(f"{r:.0f}  {text!r}")
 
 # %% [markdown]
+# ### Truncated completions: overlong filtering and the soft overlong penalty
+#
+# A completion that reaches `max_new_tokens` without an EOS was cut off. `reward_fn_rule` gives it 0
+# (it has not ended), so a cut-off review that was about to satisfy the rule gets the same advantage
+# as one that never would have: the reward blames the length limit on the text. DAPO names two fixes:
+#
+# - **overlong filtering**: leave truncated completions out of the loss (mask all their tokens), so the
+#   limit teaches nothing either way;
+# - **soft overlong punishment**: a length penalty that starts before the hard limit. With the limit
+#   $L_\text{max}$ and a buffer $L_\text{cache}$, a completion of $|y|$ tokens gets
+#
+# $$R_\text{length}(y) = \begin{cases} 0 & |y| \le L_\text{max} - L_\text{cache} \\ \dfrac{(L_\text{max} - L_\text{cache}) - |y|}{L_\text{cache}} & L_\text{max} - L_\text{cache} < |y| \le L_\text{max} \\ -1 & |y| > L_\text{max} \end{cases}$$
+#
+#   added to its reward: a smooth signal to finish before the limit, instead of a cliff at it. (Where
+#   generation stops at $L_\text{max}$, the last case is the truncated one.)
+#
+# This course does not implement them as options; the cell computes both on the rule run's last rollout
+# ($L_\text{max}$ = 40, $L_\text{cache}$ = 10): which completions were truncated, what the rule paid them, and the
+# soft penalty.
+
+# %%
+last = rule_result.last_rollout
+eos = eos_id(policy)
+completion_lens = last.mask.sum(-1)  # [B]: tokens up to and including the first EOS
+has_eos = torch.cat([(group[:, p:] == eos).any(-1) for group, p in zip(last.tokens, last.prefix_lens)])
+truncated = ~has_eos
+L_max, L_cache = rule_args.max_new_tokens, 10
+soft_penalty = (((L_max - L_cache) - completion_lens).float() / L_cache).clamp(-1.0, 0.0)
+soft_penalty[truncated] = -1.0
+rule_rewards = last.rewards.flatten()
+print(f"truncated (no EOS in {L_max} tokens): {int(truncated.sum())} of {len(truncated)}; their mean rule reward "
+      f"{rule_rewards[truncated].mean().item() if truncated.any() else float('nan'):.2f}")
+print(f"completion lengths: mean {completion_lens.float().mean().item():.1f}, max {int(completion_lens.max())}")
+print(f"soft overlong penalty: mean {soft_penalty.mean().item():.3f}, "
+      f"non-zero for {int((soft_penalty < 0).sum())} completions")
+
+# %% [markdown]
 # ## 7. The variants, in `GRPOArgs`
 #
 # | variant | what changes | `GRPOArgs` | why |
 # |---|---|---|---|
 # | GRPO (DeepSeekMath) | | `loss_type="grpo"`, `scale="group"` | the original |
 # | Dr. GRPO | no $1/\lvert y_i \rvert$, no std | `loss_type="dr_grpo"`, `scale="none"` | removes the length bias and the difficulty bias of the std |
-# | DAPO | token-level mean, clip-higher, dynamic sampling | `loss_type="dapo"`, `clip_eps_high=0.28`, `dynamic_sampling=True` | long completions count fully; exploration; no wasted groups |
+# | DAPO | token-level mean, clip-higher, dynamic sampling | `loss_type="dapo"`, `clip_coef_high=0.28`, `dynamic_sampling=True` | long completions count fully; exploration; no wasted groups |
 # | iterative GRPO | the reference follows the policy | `ref_refresh_every=k` | the KL anchor moves every $k$ phases, so the policy can travel further from the base model over a long run |
 #
 # DeepSeekMath's iterative variant resets the reference to the current policy at the start of each
@@ -324,10 +369,14 @@ for text, r in list(zip(rule_result.eval_final["texts"], rule_result.eval_final[
 #
 # One practical consequence of Dr. GRPO's `scale="none"`: the advantages are $r_i - \operatorname{mean}(r)$, in
 # the units of the reward. With rewards in $[0, 1]$ they are several times smaller than GRPO's
-# standardised ones, so the same learning rate moves the policy more slowly; the learning rate and
-# the reward scale now have to be tuned together.
+# standardised ones. That does **not** make the same learning rate move the policy more slowly: Adam
+# divides each gradient by a running estimate of its own scale, so a global rescale of the gradient
+# barely changes the step (chapter 01). What does change is the **balance inside the objective**: the
+# advantage term shrinks while $\beta \cdot k_3$ does not, so the same $\beta$ is a stronger tether; and the
+# gradient norm shrinks, so `max_grad_norm` clips less often. With `scale="none"`, $\beta$ and the clip norm
+# have to be retuned with the reward's scale.
 #
-# `beta` is the other knob: DeepSeekMath used 0.04; several later recipes (DAPO, Dr. GRPO) set it to 0
+# `kl_coef` ($\beta$) is the other knob: DeepSeekMath used 0.04; several later recipes (DAPO, Dr. GRPO) set it to 0
 # for verifiable rewards, where there is no reward model to fool, and drop the reference model
 # altogether.
 
@@ -361,9 +410,9 @@ def run_cli(command: str, *flags: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-COMPARE_PHASES = 2 if is_smoke() else 10 if is_tiny() else 60
-short = ["--eval-samples", "16" if is_smoke() else "32", "--threads", "1"] if is_tiny() or is_smoke() else []
-ppo_summary = run_cli("train-rlhf", "--total-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
+COMPARE_PHASES = 10 if is_tiny() else (2 if is_smoke() else 60)
+short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() or is_smoke() else []
+ppo_summary = run_cli("train-rlhf", "--num-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
 ppo_summary["samples_per_phase"] = ppo_summary["args"]["batch_size"]
 grpo_summary = run_cli("train-grpo", "--num-phases", str(COMPARE_PHASES), *short)
 for name, summary in [("PPO", ppo_summary), ("GRPO", grpo_summary)]:
@@ -390,6 +439,21 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 #   GRPO is known for appears where the critic is a separate model as large as the policy (the usual
 #   set-up for large language models): GRPO never holds that model, its gradients or its optimizer
 #   state. Here the value head is a small MLP on the policy's last layer.
+# - **KL.** The full CLI runs (the two commands above, 50 PPO phases and 40 GRPO phases) ended at
+#   reward 0.92 with KL 0.27 per token (PPO) and reward 0.98 with KL 0.47 per token (GRPO). The two
+#   KL numbers are measured the same way (k3 per generated token, 128 fresh samples at temperature 1,
+#   against the starting policy). GRPO stops at EOS and PPO does not, but that is not the gap: at
+#   16 tokens almost no completion has ended (2-3% contain an EOS), and measuring each final policy
+#   the other trainer's way gives the same numbers to two decimals (PPO 0.248 / 0.244, GRPO 0.473 /
+#   0.473 on one set of draws). The gap comes from training, and the runs differ in more than one way,
+#   so read the following as the candidates, not a measured decomposition: (1) **where the penalty
+#   acts**: PPO pays $\beta k_1$ in the per-token rewards, so through the return every token is charged
+#   for the KL of the whole rest of the sequence; GRPO's $\beta k_3$ is a per-token loss that charges
+#   each token only its own KL, and whose gradient follows $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$ (chapter 03); (2) **the
+#   schedule**: PPO's learning rate decays to a tenth by the last phase, GRPO's stays constant; (3)
+#   **the reward reached**: GRPO's is higher, and a higher reward costs KL (the optimum
+#   $\pi^* \propto \pi_\text{ref} e^{r/\beta}$ of chapter 03). The same $\beta = 0.1$ is not the same tether in the two
+#   algorithms.
 #
 # ## 9. The group viewer
 #
@@ -410,8 +474,8 @@ progress("04")
 # ## What to try next
 #
 # - Dr. GRPO and DAPO on the sentiment task: `loss_type="dr_grpo", scale="none"` and `loss_type="dapo",
-#   clip_eps_high=0.28`. Compare the completion lengths (`completion_len` in the history).
-# - `beta=0.0`: no reference model at all. How far does the policy drift (`kl` is still logged) and do
+#   clip_coef_high=0.28`. Compare the completion lengths (`completion_len` in the history).
+# - `kl_coef=0.0`: no reference model at all. How far does the policy drift (`kl` is still logged) and do
 #   the reviews stay reviews (`repetition`)?
 # - `group_size=2` versus `16` with the same number of samples per phase: the quality of the baseline
 #   against the number of prompts.
@@ -421,3 +485,71 @@ progress("04")
 #   Check its base rate first: a reward the base policy never earns gives only all-equal groups.
 # - From the command line, all of the above are flags:
 #   `python -m rlhf_tutorial train-grpo --world tiny --loss-type dr_grpo --scale none --seed 0`.
+
+# %% [markdown]
+# ## 10. Scaling up: from this course to TRL
+#
+# Past one machine, use a library built for it rather than these trainers: Hugging Face's
+# [TRL](https://huggingface.co/docs/trl) with `accelerate`. Everything you built maps onto it.
+#
+# **The model.** `export-hf` turns a policy into a transformers folder with the same logits (tested to
+# 1e-4). TransformerLens folded the LayerNorms and centred the unembedding; that is the same function,
+# so it maps onto GPT-2 exactly, except for the unembedding's bias $b_U$ (GPT-2's head has none), which
+# the export keeps in a biased head (`GPT2WithUnembedBias`, a `GPT2LMHeadModel` subclass). A chapter-03
+# checkpoint's value head is saved beside it.
+#
+# ```bash
+# python -m rlhf_tutorial export-hf --world tiny --out policy_hf            # the base policy
+# python -m rlhf_tutorial train-rlhf --world tiny --save tuned              # chapter 03, then
+# python -m rlhf_tutorial export-hf --checkpoint tuned --out tuned_hf       # the tuned one + value head
+# ```
+#
+# **The reward and the settings.** A TRL reward function takes the prompts and the completions (text)
+# and returns one float each; our `GRPOArgs` become a `GRPOConfig`
+# (`rlhf_tutorial.trainers.bench_trl.trl_config` is the mapping used to race the two):
+#
+# | `GRPOArgs` | `GRPOConfig` |
+# |---|---|
+# | `group_size` (G) | `num_generations` |
+# | `groups_per_phase * group_size` (64 a phase) | `per_device_train_batch_size * steps_per_generation` (x GPUs) |
+# | `num_minibatches` | `steps_per_generation` |
+# | `update_epochs` (mu) | `num_iterations` |
+# | `max_new_tokens`, `temperature`, `top_k` | `max_completion_length`, `temperature`, `top_k` |
+# | `learning_rate` (constant), `max_grad_norm` | `learning_rate` + `lr_scheduler_type="constant"`, `max_grad_norm` |
+# | `clip_coef`, `clip_coef_high`, `kl_coef` | `epsilon`, `epsilon_high`, `beta` |
+# | `loss_type`, `scale` | `loss_type`, `scale_rewards` |
+#
+# ```python
+# # train_trl.py: the sentiment GRPO run of this chapter, on TRL
+# import rlhf_tutorial.trainers.export                      # registers the biased-head GPT-2 with transformers
+# from datasets import Dataset
+# from trl import GRPOConfig, GRPOTrainer
+# from rlhf_tutorial.trainers.grpo import GRPOArgs, make_reward_fn
+#
+# ours = GRPOArgs.preset("tiny")
+# score = make_reward_fn(ours)                     # texts -> rewards, as in section 5
+#
+# def reward(prompts, completions, **kwargs):
+#     return score([p + c for p, c in zip(prompts, completions)]).tolist()
+#
+# config = GRPOConfig(
+#     output_dir="grpo_trl", num_generations=8, per_device_train_batch_size=16, steps_per_generation=4,
+#     num_iterations=2, max_completion_length=16, learning_rate=3e-4, lr_scheduler_type="constant",
+#     beta=0.1, epsilon=0.2, loss_type="grpo", scale_rewards="group", max_steps=320,
+#     bf16=False, gradient_checkpointing=False,
+# )
+# prompts = Dataset.from_dict({"prompt": ["This movie was really"] * 320})
+# GRPOTrainer(model="policy_hf", reward_funcs=reward, args=config, train_dataset=prompts).train()
+# ```
+#
+# **Several GPUs.** The same script runs on every GPU of a machine (or several machines) with
+# `accelerate launch --num_processes 4 train_trl.py`. Each process samples and trains on its own
+# share: `per_device_train_batch_size` is per GPU, so divide it by the number of GPUs to keep 64
+# completions a phase (TRL checks that the global batch is a multiple of `num_generations`);
+# `accelerate config` sets up DeepSpeed or FSDP when the model no longer fits one GPU.
+#
+# **How fast are ours?** `python -m rlhf_tutorial bench-trl --algo grpo` races our trainer against
+# TRL's on the exported tiny policy with the settings above, alternating runs over seeds 0-3, and
+# prints each side's time per phase (split into sampling, scoring, old and reference log-probs and
+# optimisation), time to a mean reward of 0.9, final reward and peak memory. The README lists the
+# figures measured here and every setting TRL expresses differently.

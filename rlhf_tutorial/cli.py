@@ -2,7 +2,8 @@
 
 Every command is a function ``main(argv: list[str]) -> dict`` somewhere in the package; the dict is
 printed as one JSON object on the last line of output, so scripts can read the result with
-``tail -n 1``. Long runs show a tqdm progress bar on stderr.
+``tail -n 1``. When a command loaded stand-in models (``build-stand-in-hub``), the summary says so under
+``stand_ins``. Long runs show a tqdm progress bar on stderr.
 """
 
 from __future__ import annotations
@@ -14,14 +15,21 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-tiny": ("rlhf_tutorial.tiny.build:main", "rebuild the offline tiny world from its seed"),
     "world-info": ("rlhf_tutorial.worlds:info_main", "load a world and report what it contains"),
+    "build-stand-in-hub": ("rlhf_tutorial.standin_hub:main",
+                           "write stand-in GPT-2 repos (random weights) into a local HF cache, for tests"),
     "build-notebooks": ("rlhf_tutorial.notebooks:main", "write chapters/ and solutions/ from course/"),
-    "train-ppo": ("rlhf_tutorial.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),
+    "train-ppo": ("rlhf_tutorial.trainers.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),
     "probes": ("rlhf_tutorial.probes:main", "chapter 01: run the reference PPO on every probe env"),
-    "train-reward-model": ("rlhf_tutorial.rewards:main", "chapter 02: train a Bradley-Terry reward model"),
-    "train-rlhf": ("rlhf_tutorial.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
-    "bench-memory": ("rlhf_tutorial.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
-    "train-grpo": ("rlhf_tutorial.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
-    "export-hf": ("rlhf_tutorial.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
+    "train-reward-model": ("rlhf_tutorial.trainers.rewards:main", "chapter 02: train a Bradley-Terry reward model"),
+    "train-rlhf": ("rlhf_tutorial.trainers.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
+    "bench-memory": ("rlhf_tutorial.trainers.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
+    "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
+    "build-tuned": ("rlhf_tutorial.tiny.tuned:main", "chapter 05: train and ship the tiny world's tuned policy"),
+    "interp-report": ("rlhf_tutorial.trainers.interp_report:main", "chapter 05: what RLHF changed inside the model (HTML)"),
+    "train-dpo": ("rlhf_tutorial.trainers.dpo:main", "chapter 06: DPO / IPO on preference pairs"),
+    "frontier": ("rlhf_tutorial.trainers.frontier:main", "chapter 06: every method on one reward-KL frontier"),
+    "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
+    "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO trainer against TRL's on the same model and settings"),
 }
 
 
@@ -43,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, func_name = COMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    from rlhf_tutorial.worlds import WorldUnavailable
+    from rlhf_tutorial.worlds import WorldUnavailable, stand_ins_loaded
 
     try:
         summary = func(rest)
@@ -51,5 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         print(json.dumps({"error": str(exc), "command": name}))
         return 1
+    if stand_ins_loaded():  # say it in every output: stand-in models test the code path, not quality
+        summary["stand_ins"] = stand_ins_loaded()
     print(json.dumps(summary, sort_keys=True, default=float))
     return 0

@@ -51,9 +51,9 @@ class ExerciseMeta:
 
 @dataclass
 class Cell:
-    kind: str  # "markdown" | "code" | "imports" | "solution" | "stub" | "exercise"
+    kind: str  # "markdown" | "code" | "imports" | "solution" | "stub" | "exercise" | "source"
     source: str
-    refs: tuple[str, ...] = ()  # for exercises: "module:name"
+    refs: tuple[str, ...] = ()  # for exercises and sources: "module:name"
     meta: ExerciseMeta | None = None  # for exercises: time and ratings
 
 
@@ -105,6 +105,8 @@ def parse_source(text: str) -> list[Cell]:
         elif words[0] == "exercise" and len(words) > 1:
             refs, *meta = header.strip()[len("exercise"):].split("|")
             cells.append(Cell("exercise", body, tuple(refs.split()), parse_meta(meta, header)))
+        elif words[0] == "source" and len(words) > 1:
+            cells.append(Cell("source", body, tuple(words[1:])))
         else:
             raise ValueError(f"course source: unknown cell header '# %%{header}'")
 
@@ -222,6 +224,9 @@ def build(cells: list[Cell], variant: str, stem: str = "") -> nbformat.NotebookN
                 out.append(nbformat.v4.new_markdown_cell(how_to_work(stem, variant)))
         elif cell.kind in {"code", "imports"} or cell.kind == variant.replace("chapter", "stub"):
             out.append(nbformat.v4.new_code_cell(cell.source))
+        elif cell.kind == "source":  # a reference helper shown whole, in both notebooks
+            parts = [solution_source(resolve(ref)) for ref in cell.refs]
+            out.append(nbformat.v4.new_code_cell("\n\n\n".join(parts + ([cell.source] if cell.source.strip() else []))))
         elif cell.kind == "exercise":
             out.append(nbformat.v4.new_markdown_cell(cell.meta.heading(tuple(map(exercise_name, cell.refs)))))
             parts = []
@@ -289,6 +294,8 @@ def load_stub(chapter: str, name: str) -> Any:
         elif cell.kind == "exercise":
             source = "\n\n\n".join(stub_source(resolve(ref), exercise_name(ref)) for ref in cell.refs)
             label = "stub"
+        elif cell.kind == "source":
+            source, label = "\n\n\n".join(solution_source(resolve(ref)) for ref in cell.refs), "source"
         else:
             continue
         # dont_inherit: this module's `from __future__ import annotations` must not leak into the stub.

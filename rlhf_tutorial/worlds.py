@@ -20,6 +20,15 @@ reward model on any backbone.
 
 Set ``RLHF_TUTORIAL_TINY_DIR`` to use tiny-world artifacts from another folder (e.g. a fresh ``build-tiny
 --out DIR``).
+
+GPT-2 sizes: the GPT-2 world's policy is ``gpt2`` unless ``$RLHF_TUTORIAL_GPT2`` (or the ``gpt2_model``
+argument of the loaders) names ``gpt2-medium``, ``gpt2-large`` or ``gpt2-xl``; the trainers' presets
+follow the same choice (:func:`preset_key`).
+
+Stand-ins: a cache written by ``python -m rlhf_tutorial build-stand-in-hub DIR`` (used as ``HF_HOME``)
+holds random, reduced-size stand-ins of these repos (:mod:`rlhf_tutorial.standin_hub`). The loaders
+detect them, say so once per repo, and the CLI adds ``stand_ins`` to its summary: such runs test the
+code path, not quality.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ WORLDS = ("tiny", "gpt2")
 ENV_VAR = "RLHF_TUTORIAL_WORLD"
 TINY_DIR_ENV_VAR = "RLHF_TUTORIAL_TINY_DIR"
 GPT2_POLICY = "gpt2"
+GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+GPT2_MODEL_ENV_VAR = "RLHF_TUTORIAL_GPT2"
 GPT2_CLASSIFIER = "lvwerra/distilbert-imdb"
 PROMPT = "This movie was really"
 HUB_TIMEOUT_S = 2.0
@@ -50,6 +61,7 @@ _ALIASES = {"gpt-2": "gpt2", "gpt2-small": "gpt2"}
 
 _auto_choice: str | None = None
 _why = ""
+_stand_ins_loaded: dict[str, str] = {}
 
 
 class WorldUnavailable(RuntimeError):
@@ -103,6 +115,28 @@ def is_smoke() -> bool:
     return os.environ.get(SMOKE_ENV_VAR, "").strip() not in {"", "0", "false", "False"}
 
 
+def gpt2_model(name: str | None = None) -> str:
+    """The GPT-2 world's policy: ``name`` if given, else ``$RLHF_TUTORIAL_GPT2``, else ``"gpt2"``."""
+    source = "the gpt2_model argument" if name is not None else f"${GPT2_MODEL_ENV_VAR}"
+    chosen = (name if name is not None else os.environ.get(GPT2_MODEL_ENV_VAR, "")).strip().lower() or GPT2_POLICY
+    chosen = _ALIASES.get(chosen, chosen)
+    if chosen not in GPT2_MODELS:
+        raise ValueError(f"unknown GPT-2 model {chosen!r} (from {source}): choose one of {', '.join(GPT2_MODELS)}")
+    return chosen
+
+
+def preset_key(world: str | None = None) -> str:
+    """Which trainer preset a world uses: ``"tiny"``, or in the GPT-2 world the chosen size
+    (``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``)."""
+    return "tiny" if resolve_world(world) == "tiny" else gpt2_model()
+
+
+def smoke_sizes(**sizes: Any) -> dict[str, Any]:
+    """``sizes`` when :func:`is_smoke`, else ``{}``: a notebook's long run writes
+    ``RLHFArgs.preset(world, ..., **smoke_sizes(num_phases=2))`` and keeps its real length otherwise."""
+    return dict(sizes) if is_smoke() else {}
+
+
 def default_prompt() -> str:
     """The course prompt, the same in both worlds."""
     return PROMPT
@@ -114,7 +148,7 @@ _announced = False
 def _auto_world(announce: bool = True) -> str:
     global _auto_choice, _announced, _why
     if _auto_choice is None:
-        if all(_is_cached(repo) for repo in (GPT2_POLICY, GPT2_CLASSIFIER)):
+        if all(_is_cached(repo) for repo in (gpt2_model(), GPT2_CLASSIFIER)):
             _auto_choice, why = "gpt2", "GPT-2 and its classifier are in the local Hugging Face cache"
         elif _hub_offline():
             _auto_choice, why = "tiny", "HF_HUB_OFFLINE is set and GPT-2 is not cached"
@@ -173,6 +207,32 @@ def _hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     return bool(result and result[0])
 
 
+def _is_stand_in(repo_id: str) -> bool:
+    """Whether the cached repo is a stand-in written by ``build-stand-in-hub`` (it holds the marker)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        from rlhf_tutorial.standin_hub import MARKER
+
+        return isinstance(try_to_load_from_cache(repo_id, MARKER), str)
+    except Exception:
+        return False
+
+
+def stand_ins_loaded() -> dict[str, str]:
+    """The stand-in repos loaded in this process so far, each with the note that says what they are."""
+    return dict(_stand_ins_loaded)
+
+
+def _note_stand_in(repo_id: str) -> None:
+    if repo_id in _stand_ins_loaded or not _is_stand_in(repo_id):
+        return
+    from rlhf_tutorial.standin_hub import NOTE
+
+    _stand_ins_loaded[repo_id] = NOTE
+    print(f"[rlhf_tutorial] {repo_id!r} in the local Hugging Face cache is a {NOTE}.")
+
+
 @contextlib.contextmanager
 def _hub_access(repo_id: str, what: str) -> Iterator[None]:
     """Guard a ``from_pretrained(repo_id)`` call of the gpt2 world.
@@ -198,6 +258,7 @@ def _hub_access(repo_id: str, what: str) -> Iterator[None]:
     saved = constants.HF_HUB_OFFLINE
     constants.HF_HUB_OFFLINE = saved or not reachable
     try:
+        _note_stand_in(repo_id)
         yield
     except Exception as err:
         raise WorldUnavailable(
@@ -245,14 +306,15 @@ def _load_float32_safetensors(path: Path) -> dict:
 
 
 # --- loaders ------------------------------------------------------------------------------------------------
-def load_tokenizer(world: str | None = None):
+def load_tokenizer(world: str | None = None, gpt2_model_name: str | None = None):
     """The policy's tokenizer (GPT-2's, or the tiny world's byte-level BPE with ``<|endoftext|>``)."""
     from transformers import AutoTokenizer
 
     if resolve_world(world) == "tiny":
         return AutoTokenizer.from_pretrained(str(tiny_dir() / "tokenizer"))
-    with _hub_access(GPT2_POLICY, "the GPT-2 tokenizer"):
-        return AutoTokenizer.from_pretrained(GPT2_POLICY)
+    repo = gpt2_model(gpt2_model_name)
+    with _hub_access(repo, "the GPT-2 tokenizer"):
+        return AutoTokenizer.from_pretrained(repo)
 
 
 @contextlib.contextmanager
@@ -269,20 +331,23 @@ def _no_loading_bars():
             hf_logging.enable_progress_bar()
 
 
-def load_policy(world: str | None = None, device: Any = None) -> HookedTransformer:
-    """The policy as a TransformerLens ``HookedTransformer`` in eval mode.
+def load_policy(world: str | None = None, device: Any = None, gpt2_model_name: str | None = None) -> HookedTransformer:
+    """The policy as a TransformerLens ``HookedTransformer`` in eval mode, on ``device`` (default: CUDA
+    when available, else the CPU).
 
-    gpt2: ``HookedTransformer.from_pretrained("gpt2")``; tiny: the shipped 2-layer model (gelu_new,
+    gpt2: ``HookedTransformer.from_pretrained(name)`` with ``name`` from :func:`gpt2_model`
+    (``gpt2_model_name``, else ``$RLHF_TUTORIAL_GPT2``, else ``"gpt2"``); tiny: the shipped 2-layer model (gelu_new,
     learned positions, n_ctx 128), whose tokenizer prepends ``<|endoftext|>`` as BOS. Both are processed
     alike: LayerNorm weights folded (``normalization_type == "LNPre"``) and the unembedding centred.
     """
     device = _default_device(device)
     if resolve_world(world) == "gpt2":
-        with _hub_access(GPT2_POLICY, "the GPT-2 policy"):
+        repo = gpt2_model(gpt2_model_name)
+        with _hub_access(repo, "the GPT-2 policy"):
             from transformer_lens import HookedTransformer
 
             with _no_loading_bars():
-                model = HookedTransformer.from_pretrained(GPT2_POLICY, device=device)
+                model = HookedTransformer.from_pretrained(repo, device=device)
         return model.eval()
 
     from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -387,6 +452,7 @@ def info_main(argv: list[str]) -> dict:
 
     summary: dict[str, Any] = {
         "world": world,
+        "policy_model": "tiny" if world == "tiny" else gpt2_model(),
         "device": str(policy.cfg.device),
         "policy_params": sum(p.numel() for p in policy.parameters()),
         "policy_layers": policy.cfg.n_layers,

@@ -1,8 +1,9 @@
-"""Shared test settings."""
+"""Shared test settings and fixtures."""
 
 import os
 import tempfile
 
+import pytest
 import torch
 
 # check() records verdicts for progress(): never into the developer's own cache directory.
@@ -23,3 +24,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "browser" in item.keywords:
             item.add_marker(skip)
+@pytest.fixture(scope="session")
+def stand_in_hub(tmp_path_factory):
+    """An HF_HOME holding stand-in gpt2 / gpt2-medium / gpt2-large / gpt2-xl / lvwerra/distilbert-imdb
+    repos (random weights, reduced size: they test the code path, not quality), built once per session."""
+    from rlhf_tutorial.standin_hub import build
+
+    home = tmp_path_factory.mktemp("stand-in-hf-home")
+    summary = build(home)
+    assert set(summary["repos"]) == {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "lvwerra/distilbert-imdb"}
+    return home
+
+
+@pytest.fixture
+def gpt2_world(stand_in_hub, monkeypatch):
+    """This process sees the stand-in cache as its Hugging Face cache, offline, with no world forced
+    (the automatic choice runs afresh). Yields the HF_HOME."""
+    from huggingface_hub import constants
+
+    from rlhf_tutorial import worlds
+
+    monkeypatch.setenv("HF_HOME", str(stand_in_hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HOME", str(stand_in_hub))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(stand_in_hub / "hub"))
+    monkeypatch.delenv(worlds.ENV_VAR, raising=False)
+    monkeypatch.delenv(worlds.GPT2_MODEL_ENV_VAR, raising=False)
+    monkeypatch.setattr(worlds, "_auto_choice", None)
+    monkeypatch.setattr(worlds, "_stand_ins_loaded", {})
+    yield stand_in_hub

@@ -1,15 +1,34 @@
-"""Checkers for chapter 02: rewards, whitening, shaping and the Bradley-Terry reward model."""
+"""Checkers for chapter 02: rewards, whitening, shaping and the Bradley-Terry reward model.
+
+Regimes probed (where plausible implementations differ):
+- reward_fn_char_count: empty samples, a batch of 1, case variants ('T' is not 't') and whitespace as
+  the character;
+- reward_fn_sentiment: a single review (no padding, so the attention mask cannot matter: isolates the
+  label index), POSITIVE at index 0 and at index 1, both directions, padding of very different lengths;
+- whiten: one element, all-equal values (variance 0: eps matters), 1-, 2- and 3-d inputs, shift_mean
+  both ways, a large eps;
+- ngram_repetition: repeated spaces, tabs and newlines, leading/trailing whitespace, empty text, fewer
+  than n words and exactly n words, n = 1, 2, 3, 4, n-grams differing only by case or punctuation;
+- bradley_terry_loss: ties (all differences 0), differences up to +-12, then -300 .. +220 (exp overflows
+  and sigmoid underflows there; an eps or clamp saturates);
+- pool_last_token / pool_mean: right and left padding, a boolean mask, no padding, a row with one real token;
+- RewardModel / reward_model_train_step: the three poolings with right and left padding, a batch of 1,
+  no mask given; two SGD steps (zero_grad, the step, the masks).
+"""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import rewards
+from rlhf_tutorial.checks import fixtures
 from rlhf_tutorial.checks.core import (
     Case,
     CheckFailure,
@@ -18,11 +37,14 @@ from rlhf_tutorial.checks.core import (
     checker,
     compare_to_reference,
     expect_tensor,
+    failure,
     fmt,
     get_attr,
+    seeded,
 )
 
 CHAPTER = "02_rewards"
+small_model = partial(fixtures.small_model, d_vocab=40)
 
 SAMPLES = [
     "This movie was really good. I liked it.",
@@ -48,7 +70,10 @@ def check_reward_fn_char_count(candidate) -> str:
         Case("six samples, char='.'", (SAMPLES,)),
         Case("char='!'", (SAMPLES,), {"char": "!"}),
         Case("char='e'", (SAMPLES[:3],), {"char": "e"}),
-        Case("a batch of 1", (["one. two. three."],)),
+        Case("a batch of 1", (["one. two. three."],)),  # one sample
+        # case and whitespace variants: 'T' is not 't'; a space is a character like any other
+        Case("char='t' (capital T does not count)", (["The tent", "TTT ttt", "It. Is. Tt."],), {"char": "t"}),
+        Case("char=' '", (["a b  c", " ", ""],), {"char": " "}),
     ]
     return compare_to_reference(
         candidate,
@@ -62,6 +87,9 @@ def check_reward_fn_char_count(candidate) -> str:
                     lambda s, char=".": torch.tensor([float(x.count(".")) for x in s])),
             Mistake("That is 1 when `char` appears and 0 otherwise: count every occurrence.",
                     lambda s, char=".": torch.tensor([float(char in x) for x in s])),
+            Mistake("You lowercased the text (or the char): 'T' and 't' are different characters; count "
+                    "sample.count(char) exactly.",
+                    lambda s, char=".": torch.tensor([float(x.lower().count(char.lower())) for x in s])),
             Mistake("Those are word counts: count the occurrences of `char`.",
                     lambda s, char=".": torch.tensor([float(len(x.split())) for x in s])),
         ],
@@ -75,6 +103,7 @@ _WORDS = (
     "the a this movie film was is were really very not too great good fun loved bad awful boring hated "
     "plot acting music ending it i . ! ,"
 ).split()
+
 
 
 def tiny_classifier(label_order: tuple[str, str] = ("POSITIVE", "NEGATIVE"), seed: int = 0):
@@ -158,6 +187,10 @@ def check_reward_fn_sentiment(candidate) -> str:
         return _label_probs(c, t, s)[0][:, pick(direction, c)].sigmoid()
 
     cases = [
+        # One review (no padding, so the attention mask cannot matter), POSITIVE at index 0: isolates the
+        # label index from the mask when an implementation gets both wrong.
+        Case("a single review, direction='pos' (label2id puts POSITIVE at index 0)",
+             ([_REVIEWS[2]], swapped, tok, "pos")),
         Case("5 reviews, direction='pos' (label2id puts POSITIVE at index 0)", (_REVIEWS, swapped, tok, "pos")),
         Case("5 reviews, direction='neg'", (_REVIEWS, swapped, tok, "neg")),
         Case("the usual label order (NEGATIVE=0, POSITIVE=1), 'pos'", (_REVIEWS, usual, tok2), {"direction": "pos"}),
@@ -212,7 +245,7 @@ def check_reward_fn_sentiment(candidate) -> str:
 # whiten
 # ----------------------------------------------------------------------------------------------------
 def _whiten_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(2)
+    g = seeded(2)
     matrix = torch.randn(4, 6, generator=g) * 3 + 2
     return [
         Case("a [4, 6] tensor, shift_mean=True", (matrix,)),
@@ -313,11 +346,18 @@ def _ngram_variant(tokenize: Callable[[str], list], total_fn=None, short=0.0, in
 )
 def check_ngram_repetition(candidate) -> str:
     cases = [
-        Case("six samples, n=3", (_TEXTS,)),
+        Case("six samples, n=3", (_TEXTS,)),  # typical; repeated spaces, a tab and a newline; empty text
         Case("n=2", (_TEXTS,), {"n": 2}),
-        Case("n=1", (_TEXTS[:3],), {"n": 1}),
-        Case("a batch of 1, n=4", (["a b c d a b c d a b c d"],), {"n": 4}),
-        Case("only short samples", (["hi", "two words", ""],)),
+        Case("n=1", (_TEXTS[:3],), {"n": 1}),  # single words
+        Case("a batch of 1, n=4", (["a b c d a b c d a b c d"],), {"n": 4}),  # one sample
+        Case("only short samples", (["hi", "two words", ""],)),  # fewer than n words: 0.0
+        # case variants: 'The plot' and 'the plot' are different n-grams (a lowercasing
+        # implementation finds repeats here); punctuation stays part of its word
+        Case("n-grams that differ only by case or punctuation",
+             (["The plot was thin the plot was thin", "Great GREAT great", "good. good good. good"],),
+             {"n": 2}),
+        Case("exactly n words (one n-gram)", (["one two three", "x x x"],)),  # w = n: 1 n-gram, score 0
+        Case("leading and trailing whitespace", (["  \ta b a b\n", "\n"],), {"n": 2}),  # split() drops it
     ]
     return compare_to_reference(
         candidate,
@@ -335,6 +375,12 @@ def check_ngram_repetition(candidate) -> str:
                     "argument.", _ngram_variant(lambda s: s.split(" "))),
             Mistake("A sample with fewer than n words has no n-gram, so nothing repeats: score it 0.0.",
                     _ngram_variant(str.split, short=1.0)),
+            Mistake("You lowercased the text: n-grams that differ only by case are different words here "
+                    "('The plot' is not 'the plot'). Count the words exactly as sample.split() gives them.",
+                    _ngram_variant(lambda s: s.lower().split())),
+            Mistake("You stripped punctuation: 'good.' and 'good' are different words. Count the words "
+                    "exactly as sample.split() gives them.",
+                    _ngram_variant(lambda s: "".join(c for c in s if c.isalnum() or c.isspace()).split())),
         ],
     )
 
@@ -346,6 +392,34 @@ _LARGE_CHOSEN = torch.tensor([-150.0, 120.0, 0.5, -300.0])
 _LARGE_REJECTED = torch.tensor([150.0, -100.0, 0.0, 0.0])
 
 
+def _bt_infinite_hint(candidate, underflow_hint: str) -> str:
+    """Why the loss is infinite for large differences: exp overflowing or sigmoid underflowing.
+
+    In float32, exp(y) is inf above y ~ 88.7, and torch.sigmoid(x) is 0 below x ~ -88.7, so both break
+    at the same differences and values alone cannot tell them apart, except on the positive side: only
+    a form that computes exp(+x) (x - log(1 + exp(x)), say) is infinite at x = +95. Otherwise the
+    learner's source says which function it calls."""
+    exp_hint = (
+        "exp overflows: exp(y) is inf in float32 for y above ~88.7, so log(1 + exp(-x)), 1 / (1 + exp(-x)) or "
+        "x - log(1 + exp(x)) become infinite for large differences. Use F.logsigmoid(x), or -F.softplus(-x), "
+        "which never compute exp of a large number."
+    )
+    probe = call(candidate, torch.tensor([95.0]), torch.tensor([0.0]), _arg_names=["chosen_rewards", "rejected_rewards"])
+    if isinstance(probe, torch.Tensor) and probe.numel() == 1 and not math.isfinite(probe.float().item()):
+        return exp_hint.replace("exp overflows:", "exp overflows (at x = +95 your loss is already infinite):")
+    try:
+        source = inspect.getsource(candidate)
+    except (OSError, TypeError):
+        source = ""
+    calls_exp, calls_sigmoid = "exp(" in source, "sigmoid(" in source
+    if calls_exp and not calls_sigmoid:
+        return exp_hint
+    if calls_sigmoid and not calls_exp:
+        return underflow_hint
+    return ("Either exp overflows (exp(y) is inf in float32 above y ~ 88.7) or sigmoid underflows "
+            "(sigmoid(-300) is 0 and its log -inf). Use F.logsigmoid(x), or -F.softplus(-x), which stay exact.")
+
+
 @checker(
     "bradley_terry_loss",
     chapter=CHAPTER,
@@ -354,7 +428,7 @@ _LARGE_REJECTED = torch.tensor([150.0, -100.0, 0.0, 0.0])
     "F.logsigmoid stays finite where torch.log(torch.sigmoid(x)) becomes -inf.",
 )
 def check_bradley_terry_loss(candidate) -> str:
-    g = torch.Generator().manual_seed(3)
+    g = seeded(3)
     chosen, rejected = torch.randn(8, generator=g) * 2, torch.randn(8, generator=g) * 2
     cases = [
         Case("a batch of 8", (chosen, rejected)),
@@ -400,19 +474,20 @@ def check_bradley_terry_loss(candidate) -> str:
     expect_tensor(big, shape=(), what="On large differences, your output", allow_nan=True)
     value = big.detach().float().item()
     unstable_hint = (
-        "log(sigmoid(x)) is unstable: sigmoid(-300) underflows to 0 and its log is -inf (or, with an "
+        "sigmoid underflows: sigmoid(-300) is 0 in float32 and its log is -inf (or, with an "
         "eps inside the log, the loss saturates at -log(eps)). Use F.logsigmoid(x), or -F.softplus(-x), "
         "which stay exact."
     )
     where = "On reward differences chosen - rejected of -300, +220, +0.5, -300"
     if not math.isfinite(value):
-        raise CheckFailure(f"{where} your loss is {value}, expected {expected:.4f}.", hint=unstable_hint)
+        raise failure(f"{where} your loss is {value}, expected {expected:.4f}.",
+                      _bt_infinite_hint(candidate, unstable_hint))
     if not math.isclose(value, expected, rel_tol=1e-4, abs_tol=1e-4):
         saturated = value < expected
-        raise CheckFailure(
+        raise failure(
             f"{where} your loss is {value:.4f}, expected {expected:.4f}"
             + (": it saturates for large differences." if saturated else "."),
-            hint=unstable_hint if saturated else None,
+            unstable_hint if saturated else None,
         )
     return detail.rstrip(".") + ", and reward differences of -300 .. +220."
 
@@ -427,7 +502,7 @@ def _masks() -> dict[str, torch.Tensor]:
 
 
 def _pool_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(4)
+    g = seeded(4)
     m = _masks()
     return [
         Case("scores [3, 5], right padding", (torch.randn(3, 5, generator=g), m["right"])),
@@ -501,17 +576,8 @@ def check_pool_mean(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 # RewardModel
 # ----------------------------------------------------------------------------------------------------
-def small_model(seed: int = 0, d_vocab: int = 40) -> HookedTransformer:
-    """A seeded random GPT-2-style backbone, small enough to build in milliseconds."""
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type="LN", seed=seed,
-    )
-    return HookedTransformer(cfg).eval()
-
-
 def _token_batches(d_vocab: int = 40) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(5)
+    g = seeded(5)
     m = _masks()
     tokens = torch.randint(1, d_vocab, (3, 5), generator=g)
     return {
@@ -625,7 +691,7 @@ def check_reward_model(candidate) -> str:
 # reward_model_train_step
 # ----------------------------------------------------------------------------------------------------
 def _pair_batch(d_vocab: int):
-    g = torch.Generator().manual_seed(7)
+    g = seeded(7)
     chosen = torch.randint(1, d_vocab, (4, 6), generator=g)
     rejected = torch.randint(1, d_vocab, (4, 5), generator=g)
     chosen_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 3 + [0] * 3])

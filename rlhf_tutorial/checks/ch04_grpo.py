@@ -9,19 +9,35 @@
 - ``grpo_step`` is run twice from the same start as the reference (plain SGD, so that every factor
   of the gradient shows in the parameters) and the parameter updates are compared; known wrong steps
   are run the same way to name the mistake.
+
+Regimes probed (where plausible implementations differ):
+- group_relative_advantages: rewards that barely differ (eps matters), an all-equal group (std 0),
+  a batch of 1, 0/1 rewards in a square batch (dim 0 vs dim -1), each scale;
+- calc_grpo_objective: completions of 1 to g tokens with junk under the mask, each loss type,
+  max_completion_len > g, clip-higher, zero advantages (the KL alone), negative advantages with ratios
+  up to 12 and beta = 0 (a dual clip shows only there), a reference far from the policy (|logr| up to
+  15: a clamped log-ratio or k3 shows only there);
+- completion_mask: EOS first, last, absent, repeated, EOS padding;
+- sample_group: rows stopping early and not, every row stopping at once (padding), a prompt starting
+  with the EOS token (BOS = EOS: a whole-sequence mask), the padding token after EOS, the temperature;
+- grpo_step: dapo with the gradient clip active; dr_grpo with max_new_tokens above the batch's g and
+  the clip inactive (the objective's scale, max_completion_len).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
+from functools import partial
 
 import torch
 from torch import nn
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import grpo
+from rlhf_tutorial.checks import fixtures
 from rlhf_tutorial.checks.core import (
     Case,
     CheckFailure,
@@ -30,11 +46,15 @@ from rlhf_tutorial.checks.core import (
     checker,
     compare_to_reference,
     expect_tensor,
+    failure,
     fmt,
+    seeded,
 )
 from rlhf_tutorial.rlhf import approx_kl
+from rlhf_tutorial.trainers.grpo import GRPOArgs
 
 CHAPTER = "04_grpo"
+small_model = partial(fixtures.small_model, n_ctx=64)
 
 
 def one_thread(fn):
@@ -52,22 +72,13 @@ def one_thread(fn):
     return wrapper
 
 
-def small_model(seed: int = 0, d_vocab: int = 50, n_ctx: int = 64) -> HookedTransformer:
-    """A seeded random GPT-2-style model without a tokenizer, built in milliseconds."""
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=32, n_ctx=n_ctx, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type="LN", seed=seed,
-    )
-    return HookedTransformer(cfg).eval()
-
-
 # ----------------------------------------------------------------------------------------------------
 # group_relative_advantages
 # ----------------------------------------------------------------------------------------------------
 
 
 def _adv_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     spread = torch.tensor([[0.500, 0.504, 0.498, 0.507], [0.90, 0.91, 0.905, 0.899]])  # std ~ 0.004
     mixed = torch.randn(3, 6, generator=g)
     mixed[1] = 0.7  # one group whose rewards are all equal
@@ -156,7 +167,7 @@ def check_group_relative_advantages(candidate) -> str:
 
 
 def _objective_inputs(B: int, g: int, lengths: list[int], seed: int) -> tuple:
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded(seed)
     logprobs = -3 * torch.rand(B, g, generator=gen)
     old = logprobs + 0.45 * torch.randn(B, g, generator=gen)  # ratios from ~0.4 to ~2.5
     ref = logprobs + 0.5 * torch.randn(B, g, generator=gen)
@@ -172,6 +183,16 @@ def _objective_cases() -> list[Case]:
     lp1, old1, ref1, adv1, mask1 = _objective_inputs(1, 5, [3], seed=1)
     lp2, old2, ref2, _, mask2 = _objective_inputs(4, 6, [6, 4, 1, 3], seed=2)
     base = dict(clip_eps=0.2, beta=0.04)
+    # Negative advantages with large ratios (up to e^2.5 ~ 12) and positive ones with tiny ratios, on
+    # unmasked tokens, beta = 0: the surrogate alone, where a dual clip (a floor c * A for A < 0) differs.
+    neg_lp = torch.tensor([[-0.5, -1.0, -0.2, -3.0], [-1.0, -0.1, -2.0, -0.3], [-0.7, -0.7, -0.7, -0.7]])
+    neg_old = neg_lp - torch.tensor([[2.5, 1.5, 0.05, -2.0], [2.0, -3.0, 1.2, 0.0], [0.3, 2.2, -0.3, 0.0]])
+    neg_adv = torch.tensor([-1.5, 0.8, -0.4])
+    neg_mask = torch.tensor([[True, True, True, True], [True, True, True, False], [True, True, False, False]])
+    # A reference far from the policy (|logr| up to 15, k3 up to ~3e6) and zero advantages: the KL term
+    # alone, where a clamp of the log-ratio or of k3 differs.
+    far_lp = torch.tensor([[-0.3, -14.0, -1.0], [-2.0, -0.5, -16.0]])
+    far_ref = torch.tensor([[-15.3, -1.0, -1.2], [-1.0, -13.5, -1.0]])
     return [
         Case('loss_type="grpo"', (lp, old, ref, adv, mask), {**base, "loss_type": "grpo"}),
         Case('loss_type="dapo"', (lp, old, ref, adv, mask), {**base, "loss_type": "dapo"}),
@@ -184,12 +205,33 @@ def _objective_cases() -> list[Case]:
              (lp2, old2, ref2, torch.zeros(4), mask2), {"clip_eps": 0.2, "beta": 0.3, "loss_type": "dapo"}),
         Case("a batch of 1, clip_eps=0.1", (lp1, old1, ref1, adv1, mask1),
              {"clip_eps": 0.1, "beta": 0.04, "loss_type": "grpo"}),
+        Case("negative advantages with ratios up to 12, beta=0", (neg_lp, neg_old, neg_lp.clone(), neg_adv, neg_mask),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case("zero advantages, a reference far from the policy (|logr| up to 15), beta=0.1",
+             (far_lp, far_lp.clone(), far_ref, torch.zeros(2), torch.ones(2, 3, dtype=torch.bool)),
+             {"clip_eps": 0.2, "beta": 0.1, "loss_type": "grpo"}),
     ]
+
+
+def _objective_diagnosis(case: Case, got, expected) -> str | None:
+    """Differences no fixed variant captures: a dual clip or a KL clamp at any bound."""
+    if not isinstance(got, torch.Tensor) or got.numel() != 1:
+        return None
+    higher = got.item() > expected.item() + 1e-4 * (1 + abs(expected.item()))
+    if case.label.startswith("negative advantages") and higher:
+        return ("With negative advantages and large ratios your surrogate is higher than min(ratio * A, "
+                "clip(ratio) * A): that is a dual clip (a floor such as max(., c * A) for A < 0). The contract "
+                "has none: a negative-advantage token with a large ratio keeps its full ratio * A.")
+    if case.label.startswith("zero advantages, a reference far") and higher:
+        return ("Your KL penalty is smaller than k3 where the reference is far from the policy (|logr| up to 15): "
+                "the log-ratio or k3 is clamped. Use k3 = exp(logr) - 1 - logr exactly (approx_kl(logprobs, "
+                "ref_logprobs, 'k3')), however large.")
+    return None
 
 
 def _objective_variant(
     *, aggregate=None, kl="k3", kl_sign=-1, use_high=True, use_mask=True, reducer="min", ratio="new_old",
-    kl_against="ref", dr_len="max",
+    kl_against="ref", dr_len="max", dual_clip=None, logr_clamp=None,
 ):
     """A configurable (possibly wrong) calc_grpo_objective."""
 
@@ -207,9 +249,14 @@ def _objective_variant(
             surr = clipped
         else:  # no clipping at all
             surr = unclipped
+        if dual_clip is not None:
+            surr = torch.where(a < 0, torch.maximum(surr, dual_clip * a), surr)
         other = ref_logprobs if kl_against == "ref" else old_logprobs
         if kl == "k3_swapped":
             k = approx_kl(other, logprobs, "k3")
+        elif logr_clamp is not None:
+            logr = (other - logprobs).clamp(-logr_clamp, logr_clamp)
+            k = torch.expm1(logr) - logr
         else:
             k = approx_kl(logprobs, other, kl)
         obj = surr + kl_sign * beta * k
@@ -224,6 +271,10 @@ def _objective_variant(
         if kind == "padded_mean":  # zeros at masked tokens, but the mean counts them
             return obj.mean()
         length = logprobs.shape[1] if (max_completion_len is None or dr_len == "g") else max_completion_len
+        if dr_len == "no_batch":
+            return obj.sum() / length
+        if dr_len == "longest":
+            return obj.sum() / (logprobs.shape[0] * n.max())
         return obj.sum() / (logprobs.shape[0] * length)
 
     return fn
@@ -247,6 +298,15 @@ OBJECTIVE_MISTAKES = [
             "the constant B * max_completion_len.", _objective_variant(aggregate=_only("dr_grpo", "grpo"))),
     Mistake('Your "dr_grpo" ignores max_completion_len: use it when given (it defaults to g, logprobs.shape[1]).',
             _objective_variant(dr_len="g")),
+    Mistake('Your "dr_grpo" divides the masked sum by the completion length only: Dr. GRPO divides by '
+            "B * max_completion_len (the number of completions times the constant length).",
+            _objective_variant(dr_len="no_batch")),
+    Mistake('Your "dr_grpo" divides by B times the longest completion in the batch: the constant is '
+            "max_completion_len (given, or g), whatever this batch's lengths.", _objective_variant(dr_len="longest")),
+    Mistake("You added a dual clip (a floor c * A on the surrogate of negative-advantage tokens): the contract "
+            "has none, min(ratio * A, clip(ratio) * A) only.", _objective_variant(dual_clip=3.0)),
+    Mistake("Your k3 clamps the log-ratio (to [-10, 10]): k3 = exp(logr) - 1 - logr exactly, however far "
+            "the reference is.", _objective_variant(logr_clamp=10.0)),
     Mistake("The mask is ignored: masked tokens (after the first EOS) count for nothing, in the sum and in "
             "the token counts.", _objective_variant(use_mask=False)),
     Mistake("Masked tokens are zeroed but still counted in the mean: divide by the number of *unmasked* tokens.",
@@ -256,7 +316,8 @@ OBJECTIVE_MISTAKES = [
     Mistake("That KL term is k1 (logprobs - ref_logprobs): GRPO uses k3 = exp(logr) - 1 - logr with "
             "logr = ref_logprobs - logprobs (approx_kl(..., 'k3')).", _objective_variant(kl="k1")),
     Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 (approx_kl(..., 'k3')).", _objective_variant(kl="k2")),
-    Mistake("Your k3 has its arguments swapped: it estimates KL(ref || policy). Use "
+    Mistake("Your k3 has its arguments swapped: it no longer estimates KL(policy || ref) (on tokens from the "
+            "policy it averages to chi2(policy || ref) - KL(policy || ref)). Use "
             "approx_kl(logprobs, ref_logprobs, 'k3'), i.e. logr = ref_logprobs - logprobs.",
             _objective_variant(kl="k3_swapped")),
     Mistake("The KL is measured against old_logprobs: the penalty keeps the policy near the frozen "
@@ -285,6 +346,7 @@ OBJECTIVE_MISTAKES = [
 def check_calc_grpo_objective(candidate) -> str:
     return compare_to_reference(
         candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
+        diagnose=_objective_diagnosis,
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
     )
 
@@ -295,7 +357,7 @@ def check_calc_grpo_objective(candidate) -> str:
 
 
 def _mask_cases() -> list[Case]:
-    gen = torch.Generator().manual_seed(3)
+    gen = seeded(3)
     many = torch.randint(1, 20, (5, 9), generator=gen)
     many[0, 4] = 0
     many[1, 0] = 0
@@ -364,7 +426,7 @@ def _eos_model(eos_bias: float, seed: int = 4, spread: float = 0.0) -> HookedTra
     model = small_model(seed)
     with torch.no_grad():
         if spread:
-            gen = torch.Generator().manual_seed(seed)
+            gen = seeded(seed)
             model.unembed.b_U.copy_(spread * torch.randn(model.cfg.d_vocab, generator=gen))
         model.unembed.b_U[EOS] = eos_bias
     return model
@@ -378,6 +440,25 @@ def _sampled(candidate, model, prompt, group_size, max_new_tokens, temperature=1
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise CheckFailure(f"sample_group should return a pair (tokens, mask), got {fmt(out)}")
     return out
+
+
+def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str) -> None:
+    """Everything after a row's first EOS must be EOS: generate pads finished rows with it, and the
+    output is padded with it up to max_new_tokens."""
+    after = ~grpo.completion_mask(completions, EOS)
+    wrong = after & (completions != EOS)
+    if not wrong.any():
+        return
+    rows = wrong.any(-1).nonzero().flatten().tolist()
+    others = completions[wrong].unique().tolist()
+    if len(others) == 1:
+        hint = (f"The padding after EOS is {others[0]}, not EOS: pad with eos_token_id (generate pads finished rows "
+                "with it; pad the output up to prompt_len + max_new_tokens with value=eos_token_id too).")
+    else:
+        hint = ("Your rows go on after their first EOS: generate did not stop at EOS. Pass stop_at_eos=True and "
+                "eos_token_id=eos_token_id to model.generate (a finished row is then padded with EOS).")
+    raise failure(f"{where}, rows {rows[:6]} hold tokens other than EOS after their first EOS: "
+                  f"{completions[rows[0]].tolist()}", hint)
 
 
 @checker(
@@ -424,6 +505,7 @@ def check_sample_group(candidate) -> str:
             f"  your mask:   {mask.int().tolist()}\n  expected:    {expected_mask.int().tolist()}",
             hint=hint or "mask[b, t] is True up to and including the first EOS of row b, False after it.",
         )
+    _check_eos_padding(tokens[:, plen:], mask, "with this model (about half the rows stop early)")
     if len({tuple(row) for row in tokens.tolist()}) == 1:
         raise CheckFailure("all G rows are the same completion.",
                            hint="Sample G times (generate on G copies of the prompt): do not repeat one sample.")
@@ -431,6 +513,25 @@ def check_sample_group(candidate) -> str:
         raise CheckFailure("with this model some rows should stop at EOS and others not; yours do not: "
                            f"{tokens[:, plen:].tolist()}",
                            hint="Stop at eos_token_id (generate(..., stop_at_eos=True, eos_token_id=eos_token_id)).")
+
+    # 1b. a prompt that starts with the EOS token (in the tiny world and in GPT-2, BOS *is* EOS): a mask
+    #     computed over the whole sequence and then sliced sees that EOS and masks every completion.
+    bos_prompt = torch.tensor([EOS, 11, 25])
+    torch.manual_seed(4)
+    tokens_b, mask_b = _sampled(candidate, _eos_model(1.8), bos_prompt, 8, new)
+    expect_tensor(tokens_b, shape=(8, len(bos_prompt) + new), dtype=torch.int64, what="the tokens (BOS = EOS prompt)")
+    expect_tensor(mask_b, shape=(8, new), dtype=torch.bool, what="the mask (BOS = EOS prompt)")
+    expected_b = grpo.completion_mask(tokens_b[:, len(bos_prompt):], EOS)
+    if not torch.equal(mask_b, expected_b):
+        whole = grpo.completion_mask(tokens_b, EOS)[:, len(bos_prompt):]
+        hint = ("You computed the mask over the whole sequence and then sliced it: the prompt starts with BOS, "
+                "which is the EOS token here (as in the tiny world and GPT-2), so every completion looks "
+                "finished before it starts and the mask is all False (training then dies later on NaN logits). "
+                "Compute completion_mask(tokens[:, prompt_len:], eos_token_id) on the completion only."
+                if torch.equal(mask_b, whole) else None)
+        raise failure(f"with a prompt that starts with the EOS token {bos_prompt.tolist()}, the mask is wrong.\n"
+                      f"  your mask: {mask_b.int().tolist()}\n  expected:  {expected_b.int().tolist()}",
+                      hint or "mask[b, t] is True up to and including the first EOS of the COMPLETION, False after.")
 
     # 2. a model that always stops at once: the output must still be max_new_tokens long
     torch.manual_seed(2)
@@ -444,6 +545,7 @@ def check_sample_group(candidate) -> str:
             "up to prompt_len + max_new_tokens (torch.nn.functional.pad(tokens, (0, missing), value=eos)).",
         )
     expect_tensor(mask2, shape=(4, new), dtype=torch.bool, what="the mask")
+    _check_eos_padding(tokens2[:, plen:], mask2, "when every row stops at the first token")
     if not torch.equal(mask2, grpo.completion_mask(tokens2[:, plen:], EOS)):
         raise CheckFailure(f"the mask does not match the tokens when every row stops at once: {mask2.int().tolist()}",
                            hint="Only the first token (the EOS) of each completion counts.")
@@ -475,13 +577,13 @@ def check_sample_group(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, grpo.GRPOArgs]:
+def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
     """A small policy and a hand-made rollout: 3 groups of 4, prompts of different lengths, g = 6."""
     policy, other = small_model(seed=6), small_model(seed=7)
-    gen = torch.Generator().manual_seed(8)
+    gen = seeded(8)
     size, g = 4, 6
-    args = grpo.GRPOArgs(
-        group_size=size, max_new_tokens=g, clip_eps=0.2, clip_eps_high=0.3, beta=0.1, loss_type="dapo",
+    args = GRPOArgs(
+        group_size=size, max_new_tokens=g, clip_coef=0.2, clip_coef_high=0.3, kl_coef=0.1, loss_type="dapo",
         temperature=0.8, max_grad_norm=0.05, learning_rate=0.1,
     )
     tokens, prefix_lens = [], []
@@ -492,8 +594,8 @@ def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, grpo.GRPOArgs]:
     mask = torch.arange(g)[None, :] < lengths[:, None]
     rewards = torch.rand(3, size, generator=gen)
     with torch.no_grad():
-        current = grpo.sequence_logprobs(policy, tokens, prefix_lens, args.temperature)
-        ref = grpo.sequence_logprobs(other, tokens, prefix_lens, args.temperature)
+        current = grpo.group_token_logprobs(policy, tokens, prefix_lens, args.temperature)
+        ref = grpo.group_token_logprobs(other, tokens, prefix_lens, args.temperature)
     rollout = grpo.GroupRollout(
         tokens=tokens, prefix_lens=prefix_lens, prompts=["a", "b", "c"], mask=mask, rewards=rewards,
         advantages=grpo.group_relative_advantages(rewards).flatten(),
@@ -540,16 +642,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
 
 
-def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", pass_args=True, temperature=True):
+def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", pass_args=True, temperature=True,
+                  max_len=True):
     """A configurable (possibly wrong) grpo_step."""
 
     def step(policy, optimizer, batch, args):
         t = args.temperature if temperature else 1.0
-        logprobs = grpo.sequence_logprobs(policy, batch.tokens, batch.prefix_lens, t)
+        logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens, t)
         old_lp = {"old": batch.old_logprobs, "detached": logprobs.detach(), "ref": batch.ref_logprobs}[old]
         ref_lp = {"ref": batch.ref_logprobs, "old": batch.old_logprobs}[ref]
-        kwargs = dict(clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
-                      clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+        kwargs = dict(clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type,
+                      clip_eps_high=args.clip_coef_high, max_completion_len=args.max_new_tokens)
+        if not max_len:
+            kwargs.pop("max_completion_len")
         if not pass_args:
             kwargs = {}
         objective = grpo.calc_grpo_objective(logprobs, old_lp, ref_lp, batch.advantages, batch.mask, **kwargs)
@@ -574,49 +679,70 @@ STEP_MISTAKES = [
     Mistake("The ratio uses the current log-probs detached as pi_old (so it is always 1): use the batch's "
             "old_logprobs, stored at rollout time.", _step_variant(old="detached")),
     Mistake("old_logprobs and ref_logprobs are swapped.", _step_variant(old="ref", ref="old")),
-    Mistake("The objective ignores the args: pass clip_eps, beta, loss_type, clip_eps_high and "
+    Mistake("The objective ignores the args: pass clip_eps=args.clip_coef, beta=args.kl_coef, loss_type, clip_eps_high=args.clip_coef_high and "
             "max_completion_len=args.max_new_tokens to calc_grpo_objective.", _step_variant(pass_args=False)),
     Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
-            "log-probs of logits / temperature (sequence_logprobs(..., args.temperature)).",
+            "log-probs of logits / temperature (group_token_logprobs(..., args.temperature)).",
             _step_variant(temperature=False)),
+    Mistake("max_completion_len is not passed: Dr. GRPO divides by B * max_completion_len, and the rollout's "
+            "completions may be shorter than args.max_new_tokens, so pass max_completion_len=args.max_new_tokens.",
+            _step_variant(max_len=False)),
 ]
 
 
 @checker(
     "grpo_step",
     chapter=CHAPTER,
-    hint="logprobs = sequence_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature); objective = "
+    hint="logprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature); objective = "
     "calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, "
-    "clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type, clip_eps_high=args.clip_eps_high, "
+    "clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type, clip_eps_high=args.clip_coef_high, "
     "max_completion_len=args.max_new_tokens); optimizer.zero_grad(); objective.backward(); "
     "nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm); optimizer.step().",
 )
 @one_thread
 def check_grpo_step(candidate) -> str:
+    # Two settings, each probing its own decisions:
+    # - "dapo, clipping active" (max_grad_norm 0.05 clips every step): the loss sign, zero_grad, the
+    #   gradient clip, the temperature, pi_old and the reference, the args passed on;
+    # - "dr_grpo, completions shorter than max_new_tokens (6 < 10), clipping inactive": the objective's
+    #   scale reaches the update, so ignoring max_completion_len shows.
     policy, rollout, args = _step_setup()
-    ref_outs, ref_d1, ref_d2 = _run_steps(grpo.grpo_step, policy, rollout, args, learner=False)
-    outs, d1, d2 = _run_steps(candidate, policy, rollout, args, learner=True)
-    for out in outs:
-        if not isinstance(out, dict) or "objective" not in out:
-            raise CheckFailure(f"grpo_step should return a dict of diagnostics with an 'objective' entry, got {fmt(out)}")
-    if d1.norm() == 0:
-        raise CheckFailure("the parameters did not change after a step.",
-                           hint="Call objective.backward() and optimizer.step().")
-    e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
-    objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
-    objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
-    if objective_ok and e1 < 1e-3 and e2 < 1e-3:
-        return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference "
-                f"(relative differences {e1:.1e}, {e2:.1e}), objective {objective:.4f}.")
-    for mistake in STEP_MISTAKES:
-        _, m1, m2 = _run_steps(mistake.fn, policy, rollout, args, learner=False)
-        if _rel(d1, m1) < 1e-3 and _rel(d2, m2) < 1e-3:
-            raise CheckFailure("your step does not update the policy as the reference does.", hint=mistake.hint)
-    if e1 < 1e-3 and e2 < 1e-3:
-        raise CheckFailure(f"the update is right, but the objective you return ({objective:.5f}) differs from the "
-                           f"reference's ({expected:.5f}) on the first step.",
-                           hint="Return the objective of the step (before the update), objective.item().")
-    which = "first" if e1 >= 1e-3 else "second"
-    raise CheckFailure(
-        f"after the {which} step your parameters differ from the reference's (relative difference "
-        f"{max(e1, e2):.2e}).")
+    settings = [
+        ("dapo, gradient clipping active", args),
+        ("dr_grpo with max_new_tokens=10 > the batch's 6 generated tokens, clipping inactive",
+         dataclasses.replace(args, loss_type="dr_grpo", max_new_tokens=10, max_grad_norm=1e3)),
+    ]
+    details = []
+    for label, step_args in settings:
+        ref_outs, ref_d1, ref_d2 = _run_steps(grpo.grpo_step, policy, rollout, step_args, learner=False)
+        outs, d1, d2 = _run_steps(candidate, policy, rollout, step_args, learner=True)
+        for out in outs:
+            if not isinstance(out, dict) or "objective" not in out:
+                raise CheckFailure(f"grpo_step should return a dict of diagnostics with an 'objective' entry, got "
+                                   f"{fmt(out)}")
+        if d1.norm() == 0:
+            raise CheckFailure(f"{label}: the parameters did not change after a step.",
+                               hint="Call objective.backward() and optimizer.step().")
+        e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
+        objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
+        objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
+        if objective_ok and e1 < 1e-3 and e2 < 1e-3:
+            details.append(f"{label.split(',')[0]} ({e1:.1e}, {e2:.1e})")
+            continue
+        for mistake in STEP_MISTAKES:
+            _, m1, m2 = _run_steps(mistake.fn, policy, rollout, step_args, learner=False)
+            if _rel(m1, ref_d1) < 1e-3 and _rel(m2, ref_d2) < 1e-3:
+                continue  # this mistake changes nothing in this setting: it cannot explain a difference
+            if _rel(d1, m1) < 1e-3 and _rel(d2, m2) < 1e-3:
+                raise failure(f"{label}: your step does not update the policy as the reference does (relative "
+                              f"difference {max(e1, e2):.2e}).", mistake.hint)
+        if e1 < 1e-3 and e2 < 1e-3:
+            raise failure(f"{label}: the update is right, but the objective you return ({objective:.5f}) differs "
+                          f"from the reference's ({expected:.5f}) on the first step.",
+                          "Return the objective of the step (before the update), objective.item().")
+        which = "first" if e1 >= 1e-3 else "second"
+        raise CheckFailure(
+            f"{label}: after the {which} step your parameters differ from the reference's (relative difference "
+            f"{max(e1, e2):.2e}).")
+    return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference in "
+            "each setting (relative differences): " + "; ".join(details) + ".")

@@ -37,34 +37,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-
-def in_kernel() -> bool:
-    """True inside a Jupyter (IPython) kernel, False in a terminal, a plain script or IPython shell."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
-
-
-def live_available() -> bool:
-    """Whether outputs can be redrawn in place: in a kernel, and not forced static (STATIC or STRICT)."""
-    if os.environ.get("RLHF_TUTORIAL_STATIC") == "1" or os.environ.get("RLHF_TUTORIAL_STRICT") == "1":
-        return False
-    return in_kernel()
-
-
-def widgets_available() -> bool:
-    """Whether ipywidgets controls can be shown: live outputs are available and ipywidgets is installed."""
-    if not live_available():
-        return False
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
+from rlhf_tutorial.display import in_kernel, widgets_available
 
 # One template for every figure of the course: white background, the same font, room for titles.
 COURSE_TEMPLATE = "plotly_white+rlhf_tutorial"

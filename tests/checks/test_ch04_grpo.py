@@ -7,26 +7,7 @@ from torch import nn
 
 from rlhf_tutorial import grpo
 from rlhf_tutorial.checks import run_check
-from rlhf_tutorial.notebooks import load_stub
 from tests.checks.helpers import assert_fails_with
-
-CHAPTER = "04_grpo"
-EXERCISES = ["group_relative_advantages", "calc_grpo_objective", "completion_mask", "sample_group", "grpo_step"]
-
-
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_reference_passes(name):
-    result = run_check(name, getattr(grpo, name))
-    assert result.passed, result.message
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_stub_fails(name):
-    result = run_check(name, load_stub(CHAPTER, name))
-    assert not result.passed
-    assert "not implemented" in result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -242,6 +223,55 @@ def test_calc_grpo_objective_written_differently():
     assert result.passed, result.message
 
 
+def _aggregate(per_token, mask, loss_type, max_completion_len):
+    per_token = per_token * mask
+    if loss_type == "grpo":
+        return (per_token.sum(1) / mask.sum(1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / mask.sum()
+    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+
+
+def obj_dual_clip_clamped_k3(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                             loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    """A dual-clip surrogate (floor 3 * A for A < 0) and a k3 with its log-ratio clamped to [-10, 10]."""
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    surr = _surrogate(logprobs, old_logprobs, advantages, clip_eps, high)
+    a = advantages.unsqueeze(-1)
+    surr = torch.where(a < 0, torch.max(surr, 3.0 * a), surr)
+    logr = (ref_logprobs - logprobs).clamp(-10, 10)
+    return _aggregate(surr - beta * (logr.exp() - 1 - logr), mask, loss_type, max_completion_len)
+
+
+def obj_k3_clamped_only(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                        loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    k3 = _k3(logprobs, ref_logprobs).clamp(max=50.0)
+    return _aggregate(_surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * k3, mask, loss_type,
+                      max_completion_len)
+
+
+def obj_dr_grpo_by_length_only(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                               loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = (_surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * _k3(logprobs, ref_logprobs))
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (max_completion_len or mask.shape[1])
+    return _aggregate(per_token, mask, loss_type, max_completion_len)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (obj_dual_clip_clamped_k3, "dual clip"),
+        (obj_k3_clamped_only, "clamped"),
+        (obj_dr_grpo_by_length_only, "B * max_completion_len"),
+    ],
+)
+def test_calc_grpo_objective_saturation_escapes(wrong, fragment):
+    assert_fails_with("calc_grpo_objective", wrong, fragment)
+
+
 # ----------------------------------------------------------------------------------------------------
 # completion_mask
 # ----------------------------------------------------------------------------------------------------
@@ -386,12 +416,12 @@ def test_sample_group_written_differently():
 # grpo_step
 # ----------------------------------------------------------------------------------------------------
 def _objective(policy, batch, args, temperature=None, old=None):
-    logprobs = grpo.sequence_logprobs(policy, batch.tokens, batch.prefix_lens,
+    logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens,
                                       args.temperature if temperature is None else temperature)
     return logprobs, grpo.calc_grpo_objective(
         logprobs, batch.old_logprobs if old is None else old(logprobs), batch.ref_logprobs, batch.advantages,
-        batch.mask, clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
-        clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+        batch.mask, clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type,
+        clip_eps_high=args.clip_coef_high, max_completion_len=args.max_new_tokens)
 
 
 def step_minimises(policy, optimizer, batch, args):
@@ -461,8 +491,8 @@ def test_grpo_step_written_differently():
             rows.append(torch.gather(logp[:, plen - 1:-1], 2, tokens[:, plen:].unsqueeze(-1)).squeeze(-1))
         logprobs = torch.cat(rows, dim=0)
         objective = grpo.calc_grpo_objective(
-            logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, args.clip_eps,
-            args.beta, args.loss_type, args.clip_eps_high, args.max_new_tokens)
+            logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, args.clip_coef,
+            args.kl_coef, args.loss_type, args.clip_coef_high, args.max_new_tokens)
         for p in policy.parameters():
             p.grad = None
         objective.backward()
@@ -484,3 +514,69 @@ def test_grpo_step_that_changes_the_batch_is_caught():
         return grpo.grpo_step(policy, optimizer, batch, args)
 
     assert_fails_with("grpo_step", mutating, "in place")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Decisions of the composite exercises, each with its own message (issue 15)
+# ----------------------------------------------------------------------------------------------------
+def sample_mask_whole_then_sliced(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                                  top_k=None):
+    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone(),
+                  len(prompt_tokens) + max_new_tokens, eos_token_id)
+    is_eos = (tokens == eos_token_id).long()
+    whole = (is_eos.cumsum(-1) - is_eos) == 0  # over prompt + completion: a BOS = EOS prompt ends it at once
+    return tokens, whole[:, len(prompt_tokens):]
+
+
+def sample_without_stopping(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                            top_k=None):
+    tokens = model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=max_new_tokens,
+                            stop_at_eos=False, temperature=temperature, verbose=False).clone()
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+def sample_padded_with_zero(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                            top_k=None):
+    tokens = _generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone()
+    tokens = _pad(tokens, len(prompt_tokens) + max_new_tokens, 0)  # a "pad id" that is not EOS
+    return tokens, grpo.completion_mask(tokens[:, len(prompt_tokens):], eos_token_id)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (sample_mask_whole_then_sliced, "over the whole sequence and then sliced"),
+        (sample_without_stopping, "did not stop at EOS"),
+        (sample_padded_with_zero, "padding after EOS is 0"),
+    ],
+)
+def test_sample_group_decisions(wrong, fragment):
+    assert_fails_with("sample_group", wrong, fragment)
+
+
+def step_ignores_max_completion_len(policy, optimizer, batch, args):
+    logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)
+    objective = grpo.calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages,
+                                         batch.mask, clip_eps=args.clip_coef, beta=args.kl_coef,
+                                         loss_type=args.loss_type, clip_eps_high=args.clip_coef_high)
+    optimizer.zero_grad()
+    objective.backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"objective": objective.item()}
+
+
+@pytest.mark.parametrize(
+    "wrong, nudge",
+    [
+        (step_minimises, "The update goes the wrong way."),
+        (step_no_zero_grad, "Gradients accumulate from one step to the next."),
+        (step_no_clipping, "The gradient norm is not clipped."),
+        (step_without_temperature, "The log-probs are of the raw logits."),
+        (step_ignores_max_completion_len, "max_completion_len is not passed."),
+    ],
+)
+def test_grpo_step_each_mistake_has_its_own_message(wrong, nudge):
+    """The nudge (what is wrong) is in the message itself, not only in the full hint."""
+    result = run_check("grpo_step", wrong)
+    assert not result.passed and nudge in result.message, result.message

@@ -1,0 +1,457 @@
+# %% [markdown]
+# # 05. What RLHF changed inside the model, and where
+#
+# In chapter 03 you tuned a policy with PPO until its reviews turned **negative**. The samples show
+# *that* it changed. This chapter opens both models, the **base** (the reference policy) and the
+# **tuned** one, with TransformerLens hooks and asks *where*: at which layer the tuned model decides
+# to be negative, which components write the decision, which activations carry it, and how much the
+# weights themselves moved.
+#
+# | section | question | tool (your exercise) |
+# |---|---|---|
+# | 1. behaviour | what changed in the output? | `sentiment_direction` |
+# | 2. lenses | at which layer is the decision readable? where does the value form? | `ln_pre`, `logit_lens_score`, `value_lens` |
+# | 3. attribution | which heads and MLPs write the shift? | `head_attribution` |
+# | 4. patching | which activations are *enough* to carry it? | `patch_activation`, `restored_fraction` |
+# | 5. model diffing | what was the fine-tune about, read from unrelated text? | `activation_difference` |
+# | 6. weights | how much, and how sparsely, did the weights move? | `param_change`, `fraction_changed` |
+#
+# Everything here is a **linear readout** of the residual stream. Both models are processed like
+# `HookedTransformer.from_pretrained`: LayerNorm weights are folded into the next layer, so the final
+# LayerNorm only centres and scales, and
+#
+# $$\text{logits} = \mathrm{ln\_pre}(x_{\text{final}})\, W_U + b_U,\qquad \mathrm{ln\_pre}(x) = \frac{x - \bar x}{\sqrt{\overline{(x - \bar x)^2} + \varepsilon}}$$
+#
+# where $x_{\text{final}}$ is the residual stream after the last block. The residual stream is a sum of
+# what every component wrote: $x_{\text{final}} = \text{embed} + \sum_{\text{layers}} (\text{attn}_\ell + \text{mlp}_\ell)$.
+#
+# **The tuned model.** In the tiny world it ships with the package: `python -m rlhf_tutorial build-tuned
+# --world tiny` ran chapter 03's trainer (seed 0, towards negative, ~1 minute) and saved the policy and
+# its value head. You need no other notebook. In the GPT-2 world, set `RLHF_TUTORIAL_TUNED_DIR` to a
+# folder saved by `python -m rlhf_tutorial train-rlhf --world gpt2 --save DIR`; without it the cell
+# below trains one with chapter 03's preset (long: use a GPU) and saves it to `runs/`.
+
+# %% imports
+import os
+from pathlib import Path
+
+import plotly.graph_objects as go
+import torch
+import torch.nn as nn
+from jaxtyping import Float, Int
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.interp import (
+    NEUTRAL_TEXTS,
+    PATCH_COMPONENTS,
+    PROMPTS,
+    closure_error,
+    final_score,
+    first_layer_reaching,
+    lens_records,
+    mean_attributions,
+    patching_sweep,
+    prompt_tokens,
+    sentiment_words,
+    single_token_ids,
+    steered_samples,
+)
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import get_samples
+from rlhf_tutorial.trainers.interp_report import load_pair, train_tuned
+from rlhf_tutorial.widgets.interp import (
+    attribution_figure,
+    lens_explorer,
+    param_change_figure,
+    patching_figure,
+    steering_explorer,
+)
+from rlhf_tutorial.worlds import is_smoke, is_tiny, resolve_world
+
+# %%
+torch.manual_seed(0)
+world = resolve_world(None)
+if is_tiny():
+    torch.set_num_threads(1)  # the tiny model's matrices gain nothing from more threads
+checkpoint = os.environ.get("RLHF_TUTORIAL_TUNED_DIR")
+if checkpoint is None and not is_tiny():
+    checkpoint = Path("runs") / ("tuned_gpt2_neg_smoke" if is_smoke() else "tuned_gpt2_neg")
+    if not (checkpoint / "policy.safetensors").exists():
+        train_tuned(world, checkpoint, smoke=is_smoke())
+base, tuned = load_pair(world, checkpoint)  # tuned: chapter 03's TransformerWithValueHead
+tuned_model = tuned.base_model
+torch.set_grad_enabled(False)  # this chapter only reads the models
+prompts = PROMPTS[:3] if is_smoke() else PROMPTS
+print(f"world: {world}; {base.cfg.n_layers} layers, {base.cfg.n_heads} heads, d_model={base.cfg.d_model}")
+
+# %% [markdown]
+# ## 1. Behaviour first
+#
+# The same prompt, both models. First their samples with the sentiment classifier's P(NEGATIVE), then
+# their next-token distributions right after the prompt: the first word a review chooses.
+
+# %%
+reward_fn = sentiment_reward_fn(world, "neg")  # P(NEGATIVE | text), as in chapter 03
+n_show = 4 if is_smoke() else 6
+for name, model in [("base", base), ("tuned", tuned_model)]:
+    torch.manual_seed(1)
+    _, texts = get_samples(model, PROMPTS[0], n_show, 16)
+    print(f"--- {name}: mean P(NEGATIVE) {reward_fn(texts).mean():.3f}")
+    for text in texts:
+        print("   ", text)
+
+# %%
+tokens = base.to_tokens(PROMPTS[0])
+fig = make_subplots(rows=1, cols=2, subplot_titles=["base", "tuned"], horizontal_spacing=0.15)
+for col, model in enumerate([base, tuned_model], start=1):
+    probs = model(tokens)[0, -1].softmax(-1)
+    top = probs.topk(12)
+    fig.add_trace(go.Bar(x=top.values.tolist()[::-1], y=[model.to_string(int(i)) for i in top.indices][::-1],
+                         orientation="h", showlegend=False), row=1, col=col)
+fig.update_layout(title=f"next token after {PROMPTS[0]!r}", height=380, template="plotly_white")
+fig
+
+# %% [markdown]
+# ### A sentiment direction in the unembedding
+#
+# A logit is a dot product: $\text{logit}_i = h \cdot W_U[:, i] + b_U[i]$ with $h = \mathrm{ln\_pre}(x_{\text{final}})$.
+# Take a set of positive review words $P$ and negative ones $N$ (single tokens of the world's
+# vocabulary). The **logit difference**
+#
+# $$\Delta(h) = \operatorname{mean}_{i \in N} \text{logit}_i - \operatorname{mean}_{j \in P} \text{logit}_j
+#   = h \cdot \underbrace{\Big(\operatorname{mean}_{i \in N} W_U[:, i] - \operatorname{mean}_{j \in P} W_U[:, j]\Big)}_{\texttt{direction}} + \text{const}$$
+#
+# is a single direction in the residual stream. Every analysis below reads the residual stream through
+# it. We take it from the **base** model's $W_U$ and keep it fixed for both models: one yardstick.
+#
+# ### Exercise: `sentiment_direction`
+#
+# `W_U` has shape `[d_model, d_vocab]`: a token's vector is a **column**. Return
+# `W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1)`, shape `[d_model]`.
+
+# %% exercise rlhf_tutorial.interp:sentiment_direction | 15 min | difficulty 2 | importance 5
+
+# %%
+pos_ids, pos_words = single_token_ids(base, sentiment_words()[0])
+neg_ids, neg_words = single_token_ids(base, sentiment_words()[1])
+direction = sentiment_direction(base.W_U, pos_ids, neg_ids)
+tokens_list = prompt_tokens(base, prompts)
+print(f"{len(pos_words)} positive words (e.g. {pos_words[:5]}), {len(neg_words)} negative (e.g. {neg_words[:5]})")
+for p, t in zip(prompts, tokens_list):
+    scores = [float(final_score(m, t, direction)) for m in (base, tuned_model)]
+    print(f"{p!r:>30}: residual logit difference  base {scores[0]:+.3f}   tuned {scores[1]:+.3f}")
+
+# %% [markdown]
+# The tuned model's residual stream points much further along the direction. But its *logits* moved
+# even more, because PPO also trained the unembedding. The tuned model's own logit difference splits
+# exactly into three parts:
+#
+# $$\Delta_{\text{tuned}} = \underbrace{h_t \cdot d_{\text{base}}}_{\text{residual stream}} + \underbrace{h_t \cdot (d_{\text{tuned}} - d_{\text{base}})}_{W_U\text{ moved}} + \underbrace{\bar b_U^N - \bar b_U^P}_{\text{bias}}$$
+#
+# The rest of the chapter studies the first part, what the **residual stream** carries: that is where
+# layers, heads and MLPs write. The second is a change of the readout itself (section 6 measures it).
+
+# %%
+t = tokens_list[0]
+h_t = tuned_model.run_with_cache(t, names_filter="ln_final.hook_normalized")[1]["ln_final.hook_normalized"][0, -1]
+d_tuned = sentiment_direction(tuned_model.W_U, pos_ids, neg_ids)
+logits = tuned_model(t)[0, -1]
+parts = {"residual stream (base direction)": float(h_t @ direction),
+         "W_U moved": float(h_t @ (d_tuned - direction)),
+         "b_U": float(tuned_model.b_U[neg_ids].mean() - tuned_model.b_U[pos_ids].mean())}
+for k, v in parts.items():
+    print(f"{k:>34}: {v:+.3f}")
+print(f"{'sum':>34}: {sum(parts.values()):+.3f}   (the tuned logits: {float(logits[neg_ids].mean() - logits[pos_ids].mean()):+.3f})")
+
+# %% [markdown]
+# ## 2. The logit lens and the value lens
+#
+# The residual stream before block $\ell$ is what the model "knows" after $\ell$ blocks. The **logit
+# lens** pretends the model stopped there: apply the final LayerNorm and the unembedding to it.
+# Through our direction that is one number per layer (and position):
+#
+# $$\text{lens}_\ell = \mathrm{ln\_pre}(x_\ell) \cdot \texttt{direction}$$
+#
+# `ln_pre` is the final LayerNorm of a folded model: centre over `d_model`, divide by the root of the
+# (biased) variance plus $\varepsilon$, no weights. The **value lens** does the same with the value head
+# chapter 03 trained on `ln_final.hook_normalized`: $V_\ell = \text{value\_head}(\mathrm{ln\_pre}(x_\ell))$.
+# Where the lens jumps, a block wrote the decision; where it is flat, nothing changed.
+#
+# ### Exercise: `ln_pre`
+
+# %% exercise rlhf_tutorial.interp:ln_pre | 10 min | difficulty 2 | importance 3
+
+# %% [markdown]
+# ### Exercise: `logit_lens_score`
+#
+# `resid_stack` has any leading dims (`[layer, batch, pos, d]`, `[layer, d]`, ...); read every vector.
+
+# %% exercise rlhf_tutorial.interp:logit_lens_score | 15 min | difficulty 3 | importance 4
+
+# %% [markdown]
+# ### Exercise: `value_lens`
+#
+# Pass `ln_pre` of the stack through `value_head` and squeeze the last dim. A lens only *reads*: it
+# must leave the head's parameters and any gradients they hold exactly as they were (no `zero_grad()`,
+# no `requires_grad_(False)`; `torch.no_grad()` is fine).
+
+# %% exercise rlhf_tutorial.interp:value_lens | 15 min | difficulty 3 | importance 4
+
+# %% [markdown]
+# `cache.accumulated_resid()` stacks the residual stream before each block and after the last one:
+# `[layer + 1, batch, pos, d_model]`. Below: the lens at the **last prompt token**, averaged over
+# the prompts, for both models. Then the explorer: every layer and position of a few texts (the course
+# prompt followed by a good and a bad word, and two base samples), base | tuned | difference.
+
+# %%
+def lens_at_last_token(model):
+    rows = []
+    for t in tokens_list:
+        stack, labels = model.run_with_cache(t)[1].accumulated_resid(return_labels=True, pos_slice=-1)
+        rows.append(torch.stack([logit_lens_score(stack[:, 0], direction), value_lens(stack[:, 0], tuned.value_head)]))
+    return torch.stack(rows).mean(0), labels  # [2 (logit, value), layer + 1]
+
+
+lens_base, labels = lens_at_last_token(base)
+lens_tuned, _ = lens_at_last_token(tuned_model)
+print(f"{'':>12} {'logit lens base':>16} {'tuned':>8} {'value lens base':>16} {'tuned':>8}")
+for i, label in enumerate(labels):
+    print(f"{label:>12} {lens_base[0, i]:>16.3f} {lens_tuned[0, i]:>8.3f} {lens_base[1, i]:>16.3f} {lens_tuned[1, i]:>8.3f}")
+half = first_layer_reaching(lens_tuned[0].tolist(), 0.5)
+print(f"the tuned model's logit lens first reaches half its final value at {labels[half]}")
+
+# %%
+torch.manual_seed(2)
+lens_texts = [PROMPTS[0] + " bad.", PROMPTS[0] + " good."] + get_samples(base, PROMPTS[0], 2, 12)[1]
+records = lens_records(base, tuned, direction, lens_texts, logit_lens=logit_lens_score, value_lens_fn=value_lens)
+lens_explorer(records)
+
+# %% [markdown]
+# Questions to answer from the table and the heatmaps:
+#
+# - At which layer does the tuned model's lens cross zero, at the last prompt token? Is it
+#   already different from the base model at the embedding (`0_pre`), i.e. before any block ran?
+# - The value head was trained on the final residual only. Does it read anything sensible at earlier
+#   layers? Where does the value estimate form, and does it agree with the logit lens?
+# - On a text that ends in " bad." vs " good.", which positions does the difference light up?
+
+# %% [markdown]
+# ## 3. Direct logit attribution: who writes the shift
+#
+# The final LayerNorm is not linear, but once its scale $\sigma$ (`ln_final.hook_scale`, one number per
+# position) is fixed it is: centring is linear and so is dividing by $\sigma$. So the readout splits
+# over the components that wrote into the residual stream:
+#
+# $$\mathrm{ln\_pre}(x_{\text{final}}) \cdot d = \sum_{c} \frac{(c - \bar c) \cdot d}{\sigma},\qquad c \in \{\text{embed},\ \text{head}_{\ell,h},\ b_O^{\ell},\ \text{mlp}_\ell\}$$
+#
+# Head $h$ of layer $\ell$ writes $z_{\ell,h} W_O^{\ell,h}$ at the position read (its share of
+# `attn_out`, without the bias $b_O$, which the heads share). Its **direct logit attribution** is its
+# term in the sum, averaged over examples, each divided by its own scale. "Direct" because it counts
+# only the path straight to the logits, not what later layers do with the head's output.
+#
+# ### Exercise: `head_attribution`
+#
+# `head_out[b, l, h]` is head $h$ of layer $l$'s output for example $b$; `ln_scale[b]` the final scale.
+
+# %% exercise rlhf_tutorial.interp:head_attribution | 25 min | difficulty 4 | importance 5
+
+# %% [markdown]
+# Now the bookkeeping: the heads (through your `head_attribution`), the attention biases, the MLPs and
+# the embedding must add up to the readout itself, for both models. The tolerance is float32
+# round-off, far below any number we interpret.
+
+# %%
+attr = {name: mean_attributions(m, tokens_list, direction, attribution=head_attribution)
+        for name, m in [("base", base), ("tuned", tuned_model)]}
+for name, parts in attr.items():
+    error = closure_error(parts)
+    print(f"{name}: total {float(parts['total']):+.4f}; heads {float(parts['heads'].sum()):+.4f}, attention biases "
+          f"{float(parts['attn_bias'].sum()):+.4f}, MLPs {[round(v, 4) for v in parts['mlp'].tolist()]}, embed "
+          f"{float(parts['embed']):+.4f}; |sum - total| = {error:.2e}")
+    assert error < 1e-3 * max(1.0, abs(float(parts["total"]))), "the attributions do not add up to the total"
+attribution_figure(attr["base"], attr["tuned"])
+
+# %% [markdown]
+# Which components changed their contribution most between base and tuned: heads or MLPs, early or
+# late? A large difference says that component's output moved along the direction; it does not say
+# the component *caused* the shift by itself (its input may have changed). Patching asks that.
+
+# %% [markdown]
+# ## 4. Activation patching, tuned -> base
+#
+# Run the **base** model, but replace one activation with the value it has in the **tuned** model on the
+# same prompt. If the base model now behaves like the tuned one, that activation carries (enough of)
+# the change. With the metric $m$ = the residual logit difference at the last token, averaged over
+# the prompts:
+#
+# $$\text{restored} = \frac{\bar m_{\text{patched}} - \bar m_{\text{base}}}{\bar m_{\text{tuned}} - \bar m_{\text{base}}}$$
+#
+# 0: the patch changes nothing; 1: it restores all of the tuned behaviour. A patch is a hook function
+# `fn(activation, hook)` that returns the (edited) activation; `functools.partial` fixes its other
+# arguments.
+#
+# ### Exercise: `patch_activation`
+#
+# Replace the given positions (every one when `positions is None`; `[]` means none, `[-1]` the last)
+# along dim 1. Edit `activation` in place and return it; never write into `source`.
+
+# %% exercise rlhf_tutorial.interp:patch_activation | 20 min | difficulty 3 | importance 5
+
+# %% [markdown]
+# ### Exercise: `restored_fraction`
+#
+# A ratio of **means** (average first): per-example ratios blow up when one prompt barely moved.
+
+# %% exercise rlhf_tutorial.interp:restored_fraction | 10 min | difficulty 2 | importance 4
+
+# %% [markdown]
+# The sweep below patches, one at a time, every component of every layer at all positions
+# (`resid_pre`, `attn_out`, `mlp_out`, `resid_post`), every head's `z`, and the residual stream at a
+# single position (counted from the end, so `-1` is the last prompt token). It calls your two
+# functions. The sanity check: the residual stream after the last block determines the readout
+# completely, so patching it must restore (about) all of the shift.
+
+# %%
+sweep = patching_sweep(base, tuned_model, tokens_list, direction, patch=patch_activation, restored=restored_fraction)
+final_patch = float(sweep["by_component"][-1, list(PATCH_COMPONENTS).index("resid_post")])
+print(f"patching the final resid_post restores {final_patch:.3f} of the shift")
+assert final_patch >= 0.95, "patching the last residual stream should restore (about) all of the shift"
+n_pos = min(t.shape[1] for t in tokens_list)
+patching_figure(sweep, list(PATCH_COMPONENTS), [str(p - n_pos) for p in range(n_pos)])
+
+# %% [markdown]
+# Read the figure:
+#
+# - **per component**: which single attention or MLP output restores most? Does `resid_pre` of a
+#   layer restore as much as everything before it together (it must: it *is* their sum)?
+# - **per position**: is the decision carried at the last token only, or also earlier (the word
+#   "really")? A position that restores nothing at an early layer can still matter later, once
+#   attention has moved information to the last token.
+# - Compare with the attributions of section 3: a component with a large direct attribution change
+#   should restore a large fraction when patched, unless later layers undo it.
+
+# %% [markdown]
+# ## 5. The activation-difference lens: what was the fine-tune about?
+#
+# Suppose you did not know what the tuning was for. Run both models on **unrelated** text (plot
+# summaries that say nothing about quality) and average the difference of their residual streams over
+# the first few positions:
+#
+# $$\delta = \operatorname{mean}_{b,\ t < n}\ \big(x^{\text{tuned}}_{b,t} - x^{\text{base}}_{b,t}\big)$$
+#
+# A narrow fine-tune leaves a trace that is present on *any* input (recent model-diffing work finds it
+# in the first positions). Read through the unembedding, $\delta W_U$, its top tokens tell what the
+# fine-tune pushes towards. And as a **steering vector**, added to the base model's residual stream,
+# it should move the base model's samples towards the tuned behaviour.
+#
+# ### Exercise: `activation_difference`
+
+# %% exercise rlhf_tutorial.interp:activation_difference | 15 min | difficulty 2 | importance 4
+
+# %%
+lens_layer = base.cfg.n_layers // 2  # read (and steer) at the residual stream before this block
+hook = f"blocks.{lens_layer}.hook_resid_pre"
+texts = NEUTRAL_TEXTS[:4] if is_smoke() else NEUTRAL_TEXTS
+resid = {name: m.run_with_cache(m.to_tokens(texts), names_filter=hook)[1][hook]
+         for name, m in [("base", base), ("tuned", tuned_model)]}
+delta = activation_difference(resid["base"], resid["tuned"], n_positions=5)
+scores = delta @ base.W_U
+top = [(base.to_string(int(i)), float(scores[i])) for i in scores.topk(10).indices]
+bottom = [(base.to_string(int(i)), float(scores[i])) for i in (-scores).topk(10).indices]
+ranks = scores.argsort(descending=True).argsort().float() / len(scores)  # 0 = the top of the vocabulary
+print(f"||delta|| = {delta.norm():.3f} at {hook}; cosine with the sentiment direction "
+      f"{torch.cosine_similarity(delta, direction, dim=0):+.3f}")
+print("top tokens:   ", [t for t, _ in top])
+print("bottom tokens:", [t for t, _ in bottom])
+print(f"mean rank (0 = top, 1 = bottom): negative words {ranks[neg_ids].mean():.3f}, "
+      f"positive words {ranks[pos_ids].mean():.3f}")
+
+# %% [markdown]
+# Read the numbers before the tokens. The lens need not put sentiment words at the very top: the
+# difference also carries whatever else the fine-tune moved (in a small model, much of it is not about
+# sentiment at all), and a few tokens with large unembedding vectors dominate any raw readout. What
+# the tuning was *about* shows in where the two word lists sit: if the negative words rank clearly
+# above the positive ones, unrelated text already carries the trace of "write negative reviews".
+
+# %% [markdown]
+# Now steer: add $c \cdot \delta$ to the base model's residual stream at that layer, at every position,
+# while sampling, and score the samples with the classifier (P(NEGATIVE)). In JupyterLab the slider
+# re-samples with another coefficient (negative ones steer the other way).
+
+# %%
+n_steer = 4 if is_smoke() else 16
+steer_coef = 4.0
+
+
+def sample_steered(coef):
+    return steered_samples(base, delta, lens_layer, coef, reward_fn, n_steer, 16, seed=3)
+
+
+steering_explorer(top, bottom, sample_steered, steer_coef)
+
+# %% [markdown]
+# ## 6. How much, and how sparsely, did the weights move?
+#
+# Per parameter tensor, the relative change
+#
+# $$\frac{\lVert \theta_{\text{tuned}} - \theta_{\text{base}} \rVert}{\max(\lVert \theta_{\text{base}} \rVert,\ 10^{-8})}$$
+#
+# (norms over all entries), and over all entries together, the fraction that changed at all,
+# $\#\{|\theta_{\text{tuned}} - \theta_{\text{base}}| > \text{atol}\} / \#\{\text{entries}\}$. Recent work
+# reports that RL fine-tuning updates only a small subset of the weights, and that part of this
+# sparsity comes from **precision**: in bfloat16 (8 bits of mantissa) a small update often rounds back
+# to the same number. Measure both on your model: round both to bfloat16, then count.
+#
+# ### Exercise: `param_change`
+
+# %% exercise rlhf_tutorial.interp:param_change | 10 min | difficulty 2 | importance 3
+
+# %% [markdown]
+# ### Exercise: `fraction_changed`
+
+# %% exercise rlhf_tutorial.interp:fraction_changed | 10 min | difficulty 2 | importance 3
+
+# %%
+base_params = dict(base.named_parameters())
+tuned_params = dict(tuned_model.named_parameters())
+changes = param_change(base_params, tuned_params)
+# b_V is zero in the base model (its values were folded into b_O when the model was processed) and PPO
+# trained it from zero: its relative change is ||b_V|| / 1e-8, meaningless. Set such tensors apart.
+zero_in_base = [k for k, v in base_params.items() if float(v.norm()) == 0.0]
+print("zero in the base model:", zero_in_base, {k: f"{float(tuned_params[k].norm()):.4f}" for k in zero_in_base})
+changes = {k: v for k, v in changes.items() if k not in zero_in_base}
+fraction = {
+    "fp32": fraction_changed(base_params, tuned_params),
+    "bf16": fraction_changed({k: v.bfloat16() for k, v in base_params.items()},
+                             {k: v.bfloat16() for k, v in tuned_params.items()}),
+}
+for name, value in sorted(changes.items(), key=lambda kv: -kv[1])[:6]:
+    print(f"{name:>24}: {value:.4f}")
+print(f"entries changed: fp32 {fraction['fp32']:.1%}, after rounding both to bf16 {fraction['bf16']:.1%}")
+param_change_figure(changes, fraction)
+
+# %% [markdown]
+# Which matrices moved most, relative to their size: the unembedding (section 1 said the readout
+# itself moved), the MLPs (section 3), attention? In float32 nearly every entry moves (Adam updates
+# every weight a little). How many of those moves survive rounding to bfloat16?
+
+# %%
+progress("05")
+
+# %% [markdown]
+# ## What to try next
+#
+# - **A reward-hacked policy.** Train one in chapter 03 (no KL penalty, `--kl-coef 0`) and save it:
+#   `python -m rlhf_tutorial train-rlhf --world tiny --kl-coef 0 --save hacked`. Then run the same
+#   analysis with `python -m rlhf_tutorial interp-report --world tiny --checkpoint hacked`: does the
+#   lens decide earlier, do more weights move, do the activation-difference tokens change?
+# - **Towards positive.** `train-rlhf --direction pos --save pos`: is the tuned direction simply the
+#   opposite, with the same components involved?
+# - **Other positions and prompts.** The lenses and the patching read the last prompt token; read a
+#   position inside a sample instead (a token after a negation: "not" followed by an adjective).
+# - **Path patching.** Patching `mlp_out` of layer 0 changes what layer 1 reads; freeze layer 1's input
+#   to its base value to separate the direct path from the indirect one.
+# - **The whole report** for any checkpoint: `python -m rlhf_tutorial interp-report --world tiny
+#   [--checkpoint DIR]` writes an HTML page with every figure of this chapter and a JSON summary.

@@ -1,0 +1,574 @@
+"""Checkers for chapter 05: what RLHF changed inside the model.
+
+The readouts (direction, LayerNorm, lenses, attribution, restored fraction, activation difference) are
+compared with the reference on seeded cases, including the edge regimes where the usual mistakes show:
+large magnitudes, zero tensors, tiny magnitudes (where eps matters), single positions, ties and
+directions or activations whose mean over ``d`` is not zero (where forgetting to centre shows). The
+hook and the weight statistics get hand-written checks: ``patch_activation`` must leave its source
+alone and honour ``[]`` and ``[-1]``; ``value_lens`` must leave the head's parameters and gradients as
+they were; ``param_change`` and ``fraction_changed`` return Python numbers over the names in both dicts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from rlhf_tutorial import interp
+from rlhf_tutorial.checks.ch00_tour import small_model
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    expect_tensor,
+    fmt,
+    seeded,
+)
+
+CHAPTER = "05_interpretability"
+
+
+def _offset(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Add a different constant to every vector (over the last dim): their means are far from 0."""
+    return x + 3 * torch.randn(*x.shape[:-1], 1, generator=g)
+
+
+def _ln(x, eps=1e-5):
+    c = x - x.mean(-1, keepdim=True)
+    return c / (c.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+# ----------------------------------------------------------------------------------------------------
+# sentiment_direction
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "sentiment_direction",
+    chapter=CHAPTER,
+    hint="W_U has shape [d, v]: a token's unembedding vector is a COLUMN, W_U[:, i]. Take the mean of the "
+    "negative words' columns minus the mean of the positive words' columns: "
+    "W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1).",
+)
+def check_sentiment_direction(candidate) -> str:
+    g = seeded(50)
+    W = torch.randn(6, 11, generator=g)
+    big = torch.randn(5, 9, generator=g) * 1e4
+    cases = [
+        Case("3 positive and 2 negative words", (W, torch.tensor([0, 3, 7]), torch.tensor([2, 9]))),
+        Case("one word each", (W, torch.tensor([4]), torch.tensor([10]))),
+        Case("a word listed twice (counts twice)", (W, torch.tensor([1, 1, 5]), torch.tensor([6, 8, 8, 0]))),
+        Case("large weights (x1e4)", (big, torch.tensor([0, 1]), torch.tensor([2, 3, 4]))),
+        Case("a zero unembedding", (torch.zeros(4, 7), torch.tensor([0]), torch.tensor([1, 2]))),
+    ]
+    return compare_to_reference(
+        candidate, interp.sentiment_direction, cases, arg_names=["W_U", "pos_ids", "neg_ids"],
+        mistakes=[
+            Mistake("The sign is flipped: that is positive minus negative. The direction should RAISE the "
+                    "negative words: W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1).",
+                    lambda W, p, n: W[:, p].mean(1) - W[:, n].mean(1)),
+            Mistake("You summed the columns: take their mean, so that lists of different lengths weigh the "
+                    "same.", lambda W, p, n: W[:, n].sum(1) - W[:, p].sum(1)),
+            Mistake("You normalised the direction to unit length: keep its scale, so that h @ direction is "
+                    "the logit difference itself.",
+                    lambda W, p, n: (d := W[:, n].mean(1) - W[:, p].mean(1)) / d.norm().clamp(min=1e-12)),
+            Mistake("Duplicates were dropped (torch.unique or a set): a word listed twice counts twice, as "
+                    "W_U[:, ids].mean(1) does.",
+                    lambda W, p, n: W[:, n.unique()].mean(1) - W[:, p.unique()].mean(1)),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# ln_pre
+# ----------------------------------------------------------------------------------------------------
+def _ln_cases() -> list[Case]:
+    g = seeded(51)
+    return [
+        Case("a batch of 3 vectors (d = 8)", (_offset(torch.randn(3, 8, generator=g), g),)),
+        Case("one vector", (_offset(torch.randn(16, generator=g), g),)),
+        Case("[2, 3, 16]", (_offset(torch.randn(2, 3, 16, generator=g), g),)),
+        Case("large magnitudes (x1e4)", (_offset(torch.randn(2, 8, generator=g), g) * 1e4,)),
+        Case("tiny magnitudes (x1e-3: eps matters)", (torch.randn(3, 8, generator=g) * 1e-3,)),
+        Case("a zero tensor", (torch.zeros(2, 8),)),
+        Case("all entries equal (ties)", (torch.full((2, 5), 4.0),)),
+        Case("eps=0.5", (torch.randn(2, 6, generator=g),), {"eps": 0.5}),
+    ]
+
+
+@checker(
+    "ln_pre",
+    chapter=CHAPTER,
+    hint="Centre over the last dim (x - x.mean(-1, keepdim=True)), then divide by "
+    "sqrt(mean of the squared centred values + eps): the biased variance (divide by d, not d - 1), eps "
+    "inside the square root, keepdim=True so the shapes broadcast.",
+)
+def check_ln_pre(candidate) -> str:
+    return compare_to_reference(
+        candidate, interp.ln_pre, _ln_cases(), arg_names=["x", "eps"],
+        mistakes=[
+            Mistake("You did not centre: subtract the mean over the last dim before scaling.",
+                    lambda x, eps=1e-5: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()),
+            Mistake("That is the unbiased variance (torch.var/std default, divides by d - 1): LayerNorm "
+                    "uses the biased one (unbiased=False, or mean of squares).",
+                    lambda x, eps=1e-5: (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + eps).sqrt()),
+            Mistake("eps is outside the square root (std + eps): LayerNorm uses sqrt(var + eps), which "
+                    "differs for small activations.",
+                    lambda x, eps=1e-5: (x - x.mean(-1, keepdim=True))
+                    / ((x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True).sqrt() + eps)),
+            Mistake("eps is missing: a constant (or zero) vector has variance 0 and gives NaN. Use "
+                    "sqrt(var + eps).",
+                    lambda x, eps=1e-5: (x - x.mean(-1, keepdim=True))
+                    / (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True).sqrt()),
+            Mistake("You normalised over the first dim: the means are over the LAST dim (d_model), dim=-1.",
+                    lambda x, eps=1e-5: (x - x.mean(0, keepdim=True))
+                    / ((x - x.mean(0, keepdim=True)).pow(2).mean(0, keepdim=True) + eps).sqrt()),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# logit_lens_score
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "logit_lens_score",
+    chapter=CHAPTER,
+    hint="Normalise every residual vector as the final LayerNorm would (ln_pre over the last dim, with the "
+    "eps you were given), then take its dot product with the direction: ln_pre(resid_stack, eps) @ "
+    "direction. The leading dims (layer, batch, ...) stay.",
+)
+def check_logit_lens_score(candidate) -> str:
+    g = seeded(52)
+    direction = torch.randn(16, generator=g) + 0.5  # mean over d not zero: centring matters
+    cases = [
+        Case("[3 layers, 2 examples, 5 positions]", (_offset(torch.randn(3, 2, 5, 16, generator=g), g), direction)),
+        Case("[layer, d] (one position)", (_offset(torch.randn(4, 16, generator=g), g), direction)),
+        Case("a single layer", (_offset(torch.randn(1, 3, 16, generator=g), g), direction)),
+        Case("large residuals (x1e4)", (_offset(torch.randn(3, 2, 16, generator=g), g) * 1e4, direction * 1e3)),
+        Case("a zero residual stream", (torch.zeros(2, 3, 16), direction)),
+        Case("eps=1.0", (torch.randn(2, 4, 16, generator=g) * 0.3, direction), {"eps": 1.0}),
+    ]
+    return compare_to_reference(
+        candidate, interp.logit_lens_score, cases, arg_names=["resid_stack", "direction", "eps"],
+        mistakes=[
+            Mistake("You read the raw residual stream: apply the final LayerNorm first, ln_pre(resid_stack) "
+                    "@ direction (the scale of the residual grows with depth).",
+                    lambda r, d, eps=1e-5: r @ d),
+            Mistake("You divided by the norm of each vector instead of its LayerNorm scale: ln_pre centres "
+                    "and divides by sqrt(var + eps), which is ||x - mean|| / sqrt(d).",
+                    lambda r, d, eps=1e-5: ((r - r.mean(-1, keepdim=True))
+                                            / (r - r.mean(-1, keepdim=True)).norm(dim=-1, keepdim=True)) @ d),
+            Mistake("You normalised over the layer dim: ln_pre works on each vector, over the LAST dim.",
+                    lambda r, d, eps=1e-5: ((r - r.mean(0, keepdim=True))
+                                            / ((r - r.mean(0, keepdim=True)).pow(2).mean(0, keepdim=True) + eps).sqrt()) @ d),
+            Mistake("eps was not passed on: call ln_pre(resid_stack, eps).",
+                    lambda r, d, eps=1e-5: _ln(r) @ d),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# value_lens
+# ----------------------------------------------------------------------------------------------------
+def _value_head(seed: int, d: int = 16) -> nn.Module:
+    torch.manual_seed(seed)
+    head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+    with torch.no_grad():
+        head[0].bias.add_(0.5)  # enough live ReLUs that the output depends on the input
+    return head
+
+
+@checker(
+    "value_lens",
+    chapter=CHAPTER,
+    hint="Apply ln_pre(resid_stack, eps) (the head was trained on the final LayerNorm's output), pass the "
+    "result through value_head and drop its trailing dim of size 1 with squeeze(-1). Do not touch the "
+    "head: no zero_grad(), no requires_grad_(False), no backward().",
+)
+def check_value_lens(candidate) -> str:
+    g = seeded(53)
+    head = _value_head(0)
+    cases = [
+        Case("[3 layers, 2 examples, 4 positions]", (_offset(torch.randn(3, 2, 4, 16, generator=g), g), head)),
+        Case("[layer, d]", (_offset(torch.randn(2, 16, generator=g), g), head)),
+        Case("large residuals (x1e4)", (_offset(torch.randn(3, 2, 16, generator=g), g) * 1e4, head)),
+        Case("a zero residual stream", (torch.zeros(2, 3, 16), head)),
+        Case("eps=1.0", (torch.randn(2, 3, 16, generator=g) * 0.3, head), {"eps": 1.0}),
+    ]
+    detail = compare_to_reference(
+        candidate, interp.value_lens, cases, arg_names=["resid_stack", "value_head", "eps"],
+        mistakes=[
+            Mistake("You fed the raw residual stream to the head: it was trained on the final LayerNorm's "
+                    "output, so read value_head(ln_pre(resid_stack, eps)).",
+                    lambda r, h, eps=1e-5: h(r).squeeze(-1)),
+            Mistake("eps was not passed on: call ln_pre(resid_stack, eps).",
+                    lambda r, h, eps=1e-5: h(_ln(r)).squeeze(-1)),
+            Mistake("The head's output keeps a trailing dim of size 1: drop it with squeeze(-1).",
+                    lambda r, h, eps=1e-5: h(_ln(r, eps))),
+        ],
+    )
+    # The head is left as it was: parameters, their gradients, requires_grad.
+    head = _value_head(1)
+    for p in head.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+    before = [(p.detach().clone(), p.grad.clone(), p.requires_grad) for p in head.parameters()]
+    call(candidate, torch.randn(2, 3, 16, generator=g), head, _arg_names=["resid_stack", "value_head"])
+    for (name, p), (value, grad, needs_grad) in zip(head.named_parameters(), before):
+        if not torch.equal(p.detach(), value):
+            raise CheckFailure(f"reading the value lens changed the head's parameter {name}.",
+                               hint="A lens only reads: a forward pass through value_head, no optimizer step, no "
+                               "in-place edits of its weights.")
+        if p.requires_grad != needs_grad:
+            raise CheckFailure(f"after your value_lens, {name}.requires_grad is {p.requires_grad}.",
+                               hint="Do not switch the head's gradients off (requires_grad_(False)): the head "
+                               "is still being trained elsewhere. To read it without building a graph, use "
+                               "`with torch.no_grad():` instead.")
+        if p.grad is None or not torch.equal(p.grad, grad):
+            raise CheckFailure(f"your value_lens changed {name}.grad (it is now "
+                               f"{'None' if p.grad is None else fmt(p.grad)}).",
+                               hint="Do not call zero_grad() or backward() on the head: gradients it has "
+                               "accumulated belong to the training loop. A lens is a forward pass only.")
+    return detail + " The head's parameters and gradients are untouched."
+
+
+# ----------------------------------------------------------------------------------------------------
+# head_attribution
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "head_attribution",
+    chapter=CHAPTER,
+    hint="For every example b: centre each head's output over d (subtract its mean over the last dim), "
+    "take the dot product with the direction and divide by THAT example's ln_scale[b] "
+    "(ln_scale[:, None, None] broadcasts over layer and head); then average over b. Result: [layer, head].",
+)
+def check_head_attribution(candidate) -> str:
+    g = seeded(54)
+    direction = torch.randn(16, generator=g) + 0.5
+
+    def head_out(b: int, scale: float = 1.0) -> torch.Tensor:
+        return _offset(torch.randn(b, 2, 3, 16, generator=g), g) * scale
+
+    cases = [
+        Case("3 examples with different scales", (head_out(3), torch.tensor([0.5, 2.0, 7.0]), direction)),
+        Case("a batch of 1", (head_out(1), torch.tensor([1.7]), direction)),
+        Case("large outputs and scales (x1e4)", (head_out(2, 1e4), torch.tensor([3e4, 9e3]), direction)),
+        Case("zero head outputs", (torch.zeros(2, 2, 3, 16), torch.tensor([1.0, 2.0]), direction)),
+        Case("equal scales (ties)", (head_out(4), torch.full((4,), 2.5), direction)),
+    ]
+
+    def centred(h):
+        return h - h.mean(-1, keepdim=True)
+
+    return compare_to_reference(
+        candidate, interp.head_attribution, cases, arg_names=["head_out", "ln_scale", "direction"],
+        mistakes=[
+            Mistake("You did not centre the head outputs: the final LayerNorm subtracts the mean over d, so "
+                    "a head's share is (head_out - head_out.mean(-1, keepdim=True)) @ direction.",
+                    lambda h, s, d: ((h @ d) / s[:, None, None]).mean(0)),
+            Mistake("You divided by the mean scale: each example has its own LayerNorm scale; divide each by "
+                    "ln_scale[b] before averaging.",
+                    lambda h, s, d: (centred(h) @ d).mean(0) / s.mean()),
+            Mistake("You summed over the batch: average over it (mean over b).",
+                    lambda h, s, d: ((centred(h) @ d) / s[:, None, None]).sum(0)),
+            Mistake("You multiplied by the scale: the LayerNorm DIVIDES by ln_scale.",
+                    lambda h, s, d: ((centred(h) @ d) * s[:, None, None]).mean(0)),
+            Mistake("The LayerNorm scale is missing: divide each example by ln_scale[b].",
+                    lambda h, s, d: (centred(h) @ d).mean(0)),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# patch_activation
+# ----------------------------------------------------------------------------------------------------
+def _expected_patch(activation, source, positions):
+    return interp.patch_activation(activation.clone(), None, source.clone(), positions)
+
+
+def _patch_dropping_empty(activation, hook, source, positions=None):
+    if not positions:
+        return source.clone()
+    activation[:, positions] = source[:, positions]
+    return activation
+
+
+def _patch_batch_dim(activation, hook, source, positions=None):
+    if positions is None:
+        return source.clone()
+    activation[positions] = source[positions]
+    return activation
+
+
+_PATCH_MISTAKES = [
+    Mistake("With positions=[] nothing should change, but you replaced every position: `if not positions` "
+            "treats [] like None. Test `if positions is None`.", _patch_dropping_empty),
+    Mistake("You indexed the batch dim: positions index dim 1 (the sequence), activation[:, positions].",
+            _patch_batch_dim),
+]
+
+
+@checker(
+    "patch_activation",
+    chapter=CHAPTER,
+    hint="When positions is None replace everything (activation[:] = source), otherwise only the "
+    "positions along dim 1: activation[:, positions] = source[:, positions] (a list index works with "
+    "[-1] and with []). Return the activation; never write into source.",
+)
+def check_patch_activation(candidate) -> str:
+    g = seeded(55)
+    shapes_positions = [
+        ("every position (None)", (2, 5, 4), None),
+        ("positions [1, 3]", (2, 5, 4), [1, 3]),
+        ("positions [-1] (the last)", (3, 5, 4), [-1]),
+        ("positions [] (none)", (2, 5, 4), []),
+        ("per-head activations [b, s, head, d_head], positions [0, -2]", (2, 4, 3, 2), [0, -2]),
+        ("a single position, [0]", (2, 1, 4), [0]),
+        ("a single position, [-1]", (1, 1, 4), [-1]),
+        ("large values (x1e4), [2]", (2, 4, 3), [2]),
+    ]
+    for label, shape, positions in shapes_positions:
+        activation = torch.randn(*shape, generator=g)
+        source = torch.randn(*shape, generator=g) * (1e4 if "large" in label else 1.0)
+        expected = _expected_patch(activation, source, positions)
+        act_in, src_in = activation.clone(), source.clone()
+        try:
+            out = call(lambda: candidate(act_in, None, src_in, positions))  # noqa: B023 - called at once
+        except CheckFailure as failure:
+            if "for dimension 0" in failure.message:  # an index that fits the sequence but not the batch
+                raise CheckFailure(f"On {label}: {failure.message}", hint=_PATCH_MISTAKES[1].hint) from None
+            raise
+        if not torch.equal(src_in, source):
+            raise CheckFailure(f"On {label}, your hook modified `source`.",
+                               hint="Copy from source into activation (activation[:, positions] = "
+                               "source[:, positions]), never the other way round: the tuned run's cache must "
+                               "stay intact for the next patch.")
+        if out is None:
+            raise CheckFailure(f"On {label}, your hook returned None.",
+                               hint="Return the (patched) activation: TransformerLens uses the returned tensor.")
+        expect_tensor(out, shape=expected.shape, dtype=expected.dtype, what=f"On {label}, your output")
+        if not torch.equal(out, expected):
+            wrong = None
+            for mistake in _PATCH_MISTAKES:
+                try:
+                    if torch.equal(out, mistake.fn(activation.clone(), None, source.clone(), positions)):
+                        wrong = mistake.hint
+                        break
+                except Exception:  # noqa: BLE001 - a mistake may not apply to this case
+                    continue
+            raise CheckFailure(f"Wrong values on {label}.\n  expected: {fmt(expected)}\n  got:      {fmt(out)}", wrong)
+    # In a real forward pass: patch the last position's residual of one run into another.
+    model = small_model(seed=5)
+    clean, corrupt = torch.tensor([[1, 5, 9, 2]]), torch.tensor([[1, 7, 3, 4]])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean)
+        name = "blocks.1.hook_resid_pre"
+        results = []
+        for fn in (interp.patch_activation, candidate):
+            hook_fn = functools.partial(fn, source=cache[name].clone(), positions=[-1])
+            results.append(call(lambda: model.run_with_hooks(corrupt, fwd_hooks=[(name, hook_fn)])))  # noqa: B023
+    if not torch.allclose(results[0], results[1], atol=1e-5):
+        raise CheckFailure("Used as a hook in model.run_with_hooks (positions=[-1] on blocks.1.hook_resid_pre), "
+                           "your function gives different logits from the reference.")
+    return (f"matches the reference on {len(shapes_positions)} cases (None, [], [-1], single positions, "
+            "per-head shapes) and inside run_with_hooks; source is left untouched.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# restored_fraction
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "restored_fraction",
+    chapter=CHAPTER,
+    hint="Average each of the three first, then take (mean(patched) - mean(base)) / (mean(tuned) - "
+    "mean(base)): a ratio of means (0-d tensor), 0 when the patch does nothing, 1 when it recovers the "
+    "tuned model's behaviour.",
+)
+def check_restored_fraction(candidate) -> str:
+    g = seeded(56)
+
+    def triple(shape, shift, spread=1.0, dtype=torch.float32):
+        base = torch.randn(*shape, generator=g, dtype=torch.float64) * spread
+        tuned = base + shift + torch.randn(*shape, generator=g, dtype=torch.float64) * 0.3
+        patched = base + 0.4 * (tuned - base) + torch.randn(*shape, generator=g, dtype=torch.float64) * 0.3
+        return tuple(x.to(dtype) for x in (patched, base, tuned))
+
+    p, b, t = triple((6,), 2.0)
+    cases = [
+        Case("8 prompts", triple((8,), 2.0)),
+        Case("a [2, 3] batch", triple((2, 3), 1.5)),
+        Case("a tuned model that moved the metric down", triple((5,), -3.0)),
+        Case("one example (0-d tensors)", tuple(x[0] for x in triple((1,), 1.0))),
+        Case("large values (1e6 offsets, float64)", tuple(x + 1e6 for x in triple((4,), 5.0, dtype=torch.float64))),
+        Case("patched == base (restores nothing)", (b.clone(), b, t)),
+        Case("patched == tuned (restores all)", (t.clone(), b, t)),
+    ]
+    return compare_to_reference(
+        candidate, interp.restored_fraction, cases, arg_names=["patched", "base", "tuned"],
+        mistakes=[
+            Mistake("You computed what is left, 1 - restored: (mean(tuned) - mean(patched)) / (...). The "
+                    "fraction restored is (mean(patched) - mean(base)) / (mean(tuned) - mean(base)).",
+                    lambda p, b, t: (t.mean() - p.mean()) / (t.mean() - b.mean())),
+            Mistake("That is a mean of per-example ratios: use a ratio of means (average patched, base and "
+                    "tuned first); per-example ratios blow up where one example barely moved.",
+                    lambda p, b, t: ((p - b) / (t - b)).mean()),
+            Mistake("The sign is flipped: the denominator is mean(tuned) - mean(base).",
+                    lambda p, b, t: (p.mean() - b.mean()) / (b.mean() - t.mean())),
+            Mistake("You divided by mean(tuned): divide by the SHIFT, mean(tuned) - mean(base).",
+                    lambda p, b, t: (p.mean() - b.mean()) / t.mean()),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# activation_difference
+# ----------------------------------------------------------------------------------------------------
+@checker(
+    "activation_difference",
+    chapter=CHAPTER,
+    hint="Slice the first n_positions along dim 1 (the sequence) of both, subtract base from tuned, and "
+    "average over batch AND positions: (tuned_resid[:, :n] - base_resid[:, :n]).mean(dim=(0, 1)).",
+)
+def check_activation_difference(candidate) -> str:
+    g = seeded(57)
+
+    def pair(b, s, d=8, scale=1.0):
+        base = torch.randn(b, s, d, generator=g) * scale
+        return base, base + torch.randn(b, s, d, generator=g) * scale + torch.linspace(0, 1, s)[None, :, None]
+
+    cases = [
+        Case("[6, 7, 8], n_positions=3", (*pair(6, 7), 3)),
+        Case("the default n_positions (5), 9 positions", pair(2, 9)),
+        Case("n_positions=1 (the first position only)", (*pair(3, 6), 1)),
+        Case("texts shorter than n_positions", (*pair(2, 3), 5)),
+        Case("a batch of 1", (*pair(1, 6), 4)),
+        Case("large residuals (x1e4)", (*pair(2, 6, scale=1e4), 3)),
+        Case("identical residuals (zero)", (torch.ones(2, 5, 8), torch.ones(2, 5, 8), 3)),
+    ]
+    return compare_to_reference(
+        candidate, interp.activation_difference, cases, arg_names=["base_resid", "tuned_resid", "n_positions"],
+        mistakes=[
+            Mistake("The sign is flipped: the lens is tuned - base (what the fine-tune ADDED).",
+                    lambda b, t, n=5: (b[:, :n] - t[:, :n]).mean((0, 1))),
+            Mistake("You averaged over every position: only the first n_positions count, [:, :n_positions].",
+                    lambda b, t, n=5: (t - b).mean((0, 1))),
+            Mistake("You took the LAST n_positions: the lens reads the first ones, [:, :n_positions].",
+                    lambda b, t, n=5: (t[:, -n:] - b[:, -n:]).mean((0, 1))),
+            Mistake("You sliced the batch dim: positions are dim 1, tuned_resid[:, :n_positions].",
+                    lambda b, t, n=5: (t[:n] - b[:n]).mean((0, 1))),
+            Mistake("You summed over positions: average over the batch and the positions.",
+                    lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0)),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# param_change and fraction_changed: dicts of tensors in, Python numbers out
+# ----------------------------------------------------------------------------------------------------
+def _param_dicts(seed: int) -> list[tuple[str, dict, dict]]:
+    g = seeded(seed)
+    W, b, U = torch.randn(4, 5, generator=g), torch.randn(5, generator=g), torch.randn(3, 3, generator=g)
+    W2 = W.clone()
+    W2[0] += 0.5  # one row moved
+    W2[2, 1] -= 0.25
+    b2 = b + torch.randn(5, generator=g) * 0.01
+    big = torch.randn(3, 4, generator=g) * 1e4
+    return [
+        ("two tensors, one row moved", {"W": W, "b": b}, {"W": W2, "b": b2}),
+        ("an unchanged tensor", {"U": U, "b": b}, {"U": U.clone(), "b": b2}),
+        ("a name only in one dict (skipped)", {"W": W, "only_base": b}, {"W": W2, "only_tuned": U}),
+        ("large weights (x1e4)", {"big": big}, {"big": big * 1.001}),
+        ("a zero base tensor", {"z": torch.zeros(2, 3), "b": b}, {"z": torch.full((2, 3), 0.5), "b": b2}),
+        ("zero before and after", {"z": torch.zeros(4)}, {"z": torch.zeros(4)}),
+    ]
+
+
+def _compare_numbers(candidate: Callable, reference: Callable, cases: list[Case], mistakes: list[Mistake],
+                     arg_names: list[str]) -> str:
+    """``compare_to_reference`` for outputs that are Python floats or dicts of them: tensors are refused
+    (the contract asks for numbers), and a KeyError gets the "names in both dicts" hint."""
+    got = call(candidate, *cases[0].args, _arg_names=arg_names, **cases[0].kwargs) if cases else None
+    values = list(got.values()) if isinstance(got, dict) else [got]
+    if any(isinstance(v, torch.Tensor) for v in values):
+        raise CheckFailure(f"On {cases[0].label}, your function returned tensors: {fmt(got)}.",
+                           hint="Return Python floats: .item() on a 0-d tensor, or float(...).")
+    try:
+        return compare_to_reference(candidate, reference, cases, mistakes=mistakes, arg_names=arg_names,
+                                    atol=1e-7, rtol=1e-4)
+    except CheckFailure as failure:
+        if "KeyError" in failure.message or "keys" in failure.message:
+            raise CheckFailure(failure.message, hint="Only names in BOTH dicts count: skip a name that one of them "
+                               "lacks (`if name in tuned_params`).") from None
+        raise
+
+
+def _common(base: dict, tuned: dict):
+    return [(base[k].double(), tuned[k].double()) for k in base if k in tuned]
+
+
+@checker(
+    "param_change",
+    chapter=CHAPTER,
+    hint="For every name in both dicts: (tuned[name] - base[name]).norm() divided by "
+    "max(base[name].norm(), 1e-8) (clamp the denominator so a zero base tensor gives no inf/NaN), as a "
+    "Python float (.item()). Norms over ALL entries of the tensor.",
+)
+def check_param_change(candidate) -> str:
+    cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(58)]
+    mistakes = [
+        Mistake("That is the absolute change ||tuned - base||: divide by ||base|| to make it relative.",
+                lambda B, T: {k: (T[k] - B[k]).norm().item() for k in B if k in T}),
+        Mistake("A zero base tensor gave inf or NaN: clamp the denominator, max(||base||, 1e-8).",
+                lambda B, T: {k: ((T[k] - B[k]).norm() / B[k].norm()).item() for k in B if k in T}),
+        Mistake("You divided by ||tuned||: the change is relative to the BASE weights.",
+                lambda B, T: {k: ((T[k] - B[k]).norm() / T[k].norm().clamp(min=1e-8)).item() for k in B if k in T}),
+        Mistake("That is ||tuned|| / ||base|| - 1 (how much the norm grew), not the norm of the change: "
+                "||tuned - base|| / ||base||.",
+                lambda B, T: {k: (T[k].norm() / B[k].norm().clamp(min=1e-8) - 1).item() for k in B if k in T}),
+        Mistake("You averaged per-row (or per-entry) relative changes: use one norm over all entries of each "
+                "tensor.",
+                lambda B, T: {k: ((T[k] - B[k]).abs() / B[k].abs().clamp(min=1e-8)).mean().item() for k in B if k in T}),
+    ]
+    return _compare_numbers(candidate, interp.param_change, cases, mistakes, arg_names=["base_params", "tuned_params"])
+
+
+@checker(
+    "fraction_changed",
+    chapter=CHAPTER,
+    hint="Count, over every entry of every tensor named in both dicts, those with abs(tuned - base) > atol "
+    "(strictly greater: with atol=0, an entry that did not move does not count), and divide by the "
+    "total number of entries of those tensors. Return a Python float.",
+)
+def check_fraction_changed(candidate) -> str:
+    cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(59)]
+    g = seeded(60)
+    x = torch.randn(6, 6, generator=g)
+    cases += [
+        Case("atol=0.1", (_param_dicts(59)[0][1], _param_dicts(59)[0][2]), {"atol": 0.1}),
+        Case("changes exactly equal to atol (ties: not counted)",
+             ({"a": torch.ones(4)}, {"a": torch.tensor([1.5, 1.0, 0.5, 2.0])}), {"atol": 0.5}),
+        Case("bfloat16 tensors", ({"x": x.bfloat16()}, {"x": (x + 1e-3 * torch.randn(6, 6, generator=g)).bfloat16()})),
+    ]
+
+    def per_tensor_mean(B, T, atol=0.0):
+        fractions = [((t - b).abs() > atol).double().mean().item() for b, t in _common(B, T)]
+        return sum(fractions) / len(fractions)
+
+    mistakes = [
+        Mistake("You counted abs(tuned - base) >= atol: the test is strictly greater, > atol (with atol=0, "
+                "an entry that did not move must not count).",
+                lambda B, T, atol=0.0: sum(int(((t - b).abs() >= atol).sum()) for b, t in _common(B, T))
+                / sum(b.numel() for b, _ in _common(B, T))),
+        Mistake("You averaged the per-tensor fractions: count entries over ALL tensors together (a large "
+                "matrix weighs more than a bias).", per_tensor_mean),
+        Mistake("You counted only entries that went UP (tuned - base > atol): take the absolute value.",
+                lambda B, T, atol=0.0: sum(int(((t - b) > atol).sum()) for b, t in _common(B, T))
+                / sum(b.numel() for b, _ in _common(B, T))),
+        Mistake("That is the fraction UNCHANGED (the sparsity): return the fraction that changed.",
+                lambda B, T, atol=0.0: 1 - interp.fraction_changed(B, T, atol)),
+    ]
+    return _compare_numbers(candidate, interp.fraction_changed, cases, mistakes,
+                            arg_names=["base_params", "tuned_params", "atol"])

@@ -1,0 +1,416 @@
+"""Checkers for chapter 06: DPO and friends.
+
+Every exercise is a pure tensor function, so each is compared with the reference on seeded cases that
+include the regimes where plausible implementations part ways: large magnitudes (an unstable
+``log(sigmoid(x))`` or ``log(softmax(x))`` gives -inf there), ties, a group of two, single-token
+completions, rows whose mask is all True or has one True, junk in masked positions. On a mismatch the
+catalogued mistakes name what went wrong. ``dpo_loss`` is also checked to raise ``ValueError`` on an
+unknown ``loss_type``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlhf_tutorial import dpo
+from rlhf_tutorial.checks.core import Case, CheckFailure, Mistake, call, checker, compare_to_reference, seeded
+
+CHAPTER = "06_dpo_and_frontier"
+
+
+# ----------------------------------------------------------------------------------------------------
+# sequence_logprobs
+# ----------------------------------------------------------------------------------------------------
+
+
+def _completion_mask(lengths: list[tuple[int, int]], s: int) -> torch.Tensor:
+    """Rows of [s] that are True from ``start`` (the first completion token) for ``n`` tokens."""
+    pos = torch.arange(s)[None, :]
+    start = torch.tensor([a for a, _ in lengths])[:, None]
+    n = torch.tensor([b for _, b in lengths])[:, None]
+    return (pos >= start) & (pos < start + n)
+
+
+def _seq_cases() -> list[Case]:
+    g = seeded(0)
+    b, s, v = 4, 8, 13
+    logits = 2 * torch.randn(b, s, v, generator=g)
+    tokens = torch.randint(0, v, (b, s), generator=g)
+    mask = _completion_mask([(3, 5), (2, 4), (5, 3), (4, 1)], s)  # padding after, one single-token row
+    big = 60 * torch.randn(3, 6, 9, generator=g)  # log(softmax) underflows to log(0) here
+    big_tokens = big.argmin(-1).roll(1, dims=1)  # unlikely tokens: log-probs near -100
+    big_mask = _completion_mask([(2, 4), (1, 5), (3, 2)], 6)
+    all_true = torch.ones(3, 5, dtype=torch.bool)
+    one_true = torch.zeros(3, 5, dtype=torch.bool)
+    one_true[0, 4], one_true[1, 1], one_true[2, 2] = True, True, True
+    logits5 = torch.randn(3, 5, 7, generator=g)
+    tokens5 = torch.randint(0, 7, (3, 5), generator=g)
+    return [
+        Case("4 rows: prompt, completion, then padding (one completion of a single token)", (logits, tokens, mask)),
+        Case("large logits (x60) and unlikely tokens", (big, big_tokens, big_mask)),
+        Case("an all-True mask (mask[:, 0] must be ignored)", (logits5, tokens5, all_true)),
+        Case("one True per row, at the last, the second and a middle position", (logits5, tokens5, one_true)),
+        Case("a batch of 1", (logits[:1], tokens[:1], mask[:1])),
+    ]
+
+
+def _seq_variant(*, shift=True, mask_shift=True, reduce="sum", stable=True, use_mask=True, drop_last=False):
+    def fn(logits, tokens, mask):
+        lp = logits.log_softmax(-1) if stable else logits.softmax(-1).log()
+        if shift:
+            token_lp = lp[:, :-1].gather(-1, tokens[:, 1:, None]).squeeze(-1)
+            m = mask[:, 1:] if mask_shift else mask[:, :-1]
+        else:
+            token_lp = lp.gather(-1, tokens[:, :, None]).squeeze(-1)
+            m = mask
+        m = m.float() if use_mask else torch.ones_like(m, dtype=torch.float)
+        if drop_last:
+            token_lp, m = token_lp[:, :-1], m[:, :-1]
+        total = (token_lp * m).sum(-1)
+        return total / m.sum(-1).clamp(min=1) if reduce == "mean" else total
+
+    return fn
+
+
+SEQ_MISTAKES = [
+    Mistake("The logits are not shifted: logits[:, t] predicts token t + 1, so token t's log-prob is "
+            "log_softmax(logits[:, t - 1])[tokens[:, t]] (compare logits[:, :-1] with tokens[:, 1:]).",
+            _seq_variant(shift=False)),
+    Mistake("The mask is shifted the wrong way: pair logits[:, :-1] and tokens[:, 1:] with mask[:, 1:] "
+            "(the mask marks the tokens, not the positions that predict them).", _seq_variant(mask_shift=False)),
+    Mistake("You averaged over the completion's tokens: the contract is the sum (the log-probability of the "
+            "whole completion, a product of token probabilities).", _seq_variant(reduce="mean")),
+    Mistake("You summed over every position: only the tokens where mask is True count.", _seq_variant(use_mask=False)),
+    Mistake("log(softmax(x)) underflows to log(0) = -inf for large logits: use log_softmax.",
+            _seq_variant(stable=False)),
+    Mistake("The last token is dropped: with the shift, logits[:, :-1] predict tokens[:, 1:], all the way to "
+            "the end.", _seq_variant(drop_last=True)),
+]
+
+
+@checker(
+    "sequence_logprobs",
+    chapter=CHAPTER,
+    hint="logps = logits[:, :-1].log_softmax(-1); token_logps = logps.gather(-1, tokens[:, 1:, None]).squeeze(-1); "
+    "then sum token_logps where mask[:, 1:] is True (torch.where, or multiply by the mask), over dim -1.",
+)
+def check_sequence_logprobs(candidate) -> str:
+    return compare_to_reference(candidate, dpo.sequence_logprobs, _seq_cases(), mistakes=SEQ_MISTAKES,
+                                arg_names=["logits", "tokens", "mask"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# dpo_loss
+# ----------------------------------------------------------------------------------------------------
+
+
+def _pair_logps(b: int, seed: int, spread: float = 3.0) -> tuple:
+    g = seeded(seed)
+    ref_c, ref_r = -20 + 5 * torch.randn(b, generator=g), -20 + 5 * torch.randn(b, generator=g)
+    return (ref_c + spread * torch.randn(b, generator=g), ref_r + spread * torch.randn(b, generator=g), ref_c, ref_r)
+
+
+def _dpo_cases() -> list[Case]:
+    logps = _pair_logps(6, seed=1)
+    huge = _pair_logps(4, seed=2, spread=400.0)  # beta * h of several hundred, both signs
+    tie = (logps[2], logps[3], logps[2], logps[3])  # policy == reference: h = 0 for every pair
+    one = tuple(x[:1] for x in _pair_logps(1, seed=3))
+    return [
+        Case('"sigmoid", beta=0.1', logps, {"beta": 0.1, "loss_type": "sigmoid"}),
+        Case('"sigmoid", beta=0.5, label_smoothing=0.2', logps, {"beta": 0.5, "loss_type": "sigmoid", "label_smoothing": 0.2}),
+        Case('"sigmoid" with |beta * h| in the hundreds', huge, {"beta": 1.0, "loss_type": "sigmoid"}),
+        Case('"sigmoid", |beta * h| in the hundreds, label_smoothing=0.1', huge,
+             {"beta": 1.0, "loss_type": "sigmoid", "label_smoothing": 0.1}),
+        Case('"ipo", beta=0.1', logps, {"beta": 0.1, "loss_type": "ipo"}),
+        Case('"ipo", beta=2.0', logps, {"beta": 2.0, "loss_type": "ipo"}),
+        Case('"hinge", beta=0.3', logps, {"beta": 0.3, "loss_type": "hinge"}),
+        Case("a tie: policy equal to the reference (h = 0), label_smoothing=0.3", tie,
+             {"beta": 0.1, "loss_type": "sigmoid", "label_smoothing": 0.3}),
+        Case('a batch of 1, "sigmoid", beta=0.25', one, {"beta": 0.25, "loss_type": "sigmoid"}),
+    ]
+
+
+def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, beta_inside=True,
+                 reduce="mean", stable=True):
+    def fn(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+        h = (pc - rc) - (pr - rr) if use_ref else pc - pr
+        h = h_sign * h
+        ls = label_smoothing
+        if loss_type == "sigmoid":
+            logsig = F.logsigmoid if stable else (lambda x: torch.sigmoid(x).log())
+            pos, neg = (logsig(beta * h), logsig(-beta * h)) if beta_inside else (beta * logsig(h), beta * logsig(-h))
+            losses = -((1 - ls) * pos + ls * neg)
+        elif loss_type == "ipo":
+            target = {"half": 1 / (2 * beta), "one": 1 / beta, "scaled": 0.5}[ipo_target]
+            losses = (beta * h - target) ** 2 if ipo_target == "scaled" else (h - target) ** 2
+        elif loss_type == "hinge":
+            losses = torch.relu(1 - (beta * h if hinge_beta else h))
+        else:
+            raise ValueError(loss_type)
+        return losses.sum() if reduce == "sum" else losses.mean()
+
+    return fn
+
+
+DPO_MISTAKES = [
+    Mistake("The sign of h is flipped, or label_smoothing weighs the wrong term (for the sigmoid loss the two "
+            "give the same numbers). h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected): the loss "
+            "falls as the chosen completion gains probability relative to the rejected one; the observed "
+            "preference keeps weight (1 - ls) on logsigmoid(beta * h), the flipped one weight ls on "
+            "logsigmoid(-beta * h).", _dpo_variant(h_sign=-1)),
+    Mistake("The reference log-probs are missing: h is a difference of *log-ratios* to the reference, "
+            "(policy_chosen - ref_chosen) - (policy_rejected - ref_rejected).", _dpo_variant(use_ref=False)),
+    Mistake("log(sigmoid(x)) underflows to log(0) = -inf when beta * h is very negative: use "
+            "torch.nn.functional.logsigmoid.", _dpo_variant(stable=False)),
+    Mistake("beta multiplies the log-sigmoid instead of its argument: logsigmoid(beta * h), not beta * logsigmoid(h).",
+            _dpo_variant(beta_inside=False)),
+    Mistake("IPO's target is 1 / (2 * beta): the loss is (h - 1 / (2 * beta)) ** 2.", _dpo_variant(ipo_target="one")),
+    Mistake("IPO regresses h itself onto 1 / (2 * beta): (h - 1 / (2 * beta)) ** 2, not (beta * h - 1/2) ** 2.",
+            _dpo_variant(ipo_target="scaled")),
+    Mistake("The hinge is on beta * h: relu(1 - beta * h).", _dpo_variant(hinge_beta=False)),
+    Mistake("You summed the per-pair losses: the contract takes their mean.", _dpo_variant(reduce="sum")),
+]
+
+
+def _raises_value_error(candidate, *args, **kwargs) -> bool:
+    def attempt() -> bool:
+        try:
+            candidate(*args, **kwargs)
+        except ValueError:
+            return True
+        return False
+
+    return call(attempt)
+
+
+@checker(
+    "dpo_loss",
+    chapter=CHAPTER,
+    hint="h = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps); "
+    "'sigmoid': -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h); 'ipo': (h - 1 / (2 * beta)) ** 2; "
+    "'hinge': torch.relu(1 - beta * h); take the mean; raise ValueError for any other loss_type.",
+)
+def check_dpo_loss(candidate) -> str:
+    detail = compare_to_reference(
+        candidate, dpo.dpo_loss, _dpo_cases(), mistakes=DPO_MISTAKES,
+        arg_names=["policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps"],
+    )
+    for bad in ("kto", "Sigmoid", ""):
+        if not _raises_value_error(candidate, *_pair_logps(3, seed=4), beta=0.1, loss_type=bad):
+            raise CheckFailure(f"loss_type={bad!r} did not raise ValueError.",
+                               hint="End the chain of loss types with `else: raise ValueError(...)` naming the "
+                               "accepted ones: a typo must not silently train with another loss.")
+    return detail + " Unknown loss types raise ValueError."
+
+
+# ----------------------------------------------------------------------------------------------------
+# implicit_reward
+# ----------------------------------------------------------------------------------------------------
+
+
+def _implicit_cases() -> list[Case]:
+    policy, _, ref, _ = _pair_logps(5, seed=5)
+    return [
+        Case("beta=0.1", (policy, ref), {"beta": 0.1}),
+        Case("beta=2.0", (policy, ref), {"beta": 2.0}),
+        Case("policy equal to the reference (a tie: reward 0)", (ref, ref), {"beta": 0.5}),
+        Case("a batch of 1, beta=0.3", (policy[:1], ref[:1]), {"beta": 0.3}),
+    ]
+
+
+@checker(
+    "implicit_reward",
+    chapter=CHAPTER,
+    hint="beta * (policy_logps - ref_logps): the log-ratio of the policy to the reference, scaled by beta.",
+)
+def check_implicit_reward(candidate) -> str:
+    return compare_to_reference(candidate, dpo.implicit_reward, _implicit_cases(), mistakes=[
+        Mistake("The log-ratio is upside down: policy_logps - ref_logps (a completion the policy made more likely "
+                "has a positive implicit reward).", lambda p, r, beta: beta * (r - p)),
+        Mistake("beta is missing: the implicit reward is beta * (policy_logps - ref_logps).", lambda p, r, beta: p - r),
+        Mistake("You divided by beta: multiply.", lambda p, r, beta: (p - r) / beta),
+        Mistake("You exponentiated: the implicit reward is the log-ratio itself times beta, not a ratio of "
+                "probabilities.", lambda p, r, beta: beta * torch.exp(p - r)),
+    ], arg_names=["policy_logps", "ref_logps"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# simpo_loss
+# ----------------------------------------------------------------------------------------------------
+
+
+def _simpo_cases() -> list[Case]:
+    g = seeded(6)
+    lengths_c = torch.tensor([5, 12, 1, 8, 3])
+    lengths_r = torch.tensor([9, 2, 1, 8, 15])
+    c = -2.0 * lengths_c * torch.rand(5, generator=g)
+    r = -2.0 * lengths_r * torch.rand(5, generator=g)
+    big_c, big_r = torch.tensor([-900.0, -3.0]), torch.tensor([-2.0, -1200.0])
+    ones = torch.tensor([1, 1])
+    return [
+        Case("beta=2.0, gamma=0.5", (c, r, lengths_c, lengths_r), {"beta": 2.0, "gamma": 0.5}),
+        Case("beta=10.0, gamma=1.0", (c, r, lengths_c, lengths_r), {"beta": 10.0, "gamma": 1.0}),
+        Case("gamma=0 and equal lengths", (c, r, lengths_c, lengths_c), {"beta": 2.0, "gamma": 0.0}),
+        Case("single-token completions with log-probs in the hundreds", (big_c, big_r, ones, ones),
+             {"beta": 2.5, "gamma": 0.5}),
+        Case("a batch of 1", (c[:1], r[:1], lengths_c[:1], lengths_r[:1]), {"beta": 2.0, "gamma": 0.5}),
+    ]
+
+
+def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=True):
+    def fn(c, r, lc, lr, beta=2.0, gamma=0.5):
+        margin = c / lc - r / lr if normalise else c - r
+        x = beta * (margin + gamma_sign * gamma) if gamma_inside else beta * margin + gamma_sign * gamma
+        return -(F.logsigmoid(x) if stable else torch.sigmoid(x).log()).mean()
+
+    return fn
+
+
+@checker(
+    "simpo_loss",
+    chapter=CHAPTER,
+    hint="-F.logsigmoid(beta * (chosen_logps / chosen_lengths - rejected_logps / rejected_lengths) - gamma).mean()",
+)
+def check_simpo_loss(candidate) -> str:
+    return compare_to_reference(candidate, dpo.simpo_loss, _simpo_cases(), mistakes=[
+        Mistake("The log-probs are not length-normalised: SimPO's reward is the mean log-prob per token, "
+                "chosen_logps / chosen_lengths.", _simpo_variant(normalise=False)),
+        Mistake("gamma is a margin the chosen side must win by: subtract it, beta * margin - gamma.",
+                _simpo_variant(gamma_sign=1)),
+        Mistake("gamma is scaled by beta: the contract subtracts it outside, beta * margin - gamma.",
+                _simpo_variant(gamma_inside=True)),
+        Mistake("log(sigmoid(x)) underflows to -inf for very negative x: use F.logsigmoid.", _simpo_variant(stable=False)),
+    ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# best_worst_pairs
+# ----------------------------------------------------------------------------------------------------
+
+
+def _pairs_cases() -> list[Case]:
+    g = seeded(7)
+    ties = torch.tensor([[0.2, 0.9, 0.9, 0.1, 0.1], [0.5, 0.5, 0.5, 0.5, 0.5], [0.3, 0.1, 0.3, 0.7, 0.1]])
+    return [
+        Case("4 groups of 6 distinct rewards", (torch.rand(4, 6, generator=g),)),
+        Case("ties for the best and the worst, and an all-equal group", (ties,)),
+        Case("G = 2", (torch.tensor([[0.3, 0.8], [0.8, 0.3], [0.4, 0.4]]),)),
+        Case("one group (p = 1)", (torch.randn(1, 7, generator=g),)),
+    ]
+
+
+def _last_argmax(x: torch.Tensor) -> torch.Tensor:
+    return x.shape[-1] - 1 - x.flip(-1).argmax(-1)
+
+
+@checker(
+    "best_worst_pairs",
+    chapter=CHAPTER,
+    hint="torch.stack([rewards.argmax(dim=-1), rewards.argmin(dim=-1)], dim=-1): chosen first, one row per group "
+    "(argmax/argmin return the first occurrence on ties).",
+)
+def check_best_worst_pairs(candidate) -> str:
+    return compare_to_reference(candidate, dpo.best_worst_pairs, _pairs_cases(), mistakes=[
+        Mistake("Chosen and rejected are swapped: column 0 is the best sample (argmax), column 1 the worst.",
+                lambda r: torch.stack([r.argmin(-1), r.argmax(-1)], -1)),
+        Mistake("On ties you took the last occurrence: the contract takes the first (what argmax/argmin return).",
+                lambda r: torch.stack([_last_argmax(r), _last_argmax(-r)], -1)),
+        Mistake("On ties the best is the first occurrence but the worst the last (sorting puts tied items in an "
+                "unspecified order): use argmin for the worst.",
+                lambda r: torch.stack([r.argmax(-1), _last_argmax(-r)], -1)),
+    ], arg_names=["rewards"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# rloo_advantages
+# ----------------------------------------------------------------------------------------------------
+
+
+def _rloo_cases() -> list[Case]:
+    g = seeded(8)
+    mixed = torch.rand(3, 5, generator=g)
+    mixed[1] = 0.4  # all equal
+    return [
+        Case("4 groups of 8", (torch.rand(4, 8, generator=g),)),
+        Case("G = 2", (torch.tensor([[0.2, 0.9], [0.6, 0.1], [0.5, 0.5]]),)),
+        Case("a group whose rewards are all equal", (mixed,)),
+        Case("one group of 3 with large rewards", (torch.tensor([[1000.0, -250.0, 3.0]]),)),
+    ]
+
+
+@checker(
+    "rloo_advantages",
+    chapter=CHAPTER,
+    hint="The baseline of sample j is the mean of the other G - 1: (rewards.sum(-1, keepdim=True) - rewards) / (G - 1); "
+    "return rewards minus it.",
+)
+def check_rloo_advantages(candidate) -> str:
+    return compare_to_reference(candidate, dpo.rloo_advantages, _rloo_cases(), mistakes=[
+        Mistake("You subtracted the mean of the whole group, sample j included (GRPO's baseline): leave sample j "
+                "out, (sum - r_j) / (G - 1).", lambda r: r - r.mean(-1, keepdim=True)),
+        Mistake("The leave-one-out mean divides by G - 1 (the other samples), not G.",
+                lambda r: r - (r.sum(-1, keepdim=True) - r) / r.shape[-1]),
+        Mistake("RLOO does not divide by a std: only the baseline changes.",
+                lambda r: (r - (r.sum(-1, keepdim=True) - r) / (r.shape[-1] - 1)) / (r.std(-1, keepdim=True) + 1e-4)),
+        Mistake("The baseline is over the whole batch: leave-one-out works within each group (dim=-1).",
+                lambda r: r - (r.sum() - r) / (r.numel() - 1)),
+    ], arg_names=["rewards"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# gspo_sequence_ratio
+# ----------------------------------------------------------------------------------------------------
+
+
+def _gspo_cases() -> list[Case]:
+    g = seeded(9)
+    B, T = 4, 6
+    lp = -3 * torch.rand(B, T, generator=g)
+    old = lp + 0.3 * torch.randn(B, T, generator=g)
+    mask = _completion_mask([(0, 6), (0, 1), (0, 3), (0, 5)], T)
+    junk = torch.where(mask, 0.0, 5.0 * torch.randn(B, T, generator=g))  # masked positions must not count
+    one_true = torch.zeros(3, 5, dtype=torch.bool)
+    one_true[0, 4], one_true[1, 0], one_true[2, 2] = True, True, True
+    lp5 = -2 * torch.rand(3, 5, generator=g)
+    old5 = lp5 + 0.5 * torch.randn(3, 5, generator=g)
+    return [
+        Case("4 completions of 6, 1, 3 and 5 tokens, junk where masked", (lp + junk, old - junk, mask)),
+        Case("an all-True mask", (lp, old, torch.ones(B, T, dtype=torch.bool))),
+        Case("one True per row (at the end, the start, the middle)", (lp5, old5, one_true)),
+        Case("the policy has not moved (ratio 1)", (lp, lp.clone(), mask)),
+    ]
+
+
+def _gspo_variant(*, kind="geometric", invert=False, use_mask=True, denom="mask"):
+    def fn(logprobs, old_logprobs, mask):
+        d = old_logprobs - logprobs if invert else logprobs - old_logprobs
+        m = mask.float() if use_mask else torch.ones_like(d)
+        n = m.sum(-1) if denom == "mask" else torch.full_like(m[:, 0], m.shape[-1])
+        if kind == "arithmetic":
+            return (torch.exp(d) * m).sum(-1) / n
+        if kind == "product":
+            return torch.exp((d * m).sum(-1))
+        return torch.exp((d * m).sum(-1) / n)
+
+    return fn
+
+
+@checker(
+    "gspo_sequence_ratio",
+    chapter=CHAPTER,
+    hint="Zero the masked log-ratios (torch.where(mask, logprobs - old_logprobs, 0)), sum them over dim -1, divide by "
+    "mask.sum(-1) (the completion's length), then exp.",
+)
+def check_gspo_sequence_ratio(candidate) -> str:
+    return compare_to_reference(candidate, dpo.gspo_sequence_ratio, _gspo_cases(), mistakes=[
+        Mistake("You averaged the token ratios (arithmetic mean of exp): GSPO takes the exp of the mean log-ratio, "
+                "the geometric mean.", _gspo_variant(kind="arithmetic")),
+        Mistake("The log-ratios are summed, not averaged: that is the ratio of the whole sequence's probabilities, "
+                "which explodes with the length. Divide by the number of tokens.", _gspo_variant(kind="product")),
+        Mistake("The mean divides by g, the padded length: divide by each row's own number of tokens, mask.sum(-1).",
+                _gspo_variant(denom="g")),
+        Mistake("The ratio is upside down: pi_theta / pi_old, exp(logprobs - old_logprobs).", _gspo_variant(invert=True)),
+        Mistake("Masked positions were counted: only the completion's tokens (mask True) enter the mean.",
+                _gspo_variant(use_mask=False)),
+    ], arg_names=["logprobs", "old_logprobs", "mask"])

@@ -1,0 +1,235 @@
+"""Chapter 05's findings in one run: ``python -m rlhf_tutorial interp-report --world tiny``.
+
+Loads the base policy and a tuned one (the tiny world's shipped checkpoint, or ``--checkpoint DIR``
+written by ``train-rlhf --save DIR``), runs every analysis of the chapter with the reference exercises
+of :mod:`rlhf_tutorial.interp`, writes an HTML report (plotly.js inlined: it opens offline) and prints a
+JSON summary on the last line:
+
+- ``logit_lens_half_layer``: where the tuned model's logit lens first reaches half its final value;
+- ``top_heads_by_change``: the 3 heads whose direct logit attribution changed most;
+- ``best_single_layer_patch``: the attention or MLP output whose patch restores most of the shift;
+- ``final_resid_patch_restored``: the sanity check (patching the last residual restores all of it);
+- ``attribution_closure_error``: |sum of component attributions - total| (bookkeeping);
+- ``top_activation_difference_tokens``, ``steering_reward``: the activation-difference lens;
+- ``fraction_changed_fp32`` / ``fraction_changed_bf16``: how sparse the update is, and in which precision.
+
+Everything is seeded (``--seed``); with one torch thread the same seed gives the same summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformer_lens import HookedTransformer
+
+from rlhf_tutorial import interp
+from rlhf_tutorial.interp import (
+    closure_error,
+    lens_records,
+    mean_attributions,
+    sentiment_setup,
+    steered_samples,
+)
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import TransformerWithValueHead
+from rlhf_tutorial.trainers.rlhf import load_tuned_policy
+
+
+def train_tuned(world: str, out: str | Path, smoke: bool = False) -> Path:
+    """Run chapter 03's trainer towards negative sentiment with the world's preset (a few tiny phases when
+    ``smoke``) and save the policy with its value head to ``out``."""
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer, save_tuned_policy
+
+    small = dict(num_phases=2, batch_size=8, num_minibatches=2, gen_len=8, eval_samples=8) if smoke else {}
+    args = RLHFArgs.preset(world, direction="neg", **small)
+    trainer = RLHFTrainer(args)
+    trainer.train()
+    return save_tuned_policy(trainer.model, out, args)
+
+
+def load_pair(world: str | None = None, checkpoint: str | Path | None = None) -> tuple[HookedTransformer, TransformerWithValueHead]:
+    """The base policy and the tuned one (with its value head). Tiny world: the shipped checkpoint
+    unless ``checkpoint`` is given; GPT-2 world: ``checkpoint`` is required (``train-rlhf --save DIR``)."""
+    from rlhf_tutorial.worlds import WorldUnavailable, load_policy, resolve_world
+
+    world = resolve_world(world)
+    if checkpoint is None:
+        if world != "tiny":
+            raise WorldUnavailable("The GPT-2 world ships no tuned policy: train one with `python -m rlhf_tutorial "
+                                   "train-rlhf --world gpt2 --save DIR` and pass --checkpoint DIR.")
+        from rlhf_tutorial.tiny.tuned import tuned_dir
+
+        checkpoint = tuned_dir()
+    if not (Path(checkpoint) / "policy.safetensors").exists():
+        raise WorldUnavailable(f"no tuned policy in {checkpoint} (expected policy.safetensors and rlhf_config.json "
+                               "from `train-rlhf --save`).")
+    return load_policy(world).requires_grad_(False), load_tuned_policy(checkpoint).requires_grad_(False)
+
+
+@torch.no_grad()
+def analyse(base: HookedTransformer, tuned: TransformerWithValueHead, world: str, seed: int = 0,
+            n_samples: int = 16, gen_len: int = 16, steer_coef: float = 4.0, prompts: list[str] | None = None) -> dict:
+    """Every finding of the chapter, as numbers and records for the figures."""
+    torch.manual_seed(seed)
+    setup = sentiment_setup(base)
+    direction = setup["direction"]
+    tm = tuned.base_model
+    tokens_list = interp.prompt_tokens(base, prompts or interp.PROMPTS)
+    n_layers = base.cfg.n_layers
+
+    # behaviour: the metric on every prompt, and the logit lens at the last token averaged over prompts
+    lens_last = {}
+    for name, model in [("base", base), ("tuned", tm)]:
+        rows = []
+        for tokens in tokens_list:
+            _, cache = model.run_with_cache(tokens)
+            stack, labels = cache.accumulated_resid(return_labels=True, pos_slice=-1)  # [layer+1, 1, d]
+            rows.append(interp.logit_lens_score(stack[:, 0], direction))
+        lens_last[name] = torch.stack(rows).mean(0)  # [layer+1]
+    half = interp.first_layer_reaching(lens_last["tuned"].tolist(), 0.5)
+
+    attr = {name: mean_attributions(model, tokens_list, direction) for name, model in [("base", base), ("tuned", tm)]}
+    change = (attr["tuned"]["heads"] - attr["base"]["heads"])
+    order = change.abs().flatten().argsort(descending=True)[:3].tolist()
+    top_heads = [{"head": f"L{i // base.cfg.n_heads}H{i % base.cfg.n_heads}",
+                  "change": round(float(change.flatten()[i]), 4)} for i in order]
+
+    sweep = interp.patching_sweep(base, tm, tokens_list, direction)
+    comps = list(interp.PATCH_COMPONENTS)
+    writes = [comps.index("attn_out"), comps.index("mlp_out")]
+    sub = sweep["by_component"][:, writes]
+    best = int(sub.flatten().argmax())
+    best_patch = {"layer": best // 2, "component": comps[writes[best % 2]], "restored": round(float(sub.flatten()[best]), 4)}
+
+    # the activation-difference lens on unrelated text, at the middle of the network
+    lens_layer = n_layers // 2
+    hook = f"blocks.{lens_layer}.hook_resid_pre"
+    texts = interp.NEUTRAL_TEXTS
+    resid = {}
+    for name, model in [("base", base), ("tuned", tm)]:
+        tok = model.to_tokens(texts)  # padded on the right; the first positions are real tokens
+        _, cache = model.run_with_cache(tok, names_filter=hook)
+        resid[name] = cache[hook]
+    delta = interp.activation_difference(resid["base"], resid["tuned"], n_positions=5)
+    token_scores = delta @ base.W_U
+    top = [(base.to_string(int(i)), round(float(token_scores[i]), 4)) for i in token_scores.topk(10).indices]
+    bottom = [(base.to_string(int(i)), round(float(token_scores[i]), 4)) for i in (-token_scores).topk(10).indices]
+    ranks = token_scores.argsort(descending=True).argsort().float() / len(token_scores)  # 0 = top
+    delta_sentiment = {"cosine_with_direction": round(float(torch.cosine_similarity(delta, direction, dim=0)), 4),
+                       "negative_words_mean_rank": round(float(ranks[setup["neg_ids"]].mean()), 4),
+                       "positive_words_mean_rank": round(float(ranks[setup["pos_ids"]].mean()), 4)}
+    reward_fn = sentiment_reward_fn(world, "neg")
+    steer = {c: steered_samples(base, delta, lens_layer, c, reward_fn, n_samples, gen_len, seed + 1) for c in (0.0, steer_coef)}
+
+    base_params = dict(base.named_parameters())
+    tuned_params = dict(tm.named_parameters())
+    changes = interp.param_change(base_params, tuned_params)
+    # zero in the base model (b_V: folded into b_O when the model was processed), trained from 0 by PPO:
+    # a relative change means nothing there
+    zero_in_base = sorted(k for k, v in base_params.items() if float(v.norm()) == 0.0)
+    changes = {k: v for k, v in changes.items() if k not in zero_in_base}
+    bf16 = {k: v.bfloat16() for k, v in base_params.items()}, {k: v.bfloat16() for k, v in tuned_params.items()}
+    fraction = {"fp32": interp.fraction_changed(base_params, tuned_params),
+                "bf16": interp.fraction_changed(*bf16)}
+
+    records = lens_records(base, tuned, direction, [interp.PROMPTS[0] + " " + w for w in ("bad.", "good.")]
+                           + [t for t, _ in steer[0.0][:2]])
+    return {
+        "setup": setup, "labels": labels, "lens_last": lens_last, "half_layer": half, "attr": attr,
+        "top_heads": top_heads, "sweep": sweep, "best_patch": best_patch, "delta": delta, "top": top,
+        "bottom": bottom, "delta_sentiment": delta_sentiment, "steer": steer, "steer_coef": steer_coef, "lens_layer": lens_layer,
+        "changes": changes, "zero_in_base": zero_in_base, "fraction": fraction, "records": records,
+        "n_pos": min(t.shape[1] for t in tokens_list),
+    }
+
+
+def summarise(found: dict, world: str, seed: int) -> dict[str, Any]:
+    """The JSON summary of a run (rounded numbers, no tensors)."""
+    sweep, lens = found["sweep"], found["lens_last"]
+    mean = lambda rows: round(sum(r for _, r in rows) / len(rows), 4)  # noqa: E731
+    return {
+        "world": world,
+        "seed": seed,
+        "n_prompts": len(sweep["base"]),
+        "sentiment_words": {"positive": len(found["setup"]["pos_words"]), "negative": len(found["setup"]["neg_words"])},
+        "logit_diff_base": round(float(sweep["base"].mean()), 4),
+        "logit_diff_tuned": round(float(sweep["tuned"].mean()), 4),
+        "logit_lens_tuned": [round(v, 4) for v in lens["tuned"].tolist()],
+        "logit_lens_half_layer": found["labels"][found["half_layer"]],
+        "top_heads_by_change": found["top_heads"],
+        "attribution_closure_error": round(max(closure_error(a) for a in found["attr"].values()), 7),
+        "best_single_layer_patch": found["best_patch"],
+        "final_resid_patch_restored": round(float(sweep["by_component"][-1, -1]), 4),
+        "top_activation_difference_tokens": [t for t, _ in found["top"][:5]],
+        "activation_difference_sentiment": found["delta_sentiment"],
+        "steering_reward": {"coef": found["steer_coef"], "before": mean(found["steer"][0.0]),
+                            "after": mean(found["steer"][found["steer_coef"]])},
+        "fraction_changed_fp32": round(found["fraction"]["fp32"], 4),
+        "fraction_changed_bf16": round(found["fraction"]["bf16"], 4),
+        "largest_param_change": max(found["changes"], key=found["changes"].get),
+        "params_zero_in_base": found["zero_in_base"],
+    }
+
+
+def write_report(path: str | Path, found: dict, summary: dict) -> Path:
+    """A self-contained HTML report: the summary, then one figure per section of the chapter."""
+    from rlhf_tutorial.widgets import interp as w
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n_pos = found["n_pos"]
+    figures = [
+        ("Logit lens and value lens", [w.lens_figure(found["records"], "logit"), w.lens_figure(found["records"], "value")]),
+        ("Direct logit attribution", [w.attribution_figure(found["attr"]["base"], found["attr"]["tuned"])]),
+        ("Activation patching", [w.patching_figure(found["sweep"], list(interp.PATCH_COMPONENTS),
+                                                   [str(p - n_pos) for p in range(n_pos)])]),
+        ("How much the weights moved", [w.param_change_figure(found["changes"], found["fraction"])]),
+    ]
+    title = f"What RLHF changed inside the model: {summary['world']} world, seed {summary['seed']}"
+    parts = [f"<h1 style='font-family:sans-serif'>{html.escape(title)}</h1>",
+             "<pre>" + html.escape(json.dumps(summary, indent=1)) + "</pre>"]
+    first = True
+    for heading, figs in figures:
+        parts.append(f"<h2 style='font-family:sans-serif'>{html.escape(heading)}</h2>")
+        for fig in figs:
+            parts.append(fig.to_html(full_html=False, include_plotlyjs=first))
+            first = False
+    parts.append("<h2 style='font-family:sans-serif'>The activation-difference lens</h2>")
+    parts.append(w.steering_view(found["top"], found["bottom"], found["steer"][0.0],
+                                 found["steer"][found["steer_coef"]], found["steer_coef"]).html)
+    path.write_text("<html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title></head><body>"
+                    + "".join(parts) + "</body></html>")
+    return path
+
+
+def main(argv: list[str]) -> dict:
+    """``python -m rlhf_tutorial interp-report [--world tiny] [--checkpoint DIR] [--seed 0] [--out PATH]``"""
+    from rlhf_tutorial.worlds import resolve_world
+
+    p = argparse.ArgumentParser(prog="python -m rlhf_tutorial interp-report", description=__doc__.split("\n")[0])
+    p.add_argument("--world", default=None, help="tiny or gpt2 (default: $RLHF_TUTORIAL_WORLD, else automatic)")
+    p.add_argument("--checkpoint", default=None, help="a tuned policy saved by `train-rlhf --save DIR` "
+                   "(default in the tiny world: the shipped one)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the sampling (steering)")
+    p.add_argument("--out", default="reports/interp.html", help="where to write the HTML report")
+    p.add_argument("--samples", type=int, default=32, help="samples before and after steering")
+    p.add_argument("--steer-coef", type=float, default=4.0, help="multiple of the lens added when steering")
+    p.add_argument("--smoke", action="store_true", help="two prompts and 4 samples: a quick check of the code path")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: the same numbers on every run)")
+    ns = p.parse_args(argv)
+    torch.set_num_threads(ns.threads)
+    start = time.perf_counter()
+    world = resolve_world(ns.world)
+    base, tuned = load_pair(world, ns.checkpoint)
+    found = analyse(base, tuned, world, ns.seed, n_samples=4 if ns.smoke else ns.samples, steer_coef=ns.steer_coef,
+                    prompts=interp.PROMPTS[:2] if ns.smoke else None)
+    summary = summarise(found, world, ns.seed)
+    summary["report"] = str(write_report(ns.out, found, summary))
+    summary["wall_seconds"] = round(time.perf_counter() - start, 1)
+    return summary

@@ -1,0 +1,454 @@
+"""Checkers of chapter 05: the reference passes, the stub fails, realistic wrong versions (written here,
+not taken from the checker's catalogue) fail with their hint, and correct versions written differently
+pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlhf_tutorial import interp
+from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.notebooks import load_stub
+from tests.checks.helpers import assert_fails_with
+
+CHAPTER = "05_interpretability"
+EXERCISES = [
+    "sentiment_direction", "ln_pre", "logit_lens_score", "value_lens", "head_attribution", "patch_activation",
+    "restored_fraction", "activation_difference", "param_change", "fraction_changed",
+]
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_reference_passes(name):
+    result = run_check(name, getattr(interp, name))
+    assert result.passed, result
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_stub_fails(name):
+    result = run_check(name, load_stub(CHAPTER, name))
+    assert not result.passed
+    assert "not implemented" in result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# sentiment_direction
+# ----------------------------------------------------------------------------------------------------
+def direction_pos_minus_neg(W_U, pos_ids, neg_ids):
+    return W_U[:, pos_ids].mean(1) - W_U[:, neg_ids].mean(1)
+
+
+def direction_summed(W_U, pos_ids, neg_ids):
+    return W_U[:, neg_ids].sum(-1) - W_U[:, pos_ids].sum(-1)
+
+
+def direction_unique(W_U, pos_ids, neg_ids):  # only a repeated id exposes it
+    return W_U[:, sorted(set(neg_ids.tolist()))].mean(1) - W_U[:, sorted(set(pos_ids.tolist()))].mean(1)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (direction_pos_minus_neg, "sign is flipped"),
+    (direction_summed, "summed the columns"),
+    (direction_unique, "listed twice counts twice"),
+])
+def test_sentiment_direction_mistakes(wrong, fragment):
+    assert_fails_with("sentiment_direction", wrong, fragment)
+
+
+def test_sentiment_direction_rows_of_the_transpose_fail():
+    result = run_check("sentiment_direction", lambda W_U, p, n: W_U.T[n].mean(0) - W_U.T[p].mean(1))
+    assert not result.passed
+
+
+def test_sentiment_direction_written_differently():
+    def by_loops(W_U, pos_ids, neg_ids):
+        neg = sum(W_U[:, int(i)] for i in neg_ids) / len(neg_ids)
+        pos = sum(W_U[:, int(i)] for i in pos_ids) / len(pos_ids)
+        return neg - pos
+
+    assert run_check("sentiment_direction", by_loops).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# ln_pre
+# ----------------------------------------------------------------------------------------------------
+def ln_std_unbiased(x, eps=1e-5):
+    c = x - x.mean(-1, keepdim=True)
+    return c / torch.sqrt(c.var(-1, keepdim=True) + eps)
+
+
+def ln_eps_outside(x, eps=1e-5):  # only tiny magnitudes expose it
+    c = x - x.mean(-1, keepdim=True)
+    return c / (c.pow(2).mean(-1, keepdim=True).sqrt() + eps)
+
+
+def ln_no_eps(x, eps=1e-5):  # only a constant (or zero) vector exposes it
+    c = x - x.mean(-1, keepdim=True)
+    return c / c.pow(2).mean(-1, keepdim=True).sqrt()
+
+
+def ln_rms_only(x, eps=1e-5):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (ln_std_unbiased, "unbiased variance"),
+    (ln_eps_outside, "eps is outside the square root"),
+    (ln_no_eps, "eps is missing"),
+    (ln_rms_only, "did not centre"),
+])
+def test_ln_pre_mistakes(wrong, fragment):
+    assert_fails_with("ln_pre", wrong, fragment)
+
+
+def test_ln_pre_written_differently():
+    def with_layer_norm(x, eps=1e-5):
+        return F.layer_norm(x, x.shape[-1:], eps=eps)
+
+    assert run_check("ln_pre", with_layer_norm).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# logit_lens_score
+# ----------------------------------------------------------------------------------------------------
+def lens_raw(resid_stack, direction, eps=1e-5):
+    return resid_stack @ direction
+
+
+def lens_unit_norm(resid_stack, direction, eps=1e-5):
+    c = resid_stack - resid_stack.mean(-1, keepdim=True)
+    return F.normalize(c, dim=-1) @ direction
+
+
+def lens_drops_eps(resid_stack, direction, eps=1e-5):  # only a non-default eps exposes it
+    return interp.ln_pre(resid_stack) @ direction
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (lens_raw, "raw residual stream"),
+    (lens_unit_norm, "norm of each vector"),
+    (lens_drops_eps, "eps was not passed on"),
+])
+def test_logit_lens_score_mistakes(wrong, fragment):
+    assert_fails_with("logit_lens_score", wrong, fragment)
+
+
+def test_logit_lens_score_written_differently():
+    def with_einsum(resid_stack, direction, eps=1e-5):
+        mu = resid_stack.mean(-1, keepdim=True)
+        sigma = torch.sqrt(((resid_stack - mu) ** 2).mean(-1, keepdim=True) + eps)
+        return torch.einsum("...d,d->...", (resid_stack - mu) / sigma, direction)
+
+    assert run_check("logit_lens_score", with_einsum).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# value_lens
+# ----------------------------------------------------------------------------------------------------
+def value_no_ln(resid_stack, value_head, eps=1e-5):
+    return value_head(resid_stack).squeeze(-1)
+
+
+def value_no_squeeze(resid_stack, value_head, eps=1e-5):
+    return value_head(interp.ln_pre(resid_stack, eps))
+
+
+def value_zero_grad(resid_stack, value_head, eps=1e-5):  # right numbers; only the property check sees it
+    value_head.zero_grad()
+    return value_head(interp.ln_pre(resid_stack, eps)).squeeze(-1)
+
+
+def value_freezes_head(resid_stack, value_head, eps=1e-5):  # right numbers; only the property check sees it
+    value_head.requires_grad_(False)
+    return value_head(interp.ln_pre(resid_stack, eps)).squeeze(-1)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (value_no_ln, "raw residual stream"),
+    (value_no_squeeze, "trailing dim of size 1"),
+    (value_zero_grad, "zero_grad"),
+    (value_freezes_head, "requires_grad_(False)"),
+])
+def test_value_lens_mistakes(wrong, fragment):
+    assert_fails_with("value_lens", wrong, fragment)
+
+
+def test_value_lens_written_differently():
+    def no_grad_loop(resid_stack, value_head, eps=1e-5):
+        with torch.no_grad():
+            flat = resid_stack.reshape(-1, resid_stack.shape[-1])
+            out = torch.stack([value_head(F.layer_norm(v, v.shape, eps=eps))[0] for v in flat])
+        return out.reshape(resid_stack.shape[:-1])
+
+    assert run_check("value_lens", no_grad_loop).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# head_attribution
+# ----------------------------------------------------------------------------------------------------
+def attr_not_centred(head_out, ln_scale, direction):
+    return ((head_out @ direction) / ln_scale[:, None, None]).mean(0)
+
+
+def attr_mean_scale(head_out, ln_scale, direction):  # only differing scales expose it
+    c = head_out - head_out.mean(-1, keepdim=True)
+    return (c @ direction).mean(0) / ln_scale.mean()
+
+
+def attr_summed(head_out, ln_scale, direction):  # a batch of 1 hides it
+    c = head_out - head_out.mean(-1, keepdim=True)
+    return ((c @ direction) / ln_scale[:, None, None]).sum(0)
+
+
+def attr_times_scale(head_out, ln_scale, direction):
+    c = head_out - head_out.mean(-1, keepdim=True)
+    return ((c @ direction) * ln_scale[:, None, None]).mean(0)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (attr_not_centred, "did not centre"),
+    (attr_mean_scale, "mean scale"),
+    (attr_summed, "summed over the batch"),
+    (attr_times_scale, "multiplied by the scale"),
+])
+def test_head_attribution_mistakes(wrong, fragment):
+    assert_fails_with("head_attribution", wrong, fragment)
+
+
+def test_head_attribution_written_differently():
+    def by_loops(head_out, ln_scale, direction):
+        b, n_layers, n_heads, _ = head_out.shape
+        out = torch.zeros(n_layers, n_heads)
+        d_centred = direction - direction.mean()  # centring the output = centring the direction
+        for i in range(b):
+            out += torch.einsum("lhd,d->lh", head_out[i], d_centred) / ln_scale[i]
+        return out / b
+
+    assert run_check("head_attribution", by_loops).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# patch_activation
+# ----------------------------------------------------------------------------------------------------
+def patch_empty_means_all(activation, hook, source, positions=None):  # only positions=[] exposes it
+    if not positions:
+        activation[:] = source
+    else:
+        activation[:, positions] = source[:, positions]
+    return activation
+
+
+def patch_writes_source(activation, hook, source, positions=None):
+    idx = slice(None) if positions is None else positions
+    source[:, idx] = activation[:, idx]
+    return activation
+
+
+def patch_no_return(activation, hook, source, positions=None):
+    idx = slice(None) if positions is None else positions
+    activation[:, idx] = source[:, idx]
+
+
+def patch_batch_dim(activation, hook, source, positions=None):
+    if positions is None:
+        return source.clone()
+    activation[positions] = source[positions]
+    return activation
+
+
+def patch_positive_range(activation, hook, source, positions=None):  # only [-1] (negative) exposes it
+    if positions is None:
+        positions = list(range(activation.shape[1]))
+    for p in positions:
+        if 0 <= p < activation.shape[1]:
+            activation[:, p] = source[:, p]
+    return activation
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (patch_empty_means_all, "treats [] like None"),
+    (patch_writes_source, "modified `source`"),
+    (patch_no_return, "returned None"),
+    (patch_batch_dim, "indexed the batch dim"),
+])
+def test_patch_activation_mistakes(wrong, fragment):
+    assert_fails_with("patch_activation", wrong, fragment)
+
+
+def test_patch_activation_negative_positions_are_checked():
+    result = run_check("patch_activation", patch_positive_range)
+    assert not result.passed and "[-1]" in result.message
+
+
+def test_patch_activation_written_differently():
+    def out_of_place(activation, hook, source, positions=None):
+        if positions is None:
+            return source.clone()
+        mask = torch.zeros(activation.shape[1], dtype=torch.bool)
+        mask[positions] = True
+        shape = (1, -1) + (1,) * (activation.ndim - 2)
+        return torch.where(mask.view(shape), source, activation)
+
+    assert run_check("patch_activation", out_of_place).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# restored_fraction
+# ----------------------------------------------------------------------------------------------------
+def restored_remaining(patched, base, tuned):
+    return (tuned.mean() - patched.mean()) / (tuned.mean() - base.mean())
+
+
+def restored_mean_of_ratios(patched, base, tuned):  # a single example hides it
+    return ((patched - base) / (tuned - base)).mean()
+
+
+def restored_over_tuned(patched, base, tuned):
+    return (patched.mean() - base.mean()) / tuned.mean()
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (restored_remaining, "1 - restored"),
+    (restored_mean_of_ratios, "mean of per-example ratios"),
+    (restored_over_tuned, "divided by mean(tuned)"),
+])
+def test_restored_fraction_mistakes(wrong, fragment):
+    assert_fails_with("restored_fraction", wrong, fragment)
+
+
+def test_restored_fraction_as_python_float_fails():
+    result = run_check("restored_fraction", lambda p, b, t: ((p.mean() - b.mean()) / (t.mean() - b.mean())).item())
+    assert not result.passed and "torch.Tensor" in result.message
+
+
+def test_restored_fraction_written_differently():
+    def via_sums(patched, base, tuned):
+        n = patched.numel()
+        return (patched.sum() / n - base.sum() / n) / ((tuned - base).sum() / n)
+
+    assert run_check("restored_fraction", via_sums).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# activation_difference
+# ----------------------------------------------------------------------------------------------------
+def diff_base_minus_tuned(base_resid, tuned_resid, n_positions=5):
+    return (base_resid - tuned_resid)[:, :n_positions].mean((0, 1))
+
+
+def diff_all_positions(base_resid, tuned_resid, n_positions=5):
+    return (tuned_resid - base_resid).mean((0, 1))
+
+
+def diff_batch_sliced(base_resid, tuned_resid, n_positions=5):
+    return (tuned_resid[:n_positions] - base_resid[:n_positions]).mean((0, 1))
+
+
+def diff_sum_positions(base_resid, tuned_resid, n_positions=5):  # n_positions=1 hides it
+    return (tuned_resid - base_resid)[:, :n_positions].sum(1).mean(0)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (diff_base_minus_tuned, "sign is flipped"),
+    (diff_all_positions, "averaged over every position"),
+    (diff_batch_sliced, "sliced the batch dim"),
+    (diff_sum_positions, "summed over positions"),
+])
+def test_activation_difference_mistakes(wrong, fragment):
+    assert_fails_with("activation_difference", wrong, fragment)
+
+
+def test_activation_difference_written_differently():
+    def by_loops(base_resid, tuned_resid, n_positions=5):
+        n = min(n_positions, base_resid.shape[1])
+        total = torch.zeros(base_resid.shape[-1])
+        for b in range(base_resid.shape[0]):
+            for t in range(n):
+                total += tuned_resid[b, t] - base_resid[b, t]
+        return total / (base_resid.shape[0] * n)
+
+    assert run_check("activation_difference", by_loops).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# param_change
+# ----------------------------------------------------------------------------------------------------
+def change_absolute(base_params, tuned_params):
+    return {k: (tuned_params[k] - v).norm().item() for k, v in base_params.items() if k in tuned_params}
+
+
+def change_no_clamp(base_params, tuned_params):  # only a zero base tensor exposes it
+    return {k: ((tuned_params[k] - v).norm() / v.norm()).item() for k, v in base_params.items() if k in tuned_params}
+
+
+def change_all_names(base_params, tuned_params):  # only a name missing from one dict exposes it
+    return {k: ((tuned_params[k] - v).norm() / v.norm().clamp(min=1e-8)).item() for k, v in base_params.items()}
+
+
+def change_tensors(base_params, tuned_params):
+    return {k: (tuned_params[k] - v).norm() / v.norm().clamp(min=1e-8) for k, v in base_params.items() if k in tuned_params}
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (change_absolute, "absolute change"),
+    (change_no_clamp, "clamp the denominator"),
+    (change_all_names, "BOTH dicts"),
+    (change_tensors, "Python floats"),
+])
+def test_param_change_mistakes(wrong, fragment):
+    assert_fails_with("param_change", wrong, fragment)
+
+
+def test_param_change_written_differently():
+    def with_sums(base_params, tuned_params):
+        out = {}
+        for name in set(base_params) & set(tuned_params):
+            b, t = base_params[name].double(), tuned_params[name].double()
+            out[name] = float(((t - b) ** 2).sum().sqrt() / max(float((b**2).sum().sqrt()), 1e-8))
+        return out
+
+    assert run_check("param_change", with_sums).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# fraction_changed
+# ----------------------------------------------------------------------------------------------------
+def fraction_ge(base_params, tuned_params, atol=0.0):  # only ties at atol (or atol=0) expose it
+    names = [k for k in base_params if k in tuned_params]
+    hits = sum(int(((tuned_params[k] - base_params[k]).abs() >= atol).sum()) for k in names)
+    return hits / sum(base_params[k].numel() for k in names)
+
+
+def fraction_mean_per_tensor(base_params, tuned_params, atol=0.0):
+    names = [k for k in base_params if k in tuned_params]
+    per = [((tuned_params[k] - base_params[k]).abs() > atol).float().mean().item() for k in names]
+    return sum(per) / len(per)
+
+
+def fraction_no_abs(base_params, tuned_params, atol=0.0):
+    names = [k for k in base_params if k in tuned_params]
+    hits = sum(int(((tuned_params[k] - base_params[k]) > atol).sum()) for k in names)
+    return hits / sum(base_params[k].numel() for k in names)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (fraction_ge, "strictly greater"),
+    (fraction_mean_per_tensor, "per-tensor fractions"),
+    (fraction_no_abs, "only entries that went UP"),
+])
+def test_fraction_changed_mistakes(wrong, fragment):
+    assert_fails_with("fraction_changed", wrong, fragment)
+
+
+def test_fraction_changed_written_differently():
+    def with_isclose(base_params, tuned_params, atol=0.0):
+        same, total = 0, 0
+        for name in base_params.keys() & tuned_params.keys():
+            b, t = base_params[name].double(), tuned_params[name].double()
+            same += int(((t - b).abs() <= atol).sum())
+            total += b.numel()
+        return 1.0 - same / total
+
+    assert run_check("fraction_changed", with_isclose).passed

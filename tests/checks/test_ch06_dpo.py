@@ -1,0 +1,344 @@
+"""Checkers of chapter 06: the reference passes, the stub fails, realistic wrong versions (written out
+here, independently of the checker's catalogue) fail with a message naming the mistake, and correct
+code written differently passes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlhf_tutorial.checks import run_check
+from tests.checks.helpers import assert_fails_with
+
+
+# ----------------------------------------------------------------------------------------------------
+# sequence_logprobs
+# ----------------------------------------------------------------------------------------------------
+def seq_unshifted(logits, tokens, mask):
+    lp = logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return (lp * mask).sum(-1)
+
+
+def seq_mean(logits, tokens, mask):
+    lp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    m = mask[:, 1:].float()
+    return (lp * m).sum(-1) / m.sum(-1)
+
+
+def seq_log_of_softmax(logits, tokens, mask):
+    probs = torch.softmax(logits[:, :-1], dim=-1)
+    lp = torch.log(probs).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (lp * mask[:, 1:]).sum(-1)
+
+
+def seq_mask_misaligned(logits, tokens, mask):
+    lp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (lp * mask[:, :-1]).sum(-1)
+
+
+def seq_ignores_mask(logits, tokens, mask):
+    lp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return lp.sum(-1)
+
+
+def seq_counts_position_zero_by_wraparound(logits, tokens, mask):
+    # torch.roll instead of slicing: position 0 gets the last logits, and mask[:, 0] is used.
+    prev = torch.roll(logits, 1, dims=1).log_softmax(-1)
+    lp = prev.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return (lp * mask).sum(-1)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (seq_unshifted, "not shifted"),
+        (seq_mean, "averaged"),
+        (seq_log_of_softmax, "NaN or inf"),  # only the large-logit case exposes it
+        (seq_mask_misaligned, "mask is shifted"),
+        (seq_ignores_mask, "only the tokens where mask is True"),
+        (seq_counts_position_zero_by_wraparound, "Wrong values on an all-True mask"),  # only mask[:, 0] exposes it
+    ],
+)
+def test_sequence_logprobs_mistakes(wrong, fragment):
+    assert_fails_with("sequence_logprobs", wrong, fragment)
+
+
+def test_sequence_logprobs_written_differently():
+    def with_loops(logits, tokens, mask):
+        out = torch.zeros(logits.shape[0])
+        for b in range(logits.shape[0]):
+            for t in range(1, logits.shape[1]):
+                if mask[b, t]:
+                    out[b] += logits[b, t - 1, tokens[b, t]] - torch.logsumexp(logits[b, t - 1], dim=0)
+        return out
+
+    assert run_check("sequence_logprobs", with_loops).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# dpo_loss
+# ----------------------------------------------------------------------------------------------------
+def _h(pc, pr, rc, rr):
+    return (pc - rc) - (pr - rr)
+
+
+def dpo_unstable(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+    h = _h(pc, pr, rc, rr)
+    if loss_type == "sigmoid":
+        ls = label_smoothing
+        return (-(1 - ls) * torch.log(torch.sigmoid(beta * h)) - ls * torch.log(torch.sigmoid(-beta * h))).mean()
+    if loss_type == "ipo":
+        return ((h - 1 / (2 * beta)) ** 2).mean()
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * h).mean()
+    raise ValueError(loss_type)
+
+
+def dpo_no_reference(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+    h = pc - pr
+    if loss_type == "sigmoid":
+        return (-(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)).mean()
+    if loss_type == "ipo":
+        return ((h - 1 / (2 * beta)) ** 2).mean()
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * h).mean()
+    raise ValueError(loss_type)
+
+
+def dpo_ipo_wrong_target(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+    h = _h(pc, pr, rc, rr)
+    if loss_type == "ipo":
+        return ((h - 1 / beta) ** 2).mean()
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * h).mean()
+    if loss_type == "sigmoid":
+        return (-(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)).mean()
+    raise ValueError(loss_type)
+
+
+def dpo_smoothing_swapped(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+    h = _h(pc, pr, rc, rr)
+    if loss_type == "sigmoid":
+        return (-label_smoothing * F.logsigmoid(beta * h) - (1 - label_smoothing) * F.logsigmoid(-beta * h)).mean()
+    if loss_type == "ipo":
+        return ((h - 1 / (2 * beta)) ** 2).mean()
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * h).mean()
+    raise ValueError(loss_type)
+
+
+def dpo_falls_back_to_sigmoid(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+    h = _h(pc, pr, rc, rr)
+    if loss_type == "ipo":
+        return ((h - 1 / (2 * beta)) ** 2).mean()
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * h).mean()
+    return (-(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)).mean()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (dpo_unstable, "logsigmoid"),  # only the |beta * h| in the hundreds case exposes it
+        (dpo_no_reference, "reference log-probs are missing"),
+        (dpo_ipo_wrong_target, "1 / (2 * beta)"),
+        (dpo_smoothing_swapped, "label_smoothing weighs the wrong term"),
+        (dpo_falls_back_to_sigmoid, "did not raise ValueError"),
+    ],
+)
+def test_dpo_loss_mistakes(wrong, fragment):
+    assert_fails_with("dpo_loss", wrong, fragment)
+
+
+def test_dpo_loss_written_differently():
+    def via_softplus(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+        logits = beta * ((pc - pr) - (rc - rr))
+        if loss_type == "sigmoid":  # -logsigmoid(x) = softplus(-x)
+            return ((1 - label_smoothing) * F.softplus(-logits) + label_smoothing * F.softplus(logits)).mean()
+        if loss_type == "ipo":
+            return ((logits / beta - 0.5 / beta) ** 2).mean()
+        if loss_type == "hinge":
+            return (1 - logits).clamp(min=0).mean()
+        raise ValueError(f"unknown {loss_type}")
+
+    assert run_check("dpo_loss", via_softplus).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# implicit_reward
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (lambda p, r, beta: beta * (r - p), "upside down"),
+        (lambda p, r, beta: p - r, "beta is missing"),
+        (lambda p, r, beta: (p - r) / beta, "divided by beta"),
+        (lambda p, r, beta: (p - r) * beta + beta, "Wrong values"),  # no catalogued mistake: a plain mismatch
+    ],
+)
+def test_implicit_reward_mistakes(wrong, fragment):
+    assert_fails_with("implicit_reward", wrong, fragment)
+
+
+def test_implicit_reward_written_differently():
+    def distributed(policy_logps, ref_logps, beta):
+        return torch.mul(policy_logps, beta).sub(torch.mul(ref_logps, beta))
+
+    assert run_check("implicit_reward", distributed).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# simpo_loss
+# ----------------------------------------------------------------------------------------------------
+def simpo_unnormalised(c, r, lc, lr, beta=2.0, gamma=0.5):
+    return -F.logsigmoid(beta * (c - r) - gamma).mean()
+
+
+def simpo_gamma_added(c, r, lc, lr, beta=2.0, gamma=0.5):
+    return -F.logsigmoid(beta * (c / lc - r / lr) + gamma).mean()
+
+
+def simpo_unstable(c, r, lc, lr, beta=2.0, gamma=0.5):
+    return -torch.log(torch.sigmoid(beta * (c / lc - r / lr) - gamma)).mean()
+
+
+def simpo_gamma_times_beta(c, r, lc, lr, beta=2.0, gamma=0.5):
+    return -F.logsigmoid(beta * (c / lc - r / lr - gamma)).mean()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (simpo_unnormalised, "not length-normalised"),
+        (simpo_gamma_added, "subtract it"),
+        (simpo_unstable, "logsigmoid"),  # only the single-token, log-probs-in-the-hundreds case exposes it
+        (simpo_gamma_times_beta, "scaled by beta"),
+    ],
+)
+def test_simpo_loss_mistakes(wrong, fragment):
+    assert_fails_with("simpo_loss", wrong, fragment)
+
+
+def test_simpo_loss_written_differently():
+    def via_softplus(c, r, lc, lr, beta=2.0, gamma=0.5):
+        x = beta * c / lc.float() - beta * r / lr.float() - gamma
+        return F.softplus(-x).sum() / x.numel()
+
+    assert run_check("simpo_loss", via_softplus).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# best_worst_pairs
+# ----------------------------------------------------------------------------------------------------
+def pairs_swapped(rewards):
+    return torch.stack([rewards.argmin(-1), rewards.argmax(-1)], dim=-1)
+
+
+def pairs_via_sort(rewards):
+    # descending sort: first and last of the order; ties come out in the order sort chooses
+    order = rewards.argsort(dim=-1, descending=True, stable=True)
+    return torch.stack([order[:, 0], order[:, -1]], dim=-1)
+
+
+def pairs_transposed(rewards):
+    return torch.stack([rewards.argmax(-1), rewards.argmin(-1)])
+
+
+def pairs_as_float(rewards):
+    return torch.stack([rewards.argmax(-1), rewards.argmin(-1)], dim=-1).float()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (pairs_swapped, "swapped"),
+        (pairs_via_sort, "the worst the last"),  # only ties expose it
+        (pairs_transposed, "shape"),
+        (pairs_as_float, "dtype"),
+    ],
+)
+def test_best_worst_pairs_mistakes(wrong, fragment):
+    assert_fails_with("best_worst_pairs", wrong, fragment)
+
+
+def test_best_worst_pairs_written_differently():
+    def with_loops(rewards):
+        out = []
+        for row in rewards.tolist():
+            best = worst = 0
+            for j, value in enumerate(row):
+                if value > row[best]:
+                    best = j
+                if value < row[worst]:
+                    worst = j
+            out.append([best, worst])
+        return torch.tensor(out, dtype=torch.int64)
+
+    assert run_check("best_worst_pairs", with_loops).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# rloo_advantages
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (lambda r: r - r.mean(-1, keepdim=True), "sample j included"),
+        (lambda r: r - (r.sum(-1, keepdim=True) - r) / r.shape[-1], "G - 1"),
+        (lambda r: (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-4), "Wrong values"),
+        (lambda r: r - (r.sum() - r) / (r.numel() - 1), "within each group"),
+    ],
+)
+def test_rloo_advantages_mistakes(wrong, fragment):
+    assert_fails_with("rloo_advantages", wrong, fragment)
+
+
+def test_rloo_advantages_written_differently():
+    def via_scaling(rewards):
+        size = rewards.shape[1]
+        return size / (size - 1) * (rewards - rewards.mean(dim=1, keepdim=True))
+
+    assert run_check("rloo_advantages", via_scaling).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# gspo_sequence_ratio
+# ----------------------------------------------------------------------------------------------------
+def gspo_arithmetic(lp, old, mask):
+    m = mask.float()
+    return ((lp - old).exp() * m).sum(-1) / m.sum(-1)
+
+
+def gspo_product(lp, old, mask):
+    return ((lp - old) * mask).sum(-1).exp()
+
+
+def gspo_padded_mean(lp, old, mask):
+    return ((lp - old) * mask).mean(-1).exp()
+
+
+def gspo_ignores_mask(lp, old, mask):
+    return (lp - old).mean(-1).exp()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (gspo_arithmetic, "arithmetic mean"),
+        (gspo_product, "summed, not averaged"),
+        (gspo_padded_mean, "padded length"),
+        (gspo_ignores_mask, "Masked positions were counted"),
+    ],
+)
+def test_gspo_sequence_ratio_mistakes(wrong, fragment):
+    assert_fails_with("gspo_sequence_ratio", wrong, fragment)
+
+
+def test_gspo_sequence_ratio_written_differently():
+    def with_loops(lp, old, mask):
+        out = []
+        for row_lp, row_old, row_m in zip(lp, old, mask):
+            diffs = (row_lp - row_old)[row_m]
+            out.append(torch.prod(torch.exp(diffs)) ** (1.0 / len(diffs)))
+        return torch.stack(out)
+
+    assert run_check("gspo_sequence_ratio", with_loops).passed
