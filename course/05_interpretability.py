@@ -49,6 +49,7 @@ from rlhf_tutorial.interp import (
     PROMPTS,
     closure_error,
     final_score,
+    first_layer_reaching,
     lens_records,
     mean_attributions,
     patching_sweep,
@@ -57,8 +58,9 @@ from rlhf_tutorial.interp import (
     single_token_ids,
     steered_samples,
 )
-from rlhf_tutorial.interp_report import load_pair, train_tuned
-from rlhf_tutorial.rlhf import get_samples, make_reward_fn
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import get_samples
+from rlhf_tutorial.trainers.interp_report import load_pair, train_tuned
 from rlhf_tutorial.widgets.interp import (
     attribution_figure,
     lens_explorer,
@@ -91,7 +93,7 @@ print(f"world: {world}; {base.cfg.n_layers} layers, {base.cfg.n_heads} heads, d_
 # their next-token distributions right after the prompt: the first word a review chooses.
 
 # %%
-reward_fn = make_reward_fn(world, "neg")  # P(NEGATIVE | text), as in chapter 03
+reward_fn = sentiment_reward_fn(world, "neg")  # P(NEGATIVE | text), as in chapter 03
 n_show = 4 if is_smoke() else 6
 for name, model in [("base", base), ("tuned", tuned_model)]:
     torch.manual_seed(1)
@@ -217,7 +219,7 @@ lens_tuned, _ = lens_at_last_token(tuned_model)
 print(f"{'':>12} {'logit lens base':>16} {'tuned':>8} {'value lens base':>16} {'tuned':>8}")
 for i, label in enumerate(labels):
     print(f"{label:>12} {lens_base[0, i]:>16.3f} {lens_tuned[0, i]:>8.3f} {lens_base[1, i]:>16.3f} {lens_tuned[1, i]:>8.3f}")
-half = next(i for i, v in enumerate(lens_tuned[0].tolist()) if v >= 0.5 * float(lens_tuned[0, -1]))
+half = first_layer_reaching(lens_tuned[0].tolist(), 0.5)
 print(f"the tuned model's logit lens first reaches half its final value at {labels[half]}")
 
 # %%

@@ -27,15 +27,14 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlhf_tutorial import check, hint, progress
-from rlhf_tutorial.dpo_trainer import DPOArgs, pairs_from_samples, to_batch
-from rlhf_tutorial.dpo_trainer import learner_functions as dpo_learner_functions
-from rlhf_tutorial.dpo_trainer import train as train_dpo
-from rlhf_tutorial.frontier import FrontierArgs, run_frontier
-from rlhf_tutorial.grpo import GRPOArgs
-from rlhf_tutorial.grpo import learner_functions as grpo_learner_functions
-from rlhf_tutorial.grpo import train as train_grpo
-from rlhf_tutorial.policy_eval import evaluate_policy
-from rlhf_tutorial.rlhf import make_reward_fn
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.trainers.dpo import DPOArgs, pairs_from_samples
+from rlhf_tutorial.trainers.dpo import learner_functions as dpo_learner_functions
+from rlhf_tutorial.trainers.dpo import train as train_dpo
+from rlhf_tutorial.trainers.frontier import FrontierArgs, run_frontier
+from rlhf_tutorial.trainers.grpo import GRPOArgs
+from rlhf_tutorial.trainers.grpo import learner_functions as grpo_learner_functions
+from rlhf_tutorial.trainers.grpo import train as train_grpo
 from rlhf_tutorial.widgets.dpo import FrontierTable, cost_figure, dpo_curves, dpo_dashboard, frontier_figure
 from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world, smoke_sizes
 
@@ -47,7 +46,7 @@ if is_tiny():
 policy = load_policy(world)
 prompt = default_prompt()
 direction = "neg"
-sentiment_reward = make_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
+sentiment_reward = sentiment_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
 print(f"world: {world}, prompt: {prompt!r}")
 
 # %% [markdown]
@@ -173,13 +172,13 @@ for *_, chosen, rejected, gap in pairs:
 # %% [markdown]
 # ## 5. Training with DPO
 #
-# `rlhf_tutorial.dpo_trainer.train` runs your `sequence_logprobs`, `dpo_loss`, `implicit_reward` and
+# `rlhf_tutorial.trainers.dpo.train` runs your `sequence_logprobs`, `dpo_loss`, `implicit_reward` and
 # `best_worst_pairs` (`dpo_learner_functions(globals())` hands them over). Offline (the default), the
 # pairs are drawn once from the reference (`num_pairs` groups of `group_size`), the reference's
 # sequence log-probs are computed once, and the policy makes `rounds` passes over them in minibatches
 # of `batch_size` pairs. After every round the policy is measured on fresh samples of its own: the
-# held-out classifier reward and the **sequence KL** to the reference (`policy_eval.evaluate_policy`,
-# the same measurement the frontier uses for every method).
+# held-out classifier reward and the **sequence KL** to the reference (`evaluate_policy`,
+# the same measurement the frontier uses for every method, in `rlhf_tutorial.trainers.policy_eval`).
 #
 # The tiny world runs a shortened version of the CLI's run (`python -m rlhf_tutorial train-dpo --world
 # tiny --seed 0`: 384 pairs of the best and worst of 16, 5 rounds); `DPOArgs` documents every knob.
@@ -393,7 +392,7 @@ progress("06")
 # ## What to try next
 #
 # - `train-dpo --online`: pairs from the current policy every round. Where does online DPO land on the
-#   frontier? (`frontier` runs offline DPO; add a point by hand with `evaluate_policy`.)
+#   frontier? (`frontier` runs offline DPO; add a point by hand with `trainers.policy_eval.evaluate_policy`.)
 # - `loss_type="hinge"` and `label_smoothing=0.1` in `DPOArgs`: does a loss that saturates, or one
 #   that doubts its labels, keep the KL down?
 # - SimPO in the trainer: `simpo_loss` needs no reference log-probs. Pass a `dpo_loss` replacement to

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlhf_tutorial import interp
-from rlhf_tutorial.interp_report import load_pair, main
 from rlhf_tutorial.tiny.tuned import TUNED_NAME
+from rlhf_tutorial.trainers.interp_report import load_pair, main
 from rlhf_tutorial.worlds import tiny_dir
 
 #: Float32 round-off of a sum of ~20 terms of size ~1: far below any attribution we interpret.
@@ -130,3 +130,10 @@ def test_a_missing_checkpoint_is_a_message_and_a_json_error(tmp_path, capsys):
     out = capsys.readouterr()
     assert "no tuned policy in" in out.err and "Traceback" not in out.err
     assert "train-rlhf" in json.loads(out.out.strip().splitlines()[-1])["error"]
+
+
+def test_first_layer_reaching_half_of_the_final_value():
+    assert interp.first_layer_reaching([-0.31, 0.34, 0.63]) == 1
+    assert interp.first_layer_reaching([0.9, 0.1, 1.0]) == 0
+    assert interp.first_layer_reaching([0.1, -0.2, -1.0]) == 2  # a negative final value: measured in its sign
+    assert interp.first_layer_reaching([0.0, 0.0, 0.0]) == 0

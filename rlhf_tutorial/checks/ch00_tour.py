@@ -1,30 +1,32 @@
-"""Checkers for chapter 00: the tour of HookedTransformer."""
+"""Checkers for chapter 00: the tour of HookedTransformer.
+
+Regimes probed (where plausible implementations differ):
+- next_token_probs: a batch of 1 (a dropped batch dimension), one token per row (first position ==
+  last), and logits in the hundreds (an unembedding x 2000), where a hand-written exp / sum softmax
+  overflows;
+- final_normalized_residual: the same token cases, against the neighbouring activations (the residual
+  before the final LayerNorm, the last block's ln2, the logits).
+"""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import tour
-from rlhf_tutorial.checks.core import Case, Mistake, checker, compare_to_reference
+from rlhf_tutorial.checks import fixtures
+from rlhf_tutorial.checks.core import Case, Mistake, checker, compare_to_reference, seeded
 
 CHAPTER = "00_setup_and_tour"
-
-
-def small_model(seed: int = 0, d_vocab: int = 50) -> HookedTransformer:
-    """A seeded random GPT-2-style model, small enough to build in milliseconds.
-
-    LayerNorms are "LNPre" (weights folded into the next layer), as in both worlds' policies.
-    """
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type="LNPre", seed=seed,
-    )
-    return HookedTransformer(cfg).eval()
+small_model = partial(fixtures.small_model, normalization_type="LNPre")  # the worlds' LayerNorms
 
 
 def _token_cases(model: HookedTransformer) -> list[Case]:
-    g = torch.Generator().manual_seed(0)
+    """A batch of 1 (a batch dimension dropped or squeezed shows), a batch of 3 (the typical case),
+    one token per row (first position == last: a sequence dimension squeezed away shows)."""
+    g = seeded(0)
     vocab = model.cfg.d_vocab
     return [
         Case("a batch of 1", (model, torch.randint(0, vocab, (1, 5), generator=g))),
@@ -41,10 +43,16 @@ def _token_cases(model: HookedTransformer) -> list[Case]:
 )
 def check_next_token_probs(candidate) -> str:
     model = small_model()
+    # Saturation: the same model with its unembedding x 2000 (logits in the hundreds), where exp
+    # overflows: only a max-subtracting softmax (torch's) stays finite.
+    loud = small_model()
+    with torch.no_grad():
+        loud.W_U.mul_(2000.0)
+    tokens = torch.randint(0, loud.cfg.d_vocab, (2, 4), generator=seeded(1))
     return compare_to_reference(
         candidate,
         tour.next_token_probs,
-        _token_cases(model),
+        _token_cases(model) + [Case("logits in the hundreds (exp overflows)", (loud, tokens))],
         arg_names=["model", "tokens"],
         mistakes=[
             Mistake("These are raw logits: apply softmax to get probabilities.", lambda m, t: m(t)[:, -1]),
@@ -65,6 +73,7 @@ def check_next_token_probs(candidate) -> str:
     "fwd_hooks=[(name, fn)]) whose fn stores the activation (or use model.run_with_cache and read "
     "cache['ln_final.hook_normalized']).",
 )
+
 def check_final_normalized_residual(candidate) -> str:
     model = small_model(seed=1)
     last = model.cfg.n_layers - 1

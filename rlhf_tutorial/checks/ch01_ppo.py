@@ -1,4 +1,18 @@
-"""Checkers for chapter 01: PPO from scratch (the pieces of rlhf_tutorial/ppo.py)."""
+"""Checkers for chapter 01: PPO from scratch (the pieces of rlhf_tutorial/ppo.py).
+
+Regimes probed (where plausible implementations differ):
+- layer_init: tall, wide and square layers (orthogonal rows vs columns), gains 0.01 to 2, non-zero
+  biases (a bias left at 0 shows only there);
+- compute_gae: random episode ends, none, every step an end (the dones[t] vs dones[t+1] convention),
+  a single step and env, gamma = lambda = 1 and lambda = 0 (the recursion's factors), equal rewards;
+- calc_clipped_surrogate_objective: ratios inside and far outside the clip range, ratio exactly 1,
+  all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation);
+- calc_value_function_loss: 1-d and 2-d batches (len() is the number of rows), values == returns;
+- calc_entropy_bonus: ties (all logits equal: log n), logits x 1e4 (log(softmax) underflows), a batch of 1;
+- get_minibatch_indices: minibatch == batch, minibatches of 1, 512 indices (order, seeding);
+- rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation; one
+  setting with the gradient clip inactive and one where it clips every step.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +38,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
     seeded,
 )
+from rlhf_tutorial.trainers.ppo import PPOArgs
 
 CHAPTER = "01_ppo"
 
@@ -666,7 +681,7 @@ def check_learning_phase(candidate) -> str:
     #    parameters must match the reference's after two epochs; once with a gradient-norm limit far
     #    above the gradient's norm (about 1 here), once with one that clips every step.
     for max_grad_norm, label in ((10.0, "without gradient clipping active"), (0.3, "with gradient clipping active")):
-        args = ppo.PPOArgs(num_envs=2, num_steps=8, num_minibatches=1, update_epochs=2,
+        args = PPOArgs(num_envs=2, num_steps=8, num_minibatches=1, update_epochs=2,
                            max_grad_norm=max_grad_norm, ent_coef=0.05, hidden=16)
         agent, buffer, next_obs = _learning_setup(0, args.num_envs, args.num_steps)
         before = _buffer_copy(buffer)
@@ -719,7 +734,7 @@ def check_learning_phase(candidate) -> str:
                            hint="Use the estimator that is never negative: mean((ratio - 1) - log ratio).")
 
     # 2. Several minibatches and epochs: the order is the learner's, so check the structure instead.
-    args = ppo.PPOArgs(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=3, hidden=16)
+    args = PPOArgs(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=3, hidden=16)
     agent, buffer, next_obs = _learning_setup(1, args.num_envs, args.num_steps)
     seen: list[torch.Tensor] = []
     agent.actor.register_forward_pre_hook(

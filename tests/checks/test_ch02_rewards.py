@@ -10,36 +10,7 @@ import torch.nn.functional as F
 
 from rlhf_tutorial import rewards
 from rlhf_tutorial.checks import run_check
-from rlhf_tutorial.notebooks import load_stub
 from tests.checks.helpers import assert_fails_with
-
-CHAPTER = "02_rewards"
-EXERCISES = [
-    "reward_fn_char_count",
-    "reward_fn_sentiment",
-    "whiten",
-    "ngram_repetition",
-    "bradley_terry_loss",
-    "pool_last_token",
-    "pool_mean",
-    "RewardModel",
-    "reward_model_train_step",
-]
-
-
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_reference_passes(name):
-    result = run_check(name, getattr(rewards, name))
-    assert result.passed, result.message
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_stub_fails(name):
-    result = run_check(name, load_stub(CHAPTER, name))
-    assert not result.passed
-    assert "not implemented" in result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -691,3 +662,21 @@ def bt_log_sigmoid(chosen_rewards, rejected_rewards):
                                              (bt_log_sigmoid, "sigmoid underflows")])
 def test_bradley_terry_infinite_loss_names_the_true_cause(wrong, fragment):
     assert_fails_with("bradley_terry_loss", wrong, fragment)
+
+
+def char_count_case_insensitive(samples, char="."):  # only a capital letter in the text exposes it
+    return torch.tensor([float(s.lower().count(char.lower())) for s in samples])
+
+
+def test_char_count_case_variant_is_rejected():
+    assert_fails_with("reward_fn_char_count", char_count_case_insensitive, "lowercased")
+
+
+def whiten_without_eps(values, shift_mean=True, eps=1e-8):  # only all-equal values (variance 0) expose it
+    mean = values.mean()
+    out = (values - mean) / values.std(unbiased=False)
+    return out if shift_mean else out + mean
+
+
+def test_whiten_without_eps_is_rejected():
+    assert_fails_with("whiten", whiten_without_eps, "all-equal values")
