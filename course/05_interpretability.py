@@ -49,6 +49,7 @@ from rlhf_tutorial.interp import (
     PROMPTS,
     closure_error,
     final_score,
+    first_layer_reaching,
     lens_records,
     mean_attributions,
     patching_sweep,
@@ -217,7 +218,7 @@ lens_tuned, _ = lens_at_last_token(tuned_model)
 print(f"{'':>12} {'logit lens base':>16} {'tuned':>8} {'value lens base':>16} {'tuned':>8}")
 for i, label in enumerate(labels):
     print(f"{label:>12} {lens_base[0, i]:>16.3f} {lens_tuned[0, i]:>8.3f} {lens_base[1, i]:>16.3f} {lens_tuned[1, i]:>8.3f}")
-half = next(i for i, v in enumerate(lens_tuned[0].tolist()) if v >= 0.5 * float(lens_tuned[0, -1]))
+half = first_layer_reaching(lens_tuned[0].tolist(), 0.5)
 print(f"the tuned model's logit lens first reaches half its final value at {labels[half]}")
 
 # %%

@@ -449,6 +449,14 @@ def steered_samples(model: HookedTransformer, vector: Tensor, layer: int, coef: 
     return list(zip(texts, reward_fn(texts).tolist()))
 
 
+def first_layer_reaching(lens: Sequence[float], fraction: float = 0.5) -> int:
+    """The first index where a lens (one value per layer) has come ``fraction`` of the way to its final
+    value, measured from 0 in the final value's sign (the last index when it never does before)."""
+    final = float(lens[-1])
+    sign = 1.0 if final >= 0 else -1.0
+    return next((i for i, v in enumerate(lens) if sign * float(v) >= fraction * abs(final)), len(lens) - 1)
+
+
 def steering_hook(vector: Float[Tensor, "d"], coef: float) -> Callable:
     """A hook that adds ``coef * vector`` to the residual stream at every position."""
 

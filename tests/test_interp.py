@@ -130,3 +130,10 @@ def test_a_missing_checkpoint_is_a_message_and_a_json_error(tmp_path, capsys):
     out = capsys.readouterr()
     assert "no tuned policy in" in out.err and "Traceback" not in out.err
     assert "train-rlhf" in json.loads(out.out.strip().splitlines()[-1])["error"]
+
+
+def test_first_layer_reaching_half_of_the_final_value():
+    assert interp.first_layer_reaching([-0.31, 0.34, 0.63]) == 1
+    assert interp.first_layer_reaching([0.9, 0.1, 1.0]) == 0
+    assert interp.first_layer_reaching([0.1, -0.2, -1.0]) == 2  # a negative final value: measured in its sign
+    assert interp.first_layer_reaching([0.0, 0.0, 0.0]) == 0

@@ -1,4 +1,18 @@
-"""Checkers for chapter 01: PPO from scratch (the pieces of rlhf_tutorial/ppo.py)."""
+"""Checkers for chapter 01: PPO from scratch (the pieces of rlhf_tutorial/ppo.py).
+
+Regimes probed (where plausible implementations differ):
+- layer_init: tall, wide and square layers (orthogonal rows vs columns), gains 0.01 to 2, non-zero
+  biases (a bias left at 0 shows only there);
+- compute_gae: random episode ends, none, every step an end (the dones[t] vs dones[t+1] convention),
+  a single step and env, gamma = lambda = 1 and lambda = 0 (the recursion's factors), equal rewards;
+- calc_clipped_surrogate_objective: ratios inside and far outside the clip range, ratio exactly 1,
+  all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation);
+- calc_value_function_loss: 1-d and 2-d batches (len() is the number of rows), values == returns;
+- calc_entropy_bonus: ties (all logits equal: log n), logits x 1e4 (log(softmax) underflows), a batch of 1;
+- get_minibatch_indices: minibatch == batch, minibatches of 1, 512 indices (order, seeding);
+- rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation; one
+  setting with the gradient clip inactive and one where it clips every step.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,27 @@ stopping, replay memory) are driven through scripted sequences. The phases run o
 (its policy, tokenizer and sentiment classifier) with small sizes, and are checked on their
 mechanics: shapes, what the memory holds, KL starting at 0, the reference model left untouched, the
 update matching a reference update, and the reward moving.
+
+Regimes probed (where plausible implementations differ):
+- get_logprobs: prefix_len None and given, one generated token, logits x 100 (log(softmax) underflows);
+- calc_kl_penalty: logits x 50, identical logits (KL exactly 0), a single position;
+- approx_kl: |logr| < 3 of both signs, logr = 0, a single token, then |logr| up to 30 for k1, k2 and k3
+  (a clamp of the log-ratio or of the estimate shows only there);
+- compute_advantages / compute_per_token_rewards: one generated token (first == last), a batch of 1,
+  all-equal values;
+- lr_schedule: step 0, the end of warmup, no warmup, steps past total_steps (the clamp), final_scale 0;
+- AdaptiveKLController: a mixed script (the error clip, n_steps), 30 updates far above target (x ~240)
+  and 45 at KL = 0 (/ ~23000): a clamp or floor on the coefficient shows only on these runaways;
+- EarlyStopping: values exactly at the thresholds, the reward threshold on and off, resets;
+- TransformerWithValueHead: the hook's return value (replacing the activation), the initialisation,
+  gradients into the trunk (a detached residual);
+- compute_rlhf_objective: each term alone (coefficients and advantages set to 0 for the others), then
+  together, at temperatures 0.7, 1 and 1.3 (the temperature of the reference logits), full and k3 KL;
+- rollout_phase: the policy equal to the reference, a moved policy with an adaptive coefficient away
+  from args.kl_coef, one-step advantages with whiten_rewards=False, a unigram repetition penalty that
+  differs between samples; forward passes counted per chunk;
+- learning_phase: a policy already away from the reference with kl_coef 0.5 (the objective's KL
+  coefficient shows), clipping active, two passes of two minibatches, trainer.generator's state.
 """
 
 from __future__ import annotations

@@ -323,6 +323,11 @@ def form_mismatch(out: Any, expected: Any) -> str | None:
             text = form_mismatch(o, e)
             if text:
                 return f"item {i}: {text}" if len(expected) > 1 else text
+    elif isinstance(expected, dict) and isinstance(out, dict):
+        for key, e in expected.items():
+            text = form_mismatch(out.get(key), e)
+            if text:
+                return f"[{key!r}]: {text}"
     return None
 
 

@@ -1111,3 +1111,13 @@ class ValueHeadDefaultInit(ValueHeadDetached):
 )
 def test_value_head_decisions(wrong, fragment):
     assert_fails_with("TransformerWithValueHead", wrong, fragment)
+
+
+def logprobs_log_of_softmax(logits, tokens, prefix_len=None):  # only logits x100 expose it: softmax underflows
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start - 1 : -1].softmax(-1).log().gather(-1, tokens[:, start:, None])[..., 0]
+
+
+def test_get_logprobs_log_of_softmax_is_caught_by_large_logits():
+    result = run_check("get_logprobs", logprobs_log_of_softmax)
+    assert not result.passed and "large logits" in result.message, result.message
