@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-rlhf": ("rlhf_tutorial.trainers.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
     "bench-memory": ("rlhf_tutorial.trainers.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
     "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
-    "build-tuned": ("rlhf_tutorial.tiny.tuned:main", "chapter 05: train and ship the tiny world's tuned policy"),
+    "build-tuned": ("rlhf_tutorial.trainers.interp_report:build_tuned_main", "chapter 05: train and ship the tiny world's tuned policy"),
     "interp-report": ("rlhf_tutorial.trainers.interp_report:main", "chapter 05: what RLHF changed inside the model (HTML)"),
     "train-dpo": ("rlhf_tutorial.trainers.dpo:main", "chapter 06: DPO / IPO on preference pairs"),
     "frontier": ("rlhf_tutorial.trainers.frontier:main", "chapter 06: every method on one reward-KL frontier"),
