@@ -491,7 +491,7 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # and the one-step estimate can only pass the score back one value at a time, through 16 tokens. Measured
 # with the command line (`train-rlhf --world tiny --seed 0 --total-phases 20 --batch-size 32
 # --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step moved the policy
-# (KL 0.22 per token) but hardly the reward (0.29 -> 0.32); GAE took it from 0.29 to 0.86.
+# (KL 0.24 per token) but hardly the reward (0.29 -> 0.35); GAE took it from 0.29 to 0.86.
 #
 # ## Replay memory and minibatches
 #
@@ -732,11 +732,11 @@ samples_table(after["texts"][:8], torch.tensor(after["rewards"][:8]), title="tun
 
 # %% [markdown]
 # With `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0` (the same run) we
-# measured, on 128 samples: reward 0.27 -> 0.95, KL 0.29 per token, 3-gram repetition 0.003 -> 0.003,
-# word repetition 0.10 -> 0.14, reference log-prob per token -1.74 -> -2.06. The repetition metrics
+# measured, on 128 samples: reward 0.27 -> 0.96, KL 0.31 per token, 3-gram repetition 0.003 -> 0.002,
+# word repetition 0.10 -> 0.12, reference log-prob per token -1.74 -> -2.02. The repetition metrics
 # barely move and the text is only a little less likely under the base model: these are still review
 # sentences, now negative ones. Compare the hacked runs below, whose reference log-prob per token
-# falls to -7.5 and -13.7.
+# falls to -4.6 and -12.9.
 
 # %% [markdown]
 # ## Looking inside one sample
@@ -809,25 +809,26 @@ for name, result in hack_results.items():
 # | run | reward | KL / token | ref. log-prob / token | word repetition | 3-gram repetition |
 # |---|---|---|---|---|---|
 # | base model | 0.27 | 0 | -1.74 | 0.10 | 0.00 |
-# | main run above | 0.95 | 0.29 | -2.06 | 0.14 | 0.00 |
-# | tiny $\beta$ | 1.00 | 5.4 | -7.5 | 0.16 | 0.01 |
-# | tiny $\beta$ + repetition penalty | 1.00 | 9.4 | -13.7 | 0.22 | 0.00 |
-# | repetition penalty + adaptive KL | 0.80 | 0.29 | -1.98 | 0.16 | 0.01 |
+# | main run above | 0.96 | 0.31 | -2.02 | 0.12 | 0.00 |
+# | tiny $\beta$ | 0.99 | 2.8 | -4.6 | 0.24 | 0.03 |
+# | tiny $\beta$ + repetition penalty | 1.00 | 8.4 | -12.9 | 0.14 | 0.00 |
+# | repetition penalty + adaptive KL | 0.72 | 0.33 | -2.21 | 0.21 | 0.00 |
 #
-# - **tiny beta**: the reward saturates and the text stops being a review: negative words and names
-#   strung together, the same sentiment word again and again ("atrocious Ivanova Jensen plays were
-#   extremely atrocious performance as the the was absolutely atrocious"). The base model finds it
-#   very unlikely (reference log-prob per token from -1.74 to -7.5) and the KL per token is about 20
-#   times the main run's.
+# - **tiny beta**: the reward saturates and the text stops being a review: broken sentences and the same
+#   sentiment word again and again ("This movie was really muddled. The incredibly bad. It was love gives
+#   a The atrocious. The director"). The base model finds it very unlikely (reference log-prob per token
+#   from -1.74 to -4.6), the KL per token is about 9 times the main run's, and a quarter of the words
+#   repeat an earlier one.
 # - **tiny beta + repetition penalty**: the 3-gram penalty rules out repeated phrases, and the policy
-#   finds the next hole: lists of negative adjectives ("muddled lazy weak tedious predictable sloppy
-#   stiff stiff lazy stiff ..."). Reward 1.00 and 3-gram repetition 0, yet single words repeat more than
-#   ever and the text is the least natural of all. A shaping term closes one loophole, not all of them.
+#   finds the next hole: lists of negative adjectives ("This movie was really tiresome jarring weak tedious
+#   tiresome tiresome atrocious stiff sloppy ..."). Reward 1.00 and 3-gram repetition 0, yet single words
+#   still repeat and the text is by far the least natural of all (reference log-prob -12.9 per token). A
+#   shaping term closes one loophole, not all of them.
 # - **repetition penalty + adaptive KL**: a real KL coefficient, which the controller raises whenever the
-#   KL passes its target. The reward climbs more slowly (0.80 after these 40 aggressive phases), and the
-#   samples stay reviews ("This movie was really dull. The screenplay was utterly warm. I did not admire
-#   the final act."). The main run above, with gentler steps and a fixed $\beta$, gets both: a reward
-#   above 0.9 and natural text.
+#   KL passes its target (here $\beta$ ends at 0.58). The reward climbs more slowly (0.72 after these 40
+#   aggressive phases), and the samples stay reviews ("This movie was really dull. The screenplay was
+#   utterly warm. The editing was appalling."). The main run above, with gentler steps and a fixed
+#   $\beta$, gets both: a reward above 0.9 and natural text.
 #
 # The KL penalty is what keeps "high reward" meaning "a negative review" rather than "whatever string
 # the classifier scores highest". The reward model cannot tell the difference; only the tether to the
