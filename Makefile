@@ -16,24 +16,32 @@ STAND_IN_HF ?= .stand-in-hf
 .PHONY: lab test lint unit nbval nbval-gpt2 stand-in-hub notebooks tiny demo clean help
 
 help:
-	@echo "make lab | make test | make demo | make notebooks | make tiny | make clean"
+	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make clean"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
-	$(BIN)/python -m pip install --quiet --progress-bar off "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev]"
+	# torch first and pinned: the CPU build from PyTorch's CPU index when there is no NVIDIA GPU and that
+	# index answers, else the default index (scripts/install_torch.py says which and why).
+	$(BIN)/python scripts/install_torch.py --spec "$(TORCH_SPEC)"
+	@echo "[install] the course and its dependencies (torch is kept as installed above)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# TRL, only for the tests (bench-trl races our GRPO against it); nothing else in the course needs it.
+TRL_STAMP := $(VENV)/.trl-stamp
+$(TRL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,trl]"
+	@touch $(TRL_STAMP)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=chapters $(ROOT_FLAG) $(LAB_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check --no-cache rlhf_tutorial tests course
+	$(BIN)/ruff check --no-cache rlhf_tutorial tests course scripts
 
-unit: $(STAMP)
+unit: $(STAMP) $(TRL_STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 nbval: $(STAMP)

@@ -510,7 +510,10 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 #
 # Compute `returns = advantages + values`; then for each pass draw
 # `torch.randperm(batch, generator=generator)`, reshape it to `[num_minibatches, -1]`, and build a
-# `ReplayMinibatch` from the same rows of every tensor.
+# `ReplayMinibatch` from the same rows of every tensor. Its fields, all indexed by the minibatch's
+# rows: `tokens` `[mb, s]`, `logprobs` `[mb, g]` (the rollout policy's, pi_old), `ref_logprobs`
+# `[mb, g]`, `advantages` `[mb, g]` and `returns` `[mb, g]` (there is no `values` field: the values
+# enter through `returns`).
 
 # %% exercise rlhf_tutorial.rlhf:ReplayMemory
 
@@ -525,8 +528,12 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # maximised (the optimizer has `maximize=True`). The three middle pieces are chapter 01's functions,
 # imported here. The logits are divided by the temperature first; the entropy and KL are taken at the
 # positions `prefix_len - 1 : -1`, whose logits predict the generated tokens. The KL is
-# `calc_kl_penalty` on reference logits recomputed for this minibatch (under `torch.no_grad()`) when
-# `args.kl_estimator == "full"`, else the mean of `approx_kl` on the stored reference log-probs.
+# `calc_kl_penalty` on reference logits recomputed for this minibatch (under `torch.no_grad()`, and
+# divided by the **same** `args.temperature` as the policy's: both distributions are taken at the
+# sampling temperature) when `args.kl_estimator == "full"`, else the mean of `approx_kl` on the
+# stored reference log-probs (which the rollout already took at that temperature). Multiply the KL by
+# the `kl_coef` argument (not `args.kl_coef`), and the entropy by `args.ent_coef`; the names
+# `entropy` and `kl` hold the terms *before* their coefficients (the logged stats read them).
 #
 # Which KL is in here depends on the advantage estimator. With one-step advantages the rewards hold no
 # KL, and this term (with the trainer's $\beta$) is the only tether to the reference. With GAE (the tiny
@@ -685,7 +692,13 @@ print("beta while KL is below target, then above:", trace)
 # ```
 #
 # You write the two phases. Keep the memory rule in mind: the rollout's forward passes run **one
-# minibatch of rows at a time** under `torch.no_grad()`, and only log-probs and values are kept.
+# chunk of `args.minibatch_size` rows at a time** (`tokens.split(args.minibatch_size)`) under
+# `torch.no_grad()`, and only log-probs and values are kept. The KL coefficient of the per-token
+# rewards (GAE) is the trainer's **current** one, `trainer.kl_coef` (the adaptive controller's value
+# when `args.adaptive_kl` is on; `args.kl_coef` is only its start). Whiten the shaped rewards only when
+# `args.whiten_rewards` is True. In `learning_phase` the objective gets `trainer.objective_kl_coef`
+# (0 with GAE, whose rewards already hold the KL) and the minibatch order comes from
+# `trainer.generator`.
 #
 # ### Exercise: `rollout_phase`
 

@@ -484,3 +484,71 @@ progress("04")
 #   Check its base rate first: a reward the base policy never earns gives only all-equal groups.
 # - From the command line, all of the above are flags:
 #   `python -m rlhf_tutorial train-grpo --world tiny --loss-type dr_grpo --scale none --seed 0`.
+
+# %% [markdown]
+# ## 10. Scaling up: from this course to TRL
+#
+# Past one machine, use a library built for it rather than these trainers: Hugging Face's
+# [TRL](https://huggingface.co/docs/trl) with `accelerate`. Everything you built maps onto it.
+#
+# **The model.** `export-hf` turns a policy into a transformers folder with the same logits (tested to
+# 1e-4). TransformerLens folded the LayerNorms and centred the unembedding; that is the same function,
+# so it maps onto GPT-2 exactly, except for the unembedding's bias $b_U$ (GPT-2's head has none), which
+# the export keeps in a biased head (`GPT2WithUnembedBias`, a `GPT2LMHeadModel` subclass). A chapter-03
+# checkpoint's value head is saved beside it.
+#
+# ```bash
+# python -m rlhf_tutorial export-hf --world tiny --out policy_hf            # the base policy
+# python -m rlhf_tutorial train-rlhf --world tiny --save tuned              # chapter 03, then
+# python -m rlhf_tutorial export-hf --checkpoint tuned --out tuned_hf       # the tuned one + value head
+# ```
+#
+# **The reward and the settings.** A TRL reward function takes the prompts and the completions (text)
+# and returns one float each; our `GRPOArgs` become a `GRPOConfig`
+# (`rlhf_tutorial.bench_trl.trl_config` is the mapping used to race the two):
+#
+# | `GRPOArgs` | `GRPOConfig` |
+# |---|---|
+# | `group_size` (G) | `num_generations` |
+# | `groups_per_phase * group_size` (64 a phase) | `per_device_train_batch_size * steps_per_generation` (x GPUs) |
+# | `num_minibatches` | `steps_per_generation` |
+# | `updates_per_phase` (mu) | `num_iterations` |
+# | `max_new_tokens`, `temperature`, `top_k` | `max_completion_length`, `temperature`, `top_k` |
+# | `learning_rate` (constant), `max_grad_norm` | `learning_rate` + `lr_scheduler_type="constant"`, `max_grad_norm` |
+# | `clip_eps`, `clip_eps_high`, `beta` | `epsilon`, `epsilon_high`, `beta` |
+# | `loss_type`, `scale` | `loss_type`, `scale_rewards` |
+#
+# ```python
+# # train_trl.py: the sentiment GRPO run of this chapter, on TRL
+# import rlhf_tutorial.export                      # registers the biased-head GPT-2 with transformers
+# from datasets import Dataset
+# from trl import GRPOConfig, GRPOTrainer
+# from rlhf_tutorial.grpo import GRPOArgs, make_reward_fn
+#
+# ours = GRPOArgs.preset("tiny")
+# score = make_reward_fn(ours)                     # texts -> rewards, as in section 5
+#
+# def reward(prompts, completions, **kwargs):
+#     return score([p + c for p, c in zip(prompts, completions)]).tolist()
+#
+# config = GRPOConfig(
+#     output_dir="grpo_trl", num_generations=8, per_device_train_batch_size=16, steps_per_generation=4,
+#     num_iterations=2, max_completion_length=16, learning_rate=3e-4, lr_scheduler_type="constant",
+#     beta=0.1, epsilon=0.2, loss_type="grpo", scale_rewards="group", max_steps=320,
+#     bf16=False, gradient_checkpointing=False,
+# )
+# prompts = Dataset.from_dict({"prompt": ["This movie was really"] * 320})
+# GRPOTrainer(model="policy_hf", reward_funcs=reward, args=config, train_dataset=prompts).train()
+# ```
+#
+# **Several GPUs.** The same script runs on every GPU of a machine (or several machines) with
+# `accelerate launch --num_processes 4 train_trl.py`. Each process samples and trains on its own
+# share: `per_device_train_batch_size` is per GPU, so divide it by the number of GPUs to keep 64
+# completions a phase (TRL checks that the global batch is a multiple of `num_generations`);
+# `accelerate config` sets up DeepSpeed or FSDP when the model no longer fits one GPU.
+#
+# **How fast are ours?** `python -m rlhf_tutorial bench-trl --algo grpo` races our trainer against
+# TRL's on the exported tiny policy with the settings above, alternating runs over seeds 0-3, and
+# prints each side's time per phase (split into sampling, scoring, old and reference log-probs and
+# optimisation), time to a mean reward of 0.9, final reward and peak memory. The README lists the
+# figures measured here and every setting TRL expresses differently.

@@ -29,7 +29,7 @@
 # --world tiny` ran chapter 03's trainer (seed 0, towards negative, ~1 minute) and saved the policy and
 # its value head. You need no other notebook. In the GPT-2 world, set `RLHF_TUTORIAL_TUNED_DIR` to a
 # folder saved by `python -m rlhf_tutorial train-rlhf --world gpt2 --save DIR`; without it the cell
-# below trains one with chapter 03's preset (long: use a GPU) and saves it to `checkpoints/`.
+# below trains one with chapter 03's preset (long: use a GPU) and saves it to `runs/`.
 
 # %% imports
 import os
@@ -49,6 +49,7 @@ from rlhf_tutorial.interp import (
     PROMPTS,
     closure_error,
     final_score,
+    first_layer_reaching,
     lens_records,
     mean_attributions,
     patching_sweep,
@@ -75,7 +76,7 @@ if is_tiny():
     torch.set_num_threads(1)  # the tiny model's matrices gain nothing from more threads
 checkpoint = os.environ.get("RLHF_TUTORIAL_TUNED_DIR")
 if checkpoint is None and not is_tiny():
-    checkpoint = Path("checkpoints") / ("tuned_gpt2_neg_smoke" if is_smoke() else "tuned_gpt2_neg")
+    checkpoint = Path("runs") / ("tuned_gpt2_neg_smoke" if is_smoke() else "tuned_gpt2_neg")
     if not (checkpoint / "policy.safetensors").exists():
         train_tuned(world, checkpoint, smoke=is_smoke())
 base, tuned = load_pair(world, checkpoint)  # tuned: chapter 03's TransformerWithValueHead
@@ -217,7 +218,7 @@ lens_tuned, _ = lens_at_last_token(tuned_model)
 print(f"{'':>12} {'logit lens base':>16} {'tuned':>8} {'value lens base':>16} {'tuned':>8}")
 for i, label in enumerate(labels):
     print(f"{label:>12} {lens_base[0, i]:>16.3f} {lens_tuned[0, i]:>8.3f} {lens_base[1, i]:>16.3f} {lens_tuned[1, i]:>8.3f}")
-half = next(i for i, v in enumerate(lens_tuned[0].tolist()) if v >= 0.5 * float(lens_tuned[0, -1]))
+half = first_layer_reaching(lens_tuned[0].tolist(), 0.5)
 print(f"the tuned model's logit lens first reaches half its final value at {labels[half]}")
 
 # %%
@@ -358,9 +359,20 @@ delta = activation_difference(resid["base"], resid["tuned"], n_positions=5)
 scores = delta @ base.W_U
 top = [(base.to_string(int(i)), float(scores[i])) for i in scores.topk(10).indices]
 bottom = [(base.to_string(int(i)), float(scores[i])) for i in (-scores).topk(10).indices]
-print(f"||delta|| = {delta.norm():.3f} at {hook}")
+ranks = scores.argsort(descending=True).argsort().float() / len(scores)  # 0 = the top of the vocabulary
+print(f"||delta|| = {delta.norm():.3f} at {hook}; cosine with the sentiment direction "
+      f"{torch.cosine_similarity(delta, direction, dim=0):+.3f}")
 print("top tokens:   ", [t for t, _ in top])
 print("bottom tokens:", [t for t, _ in bottom])
+print(f"mean rank (0 = top, 1 = bottom): negative words {ranks[neg_ids].mean():.3f}, "
+      f"positive words {ranks[pos_ids].mean():.3f}")
+
+# %% [markdown]
+# Read the numbers before the tokens. The lens need not put sentiment words at the very top: the
+# difference also carries whatever else the fine-tune moved (in a small model, much of it is not about
+# sentiment at all), and a few tokens with large unembedding vectors dominate any raw readout. What
+# the tuning was *about* shows in where the two word lists sit: if the negative words rank clearly
+# above the positive ones, unrelated text already carries the trace of "write negative reviews".
 
 # %% [markdown]
 # Now steer: add $c \cdot \delta$ to the base model's residual stream at that layer, at every position,
@@ -404,6 +416,11 @@ steering_explorer(top, bottom, sample_steered, steer_coef)
 base_params = dict(base.named_parameters())
 tuned_params = dict(tuned_model.named_parameters())
 changes = param_change(base_params, tuned_params)
+# b_V is zero in the base model (its values were folded into b_O when the model was processed) and PPO
+# trained it from zero: its relative change is ||b_V|| / 1e-8, meaningless. Set such tensors apart.
+zero_in_base = [k for k, v in base_params.items() if float(v.norm()) == 0.0]
+print("zero in the base model:", zero_in_base, {k: f"{float(tuned_params[k].norm()):.4f}" for k in zero_in_base})
+changes = {k: v for k, v in changes.items() if k not in zero_in_base}
 fraction = {
     "fp32": fraction_changed(base_params, tuned_params),
     "bf16": fraction_changed({k: v.bfloat16() for k, v in base_params.items()},

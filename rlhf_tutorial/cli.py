@@ -28,7 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-grpo": ("rlhf_tutorial.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
     "build-tuned": ("rlhf_tutorial.tiny.tuned:main", "chapter 05: train and ship the tiny world's tuned policy"),
     "interp-report": ("rlhf_tutorial.interp_report:main", "chapter 05: what RLHF changed inside the model (HTML)"),
+    "train-dpo": ("rlhf_tutorial.dpo_trainer:main", "chapter 06: DPO / IPO on preference pairs"),
+    "frontier": ("rlhf_tutorial.frontier:main", "chapter 06: every method on one reward-KL frontier"),
     "export-hf": ("rlhf_tutorial.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
+    "bench-trl": ("rlhf_tutorial.bench_trl:main", "race our GRPO trainer against TRL's on the same model and settings"),
 }
 
 

@@ -50,6 +50,8 @@ class GPT2WithUnembedBiasConfig(GPT2Config):
     """GPT-2's config under its own model type, so that the Auto classes pick the biased head."""
 
     model_type = "gpt2_unembed_bias"
+    # No remote code: TRL reads ``config.auto_map`` of a class it does not find in transformers.
+    auto_map = {}  # (a plain class attribute, not a config field)
 
 
 class GPT2WithUnembedBias(GPT2LMHeadModel):

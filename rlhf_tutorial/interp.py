@@ -395,6 +395,9 @@ def sentiment_setup(base: HookedTransformer) -> dict:
     pos_words, neg_words = sentiment_words()
     pos_ids, pos_kept = single_token_ids(base, pos_words)
     neg_ids, neg_kept = single_token_ids(base, neg_words)
+    if len(pos_ids) == 0 or len(neg_ids) == 0:
+        raise ValueError(f"no single-token words in this vocabulary ({len(pos_ids)} positive, {len(neg_ids)} negative): "
+                         "pass other word lists to single_token_ids and build the direction yourself")
     direction = sentiment_direction(base.W_U.detach(), pos_ids, neg_ids)
     return {"pos_ids": pos_ids, "neg_ids": neg_ids, "pos_words": pos_kept, "neg_words": neg_kept, "direction": direction}
 
@@ -444,6 +447,14 @@ def steered_samples(model: HookedTransformer, vector: Tensor, layer: int, coef: 
         with model.hooks(fwd_hooks=hooks):
             _, texts = get_samples(model, PROMPTS[0], n, gen_len)
     return list(zip(texts, reward_fn(texts).tolist()))
+
+
+def first_layer_reaching(lens: Sequence[float], fraction: float = 0.5) -> int:
+    """The first index where a lens (one value per layer) has come ``fraction`` of the way to its final
+    value, measured from 0 in the final value's sign (the last index when it never does before)."""
+    final = float(lens[-1])
+    sign = 1.0 if final >= 0 else -1.0
+    return next((i for i, v in enumerate(lens) if sign * float(v) >= fraction * abs(final)), len(lens) - 1)
 
 
 def steering_hook(vector: Float[Tensor, "d"], coef: float) -> Callable:

@@ -90,8 +90,7 @@ def analyse(base: HookedTransformer, tuned: TransformerWithValueHead, world: str
             stack, labels = cache.accumulated_resid(return_labels=True, pos_slice=-1)  # [layer+1, 1, d]
             rows.append(interp.logit_lens_score(stack[:, 0], direction))
         lens_last[name] = torch.stack(rows).mean(0)  # [layer+1]
-    final = float(lens_last["tuned"][-1])
-    half = next(i for i, v in enumerate(lens_last["tuned"].tolist()) if final > 0 and v >= 0.5 * final or i == len(labels) - 1)
+    half = interp.first_layer_reaching(lens_last["tuned"].tolist(), 0.5)
 
     attr = {name: mean_attributions(model, tokens_list, direction) for name, model in [("base", base), ("tuned", tm)]}
     change = (attr["tuned"]["heads"] - attr["base"]["heads"])

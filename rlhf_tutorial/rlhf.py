@@ -59,6 +59,7 @@ from rlhf_tutorial.ppo import (
     layer_init,
 )
 from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
+from rlhf_tutorial.speed import REWARD_TARGET, PhaseClock, time_split, time_to_reward
 from rlhf_tutorial.trainer_args import add_flags, arg, gpt2_size_presets, learner_functions_for
 
 # ----------------------------------------------------------------------------------------------------
@@ -390,7 +391,10 @@ def compute_gae_advantages(
 
 @dataclass
 class ReplayMinibatch:
-    """A minibatch of one rollout: rows of every tensor of the memory, the same rows for each."""
+    """A minibatch of one rollout: rows of every tensor of the memory, the same rows for each.
+
+    Fields: ``tokens`` [mb, s], ``logprobs`` [mb, g] (pi_old), ``ref_logprobs`` [mb, g],
+    ``advantages`` [mb, g], ``returns`` [mb, g] (= advantages + values; no values field)."""
 
     tokens: Int[Tensor, "mb s"]
     logprobs: Float[Tensor, "mb g"]  # log pi_old(token) of the generated tokens
@@ -464,8 +468,10 @@ def compute_rlhf_objective(
                   - kl_coef * KL(policy || ref)
 
     KL is ``calc_kl_penalty`` on the reference logits of this minibatch (recomputed here, without
-    gradients, so no full-vocabulary tensor outlives one minibatch) when ``args.kl_estimator`` is
-    "full", else the mean of ``approx_kl`` with that estimator on the stored reference log-probs.
+    gradients, so no full-vocabulary tensor outlives one minibatch, and divided by the same
+    ``args.temperature`` as the policy's) when ``args.kl_estimator`` is "full", else the mean of
+    ``approx_kl`` with that estimator on the stored reference log-probs (taken at that temperature by
+    the rollout). ``kl_coef`` is the argument (the trainer's choice), not ``args.kl_coef``.
     When ``kl_coef`` is 0 (GAE: the KL is already in the per-token rewards) the term would add
     nothing: no reference forward and no KL graph, and ``kl`` is the k3 estimate from the stored
     reference log-probs, for the logs only.
@@ -620,12 +626,14 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
 
     1. ``get_samples`` from ``trainer.model.base_model`` with the args' prompt, sizes, temperature;
     2. task rewards ``trainer.reward_fn(texts)``, minus ``repetition_coef * ngram_repetition`` (shaping);
-    3. without gradients, one minibatch of rows at a time (never ``[batch, seq, vocab]`` at once):
-       policy logits and values, reference logits; keep only log-probs of the generated tokens
-       (of logits / temperature) and the values;
-    4. scores = the shaped rewards, whitened when ``whiten_rewards``;
+    3. without gradients, one chunk of ``args.minibatch_size`` rows at a time
+       (``tokens.split(args.minibatch_size)``; never ``[batch, seq, vocab]`` at once): policy logits
+       and values, reference logits; keep only log-probs of the generated tokens (of logits /
+       temperature, for both models) and the values;
+    4. scores = the shaped rewards, whitened only when ``args.whiten_rewards``;
     5. advantages: ``compute_advantages`` ("one_step"), or ``compute_per_token_rewards`` with the
-       current KL coefficient then ``compute_gae_advantages`` ("gae");
+       current KL coefficient ``trainer.kl_coef`` (the adaptive controller's value when it is on, not
+       ``args.kl_coef``) then ``compute_gae_advantages`` ("gae");
     6. a ``ReplayMemory`` with the values of the g states that chose the generated tokens.
 
     The last line logs the phase from the names your code defines: ``texts``, ``task_rewards``,
@@ -850,18 +858,28 @@ class RLHFTrainer:
         """Run ``total_phases`` phases (fewer if early stopping fires). ``callback(record)`` gets each
         phase's record (rollout stats, then learning stats) as soon as the phase is done."""
         bar = tqdm(range(self.args.total_phases), desc="RLHF phases", disable=not progress, file=sys.stderr)
+        clock = PhaseClock()
         for phase in bar:
             self.phase = phase
-            memory = self.fns["rollout_phase"](self)
+            phase_start = time.perf_counter()
+            # Where the time goes, measured from outside the exercises: the sampler, the reward, the
+            # forward passes of the policy (old log-probs and values) and of the reference.
+            with clock.method(self.model.base_model, "generate", "sampling"), \
+                    clock.method(self, "reward_fn", "scoring"), \
+                    clock.module(self.model, "old_logprobs"), clock.module(self.ref_model, "ref_logprobs"):
+                memory = self.fns["rollout_phase"](self)
             record = self.history[-1]
             if self.early_stopping is not None and self.early_stopping.should_stop(record["kl"], record["reward"]):
                 record["early_stopped"] = True
+                record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
                 if callback is not None:
                     callback(record)
                 break
-            record.update(self.fns["learning_phase"](self, memory))
+            with clock("optimisation"):
+                record.update(self.fns["learning_phase"](self, memory))
             if self.kl_controller is not None:
                 self.kl_controller.update(record["kl"], self.args.batch_size)
+            record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
             if callback is not None:
                 callback(record)
             bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record['kl']:.3f}")
@@ -1013,6 +1031,8 @@ def main(argv: list[str]) -> dict:
         "samples_initial": before["texts"][:4],
         "samples_final": after["texts"][:4],
         "wall_seconds": round(wall, 1),
+        "seconds_per_phase": time_split(history),
+        **time_to_reward(history, REWARD_TARGET),
         "peak_memory_mb": round(peak_memory_mb(), 1),
         "torch_threads": threads,
         "args": {k: v for k, v in asdict(args).items()},

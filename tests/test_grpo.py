@@ -139,7 +139,7 @@ def test_sample_group_pads_to_full_length_when_every_row_stops_at_once():
     assert not tokens.is_inference()
 
 
-def test_sequence_logprobs_stacks_groups_without_changing_them():
+def test_group_token_logprobs_stacks_groups_without_changing_them():
     model = random_model(seed=3)
     gen = torch.Generator().manual_seed(4)
     tokens = [torch.randint(0, 40, (3, 9), generator=gen), torch.randint(0, 40, (3, 7), generator=gen),

@@ -87,3 +87,53 @@ def test_interp_report_is_deterministic(tmp_path):
         summaries.append(summary)
     assert summaries[0] == summaries[1]
     assert summaries[0]["final_resid_patch_restored"] >= 0.95
+
+
+def test_widgets_live_and_static(pair):
+    """Every figure has a static form; the live widgets build and redraw without a kernel."""
+    import plotly.graph_objects as go
+
+    from rlhf_tutorial.widgets import interp as w
+
+    base, tuned, direction, tokens_list = pair
+    records = interp.lens_records(base, tuned, direction, ["This movie was really bad.", "The film was good."])
+    static = w.lens_explorer(records, static=True)
+    assert all(isinstance(f, go.Figure) for f in static.figures) and len(static.figures) == 2
+    assert len(static.figures[0].layout.updatemenus[0].buttons) == 2  # the sample picker works with no kernel
+    live = w.lens_explorer(records, static=False)
+    pick, lens = live.children[0].children
+    fig = live.children[1]
+    before = [list(row) for row in fig.data[0].z]
+    pick.value = 1
+    lens.value = "value"
+    assert [list(row) for row in fig.data[0].z] == records[1]["value_base"] != before
+    assert fig.layout.title.text.startswith("value lens")
+
+    calls = []
+
+    def sample(coef):
+        calls.append(coef)
+        return [(f"text {coef}", 0.5 + coef / 10)]
+
+    view = w.steering_explorer([(" bad", 1.0)], [(" good", -1.0)], sample, 2.0, static=True)
+    assert "base + 2 x lens" in view.html and "bad" in repr(view)
+    box = w.steering_explorer([(" bad", 1.0)], [(" good", -1.0)], sample, 2.0, static=False)
+    slider, out = box.children
+    slider.value = -1.0
+    assert "text -1.0" in out.value and calls[-1] == -1.0
+
+
+def test_a_missing_checkpoint_is_a_message_and_a_json_error(tmp_path, capsys):
+    from rlhf_tutorial import cli
+
+    assert cli.main(["interp-report", "--world", "tiny", "--checkpoint", str(tmp_path / "nowhere")]) == 1
+    out = capsys.readouterr()
+    assert "no tuned policy in" in out.err and "Traceback" not in out.err
+    assert "train-rlhf" in json.loads(out.out.strip().splitlines()[-1])["error"]
+
+
+def test_first_layer_reaching_half_of_the_final_value():
+    assert interp.first_layer_reaching([-0.31, 0.34, 0.63]) == 1
+    assert interp.first_layer_reaching([0.9, 0.1, 1.0]) == 0
+    assert interp.first_layer_reaching([0.1, -0.2, -1.0]) == 2  # a negative final value: measured in its sign
+    assert interp.first_layer_reaching([0.0, 0.0, 0.0]) == 0

@@ -19,7 +19,8 @@ def _name(requirement: str) -> str:
 
 def test_environment_yml_and_pyproject_list_the_same_packages():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    extras = project["optional-dependencies"]
+    declared = {_name(r) for r in project["dependencies"] + extras["dev"] + extras["trl"]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = {_name(r) for r in pip_section if not r.startswith("-e")}

@@ -1,4 +1,12 @@
-"""Checkers for chapter 00: the tour of HookedTransformer."""
+"""Checkers for chapter 00: the tour of HookedTransformer.
+
+Regimes probed (where plausible implementations differ):
+- next_token_probs: a batch of 1 (a dropped batch dimension), one token per row (first position ==
+  last), and logits in the hundreds (an unembedding x 2000), where a hand-written exp / sum softmax
+  overflows;
+- final_normalized_residual: the same token cases, against the neighbouring activations (the residual
+  before the final LayerNorm, the last block's ln2, the logits).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ def small_model(seed: int = 0, d_vocab: int = 50) -> HookedTransformer:
 
 
 def _token_cases(model: HookedTransformer) -> list[Case]:
+    """A batch of 1 (a batch dimension dropped or squeezed shows), a batch of 3 (the typical case),
+    one token per row (first position == last: a sequence dimension squeezed away shows)."""
     g = torch.Generator().manual_seed(0)
     vocab = model.cfg.d_vocab
     return [
@@ -41,10 +51,16 @@ def _token_cases(model: HookedTransformer) -> list[Case]:
 )
 def check_next_token_probs(candidate) -> str:
     model = small_model()
+    # Saturation: the same model with its unembedding x 2000 (logits in the hundreds), where exp
+    # overflows: only a max-subtracting softmax (torch's) stays finite.
+    loud = small_model()
+    with torch.no_grad():
+        loud.W_U.mul_(2000.0)
+    tokens = torch.randint(0, loud.cfg.d_vocab, (2, 4), generator=torch.Generator().manual_seed(1))
     return compare_to_reference(
         candidate,
         tour.next_token_probs,
-        _token_cases(model),
+        _token_cases(model) + [Case("logits in the hundreds (exp overflows)", (loud, tokens))],
         arg_names=["model", "tokens"],
         mistakes=[
             Mistake("These are raw logits: apply softmax to get probabilities.", lambda m, t: m(t)[:, -1]),

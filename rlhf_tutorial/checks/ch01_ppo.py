@@ -1,4 +1,18 @@
-"""Checkers for chapter 01: PPO from scratch (the pieces of rlhf_tutorial/ppo.py)."""
+"""Checkers for chapter 01: PPO from scratch (the pieces of rlhf_tutorial/ppo.py).
+
+Regimes probed (where plausible implementations differ):
+- layer_init: tall, wide and square layers (orthogonal rows vs columns), gains 0.01 to 2, non-zero
+  biases (a bias left at 0 shows only there);
+- compute_gae: random episode ends, none, every step an end (the dones[t] vs dones[t+1] convention),
+  a single step and env, gamma = lambda = 1 and lambda = 0 (the recursion's factors), equal rewards;
+- calc_clipped_surrogate_objective: ratios inside and far outside the clip range, ratio exactly 1,
+  all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation);
+- calc_value_function_loss: 1-d and 2-d batches (len() is the number of rows), values == returns;
+- calc_entropy_bonus: ties (all logits equal: log n), logits x 1e4 (log(softmax) underflows), a batch of 1;
+- get_minibatch_indices: minibatch == batch, minibatches of 1, 512 indices (order, seeding);
+- rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation; one
+  setting with the gradient clip inactive and one where it clips every step.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +46,17 @@ CHAPTER = "01_ppo"
 # ----------------------------------------------------------------------------------------------------
 # layer_init
 # ----------------------------------------------------------------------------------------------------
+def orthogonal_gain(weight: torch.Tensor) -> float | None:
+    """The gain g when ``weight`` is g times a matrix with orthonormal rows (or columns), else None."""
+    w = weight.detach().double()
+    gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w  # = g^2 I for a scaled orthogonal matrix
+    scale = gram.diagonal().mean().item()
+    off_diag = (gram - torch.diag(gram.diagonal())).abs().max().item()
+    if off_diag < 1e-4 * max(1.0, scale) and gram.diagonal().std(unbiased=False).item() < 1e-4 * max(1.0, scale):
+        return math.sqrt(scale)
+    return None
+
+
 @checker(
     "layer_init",
     chapter=CHAPTER,
@@ -57,18 +82,16 @@ def check_layer_init(candidate) -> str:
                                     "(do not build a new nn.Linear).")
         w = layer.weight.detach().double()
         gram = w @ w.T if out_f <= in_f else w.T @ w  # = std^2 I for a scaled orthogonal matrix
-        scale = gram.diagonal().mean().item()
         off_diag = (gram - torch.diag(gram.diagonal())).abs().max().item()
-        orthogonal = off_diag < 1e-4 * max(1.0, scale) and gram.diagonal().std().item() < 1e-4 * max(1.0, scale)
-        if not orthogonal:
+        gain = orthogonal_gain(layer.weight)
+        if gain is None:
             raise CheckFailure(
                 f"On {label}, the weight is not a scaled orthogonal matrix: W W^T has off-diagonal entries "
                 f"up to {off_diag:.3g} (expected 0).",
                 hint="Use nn.init.orthogonal_(layer.weight, gain=std): the rows (or columns) must be orthogonal, "
                      "which normal, uniform, xavier or kaiming initialisation are not.",
             )
-        if not math.isclose(scale, std**2, rel_tol=1e-3, abs_tol=1e-8):
-            gain = math.sqrt(scale)
+        if not math.isclose(gain**2, std**2, rel_tol=1e-3, abs_tol=1e-8):
             hint = ("The gain is 1: pass gain=std to orthogonal_." if math.isclose(gain, 1.0, rel_tol=1e-3)
                     else "The weight was scaled twice: gain=std already scales it, do not also multiply by std."
                     if math.isclose(gain, std**2, rel_tol=1e-3)

@@ -1,4 +1,20 @@
-"""Checkers for chapter 02: rewards, whitening, shaping and the Bradley-Terry reward model."""
+"""Checkers for chapter 02: rewards, whitening, shaping and the Bradley-Terry reward model.
+
+Regimes probed (where plausible implementations differ):
+- reward_fn_char_count: empty samples, a batch of 1, case variants ('T' is not 't') and whitespace as
+  the character;
+- reward_fn_sentiment: a single review (no padding, so the attention mask cannot matter: isolates the
+  label index), POSITIVE at index 0 and at index 1, both directions, padding of very different lengths;
+- whiten: one element, all-equal values (variance 0: eps matters), 1-, 2- and 3-d inputs, shift_mean
+  both ways, a large eps;
+- ngram_repetition: repeated spaces, tabs and newlines, leading/trailing whitespace, empty text, fewer
+  than n words and exactly n words, n = 1, 2, 3, 4, n-grams differing only by case or punctuation;
+- bradley_terry_loss: ties (all differences 0), differences up to +-12, then -300 .. +220 (exp overflows
+  and sigmoid underflows there; an eps or clamp saturates);
+- pool_last_token / pool_mean: right and left padding, a boolean mask, no padding, a row with one real token;
+- RewardModel / reward_model_train_step: the three poolings with right and left padding, a batch of 1,
+  no mask given; two SGD steps (zero_grad, the step, the masks).
+"""
 
 from __future__ import annotations
 
@@ -50,7 +66,10 @@ def check_reward_fn_char_count(candidate) -> str:
         Case("six samples, char='.'", (SAMPLES,)),
         Case("char='!'", (SAMPLES,), {"char": "!"}),
         Case("char='e'", (SAMPLES[:3],), {"char": "e"}),
-        Case("a batch of 1", (["one. two. three."],)),
+        Case("a batch of 1", (["one. two. three."],)),  # one sample
+        # case and whitespace variants: 'T' is not 't'; a space is a character like any other
+        Case("char='t' (capital T does not count)", (["The tent", "TTT ttt", "It. Is. Tt."],), {"char": "t"}),
+        Case("char=' '", (["a b  c", " ", ""],), {"char": " "}),
     ]
     return compare_to_reference(
         candidate,
@@ -64,6 +83,9 @@ def check_reward_fn_char_count(candidate) -> str:
                     lambda s, char=".": torch.tensor([float(x.count(".")) for x in s])),
             Mistake("That is 1 when `char` appears and 0 otherwise: count every occurrence.",
                     lambda s, char=".": torch.tensor([float(char in x) for x in s])),
+            Mistake("You lowercased the text (or the char): 'T' and 't' are different characters; count "
+                    "sample.count(char) exactly.",
+                    lambda s, char=".": torch.tensor([float(x.lower().count(char.lower())) for x in s])),
             Mistake("Those are word counts: count the occurrences of `char`.",
                     lambda s, char=".": torch.tensor([float(len(x.split())) for x in s])),
         ],

@@ -6,11 +6,33 @@ stopping, replay memory) are driven through scripted sequences. The phases run o
 (its policy, tokenizer and sentiment classifier) with small sizes, and are checked on their
 mechanics: shapes, what the memory holds, KL starting at 0, the reference model left untouched, the
 update matching a reference update, and the reward moving.
+
+Regimes probed (where plausible implementations differ):
+- get_logprobs: prefix_len None and given, one generated token, logits x 100 (log(softmax) underflows);
+- calc_kl_penalty: logits x 50, identical logits (KL exactly 0), a single position;
+- approx_kl: |logr| < 3 of both signs, logr = 0, a single token, then |logr| up to 30 for k1, k2 and k3
+  (a clamp of the log-ratio or of the estimate shows only there);
+- compute_advantages / compute_per_token_rewards: one generated token (first == last), a batch of 1,
+  all-equal values;
+- lr_schedule: step 0, the end of warmup, no warmup, steps past total_steps (the clamp), final_scale 0;
+- AdaptiveKLController: a mixed script (the error clip, n_steps), 30 updates far above target (x ~240)
+  and 45 at KL = 0 (/ ~23000): a clamp or floor on the coefficient shows only on these runaways;
+- EarlyStopping: values exactly at the thresholds, the reward threshold on and off, resets;
+- TransformerWithValueHead: the hook's return value (replacing the activation), the initialisation,
+  gradients into the trunk (a detached residual);
+- compute_rlhf_objective: each term alone (coefficients and advantages set to 0 for the others), then
+  together, at temperatures 0.7, 1 and 1.3 (the temperature of the reference logits), full and k3 KL;
+- rollout_phase: the policy equal to the reference, a moved policy with an adaptive coefficient away
+  from args.kl_coef, one-step advantages with whiten_rewards=False, a unigram repetition penalty that
+  differs between samples; forward passes counted per chunk;
+- learning_phase: a policy already away from the reference with kl_coef 0.5 (the objective's KL
+  coefficient shows), clipping active, two passes of two minibatches, trainer.generator's state.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -21,6 +43,7 @@ from torch import nn
 
 from rlhf_tutorial import rlhf
 from rlhf_tutorial.checks.ch00_tour import small_model
+from rlhf_tutorial.checks.ch01_ppo import orthogonal_gain
 from rlhf_tutorial.checks.core import (
     Case,
     CheckFailure,
@@ -650,7 +673,21 @@ def check_transformer_with_value_head(candidate) -> str:
                            "call super().__init__() first, and assign the head as an attribute.")
 
     tokens = torch.randint(0, base.cfg.d_vocab, (3, 7), generator=seeded(6))
-    out = call(model, tokens)
+    with _HookReturns(base) as returned:
+        try:
+            out = call(model, tokens)
+        except CheckFailure as raised:
+            if not returned:
+                raise
+            out = raised  # reported below: the hook's return value is the cause
+    if returned:
+        raise failure(
+            f"your hook on {returned[0]} returns a tensor"
+            + (f", and the forward pass then failed ({out.message.removeprefix('your code raised ')})"
+               if isinstance(out, CheckFailure) else "")
+            + ". A value a hook returns REPLACES the activation, so the unembedding reads your values instead.",
+            "The hook returns a value: store the values (in a dict or a nonlocal variable) and return nothing "
+            "from the hook function.")
     if not isinstance(out, tuple) or len(out) != 2:
         raise CheckFailure(f"forward should return a tuple (logits, values), got {fmt(out)}")
     logits, values = out
@@ -693,7 +730,54 @@ def check_transformer_with_value_head(candidate) -> str:
     if layers[0].weight.grad is None or layers[0].weight.grad.abs().sum() == 0:
         raise CheckFailure("no gradient reaches the value head from the values: do not compute them under "
                            "torch.no_grad() or detach them.")
-    return "value head architecture, logits unchanged, values from ln_final.hook_normalized, gradients flow."
+    trunk = base.blocks[0].attn.W_Q.grad
+    if trunk is None or trunk.abs().sum() == 0:
+        raise failure("the values' gradient reaches the value head but not the transformer.",
+                      "The head reads a detached residual (a .detach(), or run_with_cache, which stores detached "
+                      "activations): the value loss must shape the shared trunk too. Read the activation in a "
+                      "hook of run_with_hooks, without detaching it.")
+    base.zero_grad(set_to_none=True)
+
+    # Initialisation (chapter 01's layer_init): orthogonal, gain sqrt(2) then 1, zero biases.
+    for i, layer, gain in ((0, layers[0], math.sqrt(2)), (2, layers[2], 1.0)):
+        got_gain = orthogonal_gain(layer.weight)
+        if got_gain is None or not math.isclose(got_gain, gain, rel_tol=1e-3) or layer.bias.detach().abs().max() > 0:
+            what = ("not orthogonal" if got_gain is None else f"orthogonal with gain {got_gain:.4g}, expected "
+                    f"{gain:.4g}" if not math.isclose(got_gain, gain, rel_tol=1e-3) else "given a non-zero bias")
+            raise failure(f"value_head[{i}] is {what}.",
+                          "The value head is not initialised with layer_init: layer_init(nn.Linear(d_model, "
+                          "4 * d_model), std=math.sqrt(2)) and layer_init(nn.Linear(4 * d_model, 1), std=1.0) "
+                          "(orthogonal weights, zero biases), as in chapter 01.")
+    return ("value head architecture and initialisation, logits unchanged (the hook returns nothing), values from "
+            "ln_final.hook_normalized, gradients flow to the head and the transformer.")
+
+
+class _HookReturns:
+    """While active, records the hook points whose hooks (added by the learner) return a new tensor."""
+
+    def __init__(self, model):
+        self.points = list(model.hook_dict.items())
+        self.returned: list[str] = []
+
+    def __enter__(self) -> list[str]:
+        for name, point in self.points:
+            original = point.add_hook
+
+            def add_hook(hook, *args, _original=original, _name=name, **kwargs):
+                def checked(tensor, *a, **k):
+                    out = hook(tensor, *a, **k)
+                    if out is not None and out is not tensor:
+                        self.returned.append(_name)
+                    return out
+
+                return _original(checked, *args, **kwargs)
+
+            point.add_hook = add_hook
+        return self.returned
+
+    def __exit__(self, *exc) -> None:
+        for _, point in self.points:
+            del point.add_hook
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -936,11 +1020,14 @@ def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.Re
 
 def _objective_variant(model, ref_model, mb, prefix_len, kl_coef, args, *, kl_sign=-1.0, value_sign=-1.0,
                        temperature=True, value_shift=0, logit_shift=0, ref_is_policy=False, always_full=False,
-                       entropy_coef_twice=False, value_clip=True):
+                       entropy_coef_twice=False, ref_temperature=True, entropy_all=False, args_kl_coef=False,
+                       no_coef=None, value_clip=True):
     """The reference objective with one thing changed (for targeted hints)."""
     logits, values = model(mb.tokens)
     t = args.temperature if temperature else 1.0
     logits = logits / t
+    if args_kl_coef:
+        kl_coef = args.kl_coef
     s = logits.shape[1]
     gen_v = slice(prefix_len - 1 + value_shift, s - 1 + value_shift)
     gen_l = slice(prefix_len - 1 + logit_shift, s - 1 + logit_shift)
@@ -951,11 +1038,14 @@ def _objective_variant(model, ref_model, mb, prefix_len, kl_coef, args, *, kl_si
                                                   args.vf_coef, args.cliprange_value)
     else:
         value_loss = rlhf.calc_value_function_loss(values[:, gen_v], mb.returns, args.vf_coef)
-    entropy = rlhf.calc_entropy_bonus(logits[:, gen_l], args.ent_coef)
+    if no_coef is not None:  # one coefficient left out of the objective
+        args = dataclasses.replace(args, **{no_coef: 1.0}) if no_coef != "kl_coef" else args
+        kl_coef = 1.0 if no_coef == "kl_coef" else kl_coef
+    entropy = rlhf.calc_entropy_bonus(logits if entropy_all else logits[:, gen_l], args.ent_coef)
     if entropy_coef_twice:
         entropy = entropy * args.ent_coef
     if args.kl_estimator == "full" or always_full:
-        ref_logits = (logits.detach() if ref_is_policy else ref_model(mb.tokens) / t)
+        ref_logits = (logits.detach() if ref_is_policy else ref_model(mb.tokens) / (t if ref_temperature else 1.0))
         kl = rlhf.calc_kl_penalty(logits[:, gen_l], ref_logits[:, gen_l], 1.0)
     else:
         ref_lp = logprobs.detach() if ref_is_policy else mb.ref_logprobs
@@ -975,6 +1065,19 @@ _OBJECTIVE_MISTAKES = [
      "logits[:, prefix_len - 1:-1].", dict(logit_shift=1)),
     ("Your KL is 0: the reference distribution must come from ref_model (or the stored ref_logprobs), "
      "not from the policy itself.", dict(ref_is_policy=True)),
+    ("The reference logits are not divided by the temperature: the reference distribution is taken at the "
+     "same temperature as the policy's, ref_model(tokens) / args.temperature.", dict(ref_temperature=False)),
+    ("The entropy is averaged over every position, prompt included: only the positions that predict "
+     "generated tokens count, logits[:, prefix_len - 1:-1].", dict(entropy_all=True)),
+    ("The KL term uses args.kl_coef: use the kl_coef argument (the trainer passes its current coefficient, "
+     "0 with GAE).", dict(args_kl_coef=True)),
+    ("ent_coef is applied twice: the objective adds args.ent_coef * the mean entropy, once.",
+     dict(entropy_coef_twice=True)),
+    ("The entropy bonus is not multiplied by args.ent_coef: the objective adds args.ent_coef * the mean entropy.",
+     dict(no_coef="ent_coef")),
+    ("The value loss is not weighted by args.vf_coef: calc_value_function_loss(values[:, gen], returns, "
+     "args.vf_coef).", dict(no_coef="vf_coef")),
+    ("The KL is not multiplied by kl_coef: the objective subtracts kl_coef * KL.", dict(no_coef="kl_coef")),
     ("You used the full KL although args.kl_estimator is a sampled estimator: with 'k1'/'k2'/'k3' use "
      "approx_kl(logprobs, minibatch.ref_logprobs, estimator).mean().", dict(always_full=True)),
     ("args.cliprange_value is ignored: when it is set, the value loss is calc_clipped_value_loss(values[:, gen], "
@@ -998,45 +1101,125 @@ _OBJECTIVE_MISTAKES = [
 )
 def check_compute_rlhf_objective(candidate) -> str:
     model, ref, prefix_len, mb = _objective_setup()
+    still = dataclasses.replace(mb, advantages=torch.zeros_like(mb.advantages))  # the surrogate is then 0
+    off = dict(vf_coef=0.0, ent_coef=0.0)
+    # Each term alone first (the others switched off by their coefficient, the surrogate by zero
+    # advantages), so that a failure names the term; then all together. Temperatures other than 1
+    # everywhere but one setting, so that a missing temperature shows in every term.
     configs = [
-        ("full KL, temperature 1", rlhf.RLHFArgs(kl_estimator="full", temperature=1.0), 0.5),
-        ("k3 KL, temperature 0.7", rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
-        ("full KL, temperature 1.3, other coefficients",
+        ("the clipped surrogate alone (vf_coef = ent_coef = kl_coef = 0)", "clipped surrogate", mb,
+         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, clip_coef=0.2, **off), 0.0),
+        ("the value loss alone (zero advantages, ent_coef = kl_coef = 0)", "value loss", still,
+         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, vf_coef=0.5, ent_coef=0.0), 0.0),
+        ("the entropy bonus alone (zero advantages, vf_coef = kl_coef = 0, ent_coef = 0.1)", "entropy", still,
+         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, vf_coef=0.0, ent_coef=0.1), 0.0),
+        ("the full KL alone (zero advantages, vf_coef = ent_coef = 0, kl_coef = 1)", "KL", still,
+         rlhf.RLHFArgs(kl_estimator="full", temperature=0.7, **off), 1.0),
+        ("the k3 KL alone (zero advantages, vf_coef = ent_coef = 0, kl_coef = 1)", "KL", still,
+         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, **off), 1.0),
+        ("full KL, temperature 1", None, mb, rlhf.RLHFArgs(kl_estimator="full", temperature=1.0), 0.5),
+        ("k3 KL, temperature 0.7", None, mb, rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
+        ("full KL, temperature 1.3, other coefficients", None, mb,
          rlhf.RLHFArgs(kl_estimator="full", temperature=1.3, clip_coef=0.1, vf_coef=0.5, ent_coef=0.1), 2.0),
-        ("value clipping 0.2, k2 KL", rlhf.RLHFArgs(kl_estimator="k2", cliprange_value=0.2, vf_coef=0.5), 0.3),
-        ("KL coefficient 0 (GAE), value clipping 0.5",
-         rlhf.RLHFArgs(kl_estimator="full", cliprange_value=0.5, vf_coef=0.5), 0.0),
+        ("value clipping 0.2, k2 KL", None, mb,
+         rlhf.RLHFArgs(kl_estimator="k2", temperature=0.7, cliprange_value=0.2, vf_coef=0.5), 0.3),
+        ("KL coefficient 0 (as with GAE), value clipping 0.5", None, mb,
+         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.5, vf_coef=0.5), 0.0),
     ]
-    for label, args, kl_coef in configs:
-        out = call(candidate, model, ref, mb, prefix_len, kl_coef, args)
-        if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], dict):
-            raise CheckFailure(f"expected a tuple (objective, stats dict), got {fmt(out)}")
-        expected = rlhf.compute_rlhf_objective(model, ref, mb, prefix_len, kl_coef, args)[0]
-        objective = expect_tensor(out[0], shape=(), dtype=expected.dtype, what="the objective")
-        if not torch.allclose(objective.detach(), expected.detach(), atol=1e-4, rtol=1e-4):
+    ref_calls: list[bool] = []
+    handle = ref.register_forward_pre_hook(lambda module, inputs: ref_calls.append(torch.is_grad_enabled()))
+    try:
+        for label, term, minibatch, args, kl_coef in configs:
+            _check_objective_setting(candidate, model, ref, prefix_len, minibatch, args, kl_coef, label, term)
+    finally:
+        handle.remove()
+    if any(ref_calls):
+        raise failure("the reference model ran with gradient tracking on.",
+                      "The reference logits are computed with gradients: wrap ref_model(tokens) in torch.no_grad() "
+                      "(the reference is frozen; its graph would only cost memory).")
+    return (f"matches the reference objective term by term (surrogate, value loss, entropy, full and k3 KL, each "
+            f"alone) and on {len(configs) - 5} full settings; the stats match; gradients flow to the transformer "
+            "and the value head, not to the reference.")
+
+
+_STATS_TERMS = ("clipped_surrogate", "value_loss", "entropy", "kl")
+
+
+def _check_objective_setting(candidate, model, ref, prefix_len, mb, args, kl_coef, label, term) -> None:
+    out = call(candidate, model, ref, mb, prefix_len, kl_coef, args,
+               _arg_names=["model", "ref_model", "minibatch", "prefix_len", "kl_coef", "args"])
+    if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], dict):
+        raise CheckFailure(f"expected a tuple (objective, stats dict), got {fmt(out)}")
+    expected, expected_stats = rlhf.compute_rlhf_objective(model, ref, mb, prefix_len, kl_coef, args)
+    objective = expect_tensor(out[0], shape=(), dtype=expected.dtype, what="the objective")
+    stats = out[1]
+    if not torch.allclose(objective.detach(), expected.detach(), atol=1e-5, rtol=1e-5):
+        got_v, want_v = objective.item(), expected.item()
+        hint = None
+        for text, change in _OBJECTIVE_MISTAKES:
+            try:
+                wrong = _objective_variant(model, ref, mb, prefix_len, kl_coef, args, **change)
+            except Exception:  # noqa: BLE001 - a variant may not apply
+                continue
+            if not torch.allclose(wrong.detach(), expected.detach(), atol=1e-5, rtol=1e-5) and torch.allclose(
+                    objective.detach(), wrong.detach(), atol=1e-5, rtol=1e-5):
+                hint = text
+                break
+        if hint is None and term is not None and math.isclose(got_v, -want_v, rel_tol=1e-4):
+            hint = f"The {term} term has the wrong sign: objective = L_clip - L_value + ent_coef * H - kl_coef * KL."
+        if hint is not None:
+            raise failure(f"{label}: objective {got_v:.6g}, expected {want_v:.6g}.", hint)
+        where = f"the {term} term is wrong" if term else "each term is right alone, but not all together"
+        raise failure(f"{label}: objective {got_v:.6g}, expected {want_v:.6g}: {where}.", _TERM_HINTS.get(term))
+    own = {"clipped surrogate": "clipped_surrogate", "value loss": "value_loss", "entropy": "entropy", "KL": "kl"}
+    for key in _STATS_TERMS if term is None else (own[term],):
+        if key not in stats:
+            continue  # your own stats dict: only the entries it has are checked
+        try:
+            value = float(stats[key])
+        except (TypeError, ValueError):
+            raise CheckFailure(f"stats[{key!r}] = {fmt(stats[key])} is not a number.") from None
+        want = expected_stats[key]
+        if not math.isclose(value, want, rel_tol=1e-4, abs_tol=1e-6):
             hint = None
-            for text, change in _OBJECTIVE_MISTAKES:
-                try:
-                    wrong = _objective_variant(model, ref, mb, prefix_len, kl_coef, args, **change)
-                except Exception:  # noqa: BLE001 - a variant may not apply
-                    continue
-                if torch.allclose(objective.detach(), wrong.detach(), atol=1e-4, rtol=1e-4):
-                    hint = text
-                    break
-            raise CheckFailure(f"{label}: objective {objective.item():.6g}, expected {expected.item():.6g}.", hint)
-        if not objective.requires_grad:
-            raise CheckFailure("the objective has no gradient: compute it from a forward pass WITH gradients "
-                               "(only the reference logits go under torch.no_grad()).")
-        model.zero_grad()
-        objective.backward()
-        head_grad = model.value_head[0].weight.grad
-        base_grad = model.base_model.W_U.grad
-        if head_grad is None or head_grad.abs().sum() == 0 or base_grad is None or base_grad.abs().sum() == 0:
-            raise CheckFailure("the gradient does not reach both the transformer and the value head.")
-        model.zero_grad()
+            if key == "entropy" and math.isclose(value, want * args.ent_coef, rel_tol=1e-4, abs_tol=1e-9):
+                hint = ("stats['entropy'] includes ent_coef: keep `entropy` the mean entropy itself (calc_entropy_bonus("
+                        "logits[:, gen], 1.0)) and multiply by args.ent_coef only in the objective.")
+            elif key == "kl" and kl_coef and math.isclose(value, want * kl_coef, rel_tol=1e-4, abs_tol=1e-9):
+                hint = "stats['kl'] includes kl_coef: keep `kl` the KL itself and multiply by kl_coef in the objective."
+            name = {v: k for k, v in own.items()}[key]
+            raise failure(f"{label}: the objective is right, but stats[{key!r}] = {value:.6g}, expected {want:.6g}: "
+                          f"the {name} term as your code names it (`{key}`) is wrong.",
+                          hint or _TERM_HINTS[name])
+    if not objective.requires_grad:
+        raise CheckFailure("the objective has no gradient: compute it from a forward pass WITH gradients "
+                           "(only the reference logits go under torch.no_grad()).")
+    model.zero_grad()
+    objective.backward()
+    head_grad = model.value_head[0].weight.grad
+    base_grad = model.base_model.W_U.grad
+    needs_base = term in (None, "clipped surrogate", "entropy", "KL")
+    needs_head = term in (None, "value loss")
+    if (needs_head and (head_grad is None or head_grad.abs().sum() == 0)) or (
+            needs_base and (base_grad is None or base_grad.abs().sum() == 0)):
+        raise CheckFailure(f"{label}: the gradient does not reach "
+                           + ("the value head" if needs_head and term else "both the transformer and the value head")
+                           + ": do not detach the logits or the values.")
+    model.zero_grad()
     if any(p.grad is not None and p.grad.abs().sum() > 0 for p in ref.parameters()):
         raise CheckFailure("the reference model got gradients: compute its logits under torch.no_grad().")
-    return f"matches the reference objective on {len(configs)} settings ({', '.join(c[0] for c in configs)}); gradients flow."
+
+
+_TERM_HINTS = {
+    "clipped surrogate": "L_clip = calc_clipped_surrogate_objective(logprobs, minibatch.logprobs, minibatch.advantages, "
+                         "args.clip_coef), with logprobs = get_logprobs(logits / args.temperature, tokens, prefix_len).",
+    "value loss": "L_value = calc_value_function_loss(values[:, prefix_len - 1:-1], minibatch.returns, args.vf_coef).",
+    "entropy": "The bonus is args.ent_coef * the mean entropy of logits[:, prefix_len - 1:-1] / args.temperature "
+               "(calc_entropy_bonus(logits[:, gen], 1.0)): the generated positions only, at the temperature.",
+    "KL": "With args.kl_estimator == 'full': calc_kl_penalty(logits[:, gen], ref_logits[:, gen], 1.0) with ref_logits = "
+          "ref_model(tokens) / args.temperature under no_grad; else approx_kl(logprobs, minibatch.ref_logprobs, "
+          "args.kl_estimator).mean(); times the kl_coef argument.",
+}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1074,7 +1257,8 @@ def _params(module: nn.Module) -> list[torch.Tensor]:
 
 
 def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What the memory should hold for these tokens, recomputed with the reference pieces."""
+    """What the memory should hold for these tokens, recomputed with the reference pieces, and what
+    each plausible deviation would hold instead (for the hints)."""
     args, p = trainer.args, trainer.prefix_len
     with torch.no_grad():
         logits, values = trainer.model(tokens)
@@ -1085,10 +1269,11 @@ def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[st
     logprobs = rlhf.get_logprobs(logits / args.temperature, tokens, p)
     ref_logprobs = rlhf.get_logprobs(ref_logits / args.temperature, tokens, p)
 
-    def advantages_of(rewards: torch.Tensor, whitened: bool = args.whiten_rewards) -> torch.Tensor:
+    def advantages_of(rewards: torch.Tensor, whitened: bool = args.whiten_rewards,
+                      kl_coef: float = trainer.kl_coef) -> torch.Tensor:
         scores = whiten(rewards) if whitened else rewards
         if args.advantage_estimator == "gae":
-            per_token = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
+            per_token = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, kl_coef)
             return rlhf.compute_gae_advantages(per_token, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
         return rlhf.compute_advantages(values, scores, p)
 
@@ -1097,38 +1282,92 @@ def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[st
         "advantages": advantages_of(shaped),
         "logprobs_no_temperature": rlhf.get_logprobs(logits, tokens, p),
         "values_shifted": values[:, p:],
-        "advantages_unwhitened": advantages_of(shaped, whitened=False),
+        "advantages_toggled_whitening": advantages_of(shaped, whitened=not args.whiten_rewards),
         "advantages_unshaped": advantages_of(task),
+        "advantages_args_kl_coef": advantages_of(shaped, kl_coef=args.kl_coef),
+        "repetition_std": ngram_repetition(texts, args.repetition_n).std(),
     }
 
 
-def _check_memory(memory, trainer: rlhf.RLHFTrainer, label: str) -> None:
+_MEMORY_HINTS = [  # (field, variant, hint): the first variant the field matches (and the truth does not) names it
+    ("logprobs", "logprobs_no_temperature",
+     "The log-probs ignore the temperature: take them of logits / args.temperature."),
+    ("ref_logprobs", "logprobs", "memory.ref_logprobs equal the policy's log-probs: compute them from trainer.ref_model."),
+    ("values", "values_shifted",
+     "The values use the wrong slice: the state that chose generated token i is values[:, prefix_len - 1:-1]."),
+    ("advantages", "advantages_args_kl_coef",
+     "The per-token KL penalty uses args.kl_coef, the START value: use the trainer's current coefficient, "
+     "trainer.kl_coef (the adaptive controller's value when args.adaptive_kl is on)."),
+    ("advantages", "advantages_toggled_whitening",
+     "The whitening switch is ignored: whiten the (shaped) rewards only when args.whiten_rewards is True, "
+     "and use them as they are when it is False."),
+    ("advantages", "advantages_unshaped",
+     "The repetition shaping is missing: rewards = trainer.reward_fn(texts) - args.repetition_coef * "
+     "ngram_repetition(texts, args.repetition_n). Without it the reward-hacking experiment measures nothing."),
+]
+
+
+def _check_memory(memory, trainer: rlhf.RLHFTrainer, label: str) -> dict[str, torch.Tensor]:
     args, p = trainer.args, trainer.prefix_len
     if memory is None:
         raise CheckFailure(f"{label}: rollout_phase returned None: return the ReplayMemory.")
     tokens = expect_tensor(get_attr(memory, "tokens"), shape=(args.batch_size, p + args.gen_len),
                            what=f"{label}: memory.tokens", allow_nan=True)
     expected = _expected_memory(trainer, tokens)
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and torch.allclose(a, b, atol=2e-4, rtol=1e-3)
+
     g = args.gen_len
     for name in ("logprobs", "ref_logprobs", "values", "advantages"):
-        got = expect_tensor(get_attr(memory, name), shape=(args.batch_size, g), what=f"{label}: memory.{name}")
+        got = expect_tensor(get_attr(memory, name), shape=(args.batch_size, g), dtype=torch.float32,
+                            what=f"{label}: memory.{name}")
         if got.requires_grad:
             raise CheckFailure(f"{label}: memory.{name} carries gradients: compute the rollout under torch.no_grad().")
-        if torch.allclose(got, expected[name], atol=2e-4, rtol=1e-3):
+        if close(got, expected[name]):
             continue
-        hint = None
-        if name == "logprobs" and torch.allclose(got, expected["logprobs_no_temperature"], atol=2e-4, rtol=1e-3):
-            hint = "The log-probs ignore the temperature: take them of logits / args.temperature."
-        elif name == "ref_logprobs" and torch.allclose(got, expected["logprobs"], atol=2e-4, rtol=1e-3):
-            hint = "memory.ref_logprobs equal the policy's log-probs: compute them from trainer.ref_model."
-        elif name == "values" and torch.allclose(got, expected["values_shifted"], atol=2e-4, rtol=1e-3):
-            hint = "The values use the wrong slice: the state that chose generated token i is values[:, prefix_len - 1:-1]."
-        elif name == "advantages" and torch.allclose(got, expected["advantages_unwhitened"], atol=2e-4, rtol=1e-3):
-            hint = "The advantages use the raw rewards: whiten them first when args.whiten_rewards."
-        elif name == "advantages" and torch.allclose(got, expected["advantages_unshaped"], atol=2e-4, rtol=1e-3):
-            hint = "The repetition penalty is missing: rewards = task rewards - repetition_coef * ngram_repetition."
-        raise CheckFailure(f"{label}: memory.{name} differs from a recomputation on memory.tokens.\n"
-                           f"  expected: {fmt(expected[name])}\n  got:      {fmt(got)}", hint)
+        hint = next((text for field, variant, text in _MEMORY_HINTS if field == name
+                     and not close(expected[variant], expected[name]) and close(got, expected[variant])), None)
+        raise failure(f"{label}: memory.{name} differs from a recomputation on memory.tokens.\n"
+                      f"  expected: {fmt(expected[name])}\n  got:      {fmt(got)}", hint)
+    return expected
+
+
+class _BatchSizes:
+    """Records the number of rows of every no-grad forward pass of the policy and the reference."""
+
+    def __init__(self, trainer: rlhf.RLHFTrainer):
+        self.sizes: list[int] = []
+        self.handles = [m.register_forward_pre_hook(self._record) for m in (trainer.model, trainer.ref_model)]
+
+    def _record(self, module, inputs) -> None:
+        if inputs and isinstance(inputs[0], torch.Tensor):
+            self.sizes.append(inputs[0].shape[0])
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _rollout(candidate, trainer: rlhf.RLHFTrainer, label: str):
+    """Run the learner's rollout_phase, check its forward passes were chunked, then its memory."""
+    sizes = _BatchSizes(trainer)
+    try:
+        memory = call(candidate, trainer, _arg_names=["trainer"])
+    finally:
+        sizes.remove()
+    args = trainer.args
+    if sizes.sizes and max(sizes.sizes) > args.minibatch_size:
+        raise failure(
+            f"{label}: your rollout ran the policy or the reference on {max(sizes.sizes)} rows at once (batch_size "
+            f"{args.batch_size}); the forward passes must go one chunk of at most args.minibatch_size = "
+            f"{args.minibatch_size} rows at a time.",
+            "The rollout is not chunked: a [batch, seq, vocab] logits tensor for the whole batch is what runs out of "
+            "memory at GPT-2 sizes. Loop over tokens.split(args.minibatch_size), keep only the log-probs and "
+            "values of each chunk, and torch.cat them.")
+    if not sizes.sizes:
+        raise CheckFailure(f"{label}: your rollout never called trainer.model or trainer.ref_model on the samples.")
+    return memory, _check_memory(memory, trainer, label)
 
 
 @checker(
@@ -1139,30 +1378,43 @@ def _check_memory(memory, trainer: rlhf.RLHFTrainer, label: str) -> None:
     "args.repetition_coef * ngram_repetition(texts, args.repetition_n). Under torch.no_grad(), for each chunk "
     "of tokens.split(args.minibatch_size): logits, values = trainer.model(chunk), ref_logits = "
     "trainer.ref_model(chunk); keep get_logprobs(logits / T, chunk, prefix_len) (and the same for the "
-    "reference) and the values. Whiten the rewards, compute the advantages, and return ReplayMemory(tokens, "
-    "logprobs, ref_logprobs, values[:, prefix_len - 1:-1], advantages).",
+    "reference) and the values. Scores = whiten(rewards) if args.whiten_rewards else rewards; the "
+    "advantages use the current coefficient trainer.kl_coef; return ReplayMemory(tokens, logprobs, "
+    "ref_logprobs, values[:, prefix_len - 1:-1], advantages).",
 )
 def check_rollout_phase(candidate) -> str:
-    trainer = make_trainer(phase_args())
+    # Three rollouts, each probing its own decisions:
+    # 1. the policy IS the reference, GAE, whitening on, a unigram repetition penalty (every sample
+    #    repeats words, by different amounts): KL 0 at the start, the shaping, the chunking, the log;
+    # 2. a policy moved away from the reference, GAE, the adaptive controller at 0.37 != args.kl_coef:
+    #    temperature 1, which KL coefficient enters the per-token rewards;
+    # 3. one-step advantages with whiten_rewards=False and the shaping on: the whitening switch.
+    trainer = make_trainer(phase_args(repetition_coef=0.5, repetition_n=1))
     ref_before = _params(trainer.ref_model)
-    memory = call(candidate, trainer)
-    _check_memory(memory, trainer, "first rollout")
+    memory, expected = _rollout(candidate, trainer, "first rollout (repetition penalty on)")
+    assert expected["repetition_std"] > 0, "checker: the samples must repeat words by different amounts"
     kl = rlhf.approx_kl(memory.logprobs, memory.ref_logprobs, "k3").mean().item()
     if abs(kl) > 1e-5:
         raise CheckFailure(f"before any update the policy IS the reference, so KL should be 0; got {kl:.3g}.")
     if len(trainer.history) != 1:
         raise CheckFailure("trainer.log_rollout was not called once: keep the line that logs the rollout.")
 
-    # A policy that has moved away from the reference, and GAE advantages.
-    trainer = make_trainer(phase_args(advantage_estimator="gae", temperature=1.0, repetition_coef=0.0))
+    trainer = make_trainer(phase_args(advantage_estimator="gae", temperature=1.0, repetition_coef=0.0,
+                                      adaptive_kl=True, kl_coef=0.1))
+    trainer.kl_controller.value = 0.37  # the controller has moved: the current coefficient is not args.kl_coef
     with torch.no_grad():
         for prm in trainer.model.base_model.parameters():
             prm.add_(0.02 * torch.randn(prm.shape, generator=seeded(12)))
-    memory = call(candidate, trainer)
-    _check_memory(memory, trainer, "rollout of a moved policy with GAE")
+    _rollout(candidate, trainer, "rollout of a moved policy with GAE and an adaptive KL coefficient at 0.37")
     if any(not torch.equal(a, b) for a, b in zip(ref_before, _params(trainer.ref_model))):
         raise CheckFailure("the reference model's weights changed during the rollout.")
-    return "memory shapes and contents match a recomputation (one-step and GAE advantages); KL is 0 at the start."
+
+    trainer = make_trainer(phase_args(advantage_estimator="one_step", whiten_rewards=False, repetition_coef=0.5,
+                                      repetition_n=1))
+    _rollout(candidate, trainer, "rollout with one-step advantages and whiten_rewards=False")
+    return ("memory shapes and contents match a recomputation in three rollouts (GAE with the shaping, GAE with an "
+            "adaptive KL coefficient, one-step without whitening), computed in chunks of args.minibatch_size; KL "
+            "is 0 at the start.")
 
 
 def _learning_phase_wrong(kind: str) -> Callable:
@@ -1176,8 +1428,9 @@ def _learning_phase_wrong(kind: str) -> Callable:
         for mb in memory.get_minibatches(args.num_minibatches, passes, generator):
             if kind != "no_zero_grad":
                 trainer.optimizer.zero_grad()
+            kl_coef = trainer.kl_coef if kind == "reward_kl_coef" else trainer.objective_kl_coef
             objective, s = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
-                                                       trainer.objective_kl_coef, args)
+                                                       kl_coef, args)
             objective.backward()
             if kind != "no_clip":
                 nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
@@ -1193,6 +1446,9 @@ def _learning_phase_wrong(kind: str) -> Callable:
 
 
 _LEARNING_MISTAKES = [
+    ("reward_kl_coef", "The objective's KL term uses trainer.kl_coef: with GAE the KL is already in the per-token "
+                       "rewards, so the objective takes trainer.objective_kl_coef (0 with GAE, trainer.kl_coef with "
+                       "one-step advantages). Using kl_coef counts the KL twice."),
     ("no_zero_grad", "Gradients accumulate across minibatches: call trainer.optimizer.zero_grad() before each "
                      "backward pass."),
     ("no_clip", "The gradient norm is not clipped: nn.utils.clip_grad_norm_(trainer.model.parameters(), "
@@ -1206,16 +1462,27 @@ _LEARNING_MISTAKES = [
 ]
 
 
+def _moved_trainer(args: rlhf.RLHFArgs) -> rlhf.RLHFTrainer:
+    """A fresh trainer whose policy has moved away from the reference (seeded), so that the KL to the
+    reference, and its gradient, are not 0 from the first minibatch on."""
+    trainer = make_trainer(args)
+    with torch.no_grad():
+        g = seeded(31)
+        for prm in trainer.model.base_model.parameters():
+            prm.add_(0.03 * torch.randn(prm.shape, generator=g))
+    return trainer
+
+
 def _rollout_memory(args: rlhf.RLHFArgs) -> rlhf.ReplayMemory:
     """One reference rollout (seeded) of a fresh trainer: every learning run starts from it."""
-    trainer = make_trainer(args)
+    trainer = _moved_trainer(args)
     torch.manual_seed(21)
     return rlhf.rollout_phase(trainer)
 
 
 def _run_learning(fn: Callable, args: rlhf.RLHFArgs, memory: rlhf.ReplayMemory) -> tuple[rlhf.RLHFTrainer, list[torch.Tensor], Any]:
     """A fresh trainer (identical to the one that made ``memory``) runs ``fn(trainer, memory)``."""
-    trainer = make_trainer(args)
+    trainer = _moved_trainer(args)
     memory = rlhf.ReplayMemory(**{f: getattr(memory, f).clone() for f in
                                   ("tokens", "logprobs", "ref_logprobs", "values", "advantages")})
     before = _params(trainer.model)
@@ -1238,11 +1505,20 @@ def _delta(trainer, before) -> torch.Tensor:
     "trainer.optimizer.step(); keep stats. After the loop, trainer.scheduler.step() once.",
 )
 def check_learning_phase(candidate) -> str:
-    # No warmup (the first phase learns); a small max_grad_norm, so that clipping is active.
-    args = phase_args(base_lr=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0)
+    # One phase, decision by decision: no warmup (the first phase learns); a small max_grad_norm (clipping
+    # active); GAE with kl_coef 0.5 and a policy already away from the reference (the objective's KL
+    # coefficient shows); two passes of two minibatches (zero_grad, the number of passes, the order
+    # from trainer.generator); the scheduler's steps. Tolerance 0.2% of the update: the reference is
+    # deterministic, and the closest catalogued deviation differs by several percent.
+    args = phase_args(base_lr=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0, kl_coef=0.5)
     memory = _rollout_memory(args)
     trainer, before, out = _run_learning(candidate, args, memory)
     ref_trainer, ref_before, _ = _run_learning(rlhf.learning_phase, args, memory)
+    fresh = torch.Generator().manual_seed(args.seed).get_state()
+    if torch.equal(trainer.generator.get_state(), fresh) and not torch.equal(ref_trainer.generator.get_state(), fresh):
+        raise failure("trainer.generator was never drawn from: the minibatch order did not come from it.",
+                      "The generator is forgotten: pass trainer.generator to memory.get_minibatches(num_minibatches, "
+                      "batches_per_learning_phase, trainer.generator), so that the same seed gives the same run.")
     expected = _delta(ref_trainer, ref_before)
     ref_params = _params(_tiny_policy_weights())
     if any(not torch.equal(a, b.detach()) for a, b in zip(ref_params, trainer.ref_model.parameters())):
@@ -1255,15 +1531,15 @@ def check_learning_phase(candidate) -> str:
     steps = {int(s["step"]) for s in trainer.optimizer.state.values() if "step" in s}
     expected_steps = args.num_minibatches * args.batches_per_learning_phase
     rel = ((got - expected).norm() / expected.norm()).item()
-    if rel > 1e-2 or trainer.scheduler.last_epoch != ref_trainer.scheduler.last_epoch:
+    if rel > 2e-3 or trainer.scheduler.last_epoch != ref_trainer.scheduler.last_epoch:
         hint = None
         for kind, text in _LEARNING_MISTAKES:
             wrong_trainer, wrong_before, _ = _run_learning(_learning_phase_wrong(kind), args, memory)
-            same = ((got - _delta(wrong_trainer, wrong_before)).norm() / expected.norm()).item() < 1e-2
+            same = ((got - _delta(wrong_trainer, wrong_before)).norm() / expected.norm()).item() < 2e-3
             if same and trainer.scheduler.last_epoch == wrong_trainer.scheduler.last_epoch:
                 hint = text
                 break
-        raise CheckFailure(
+        raise failure(
             f"after one learning phase the weights differ from the reference update by {rel:.1%} (optimizer "
             f"steps taken: {sorted(steps)}, expected {expected_steps}; scheduler steps: "
             f"{trainer.scheduler.last_epoch}, expected {ref_trainer.scheduler.last_epoch}).", hint)

@@ -9,6 +9,19 @@
 - ``grpo_step`` is run twice from the same start as the reference (plain SGD, so that every factor
   of the gradient shows in the parameters) and the parameter updates are compared; known wrong steps
   are run the same way to name the mistake.
+
+Regimes probed (where plausible implementations differ):
+- group_relative_advantages: rewards that barely differ (eps matters), an all-equal group (std 0),
+  a batch of 1, 0/1 rewards in a square batch (dim 0 vs dim -1), each scale;
+- calc_grpo_objective: completions of 1 to g tokens with junk under the mask, each loss type,
+  max_completion_len > g, clip-higher, zero advantages (the KL alone), negative advantages with ratios
+  up to 12 and beta = 0 (a dual clip shows only there), a reference far from the policy (|logr| up to
+  15: a clamped log-ratio or k3 shows only there);
+- completion_mask: EOS first, last, absent, repeated, EOS padding;
+- sample_group: rows stopping early and not, every row stopping at once (padding), a prompt starting
+  with the EOS token (BOS = EOS: a whole-sequence mask), the padding token after EOS, the temperature;
+- grpo_step: dapo with the gradient clip active; dr_grpo with max_new_tokens above the batch's g and
+  the clip inactive (the objective's scale, max_completion_len).
 """
 
 from __future__ import annotations

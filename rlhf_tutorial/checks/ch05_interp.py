@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +23,6 @@ from rlhf_tutorial.checks.core import (
     Case,
     CheckFailure,
     Mistake,
-    _close,
     call,
     checker,
     compare_to_reference,
@@ -488,43 +486,23 @@ def _param_dicts(seed: int) -> list[tuple[str, dict, dict]]:
     ]
 
 
-def _compare_numbers(candidate: Callable, reference: Callable, cases: list[tuple[str, tuple, dict]],
-                     mistakes: list[Mistake], arg_names: list[str], rtol: float = 1e-4) -> None:
-    """Compare outputs that are Python floats or dicts of them, with known mistakes for the hints."""
-
-    def matches(got: Any, want: Any) -> bool:
-        if isinstance(want, dict):
-            return isinstance(got, dict) and set(got) == set(want) and all(matches(got[k], want[k]) for k in want)
-        return _close(got, want, atol=1e-7, rtol=rtol)
-
-    for label, args, kwargs in cases:
-        want = reference(*args, **kwargs)
-        try:
-            got = call(candidate, *args, _arg_names=arg_names, **kwargs)
-        except CheckFailure as failure:
-            if "KeyError" in failure.message:
-                raise CheckFailure(failure.message + f" (on {label})",
-                                   hint="Only names in BOTH dicts count: skip a name that one of them lacks "
-                                   "(`if name in tuned_params`).") from None
-            raise
-        values = list(got.values()) if isinstance(got, dict) else [got]
-        if any(isinstance(v, torch.Tensor) for v in values):
-            raise CheckFailure(f"On {label}, your function returned tensors: {fmt(got)}.",
-                               hint="Return Python floats: .item() on a 0-d tensor, or float(...).")
-        if isinstance(want, dict) and isinstance(got, dict) and set(got) != set(want):
-            raise CheckFailure(f"On {label}, your dict has the names {sorted(got)}, expected {sorted(want)}.",
-                               hint="One entry per name found in BOTH dicts: skip names only one of them has.")
-        if matches(got, want):
-            continue
-        hint = None
-        for mistake in mistakes:
-            try:
-                if matches(got, mistake.fn(*args, **kwargs)):
-                    hint = mistake.hint
-                    break
-            except Exception:  # noqa: BLE001 - a mistake may not apply to this case
-                continue
-        raise CheckFailure(f"Wrong values on {label}.\n  expected: {fmt(want)}\n  got:      {fmt(got)}", hint)
+def _compare_numbers(candidate: Callable, reference: Callable, cases: list[Case], mistakes: list[Mistake],
+                     arg_names: list[str]) -> str:
+    """``compare_to_reference`` for outputs that are Python floats or dicts of them: tensors are refused
+    (the contract asks for numbers), and a KeyError gets the "names in both dicts" hint."""
+    got = call(candidate, *cases[0].args, _arg_names=arg_names, **cases[0].kwargs) if cases else None
+    values = list(got.values()) if isinstance(got, dict) else [got]
+    if any(isinstance(v, torch.Tensor) for v in values):
+        raise CheckFailure(f"On {cases[0].label}, your function returned tensors: {fmt(got)}.",
+                           hint="Return Python floats: .item() on a 0-d tensor, or float(...).")
+    try:
+        return compare_to_reference(candidate, reference, cases, mistakes=mistakes, arg_names=arg_names,
+                                    atol=1e-7, rtol=1e-4)
+    except CheckFailure as failure:
+        if "KeyError" in failure.message or "keys" in failure.message:
+            raise CheckFailure(failure.message, hint="Only names in BOTH dicts count: skip a name that one of them "
+                               "lacks (`if name in tuned_params`).") from None
+        raise
 
 
 def _common(base: dict, tuned: dict):
@@ -539,8 +517,8 @@ def _common(base: dict, tuned: dict):
     "Python float (.item()). Norms over ALL entries of the tensor.",
 )
 def check_param_change(candidate) -> str:
-    cases = [(label, (base, tuned), {}) for label, base, tuned in _param_dicts(58)]
-    _compare_numbers(candidate, interp.param_change, cases, arg_names=["base_params", "tuned_params"], mistakes=[
+    cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(58)]
+    mistakes = [
         Mistake("That is the absolute change ||tuned - base||: divide by ||base|| to make it relative.",
                 lambda B, T: {k: (T[k] - B[k]).norm().item() for k in B if k in T}),
         Mistake("A zero base tensor gave inf or NaN: clamp the denominator, max(||base||, 1e-8).",
@@ -553,8 +531,8 @@ def check_param_change(candidate) -> str:
         Mistake("You averaged per-row (or per-entry) relative changes: use one norm over all entries of each "
                 "tensor.",
                 lambda B, T: {k: ((T[k] - B[k]).abs() / B[k].abs().clamp(min=1e-8)).mean().item() for k in B if k in T}),
-    ])
-    return "matches the reference on 6 cases (an unchanged tensor, a zero base tensor, names in one dict only, large weights)."
+    ]
+    return _compare_numbers(candidate, interp.param_change, cases, mistakes, arg_names=["base_params", "tuned_params"])
 
 
 @checker(
@@ -565,22 +543,21 @@ def check_param_change(candidate) -> str:
     "total number of entries of those tensors. Return a Python float.",
 )
 def check_fraction_changed(candidate) -> str:
-    cases = [(label, (base, tuned), {}) for label, base, tuned in _param_dicts(59)]
+    cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(59)]
     g = seeded(60)
     x = torch.randn(6, 6, generator=g)
     cases += [
-        ("atol=0.1", (_param_dicts(59)[0][1], _param_dicts(59)[0][2]), {"atol": 0.1}),
-        ("changes exactly equal to atol (ties: not counted)",
-         ({"a": torch.ones(4)}, {"a": torch.tensor([1.5, 1.0, 0.5, 2.0])}), {"atol": 0.5}),
-        ("bfloat16 tensors", ({"x": x.bfloat16()}, {"x": (x + 1e-3 * torch.randn(6, 6, generator=g)).bfloat16()}), {}),
+        Case("atol=0.1", (_param_dicts(59)[0][1], _param_dicts(59)[0][2]), {"atol": 0.1}),
+        Case("changes exactly equal to atol (ties: not counted)",
+             ({"a": torch.ones(4)}, {"a": torch.tensor([1.5, 1.0, 0.5, 2.0])}), {"atol": 0.5}),
+        Case("bfloat16 tensors", ({"x": x.bfloat16()}, {"x": (x + 1e-3 * torch.randn(6, 6, generator=g)).bfloat16()})),
     ]
 
     def per_tensor_mean(B, T, atol=0.0):
         fractions = [((t - b).abs() > atol).double().mean().item() for b, t in _common(B, T)]
         return sum(fractions) / len(fractions)
 
-    _compare_numbers(candidate, interp.fraction_changed, cases, arg_names=["base_params", "tuned_params", "atol"],
-                     mistakes=[
+    mistakes = [
         Mistake("You counted abs(tuned - base) >= atol: the test is strictly greater, > atol (with atol=0, "
                 "an entry that did not move must not count).",
                 lambda B, T, atol=0.0: sum(int(((t - b).abs() >= atol).sum()) for b, t in _common(B, T))
@@ -592,5 +569,6 @@ def check_fraction_changed(candidate) -> str:
                 / sum(b.numel() for b, _ in _common(B, T))),
         Mistake("That is the fraction UNCHANGED (the sparsity): return the fraction that changed.",
                 lambda B, T, atol=0.0: 1 - interp.fraction_changed(B, T, atol)),
-    ])
-    return "matches the reference on 9 cases (atol ties, bfloat16, an unchanged tensor, names in one dict only)."
+    ]
+    return _compare_numbers(candidate, interp.fraction_changed, cases, mistakes,
+                            arg_names=["base_params", "tuned_params", "atol"])

@@ -235,7 +235,7 @@ def expect_tensor(
 
 
 def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
-    """Whether two outputs agree (tensors, numbers, or tuples/lists of them)."""
+    """Whether two outputs agree (tensors, numbers, or tuples/lists/dicts of them)."""
     if isinstance(b, torch.Tensor):
         if not isinstance(a, torch.Tensor) or a.shape != b.shape:
             return False
@@ -245,6 +245,8 @@ def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
         return isinstance(a, (tuple, list)) and len(a) == len(b) and all(
             _close(x, y, atol, rtol) for x, y in zip(a, b)
         )
+    if isinstance(b, dict):
+        return isinstance(a, dict) and set(a) == set(b) and all(_close(a[k], b[k], atol, rtol) for k in b)
     if isinstance(b, (float, int)) and not isinstance(b, bool):
         if isinstance(a, torch.Tensor) and a.numel() == 1:
             a = a.item()
@@ -295,6 +297,11 @@ def _check_output_form(out: Any, expected: Any, label: str) -> None:
             )
         for i, (o, e) in enumerate(zip(out, expected)):
             _check_output_form(o, e, f"{label} (item {i})")
+    elif isinstance(expected, dict):
+        if not isinstance(out, dict):
+            raise CheckFailure(f"On {label}, expected a dict, got {fmt(out)}.")
+        if set(out) != set(expected):
+            raise CheckFailure(f"On {label}, your dict has the keys {sorted(out)}, expected {sorted(expected)}.")
     elif isinstance(expected, float) and out is None:
         raise CheckFailure(f"On {label}, your function returned None: did you forget a `return`?")
 
@@ -316,6 +323,11 @@ def form_mismatch(out: Any, expected: Any) -> str | None:
             text = form_mismatch(o, e)
             if text:
                 return f"item {i}: {text}" if len(expected) > 1 else text
+    elif isinstance(expected, dict) and isinstance(out, dict):
+        for key, e in expected.items():
+            text = form_mismatch(out.get(key), e)
+            if text:
+                return f"[{key!r}]: {text}"
     return None
 
 

@@ -97,3 +97,13 @@ def test_final_normalized_residual_written_differently():
 
     assert run_check("final_normalized_residual", via_cache).passed
     assert run_check("final_normalized_residual", by_applying_ln_final).passed
+
+
+def probs_naive_softmax(model, tokens):  # only logits in the hundreds expose it: exp overflows to inf
+    logits = model(tokens)[:, -1, :]
+    return logits.exp() / logits.exp().sum(-1, keepdim=True)
+
+
+def test_naive_softmax_is_caught_by_large_logits():
+    result = run_check("next_token_probs", probs_naive_softmax)
+    assert not result.passed and "logits in the hundreds" in result.message and "NaN or inf" in result.message

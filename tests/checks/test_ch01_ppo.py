@@ -583,3 +583,23 @@ def test_learning_phase_written_differently():
 
     result = run_check("ppo_learning_phase", learning_own_minibatches)
     assert result.passed, result.message
+
+
+def surrogate_without_eps(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    # only all-equal advantages (std 0) expose it: 0 / 0 = NaN
+    a = (advantages - advantages.mean()) / advantages.std()
+    ratio = (logprobs - old_logprobs).exp()
+    return torch.minimum(ratio * a, ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).mean()
+
+
+def value_loss_divided_by_len(values, returns, vf_coef):  # only a 2-d batch exposes it: len() is the rows
+    return 0.5 * vf_coef * ((values - returns) ** 2).sum() / len(values)
+
+
+@pytest.mark.parametrize("name, wrong, fragment", [
+    ("calc_clipped_surrogate_objective", surrogate_without_eps, "NaN or inf"),
+    ("calc_value_function_loss", value_loss_divided_by_len, "a [3, 5] batch"),
+])
+def test_edge_only_mistakes(name, wrong, fragment):
+    result = run_check(name, wrong)
+    assert not result.passed and fragment in result.message, result.message

@@ -691,3 +691,21 @@ def bt_log_sigmoid(chosen_rewards, rejected_rewards):
                                              (bt_log_sigmoid, "sigmoid underflows")])
 def test_bradley_terry_infinite_loss_names_the_true_cause(wrong, fragment):
     assert_fails_with("bradley_terry_loss", wrong, fragment)
+
+
+def char_count_case_insensitive(samples, char="."):  # only a capital letter in the text exposes it
+    return torch.tensor([float(s.lower().count(char.lower())) for s in samples])
+
+
+def test_char_count_case_variant_is_rejected():
+    assert_fails_with("reward_fn_char_count", char_count_case_insensitive, "lowercased")
+
+
+def whiten_without_eps(values, shift_mean=True, eps=1e-8):  # only all-equal values (variance 0) expose it
+    mean = values.mean()
+    out = (values - mean) / values.std(unbiased=False)
+    return out if shift_mean else out + mean
+
+
+def test_whiten_without_eps_is_rejected():
+    assert_fails_with("whiten", whiten_without_eps, "all-equal values")

@@ -483,18 +483,31 @@ def test_value_head_mistakes(wrong, fragment):
 
 
 def test_value_head_written_differently():
-    class WithCache(nn.Module):
+    """nn.init by hand instead of layer_init, the hooks() context manager, a nonlocal instead of a dict."""
+
+    class WithContext(nn.Module):
         def __init__(self, base_model):
             super().__init__()
             self.base_model = base_model
             d = base_model.cfg.d_model
             self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+            for layer, gain in ((self.value_head[0], 2**0.5), (self.value_head[2], 1.0)):
+                nn.init.orthogonal_(layer.weight, gain=gain)
+                nn.init.zeros_(layer.bias)
 
         def forward(self, tokens):
-            logits, cache = self.base_model.run_with_cache(tokens, names_filter="ln_final.hook_normalized")
-            return logits, self.value_head(cache["ln_final.hook_normalized"])[..., 0]
+            values = None
 
-    assert run_check("TransformerWithValueHead", WithCache).passed
+            def grab(resid, hook):
+                nonlocal values
+                values = self.value_head(resid)[..., 0]
+
+            with self.base_model.hooks(fwd_hooks=[("ln_final.hook_normalized", grab)]):
+                logits = self.base_model(tokens)
+            return logits, values
+
+    result = run_check("TransformerWithValueHead", WithContext)
+    assert result.passed, result
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -786,22 +799,29 @@ def test_compute_rlhf_objective_written_differently():
 # ----------------------------------------------------------------------------------------------------
 # rollout_phase and learning_phase (tiny world)
 # ----------------------------------------------------------------------------------------------------
-def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards=True, value_offset=0):
+def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards="switch", value_offset=0,
+                    chunked=True, kl_coef="trainer", shaping=True):
     def rollout(trainer):
         args, p = trainer.args, trainer.prefix_len
         tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len,
                                          args.temperature, args.top_k, args.prepend_bos)
         task = trainer.reward_fn(texts)
-        rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n)
-        with torch.no_grad():
-            logits, values = trainer.model(tokens)
-            ref_logits = logits if ref_from_policy else trainer.ref_model(tokens)
+        rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n) if shaping else task
         t = args.temperature if temperature else 1.0
-        logprobs = rlhf.get_logprobs(logits / t, tokens, p)
-        ref_logprobs = rlhf.get_logprobs(ref_logits / t, tokens, p)
-        scores = whiten(rewards) if whiten_rewards else rewards
+        logprobs, ref_logprobs, values = [], [], []
+        with torch.no_grad():
+            for chunk in tokens.split(args.minibatch_size) if chunked else [tokens]:
+                logits, chunk_values = trainer.model(chunk)
+                ref_logits = logits if ref_from_policy else trainer.ref_model(chunk)
+                logprobs.append(rlhf.get_logprobs(logits / t, chunk, p))
+                ref_logprobs.append(rlhf.get_logprobs(ref_logits / t, chunk, p))
+                values.append(chunk_values)
+        logprobs, ref_logprobs, values = torch.cat(logprobs), torch.cat(ref_logprobs), torch.cat(values)
+        whitened = args.whiten_rewards if whiten_rewards == "switch" else whiten_rewards
+        scores = whiten(rewards) if whitened else rewards
+        beta = trainer.kl_coef if kl_coef == "trainer" else args.kl_coef
         if args.advantage_estimator == "gae":
-            token_rewards = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
+            token_rewards = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, beta)
             advantages = rlhf.compute_gae_advantages(token_rewards, values[:, p - 1 : -1], args.gamma,
                                                      args.gae_lambda)
         else:
@@ -819,8 +839,13 @@ def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards=T
     [
         (rollout_variant(temperature=False), "ignore the temperature"),
         (rollout_variant(ref_from_policy=True), "compute them from trainer.ref_model"),
-        (rollout_variant(whiten_rewards=False), "whiten them first"),
+        (rollout_variant(whiten_rewards=False), "whitening switch is ignored"),
         (rollout_variant(value_offset=1), "values use the wrong slice"),
+        # the decisions issue 15 found unchecked
+        (rollout_variant(chunked=False), "not chunked"),
+        (rollout_variant(kl_coef="args"), "trainer.kl_coef"),
+        (rollout_variant(whiten_rewards=True), "whitening switch is ignored"),
+        (rollout_variant(shaping=False), "repetition shaping is missing"),
     ],
 )
 def test_rollout_phase_mistakes(wrong, fragment):
@@ -828,7 +853,7 @@ def test_rollout_phase_mistakes(wrong, fragment):
 
 
 def test_rollout_phase_written_differently():
-    """The whole batch in one forward pass (fine for the tiny world) and a hand-written whitening."""
+    """Chunks of 2 rows by index ranges, inference_mode, and a hand-written whitening."""
 
     def one_pass(trainer):
         args, p = trainer.args, trainer.prefix_len
@@ -836,13 +861,19 @@ def test_rollout_phase_written_differently():
                                          args.temperature, args.top_k, args.prepend_bos)
         task = trainer.reward_fn(texts)
         rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n)
+        parts = {"lp": [], "ref": [], "v": []}
         with torch.inference_mode():
-            logits, values = trainer.model(tokens)
-            ref_logits = trainer.ref_model(tokens)
-        logprobs = rlhf.get_logprobs(logits / args.temperature, tokens, p).clone()
-        ref_logprobs = rlhf.get_logprobs(ref_logits / args.temperature, tokens, p).clone()
-        values = values.clone()
-        scores = (rewards - rewards.mean()) / (rewards.var(unbiased=False) + 1e-8).sqrt()
+            for start in range(0, tokens.shape[0], 2):
+                rows = tokens[start : start + 2]
+                logits, values = trainer.model(rows)
+                parts["lp"].append(rlhf.get_logprobs(logits / args.temperature, rows, p))
+                parts["ref"].append(rlhf.get_logprobs(trainer.ref_model(rows) / args.temperature, rows, p))
+                parts["v"].append(values)
+        logprobs, ref_logprobs, values = (torch.cat(parts[k]).clone() for k in ("lp", "ref", "v"))
+        if args.whiten_rewards:
+            scores = (rewards - rewards.mean()) / (rewards.var(unbiased=False) + 1e-8).sqrt()
+        else:
+            scores = rewards
         if args.advantage_estimator == "gae":
             r = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
             advantages = rlhf.compute_gae_advantages(r, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
@@ -864,12 +895,15 @@ def learning_variant(kind):
         args = trainer.args
         passes = 1 if kind == "one_pass" else args.batches_per_learning_phase
         generator = None if kind == "global_rng" else trainer.generator
+        minibatches = (memory.get_minibatches(args.num_minibatches, passes) if kind == "forgotten_generator"
+                       else memory.get_minibatches(args.num_minibatches, passes, generator))
+        kl_coef = trainer.kl_coef if kind == "reward_kl_coef" else trainer.objective_kl_coef  # GAE: 0
         kept = []
-        for mb in memory.get_minibatches(args.num_minibatches, passes, generator):
+        for mb in minibatches:
             if kind != "no_zero_grad":
                 trainer.optimizer.zero_grad()
             objective, stats = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
-                                                           trainer.objective_kl_coef, args)
+                                                           kl_coef, args)
             objective.backward()
             if kind != "no_clip":
                 nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
@@ -892,6 +926,8 @@ def learning_variant(kind):
         ("one_pass", "batches_per_learning_phase"),
         ("scheduler_per_minibatch", "once, after the last minibatch"),
         ("global_rng", "pass trainer.generator"),
+        ("forgotten_generator", "generator is forgotten"),
+        ("reward_kl_coef", "objective_kl_coef"),
     ],
 )
 def test_learning_phase_mistakes(kind, fragment):
@@ -984,3 +1020,134 @@ class KLControllerFloorOnly(KLControllerCoefficientClamped):
 @pytest.mark.parametrize("wrong", [KLControllerCoefficientClamped, KLControllerFloorOnly])
 def test_adaptive_kl_controller_clamps_are_rejected(wrong):
     assert_fails_with("AdaptiveKLController", wrong, "coefficient is clamped")
+
+
+# ----------------------------------------------------------------------------------------------------
+# compute_rlhf_objective term by term, TransformerWithValueHead decisions (issue 15)
+# ----------------------------------------------------------------------------------------------------
+def objective_terms(*, entropy_temperature=True, stats_with_ent_coef=False, ref_with_grad=False,
+                    ref_temperature=True, entropy_everywhere=False):
+    """The objective as a learner writes it in the notebook's scaffold (the stats read their names)."""
+
+    def objective_fn(model, ref_model, minibatch, prefix_len, kl_coef, args):
+        logits, values = model(minibatch.tokens)
+        scaled = logits / args.temperature
+        gen = slice(prefix_len - 1, -1)
+        logprobs = rlhf.get_logprobs(scaled, minibatch.tokens, prefix_len)
+        clipped_surrogate = rlhf.calc_clipped_surrogate_objective(logprobs, minibatch.logprobs,
+                                                                  minibatch.advantages, args.clip_coef)
+        if args.cliprange_value is None:
+            value_loss = rlhf.calc_value_function_loss(values[:, gen], minibatch.returns, args.vf_coef)
+        else:
+            value_loss = rlhf.calc_clipped_value_loss(values[:, gen], minibatch.returns - minibatch.advantages,
+                                                      minibatch.returns, args.vf_coef, args.cliprange_value)
+        ent_logits = (scaled if entropy_temperature else logits)
+        ent_logits = ent_logits if entropy_everywhere else ent_logits[:, gen]
+        if stats_with_ent_coef:  # the objective is right; the logged entropy is not
+            entropy = rlhf.calc_entropy_bonus(ent_logits, args.ent_coef)
+            bonus = entropy
+        else:
+            entropy = rlhf.calc_entropy_bonus(ent_logits, 1.0)
+            bonus = args.ent_coef * entropy
+        if args.kl_estimator == "full":
+            with torch.enable_grad() if ref_with_grad else torch.no_grad():
+                ref_logits = ref_model(minibatch.tokens)
+            ref_logits = ref_logits / args.temperature if ref_temperature else ref_logits
+            kl = rlhf.calc_kl_penalty(scaled[:, gen], ref_logits[:, gen], 1.0)
+        else:
+            kl = rlhf.approx_kl(logprobs, minibatch.ref_logprobs, args.kl_estimator).mean()
+        objective = clipped_surrogate - value_loss + bonus - kl_coef * kl
+        stats = {"objective": objective.item(), "clipped_surrogate": clipped_surrogate.item(),
+                 "value_loss": value_loss.item(), "entropy": entropy.item(), "kl": kl.item()}
+        return objective, stats
+
+    return objective_fn
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (objective_terms(entropy_temperature=False), "the entropy bonus alone"),
+        (objective_terms(entropy_everywhere=True), "averaged over every position"),
+        (objective_terms(stats_with_ent_coef=True), "stats['entropy'] includes ent_coef"),
+        (objective_terms(ref_with_grad=True), "reference logits are computed with gradients"),
+        (objective_terms(ref_temperature=False), "reference logits are not divided by the temperature"),
+    ],
+)
+def test_compute_rlhf_objective_terms(wrong, fragment):
+    assert_fails_with("compute_rlhf_objective", wrong, fragment)
+
+
+def test_compute_rlhf_objective_scaffold_form_passes():
+    result = run_check("compute_rlhf_objective", objective_terms())
+    assert result.passed, result
+
+
+class ValueHeadInitialised(nn.Module):
+    def __init__(self, base_model):
+        super().__init__()
+        self.base_model = base_model
+        d = base_model.cfg.d_model
+        self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+        nn.init.orthogonal_(self.value_head[0].weight, gain=math.sqrt(2))
+        nn.init.orthogonal_(self.value_head[2].weight, gain=1.0)
+        nn.init.zeros_(self.value_head[0].bias)
+        nn.init.zeros_(self.value_head[2].bias)
+
+
+class ValueHookReturnsTensor(ValueHeadInitialised):
+    def forward(self, tokens):
+        kept = {}
+
+        def hook(resid, hook):
+            kept["values"] = self.value_head(resid).squeeze(-1)
+            return kept["values"]  # replaces the activation: the unembedding then fails
+
+        logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", hook)])
+        return logits, kept["values"]
+
+
+class ValueHeadDetached(ValueHeadInitialised):
+    def forward(self, tokens):
+        kept = {}
+
+        def hook(resid, hook):
+            kept["values"] = self.value_head(resid.detach()).squeeze(-1)
+
+        logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", hook)])
+        return logits, kept["values"]
+
+
+class ValueHeadDefaultInit(ValueHeadDetached):
+    def __init__(self, base_model):
+        super().__init__(base_model)
+        d = base_model.cfg.d_model
+        self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+
+    def forward(self, tokens):
+        kept = {}
+        logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[
+            ("ln_final.hook_normalized", lambda r, hook: kept.update(v=self.value_head(r).squeeze(-1)))])
+        return logits, kept["v"]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (ValueHookReturnsTensor, "hook on ln_final.hook_normalized returns a tensor"),
+        (ValueHeadDetached, "not the transformer"),
+        (ValueHeadDefaultInit, "not initialised with layer_init"),
+    ],
+)
+def test_value_head_decisions(wrong, fragment):
+    assert_fails_with("TransformerWithValueHead", wrong, fragment)
+
+
+def logprobs_log_of_softmax(logits, tokens, prefix_len=None):  # only logits x100 expose it: softmax underflows
+    start = 1 if prefix_len is None else prefix_len
+    return logits[:, start - 1 : -1].softmax(-1).log().gather(-1, tokens[:, start:, None])[..., 0]
+
+
+def test_get_logprobs_log_of_softmax_is_caught_by_large_logits():
+    result = run_check("get_logprobs", logprobs_log_of_softmax)
+    assert not result.passed and "large logits" in result.message, result.message

@@ -44,6 +44,8 @@ def _cast(out, found: list[str]):
         return out.to(CASTS[out.dtype])
     if isinstance(out, (tuple, list)):
         return type(out)(_cast(x, found) for x in out)
+    if isinstance(out, dict):
+        return {k: _cast(v, found) for k, v in out.items()}
     return out
 
 

@@ -1,0 +1,262 @@
+"""Race our GRPO trainer against TRL's ``GRPOTrainer`` on the same model, reward and settings.
+
+``python -m rlhf_tutorial bench-trl --algo grpo`` exports the tiny world's base policy to a
+transformers folder (``export.export_hf``: the same logits), then for each seed runs our ``grpo.train``
+and TRL's ``GRPOTrainer`` one after the other (alternating, so both see the same machine load), and
+prints a JSON summary: per phase seconds (split into sampling, scoring, old and reference log-probs,
+optimisation), the time and phases until a sampled batch has mean reward >= 0.9, the final reward,
+and the peak memory, for both, with the ratios ours / TRL (median over seeds).
+
+Both sides are measured the same way: the reward function is wrapped by one recorder that notes, for
+every batch scored, the seconds since the trainer started and the batch's mean reward. "Time to
+0.9" is the time at which the first batch with mean reward >= 0.9 has been scored; the final reward
+is the mean over the last ``final_window`` phases' batches.
+
+The settings map one to one (``trl_config``): p * G = 64 completions a phase (``num_generations =
+G``, ``per_device_train_batch_size * steps_per_generation = p * G``), ``num_minibatches`` optimizer
+steps of ``p * G / num_minibatches`` completions per pass, ``updates_per_phase`` passes
+(``num_iterations``), the same learning rate (constant), gradient clipping, clip range, beta, loss
+aggregation, advantage scaling, temperature and completion length. What TRL cannot express, or does
+differently (``TRL_DIFFERENCES``), goes into the summary.
+
+TRL is an optional extra (``pip install rlhf-tutorial[trl]``); nothing else in the course needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlhf_tutorial import grpo
+from rlhf_tutorial.speed import REWARD_TARGET, SECTIONS, PhaseClock
+
+#: Where TRL's GRPOTrainer differs from ours with the settings mapped as closely as it allows.
+TRL_DIFFERENCES = [
+    "minibatches: TRL shuffles the completions of a phase (rows of different groups mix) and reuses the same "
+    "split for every pass (num_iterations); ours draws whole groups, a new order each pass",
+    "sampling: TRL samples with transformers' generate; ours with speed.fast_sample (same distribution)",
+    "old log-probs: TRL runs a forward pass at rollout time; ours keeps the sampler's (the same numbers)",
+    "optimizer: TRL's default for TrainingArguments (reported as trl_optim); ours AdamW (fused), both "
+    "betas (0.9, 0.999), eps 1e-8, no weight decay, constant learning rate",
+    "loss scale: TRL's 'grpo' loss divides by the number of gradient-accumulation steps (1 here: no effect)",
+    "dynamic_sampling, max_sampling_rounds and ref_refresh_every have no GRPOConfig field (left off); "
+    "our adv_eps (1e-4) is TRL's fixed epsilon",
+]
+
+
+class RewardRecorder:
+    """Wraps a reward function ``texts -> rewards``; notes (seconds since ``start()``, mean reward,
+    seconds spent scoring) for every batch it scores."""
+
+    def __init__(self, reward_fn: Callable[[list[str]], torch.Tensor]):
+        self.reward_fn = reward_fn
+        self.batches: list[tuple[float, float, float]] = []
+        self.t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self.batches, self.t0 = [], time.perf_counter()
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        begin = time.perf_counter()
+        rewards = self.reward_fn(texts).float().cpu()
+        end = time.perf_counter()
+        self.batches.append((end - self.t0, rewards.mean().item(), end - begin))
+        return rewards
+
+    def summary(self, final_window: int) -> dict[str, Any]:
+        """Time and batches until the first batch with mean reward >= the target; final reward."""
+        first = next((k for k, (_, r, _) in enumerate(self.batches) if r >= REWARD_TARGET), None)
+        rewards = [r for _, r, _ in self.batches]
+        return {
+            "phases_to_target": None if first is None else first + 1,
+            "seconds_to_target": None if first is None else round(self.batches[first][0], 2),
+            "final_reward": round(statistics.fmean(rewards[-final_window:]), 4),
+            "reward_per_phase": [round(r, 4) for r in rewards],
+        }
+
+
+def trl_config(args: grpo.GRPOArgs, seed: int, out: str):
+    """``args`` as a TRL ``GRPOConfig`` (CPU, float32, no checkpoints, no logging to services)."""
+    from trl import GRPOConfig
+
+    rows = args.groups_per_phase * args.group_size
+    minibatch = rows // args.num_minibatches
+    return GRPOConfig(
+        output_dir=out, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=10**6,
+        disable_tqdm=True, dataloader_num_workers=0,
+        num_generations=args.group_size, per_device_train_batch_size=minibatch,
+        steps_per_generation=args.num_minibatches, gradient_accumulation_steps=1,
+        num_iterations=args.updates_per_phase,
+        max_steps=args.num_phases * args.num_minibatches * args.updates_per_phase,
+        max_completion_length=args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k or 0, top_p=1.0,
+        learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.max_grad_norm,
+        beta=args.beta, epsilon=args.clip_eps, epsilon_high=args.clip_eps_high or args.clip_eps,
+        loss_type=args.loss_type, scale_rewards=args.scale,
+    )
+
+
+def _peak():
+    return grpo.PeakMemory()
+
+
+def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int) -> dict[str, Any]:
+    """Our trainer on the exported policy's TransformerLens original (the same weights)."""
+    from rlhf_tutorial.worlds import load_policy
+
+    torch.manual_seed(seed)
+    policy = load_policy(args.world, device="cpu")
+    recorder = RewardRecorder(reward_fn)
+    recorder.start()
+    with _peak() as memory:
+        result = grpo.train(grpo.GRPOArgs(**{**asdict(args), "seed": seed}), policy=policy,
+                            reward_fn=recorder, evaluate_before_after=False, progress=False)
+    wall = time.perf_counter() - recorder.t0
+    split = {s: statistics.fmean(r.get(f"seconds_{s}", 0.0) for r in result.history) for s in SECTIONS}
+    return _side(recorder, final_window, wall, len(result.history), split, memory.peak_mb)
+
+
+def run_trl(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the exported folder (TRL loads it and its tokenizer from the path, as in
+    chapter 04's last section), with the same reward."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    import rlhf_tutorial.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
+
+    recorder = RewardRecorder(reward_fn)
+
+    def reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        return recorder([p + c for p, c in zip(prompts, completions)]).tolist()
+
+    rows = args.groups_per_phase * args.num_phases
+    dataset = Dataset.from_dict({"prompt": [args.prompts[k % len(args.prompts)] for k in range(rows)]})
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(model=str(folder), reward_funcs=reward, args=trl_config(args, seed, out),
+                              train_dataset=dataset)
+        model = trainer.model
+        assert type(model).__name__ == "GPT2WithUnembedBias", type(model)
+        clock = PhaseClock()
+
+        def logprobs_of(model_arg, *_, **__) -> str | None:  # the log-prob forwards without gradients
+            if model_arg is trainer.ref_model:
+                return "ref_logprobs"
+            return None if torch.is_grad_enabled() else "old_logprobs"
+
+        recorder.start()
+        with _peak() as memory, clock.method(model, "generate", "sampling"), \
+                clock.method(trainer, "_get_per_token_logps_and_entropies", logprobs_of):
+            trainer.train()
+        wall = time.perf_counter() - recorder.t0
+        optim = str(trainer.args.optim)
+        seconds = clock.take()
+    phases = len(recorder.batches)
+    split = {s: seconds.get(f"seconds_{s}", 0.0) / phases for s in SECTIONS}
+    split["scoring"] = sum(b[2] for b in recorder.batches) / phases
+    split["optimisation"] = wall / phases - sum(split.values())  # the rest: forward, backward, step
+    side = _side(recorder, final_window, wall, phases, split, memory.peak_mb)
+    side["trl_optim"] = optim
+    return side
+
+
+def _side(recorder: RewardRecorder, final_window: int, wall: float, phases: int, split: dict, peak: float) -> dict:
+    return {
+        **recorder.summary(final_window),
+        "phases": phases,
+        "wall_seconds": round(wall, 2),
+        "seconds_per_phase": round(wall / phases, 4),
+        "seconds_per_phase_split": {k: round(v, 4) for k, v in split.items()},
+        "peak_memory_mb": round(peak, 1),
+    }
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b not in (None, 0) else None
+
+
+def main(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog="python -m rlhf_tutorial bench-trl", description=__doc__.split("\n")[0])
+    p.add_argument("--algo", default="grpo", choices=["grpo"], help="which trainer to race (grpo; dpo once chapter 06 exists)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--num-phases", type=int, default=None, help="default: the tiny GRPO preset's (40)")
+    p.add_argument("--final-window", type=int, default=5, help="final reward: mean of the last this many phases")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides)")
+    p.add_argument("--smoke", action="store_true", help="a smoke-sized race (2 phases of 2 groups of 4, 8 tokens)")
+    ns = p.parse_args(argv)
+    try:
+        import trl
+    except ImportError:
+        return {"error": "TRL is not installed: pip install 'rlhf-tutorial[trl]' (or make test, which installs it)"}
+    torch.set_num_threads(ns.threads)
+    overrides: dict[str, Any] = {}
+    if ns.smoke:
+        overrides = dict(num_phases=2, groups_per_phase=2, group_size=4, max_new_tokens=8, num_minibatches=2)
+    if ns.num_phases is not None:
+        overrides["num_phases"] = ns.num_phases
+    args = grpo.GRPOArgs.preset("tiny", **overrides)
+
+    from rlhf_tutorial.export import export_hf
+    from rlhf_tutorial.worlds import load_policy
+
+    reward_fn = grpo.make_reward_fn(args)
+    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = export_hf(load_policy("tiny", device="cpu"), Path(tmp) / "policy")
+        for seed in ns.seeds:  # alternating: ours, TRL, ours, TRL, ...
+            for name, run in (("ours", run_ours), ("trl", run_trl)):
+                print(f"[bench-trl] seed {seed}: {name}", file=sys.stderr)
+                runs[name].append({"seed": seed, **run(args, folder, seed, reward_fn, ns.final_window)})
+                print(f"[bench-trl]   {runs[name][-1]['wall_seconds']} s, reward {runs[name][-1]['final_reward']}",
+                      file=sys.stderr)
+
+    def med(name: str, key: str) -> float | None:
+        return _median([r[key] for r in runs[name]])
+
+    medians = {name: {k: med(name, k) for k in ("seconds_to_target", "phases_to_target", "seconds_per_phase",
+                                                  "final_reward", "peak_memory_mb")} for name in runs}
+    split_median = {name: {s: round(statistics.median(r["seconds_per_phase_split"][s] for r in runs[name]), 4)
+                           for s in SECTIONS} for name in runs}
+    return {
+        "algo": ns.algo,
+        "trl_version": trl.__version__,
+        "torch_threads": ns.threads,
+        "seeds": ns.seeds,
+        "smoke": ns.smoke,
+        "reward_target": REWARD_TARGET,
+        "median": medians,
+        "median_seconds_per_phase_split": split_median,
+        "ratio_ours_over_trl": {
+            "seconds_to_target": _ratio(medians["ours"]["seconds_to_target"], medians["trl"]["seconds_to_target"]),
+            "seconds_per_phase": _ratio(medians["ours"]["seconds_per_phase"], medians["trl"]["seconds_per_phase"]),
+            "peak_memory_mb": _ratio(medians["ours"]["peak_memory_mb"], medians["trl"]["peak_memory_mb"]),
+        },
+        "final_reward_difference": (None if medians["ours"]["final_reward"] is None else
+                                    round(medians["ours"]["final_reward"] - medians["trl"]["final_reward"], 4)),
+        "runs": runs,
+        "settings": {k: v for k, v in asdict(args).items() if k not in ("world",)},
+        "trl_differences": TRL_DIFFERENCES,
+        "load": _loadavg(),
+    }
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return None

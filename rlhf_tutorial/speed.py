@@ -1,0 +1,290 @@
+"""Speed in the harness: where a phase's time goes, and a sampler that keeps its log-probs.
+
+Nothing here is an exercise; what a learner writes runs unchanged. The trainers use these pieces
+only where they run the reference code:
+
+- ``PhaseClock``: wall time per section of a phase ("sampling", "scoring", "old_logprobs",
+  "ref_logprobs", "optimisation"), summed over a phase and reported in the JSON summaries.
+- ``fast_sample``: sampling from a GPT-2-style ``HookedTransformer`` with a key/value cache of our
+  own, a plain-torch forward of a few ops per layer (no hook points, no per-step checks), which also
+  returns the temperature-scaled log-prob of every sampled token:
+
+      logprobs[b, t] = log_softmax(logits[b, prompt_len + t - 1] / temperature)[tokens[b, prompt_len + t]]
+
+  the very numbers a forward pass over the finished text gives (to float rounding, about 1e-6;
+  tests/test_speed.py checks 1e-5), so the trainer needs no second forward for the old policy.
+  ``top_k`` restricts the draw, not the log-prob (as ``grpo.group_token_logprobs`` has it: the log-prob is of
+  the full tempered distribution).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+#: The sections of a phase, in the order they run.
+SECTIONS = ("sampling", "scoring", "old_logprobs", "ref_logprobs", "optimisation")
+
+
+class PhaseClock:
+    """Seconds spent per named section, accumulated until ``take()`` hands them over and resets.
+
+    ``with clock("sampling"): ...`` adds the block's wall time to "sampling". On a GPU the clock
+    synchronises before reading the time, so that queued kernels are billed to their section.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, section: str) -> Iterator[None]:
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            sync()
+            self.seconds[section] += time.perf_counter() - start
+
+    @contextmanager
+    def method(self, obj: object, name: str, section: str | Callable[..., str | None]) -> Iterator[None]:
+        """Within the block, every call of ``obj.name`` (a bound method or a callable attribute) is
+        timed into ``section``: the attribute is replaced on the instance and restored after.
+        ``section`` may be a function of the call's arguments naming the section (None: not timed)."""
+        had_own, original = name in vars(obj), getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            where = section(*args, **kwargs) if callable(section) else section
+            if where is None:
+                return original(*args, **kwargs)
+            with self(where):
+                return original(*args, **kwargs)
+
+        setattr(obj, name, timed)
+        try:
+            yield
+        finally:
+            setattr(obj, name, original) if had_own else delattr(obj, name)
+
+    @contextmanager
+    def module(self, module: torch.nn.Module, section: str) -> Iterator[None]:
+        """Within the block, every forward pass of ``module`` is timed into ``section`` (hooks)."""
+        starts: list[float] = []
+
+        def pre(*_):
+            starts.append(time.perf_counter())
+
+        def post(*_):
+            self.seconds[section] += time.perf_counter() - starts.pop()
+
+        handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def take(self) -> dict[str, float]:
+        """The sections' seconds so far (``seconds_<section>`` keys), then start again from zero."""
+        out = {f"seconds_{k}": v for k, v in self.seconds.items()}
+        self.seconds = defaultdict(float)
+        return out
+
+
+def time_split(history: list[dict]) -> dict[str, float]:
+    """Mean seconds per phase of each section over a run's phase records (``seconds_*`` keys), with
+    ``other`` = the phase's total minus its sections (logging, advantages, bookkeeping)."""
+    keys = sorted({k for r in history for k in r if k.startswith("seconds_") and k != "seconds_phase"})
+    out = {k.removeprefix("seconds_"): sum(r.get(k, 0.0) for r in history) / len(history) for k in keys}
+    if history and all("seconds_phase" in r for r in history):
+        total = sum(r["seconds_phase"] for r in history) / len(history)
+        out["other"] = total - sum(out.values())
+        out["phase"] = total
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+#: The mean reward at which runs are compared ("time to 0.9").
+REWARD_TARGET = 0.9
+
+
+def time_to_reward(history: list[dict], target: float = REWARD_TARGET) -> dict[str, float | int | None]:
+    """The first phase (counted from 1) whose sampled mean reward reaches ``target``, and the training
+    seconds up to the end of that phase (``seconds_phase`` summed); None when never reached."""
+    elapsed = 0.0
+    for k, record in enumerate(history, start=1):
+        elapsed += record.get("seconds_phase", float("nan"))
+        if record["reward"] >= target:
+            return {"phases_to_target": k, "seconds_to_target": round(elapsed, 2), "reward_target": target}
+    return {"phases_to_target": None, "seconds_to_target": None, "reward_target": target}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sampling with a cache of our own
+# ----------------------------------------------------------------------------------------------------
+
+
+_enabled = True
+
+
+@contextmanager
+def harness_speedups(enabled: bool) -> Iterator[None]:
+    """Within the block, ``forward_logits`` uses ``fast_logits`` where it can (``enabled``) or always
+    the model's own forward (to measure what the speed-ups gain)."""
+    global _enabled
+    saved, _enabled = _enabled, enabled
+    try:
+        yield
+    finally:
+        _enabled = saved
+
+
+def can_fast_sample(model: HookedTransformer) -> bool:
+    """Whether ``fast_sample`` / ``fast_logits`` compute ``model``'s function: a GPT-2-shaped model
+    (what ``export`` maps onto GPT-2) with a supported activation and no hooks attached (a hook
+    would be skipped)."""
+    from rlhf_tutorial.export import check_exportable
+
+    if not isinstance(model, HookedTransformer):
+        return False
+    try:
+        check_exportable(model)
+    except ValueError:
+        return False
+    hooked = any(hp.fwd_hooks or hp.bwd_hooks for hp in model.hook_dict.values())
+    return model.cfg.act_fn in _ACTIVATIONS and not hooked
+
+
+def forward_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
+    """``model(tokens)[:, keep_from:]``, by ``fast_logits`` when the speed-ups are on and the model
+    allows it."""
+    if _enabled and can_fast_sample(model):
+        return fast_logits(model, tokens, keep_from)
+    return model(tokens)[:, keep_from:]
+
+
+_ACTIVATIONS = {
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+def _layer_norm(x: Tensor, module, eps: float) -> Tensor:
+    w, b = getattr(module, "w", None), getattr(module, "b", None)  # None for LNPre (folded)
+    return F.layer_norm(x, x.shape[-1:], w, b, eps)
+
+
+class _Cache:
+    """Keys and values of every layer, ``[batch, n_heads, max_len, d_head]``, filled up to ``length``."""
+
+    def __init__(self, model: HookedTransformer, batch: int, max_len: int):
+        cfg = model.cfg
+        shape = (cfg.n_layers, batch, cfg.n_heads, max_len, cfg.d_head)
+        dtype = model.W_E.dtype
+        self.k = torch.empty(shape, dtype=dtype, device=model.W_E.device)
+        self.v = torch.empty(shape, dtype=dtype, device=model.W_E.device)
+        self.length = 0
+
+
+def _residual(model: HookedTransformer, tokens: Int[Tensor, "b n"], cache: _Cache | None) -> Float[Tensor, "b n d"]:
+    """The final normalised residual (``ln_final.hook_normalized``) of ``tokens``, which continue the
+    cached ones when a cache is given (and are added to it). The computation of
+    ``HookedTransformer.forward`` for a GPT-2-shaped model, in a few plain-torch ops per layer."""
+    cfg = model.cfg
+    start, n = (cache.length if cache is not None else 0), tokens.shape[1]
+    act = _ACTIVATIONS[cfg.act_fn]
+    x = model.W_E[tokens] + model.W_pos[start : start + n]  # [b n d]
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        h = _layer_norm(x, block.ln1, cfg.eps)
+        q = torch.einsum("bnm,hmd->bhnd", h, attn.W_Q) + attn.b_Q[:, None]  # [b heads n d_head]
+        k = torch.einsum("bnm,hmd->bhnd", h, attn.W_K) + attn.b_K[:, None]
+        v = torch.einsum("bnm,hmd->bhnd", h, attn.W_V) + attn.b_V[:, None]
+        if cache is not None:
+            cache.k[i, :, :, start : start + n] = k
+            cache.v[i, :, :, start : start + n] = v
+            k, v = cache.k[i, :, :, : start + n], cache.v[i, :, :, : start + n]
+        # A sequence attends causally; one new token attends to everything cached before it.
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=n > 1 and start == 0)  # [b heads n d_head]
+        x = x + torch.einsum("bhnd,hdm->bnm", z, attn.W_O) + attn.b_O
+        h = _layer_norm(x, block.ln2, cfg.eps)
+        x = x + act(h @ block.mlp.W_in + block.mlp.b_in) @ block.mlp.W_out + block.mlp.b_out
+    if cache is not None:
+        cache.length = start + n
+    return _layer_norm(x, model.ln_final, cfg.eps)
+
+
+def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
+    """``model(tokens)[:, keep_from:]`` for a GPT-2-shaped model (``can_fast_sample``), without
+    TransformerLens's hook points: the same logits to float rounding, gradients flowing to the same
+    parameters. Only the kept positions are unembedded (the unembedding is a third of this model's
+    forward)."""
+    return _residual(model, tokens, None)[:, keep_from:] @ model.W_U + model.b_U
+
+
+def _draw(probs: Float[Tensor, "b v"], generator: torch.Generator | None) -> Int[Tensor, "b"]:
+    """One token per row from ``probs`` by inverting the cumulative distribution at a uniform draw:
+    one random number a row (``torch.multinomial`` spends most of a step drawing one per token)."""
+    cdf = probs.cumsum(dim=-1)  # [b v]
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+@torch.no_grad()
+def fast_sample(
+    model: HookedTransformer,
+    prompt_tokens: Int[Tensor, "b prompt_len"],
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Int[Tensor, "b s"], Float[Tensor, "b g"]]:
+    """Sample ``max_new_tokens`` tokens after each row of ``prompt_tokens`` (s = prompt_len + g).
+
+    With ``eos_token_id``, a row that emitted EOS continues with EOS (padding; its log-prob is that of
+    EOS under the model, as a forward pass would give), and the loop ends once every row has stopped:
+    the remaining columns are EOS with log-prob 0 (padding that every mask excludes). Returns the
+    tokens and the log-probs of the g generated tokens (module docstring). ``generator``: the random
+    stream (default: torch's global one).
+    """
+    if temperature <= 0:
+        raise ValueError("fast_sample samples: temperature must be > 0")
+    batch, prompt_len = prompt_tokens.shape
+    if prompt_len + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(f"prompt ({prompt_len}) + {max_new_tokens} new tokens exceed n_ctx = {model.cfg.n_ctx}")
+    device = model.W_E.device
+    out = torch.full((batch, prompt_len + max_new_tokens), eos_token_id if eos_token_id is not None else 0,
+                     dtype=torch.long, device=device)
+    out[:, :prompt_len] = prompt_tokens
+    logprobs = torch.zeros(batch, max_new_tokens, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    cache = _Cache(model, batch, prompt_len + max_new_tokens)
+    logits = _residual(model, out[:, :prompt_len], cache)[:, -1] @ model.W_U + model.b_U  # [b v]
+    for t in range(max_new_tokens):
+        logp = (logits.float() / temperature).log_softmax(dim=-1)  # [b v]
+        if top_k is not None:
+            kth = logp.topk(top_k, dim=-1).values[:, -1:]
+            draw = logp.masked_fill(logp < kth, float("-inf"))
+        else:
+            draw = logp
+        token = _draw(draw.exp(), generator)  # [b]
+        if eos_token_id is not None:
+            token = token.masked_fill(finished, eos_token_id)
+            finished |= token == eos_token_id
+        out[:, prompt_len + t] = token
+        logprobs[:, t] = logp.gather(-1, token[:, None]).squeeze(-1)
+        if t + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
+            break
+        logits = _residual(model, token[:, None], cache)[:, -1] @ model.W_U + model.b_U
+    return out, logprobs

@@ -1,0 +1,209 @@
+"""Chapter 06 visuals: DPO's training curves (live or static) and the reward-KL frontier.
+
+- :func:`dpo_dashboard`: a ``LiveDashboard`` of the DPO trainer's rounds (loss, implicit reward margin,
+  pair accuracy, held-out reward, sequence KL) and the callback that feeds it; static where no widget
+  front end is available (nbval, a terminal, ``RLHF_TUTORIAL_STATIC=1``).
+- :func:`frontier_figure`: every point of a sweep on the plane of mean reward against sequence
+  KL(policy || ref), error bars of one standard error on both axes; click a legend entry to hide or
+  show a method (double-click: only that one), the buttons pick groups of methods, hover a point for
+  its settings and samples.
+- :func:`cost_figure`: training wall time and peak memory per method.
+- :class:`FrontierTable`: every point as an HTML table (notebook, report) or text (terminal): the
+  static fallback of the figure.
+- :func:`write_report` (``train-dpo --report``), :func:`write_frontier_report` (``frontier``).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from rlhf_tutorial.widgets.live import LiveDashboard
+
+COLOURS = {"ppo": "#1f77b4", "grpo": "#d62728", "rloo": "#ff7f0e", "gspo": "#9467bd", "dpo": "#2ca02c",
+           "ipo": "#17becf", "base": "#444444"}
+LABELS = {"ppo": "PPO (ch. 03)", "grpo": "GRPO (ch. 04)", "rloo": "RLOO", "gspo": "GSPO", "dpo": "DPO", "ipo": "IPO",
+          "base": "base policy"}
+DPO_PANELS = ["loss", "margin", "accuracy", "reward", "kl"]
+DPO_TITLES = {"loss": "DPO loss (train pairs)", "margin": "implicit reward margin", "accuracy": "pair accuracy",
+              "reward": "held-out classifier reward", "kl": "sequence KL(policy || ref)"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# DPO curves
+# ----------------------------------------------------------------------------------------------------
+
+
+def dpo_dashboard(title: str = "DPO", static: bool | None = None) -> tuple[LiveDashboard, Callable[[dict], None]]:
+    """A dashboard of DPO's rounds and the ``callback`` for ``dpo_trainer.train``; call
+    ``dash.finish()`` after training."""
+    dash = LiveDashboard(DPO_PANELS, title=title, titles=DPO_TITLES, x_title="round", cols=5, static=static,
+                         height_per_row=250)
+
+    def callback(record: dict[str, Any]) -> None:
+        dash.update(record["round"], **{k: record.get(k) for k in DPO_PANELS})
+        if record.get("samples"):
+            text, reward = record["samples"][0]
+            dash.note(f"round {record['round']}: {reward:.2f} {text!r}")
+
+    return dash, callback
+
+
+def dpo_curves(history: Sequence[dict[str, Any]], title: str = "DPO") -> go.Figure:
+    """The same five panels as a static figure, from a finished run's history."""
+    dash, callback = dpo_dashboard(title, static=True)
+    for record in history:
+        callback(record)
+    return dash.to_figure()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The frontier
+# ----------------------------------------------------------------------------------------------------
+
+
+def _hover(point: dict[str, Any]) -> str:
+    settings = point.get("settings") or {}
+    keys = [k for k in ("learning_rate", "base_lr", "num_phases", "total_phases", "rounds", "loss_type",
+                        "advantage_estimator", "importance_level", "num_pairs") if k in settings]
+    lines = [f"<b>{LABELS.get(point['method'], point['method'])}</b> {point.get('strength_name', 'beta')} = "
+             f"{point.get('strength', '')}",
+             f"reward {point['reward']:.3f} ± {point['reward_se']:.3f}, KL {point['kl']:.2f} ± {point['kl_se']:.2f} nats",
+             f"train {point.get('train_seconds', 0):.0f} s"]
+    lines += [f"{k} = {settings[k]}" for k in keys]
+    for text, reward in point.get("samples", [])[:3]:
+        lines.append(f"{reward:.2f} {html.escape(text[:90])}")
+    return "<br>".join(lines)
+
+
+def frontier_figure(result: dict[str, Any], title: str = "Reward against KL(policy || ref)") -> go.Figure:
+    """One trace per method (points sorted by KL, joined by a faint line) and the base policy."""
+    fig = go.Figure()
+    methods = list(dict.fromkeys(p["method"] for p in result["points"]))
+    for method in methods:
+        pts = sorted((p for p in result["points"] if p["method"] == method), key=lambda p: p["kl"])
+        fig.add_trace(go.Scatter(
+            x=[p["kl"] for p in pts], y=[p["reward"] for p in pts], mode="lines+markers+text",
+            name=LABELS.get(method, method), marker={"size": 10, "color": COLOURS.get(method)},
+            line={"color": COLOURS.get(method), "width": 1, "dash": "dot"},
+            text=[f"{p['strength']:g}" for p in pts], textposition="top center", textfont={"size": 9},
+            error_x={"type": "data", "array": [p["kl_se"] for p in pts], "thickness": 1},
+            error_y={"type": "data", "array": [p["reward_se"] for p in pts], "thickness": 1},
+            hovertext=[_hover(p) for p in pts], hoverinfo="text",
+        ))
+    if result.get("base"):
+        b = result["base"]
+        fig.add_trace(go.Scatter(x=[b["kl"]], y=[b["reward"]], mode="markers", name=LABELS["base"],
+                                 marker={"size": 12, "symbol": "x", "color": COLOURS["base"]},
+                                 error_y={"type": "data", "array": [b["reward_se"]], "thickness": 1},
+                                 hovertext=[_hover({**b, "method": "base", "strength_name": "", "strength": ""})],
+                                 hoverinfo="text"))
+    groups = {"all": methods, "RL (PPO, GRPO, RLOO, GSPO)": [m for m in methods if m in ("ppo", "grpo", "rloo", "gspo")],
+              "preferences (DPO, IPO)": [m for m in methods if m in ("dpo", "ipo")]}
+    names = methods + (["base"] if result.get("base") else [])
+    buttons = [dict(label=label, method="restyle",
+                    args=[{"visible": [m in chosen or m == "base" for m in names]}])
+               for label, chosen in groups.items() if chosen]
+    fig.update_layout(
+        title=title, height=520, template="plotly_white",
+        xaxis_title="KL(policy || ref) per sequence, nats (from the policy's own samples)",
+        yaxis_title="mean classifier reward", yaxis={"range": [0, 1.05]},
+        updatemenus=[dict(type="buttons", direction="right", x=0.0, y=1.12, xanchor="left", buttons=buttons)],
+        legend={"title": "click: hide/show; double-click: only"},
+        margin={"t": 110},
+    )
+    return fig
+
+
+def cost_figure(result: dict[str, Any]) -> go.Figure:
+    """Training wall time (all points of a method together) and peak memory (largest of its runs)."""
+    methods = list(result["methods"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["training wall time, all points (s)",
+                                                        "peak memory above the start of a run (MB)"])
+    colours = [COLOURS.get(m) for m in methods]
+    labels = [LABELS.get(m, m) for m in methods]
+    for col, key in ((1, "train_seconds"), (2, "peak_memory_mb")):
+        values = [result["methods"][m][key] for m in methods]
+        fig.add_trace(go.Bar(x=labels, y=values, marker_color=colours, showlegend=False,
+                             text=[f"{v:.0f}" for v in values], textposition="auto"), row=1, col=col)
+    fig.update_layout(height=320, template="plotly_white", margin={"t": 50, "b": 40})
+    return fig
+
+
+class FrontierTable:
+    """Every point of a sweep; HTML in a notebook or report, text in a terminal."""
+
+    def __init__(self, result: dict[str, Any]):
+        self.result = result
+
+    def rows(self) -> list[tuple[str, ...]]:
+        out = []
+        if self.result.get("base"):
+            b = self.result["base"]
+            out.append(("base", "", f"{b['reward']:.3f} ± {b['reward_se']:.3f}", f"{b['kl']:.2f} ± {b['kl_se']:.2f}",
+                        "", "", b["samples"][0][0] if b.get("samples") else ""))
+        for p in self.result["points"]:
+            out.append((LABELS.get(p["method"], p["method"]), f"{p['strength_name']} = {p['strength']:g}",
+                        f"{p['reward']:.3f} ± {p['reward_se']:.3f}", f"{p['kl']:.2f} ± {p['kl_se']:.2f}",
+                        f"{p['train_seconds']:.0f}", f"{p['peak_memory_mb']:.0f}",
+                        p["samples"][0][0] if p.get("samples") else ""))
+        return out
+
+    HEAD = ("method", "strength", "reward ± se", "KL (nats) ± se", "train s", "peak MB", "a sample")
+
+    def __str__(self) -> str:
+        return "\n".join(" | ".join(row) for row in [self.HEAD, *self.rows()])
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th style='text-align:left;padding:2px 8px'>{h}</th>" for h in self.HEAD)
+        body = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in row) + "</tr>"
+                       for row in self.rows())
+        return f"<table style='font-family:monospace;font-size:90%'><tr>{head}</tr>{body}</table>"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------------------
+
+
+def _page(parts: list[str]) -> str:
+    return "<html><head><meta charset='utf-8'></head><body style='font-family:sans-serif'>" + "".join(parts) + "</body></html>"
+
+
+def _scalars(summary: dict[str, Any]) -> str:
+    return "<pre>" + html.escape("\n".join(f"{k}: {v}" for k, v in summary.items()
+                                           if not isinstance(v, (list, dict)))) + "</pre>"
+
+
+def write_report(path: str | Path, summary: dict[str, Any], history: Sequence[dict[str, Any]]) -> Path:
+    """An HTML report of a ``train-dpo`` run: the summary, the curves, samples before and after."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    samples = "".join(f"<li><b>{name}</b>: {html.escape(t)}</li>" for name in ("initial", "final")
+                      for t in summary.get(f"samples_{name}", []))
+    parts = [f"<h1>DPO ({html.escape(str(summary.get('world')))}, {summary.get('loss_type')}, beta {summary.get('beta')}, "
+             f"seed {summary.get('seed')})</h1>", _scalars(summary),
+             dpo_curves(history).to_html(full_html=False, include_plotlyjs=True), f"<h2>Samples</h2><ul>{samples}</ul>"]
+    path.write_text(_page(parts))
+    return path
+
+
+def write_frontier_report(path: str | Path, result: dict[str, Any]) -> Path:
+    """An HTML report of a ``frontier`` sweep: the interactive frontier, the costs, the table of points."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = [f"<h1>Reward-KL frontier ({html.escape(str(result.get('world')))} world)</h1>",
+             "<p>Each point: a run from the same starting policy and seed; mean classifier reward and sequence "
+             "KL(policy || ref) measured on the tuned policy's own samples (the same sampler and samples count for "
+             "every method), error bars one standard error. Numbers beside the points: the KL strength.</p>",
+             frontier_figure(result).to_html(full_html=False, include_plotlyjs=True),
+             cost_figure(result).to_html(full_html=False, include_plotlyjs=False),
+             "<h2>Every point</h2>", FrontierTable(result)._repr_html_(),
+             _scalars({k: v for k, v in result.items() if k not in ("points", "methods", "base")})]
+    path.write_text(_page(parts))
+    return path

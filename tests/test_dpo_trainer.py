@@ -1,0 +1,225 @@
+"""Chapter 06 running code: the shared evaluation, the DPO trainer's mechanics, the frontier, widgets."""
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from rlhf_tutorial import dpo, dpo_trainer, frontier, policy_eval
+from rlhf_tutorial.widgets import dpo as widgets
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_policy():
+    from rlhf_tutorial.worlds import load_policy
+
+    return load_policy("tiny")
+
+
+def random_model(seed=0, d_vocab=30):
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=32, d_head=4, n_heads=4, d_vocab=d_vocab,
+                                  act_fn="gelu_new", normalization_type="LN", seed=seed)
+    return HookedTransformer(cfg).eval()
+
+
+def _reward_by_length(texts):
+    return torch.tensor([min(len(t), 100) / 100 for t in texts])
+
+
+def small_args(**overrides):
+    base = dict(num_pairs=6, group_size=4, max_new_tokens=6, rounds=2, batch_size=4, eval_samples=8,
+                eval_samples_per_round=4, min_reward_gap=0.0)
+    return dpo_trainer.DPOArgs.preset("tiny", **{**base, **overrides})
+
+
+# ----------------------------------------------------------------------------------------------------
+# policy_eval
+# ----------------------------------------------------------------------------------------------------
+def test_sequence_kl_is_zero_for_one_model_and_matches_a_loop_for_two():
+    a, b = random_model(0), random_model(1)
+    tokens = torch.randint(0, 30, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    assert torch.allclose(policy_eval.sequence_kl(a, a, tokens, mask), torch.zeros(3), atol=1e-6)
+    got = policy_eval.sequence_kl(a, b, tokens, mask, temperature=0.7, max_rows=2)
+    with torch.no_grad():
+        la, lb = (a(tokens) / 0.7).log_softmax(-1), (b(tokens) / 0.7).log_softmax(-1)
+    expected = torch.zeros(3)
+    for row in range(3):
+        for j in range(3):
+            if mask[row, j]:
+                t = 7 - 3 + j - 1  # the position predicting completion token j
+                expected[row] += (la[row, t].exp() * (la[row, t] - lb[row, t])).sum()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_mean_and_se():
+    mean, se = policy_eval.mean_and_se([1.0, 2.0, 3.0, 4.0])
+    assert mean == pytest.approx(2.5) and se == pytest.approx(math.sqrt(5 / 3) / 2)
+    assert policy_eval.mean_and_se([0.3]) == (pytest.approx(0.3), 0.0)
+
+
+def test_evaluate_policy_is_reproducible_and_zero_kl_against_itself(tiny_policy):
+    kw = dict(prompts=("This movie was really",), n_samples=6, max_new_tokens=6, seed=3)
+    first = policy_eval.evaluate_policy(tiny_policy, tiny_policy, _reward_by_length, **kw)
+    second = policy_eval.evaluate_policy(tiny_policy, tiny_policy, _reward_by_length, **kw)
+    assert first["texts"] == second["texts"] and first["reward"] == second["reward"]
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6) and len(first["texts"]) == 6
+    assert all(t.startswith("This movie was really") for t in first["texts"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# pairs
+# ----------------------------------------------------------------------------------------------------
+def test_pairs_from_samples_choose_the_best_and_worst_and_mask_the_completion(tiny_policy):
+    torch.manual_seed(0)
+    args = small_args()
+    pairs, stats = dpo_trainer.pairs_from_samples(tiny_policy, _reward_by_length, args)
+    assert stats["groups"] == 6 and stats["pairs_kept"] == len(pairs) > 0
+    plen = tiny_policy.to_tokens("This movie was really").shape[1]
+    for chosen, c_mask, rejected, r_mask, c_text, r_text, gap in pairs:
+        assert len(c_text) >= len(r_text) and gap >= 0
+        assert not c_mask[:plen].any() and c_mask[plen]  # the prompt never counts; the completion does
+        assert chosen.shape == c_mask.shape == rejected.shape == r_mask.shape
+    strict = small_args(min_reward_gap=10.0)
+    none, _ = dpo_trainer.pairs_from_samples(tiny_policy, _reward_by_length, strict)
+    assert none == []
+
+
+def test_preference_pairs_are_flipped_for_negative_sentiment_only(tiny_policy):
+    from rlhf_tutorial.rewards import pair_texts
+    from rlhf_tutorial.worlds import load_preference_pairs
+
+    raw = load_preference_pairs("tiny")[:6]
+    neg = dpo_trainer.pairs_from_preferences(tiny_policy, small_args(pairs="preferences", direction="neg"))
+    pos = dpo_trainer.pairs_from_preferences(tiny_policy, small_args(pairs="preferences", direction="pos"))
+    for pair, n, p in zip(raw, neg, pos):
+        chosen, rejected = pair_texts(pair)
+        assert (p[4], p[5]) == (chosen, rejected)
+        assert (n[4], n[5]) == ((rejected, chosen) if pair["kind"] == "sentiment" else (chosen, rejected))
+
+
+def test_first_step_from_the_reference_has_zero_margin_and_log2_loss(tiny_policy):
+    torch.manual_seed(0)
+    policy = copy.deepcopy(tiny_policy)
+    raw, _ = dpo_trainer.pairs_from_samples(tiny_policy, _reward_by_length, small_args())
+    batch = dpo_trainer.to_batch(raw, tiny_policy)
+    direct = torch.stack([dpo.sequence_logprobs(tiny_policy(t[None]), t[None], m[None])[0]
+                          for t, m in zip(batch.chosen, batch.chosen_mask)])
+    torch.testing.assert_close(batch.ref_chosen_logps, direct, rtol=1e-4, atol=1e-4)
+    fns = {name: getattr(dpo, name) for name in dpo_trainer.PLUGGABLE}
+    optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
+    stats = dpo_trainer.dpo_step(policy, optimizer, batch, small_args(), fns)
+    assert stats["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert stats["margin"] == pytest.approx(0.0, abs=1e-4) and stats["accuracy"] == 0.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# training
+# ----------------------------------------------------------------------------------------------------
+def test_train_runs_the_learners_loss_is_deterministic_and_leaves_the_reference(tiny_policy):
+    calls = []
+
+    def my_loss(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+        calls.append(pc.shape[0])
+        return dpo.dpo_loss(pc, pr, rc, rr, beta, loss_type, label_smoothing)
+
+    runs = []
+    for _ in range(2):
+        policy = copy.deepcopy(tiny_policy)
+        start = {k: v.clone() for k, v in policy.state_dict().items()}
+        result = dpo_trainer.train(small_args(), policy=policy, reward_fn=_reward_by_length, progress=False,
+                                   dpo_loss=my_loss)
+        assert all(torch.equal(result.reference.state_dict()[k], v) for k, v in start.items())
+        assert any(not torch.equal(policy.state_dict()[k], v) for k, v in start.items())
+        for key in ["loss", "margin", "accuracy", "reward", "kl", "kl_se", "pairs_kept"]:
+            assert key in result.history[0]
+        assert "pairs_kept" not in result.history[1]  # offline: the pairs of round 0 are reused
+        runs.append(result)
+    assert len(calls) >= 4
+    assert [r["loss"] for r in runs[0].history] == [r["loss"] for r in runs[1].history]
+    assert runs[0].eval_final["texts"] == runs[1].eval_final["texts"]
+    with pytest.raises(TypeError, match="cannot replace"):
+        dpo_trainer.train(small_args(), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                          group_relative_advantages=lambda r: r)
+
+
+def test_online_draws_new_pairs_every_round_and_evaluate_false_skips_measuring(tiny_policy):
+    result = dpo_trainer.train(small_args(online=True), policy=copy.deepcopy(tiny_policy),
+                               reward_fn=_reward_by_length, evaluate=False, progress=False)
+    assert all("pairs_kept" in r for r in result.history)
+    assert result.eval_initial is None and "reward" not in result.history[0]
+
+
+def test_cli_main_prints_the_acceptance_keys(tmp_path):
+    summary = dpo_trainer.main(["--world", "tiny", "--num-pairs", "4", "--group-size", "4", "--max-new-tokens", "6",
+                                "--rounds", "1", "--eval-samples", "8", "--eval-samples-per-round", "4",
+                                "--no-progress", "--report", str(tmp_path / "dpo.html")])
+    for key in ["mean_reward_initial", "mean_reward_final", "kl_final", "pair_accuracy_final", "wall_seconds"]:
+        assert key in summary
+    json.dumps(summary)
+    page = (tmp_path / "dpo.html").read_text()
+    assert "held-out classifier reward" in page and "plotly" in page
+
+
+def test_cli_commands_are_registered():
+    from rlhf_tutorial.cli import COMMANDS
+
+    assert COMMANDS["train-dpo"][0] == "rlhf_tutorial.dpo_trainer:main"
+    assert COMMANDS["frontier"][0] == "rlhf_tutorial.frontier:main"
+
+
+# ----------------------------------------------------------------------------------------------------
+# the frontier
+# ----------------------------------------------------------------------------------------------------
+def test_strengths_and_unknown_methods():
+    args = frontier.FrontierArgs()
+    assert all(len(frontier.strengths(args, m)) >= 3 for m in frontier.METHODS)
+    with pytest.raises(ValueError, match="unknown method"):
+        frontier.strengths(args, "reinforce")
+
+
+def test_run_frontier_measures_every_point_the_same_way():
+    args = frontier.FrontierArgs(world="tiny", methods=("grpo", "ipo"), grpo_betas=(0.1,), ipo_betas=(0.1, 0.5),
+                                 rl_phases=1, dpo_rounds=1, dpo_pairs=4, eval_samples=8, max_new_tokens=6)
+    result = frontier.run_frontier(args, progress=False)
+    assert [(p["method"], p["strength"]) for p in result["points"]] == [("grpo", 0.1), ("ipo", 0.1), ("ipo", 0.5)]
+    for point in result["points"]:
+        assert 0 <= point["reward"] <= 1 and point["kl"] >= 0 and point["kl_se"] >= 0
+        assert len(point["samples"]) == 3 and point["settings"]
+    assert result["methods"]["ipo"]["points"] == 2 and result["base"]["kl"] == pytest.approx(0.0, abs=1e-6)
+    fig = widgets.frontier_figure(result)
+    assert [t.name for t in fig.data] == ["GRPO (ch. 04)", "IPO", "base policy"]
+    assert "beta = 0.5" in "".join(fig.data[1].hovertext)
+    table = str(widgets.FrontierTable(result))
+    assert table.count("\n") == 4 and "IPO" in table
+
+
+def test_frontier_report_has_the_figure_the_costs_and_the_table(tmp_path):
+    point = {"method": "dpo", "strength": 0.1, "strength_name": "beta", "reward": 0.8, "reward_se": 0.02, "kl": 3.0,
+             "kl_se": 0.3, "train_seconds": 10.0, "peak_memory_mb": 100.0, "samples": [("a text", 0.9)],
+             "settings": {"learning_rate": 2e-4}}
+    result = {"world": "tiny", "points": [point, {**point, "method": "ppo", "strength_name": "kl_coef"}],
+              "methods": {"dpo": {"points": 1, "train_seconds": 10.0, "peak_memory_mb": 100.0},
+                          "ppo": {"points": 1, "train_seconds": 12.0, "peak_memory_mb": 150.0}},
+              "base": {"reward": 0.3, "reward_se": 0.03, "kl": 0.0, "kl_se": 0.0, "samples": [("b", 0.2)]}}
+    page = widgets.write_frontier_report(tmp_path / "f.html", result).read_text()
+    assert page.count("<table") == 1 and "kl_coef = 0.1" in page and "training wall time" in page
+    assert len(widgets.cost_figure(result).data) == 2
+
+
+def test_dpo_curves_have_the_five_panels():
+    history = [{"round": i, "loss": 0.6 - 0.1 * i, "margin": 0.1 * i, "accuracy": 0.5 + 0.1 * i, "reward": 0.3 + 0.1 * i,
+                "kl": float(i), "samples": [("x", 0.5)]} for i in range(3)]
+    fig = widgets.dpo_curves(history)
+    assert len(fig.data) == 5 and list(fig.data[3].y) == [0.3, 0.4, 0.5]

@@ -1,0 +1,160 @@
+"""The harness speed-ups (rlhf_tutorial/speed.py): the fast sampler's tokens and log-probs, the hook-free
+forward, and the per-phase time split. No timing is asserted (timings are noisy on a shared CPU): the
+figures come from the CLI runs' JSON summaries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from rlhf_tutorial import grpo, speed
+from rlhf_tutorial.bench import word_level_tokenizer
+from rlhf_tutorial.worlds import load_policy
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompt(policy):
+    return policy.to_tokens("This movie was really")  # [1 prompt_len], with BOS
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.7, None), (1.3, 20)])
+def test_sampler_logprobs_are_a_forward_pass_logprobs(policy, prompt, temperature, top_k):
+    eos = policy.tokenizer.eos_token_id
+    torch.manual_seed(0)
+    tokens, logprobs = speed.fast_sample(policy, prompt.expand(32, -1), 16, eos, temperature, top_k)
+    mask = grpo.completion_mask(tokens[:, prompt.shape[1]:], eos)
+    with speed.harness_speedups(False), torch.no_grad():  # TransformerLens's own forward
+        forward = grpo.group_token_logprobs(policy, [tokens], [prompt.shape[1]], temperature)
+    assert tokens.shape == (32, prompt.shape[1] + 16) and (tokens[:, : prompt.shape[1]] == prompt).all()
+    assert ((logprobs - forward).abs() * mask).max() < 1e-5
+    assert mask.sum() > 32  # the comparison covers many tokens, not only a few
+
+
+def test_sampler_draws_from_the_tempered_distribution(policy, prompt):
+    """One new token, 20000 rows: the frequencies of the likeliest tokens match softmax(logits / T)."""
+    n, temperature = 20000, 0.8
+    gen = torch.Generator().manual_seed(1)
+    tokens, _ = speed.fast_sample(policy, prompt.expand(n, -1), 1, None, temperature, generator=gen)
+    with torch.no_grad():
+        probs = (policy(prompt)[0, -1] / temperature).softmax(-1)
+    counts = torch.bincount(tokens[:, -1], minlength=probs.shape[0]).float() / n
+    for token in probs.topk(5).indices:
+        p = probs[token].item()
+        assert abs(counts[token].item() - p) < 5 * math.sqrt(p * (1 - p) / n), (token, counts[token], p)
+
+
+def test_top_k_draws_only_the_top_k(policy, prompt):
+    tokens, _ = speed.fast_sample(policy, prompt.expand(500, -1), 1, None, 1.0, top_k=3)
+    with torch.no_grad():
+        top = set(policy(prompt)[0, -1].topk(3).indices.tolist())
+    assert set(tokens[:, -1].tolist()) <= top and len(set(tokens[:, -1].tolist())) > 1
+
+
+def test_rows_stop_at_eos_and_the_loop_ends_when_all_have(tmp_path):
+    tokenizer = word_level_tokenizer(40, str(tmp_path))
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=32, d_head=4, n_heads=4, d_vocab=40,
+                                  act_fn="gelu_new", normalization_type="LN", seed=0)
+    model = HookedTransformer(cfg, tokenizer=tokenizer)
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():
+        model.b_U[eos] = 50.0  # EOS is (almost surely) the first token of every row
+    tokens, logprobs = speed.fast_sample(model, torch.tensor([[1, 2, 3]] * 4), 6, eos)
+    assert tokens.shape == (4, 9) and (tokens[:, 3:] == eos).all()
+    assert logprobs[:, 0].abs().max() < 1e-3 and (logprobs[:, 1:] == 0).all()  # padding after the stop
+    # an unprocessed (normalization_type "LN") model is computed like TransformerLens computes it
+    with torch.no_grad():
+        model.b_U[eos] = 0.0
+    assert (speed.fast_logits(model, tokens) - model(tokens)).abs().max() < 1e-4
+
+
+def test_fast_logits_match_the_model_and_its_gradients(policy, prompt):
+    tokens = speed.fast_sample(policy, prompt.expand(4, -1), 10, None)[0]
+    ours = speed.fast_logits(policy, tokens)
+    theirs = policy(tokens)
+    assert (ours - theirs).abs().max() < 1e-4
+    assert (speed.fast_logits(policy, tokens, keep_from=5) - theirs[:, 5:]).abs().max() < 1e-4
+    with speed.harness_speedups(False):
+        assert torch.equal(speed.forward_logits(policy, tokens, 5), theirs[:, 5:])
+    grads = []
+    for logits in (ours, theirs):
+        policy.zero_grad()
+        logits.log_softmax(-1)[..., 7].sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
+    policy.zero_grad()
+    assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-3)
+
+
+def test_hooks_or_other_architectures_fall_back_to_the_model(policy, tmp_path):
+    assert speed.can_fast_sample(policy)
+    seen = []
+    policy.add_hook("blocks.0.hook_resid_post", lambda x, hook: seen.append(1))
+    try:
+        assert not speed.can_fast_sample(policy)
+        speed.forward_logits(policy, torch.tensor([[1, 2, 3]]))
+        assert seen  # the hook ran: the model's own forward was used
+    finally:
+        policy.reset_hooks()
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=32, d_head=4, n_heads=4, d_vocab=40,
+                                  act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary")
+    assert not speed.can_fast_sample(HookedTransformer(cfg))
+
+
+def test_collect_rollout_keeps_the_sampler_logprobs_only_with_the_reference_sampler(policy):
+    args = grpo.GRPOArgs.preset("tiny", groups_per_phase=2, group_size=4, max_new_tokens=8, num_minibatches=2)
+    reward = lambda texts: torch.rand(len(texts))  # noqa: E731
+    torch.manual_seed(0)
+    rollout, _ = grpo.collect_rollout(policy, policy, reward, args)
+    with torch.no_grad():
+        forward = grpo.group_token_logprobs(policy, rollout.tokens, rollout.prefix_lens)
+    assert ((rollout.old_logprobs - forward).abs() * rollout.mask).max() < 1e-5
+    # the policy is its own reference here: old and reference log-probs agree to the same tolerance
+    assert ((rollout.old_logprobs - rollout.ref_logprobs).abs() * rollout.mask).max() < 1e-5
+
+    calls = []
+
+    def my_sample_group(*a, **kw):  # a learner's version: must be the one that runs
+        calls.append(1)
+        return grpo.sample_group(*a, **kw)
+
+    fns = grpo._bind({"sample_group": my_sample_group})
+    rollout, _ = fns["collect_rollout"](policy, policy, reward, args)
+    assert calls and ((rollout.old_logprobs - rollout.ref_logprobs).abs() * rollout.mask).max() < 1e-5
+
+
+def test_time_split_and_time_to_reward():
+    history = [
+        {"reward": 0.5, "seconds_sampling": 1.0, "seconds_optimisation": 2.0, "seconds_phase": 4.0},
+        {"reward": 0.95, "seconds_sampling": 3.0, "seconds_optimisation": 2.0, "seconds_phase": 6.0},
+        {"reward": 0.97, "seconds_sampling": 1.0, "seconds_optimisation": 1.0, "seconds_phase": 2.0},
+    ]
+    split = speed.time_split(history)
+    assert split == {"sampling": round(5 / 3, 4), "optimisation": round(5 / 3, 4),
+                     "other": round(4 - 10 / 3, 4), "phase": 4.0}
+    assert speed.time_to_reward(history, 0.9) == {"phases_to_target": 2, "seconds_to_target": 10.0,
+                                                  "reward_target": 0.9}
+    assert speed.time_to_reward(history, 0.99)["phases_to_target"] is None
+
+
+def test_phase_clock_times_methods_and_modules():
+    clock = speed.PhaseClock()
+
+    class Thing:
+        def work(self):
+            return 3
+
+    thing, module = Thing(), torch.nn.Linear(2, 2)
+    with clock.method(thing, "work", "scoring"), clock.module(module, "ref_logprobs"):
+        assert thing.work() == 3
+        module(torch.zeros(1, 2))
+    assert "work" not in vars(thing) and not module._forward_hooks and not module._forward_pre_hooks
+    taken = clock.take()
+    assert set(taken) == {"seconds_scoring", "seconds_ref_logprobs"} and all(v >= 0 for v in taken.values())
+    assert clock.take() == {}
