@@ -51,6 +51,7 @@ from rlhf_tutorial.overoptimization import OveroptimizationArgs, run_overoptimiz
 from rlhf_tutorial.overoptimization import figure as overoptimization_figure
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
+    calc_clipped_value_loss,
     calc_entropy_bonus,
     calc_value_function_loss,
     layer_init,
