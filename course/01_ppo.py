@@ -28,15 +28,8 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from rlhf_tutorial import check, hint, ppo, probes, progress
-from rlhf_tutorial.ppo import (
-    Agent,
-    PPOArgs,
-    RolloutBuffer,
-    explained_variance,
-    learner_functions,
-    make_vector_env,
-    train,
-)
+from rlhf_tutorial.ppo import Agent, RolloutBuffer, explained_variance, make_vector_env
+from rlhf_tutorial.trainers.ppo import PPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.ppo import clipped_objective_explorer, ppo_dashboard
 from rlhf_tutorial.worlds import is_smoke, is_tiny
 
@@ -233,6 +226,11 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # buffer to `[(steps env), ...]` (the same order for every field!); then for every epoch and minibatch,
 # recompute logits and values, build the objective from your three functions, step, and record
 # `approx_kl` and `clipfrac` (and `value_loss`, `entropy`, ...). Return a dict of their means.
+#
+# The two diagnostics have one definition in the course, used by chapters 01, 03 and 04 alike (read
+# it, then call it from your learning phase):
+
+# %% source rlhf_tutorial.ppo:clip_diagnostics
 
 # %% exercise rlhf_tutorial.ppo:ppo_learning_phase
 

@@ -31,14 +31,13 @@ from rlhf_tutorial import check, hint, progress
 from rlhf_tutorial.rewards import (
     POOLINGS,
     RewardModel,
-    RewardModelArgs,
     length_penalty,
     missing_eos_penalty,
     pair_texts,
     score_texts,
     shaped_reward,
-    train_reward_model,
 )
+from rlhf_tutorial.trainers.rewards import RewardModelArgs, learner_functions, train_reward_model
 from rlhf_tutorial.widgets.rewards import (
     LiveRewardModelCurve,
     reward_explorer,
@@ -368,8 +367,8 @@ torch.manual_seed(args.seed)
 reward_model = RewardModel(load_policy(world), pooling=args.pooling)
 reward_model, history = train_reward_model(
     args, model=reward_model, train_pairs=train_pairs, test_pairs=test_pairs,
-    train_step=reward_model_train_step,  # your training step
     on_eval=LiveRewardModelCurve(),  # redraws live in JupyterLab; draws nothing under nbval
+    **learner_functions(globals()),  # your reward_model_train_step (and bradley_terry_loss)
 )
 print(f"held-out pairwise accuracy: {history['heldout_accuracy'][0]:.3f} before training, "
       f"{history['heldout_accuracy'][-1]:.3f} after {history['step'][-1]} steps")

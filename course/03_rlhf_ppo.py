@@ -47,24 +47,29 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
-from rlhf_tutorial.overoptimization import OveroptimizationArgs, run_overoptimization
-from rlhf_tutorial.overoptimization import figure as overoptimization_figure
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_clipped_value_loss,
     calc_entropy_bonus,
     calc_value_function_loss,
+    clip_diagnostics,
     layer_init,
 )
-from rlhf_tutorial.rewards import missing_eos_penalty, ngram_repetition, reward_fn_sentiment, whiten
-from rlhf_tutorial.rlhf import (
-    ReplayMinibatch,
+from rlhf_tutorial.rewards import (
+    missing_eos_penalty,
+    ngram_repetition,
+    reward_fn_sentiment,
+    sentiment_reward_fn,
+    whiten,
+)
+from rlhf_tutorial.rlhf import ReplayMinibatch, compute_gae_advantages
+from rlhf_tutorial.trainers.overoptimization import OveroptimizationArgs, run_overoptimization
+from rlhf_tutorial.trainers.overoptimization import figure as overoptimization_figure
+from rlhf_tutorial.trainers.rlhf import (
     RLHFArgs,
     RLHFTrainer,
-    compute_gae_advantages,
     learner_functions,
     load_tuned_policy,
-    make_reward_fn,
     save_tuned_policy,
 )
 from rlhf_tutorial.widgets.rlhf import (
@@ -166,7 +171,7 @@ print("values before training (random head):", [round(v, 3) for v in values[0].t
 
 # %%
 direction = "neg"
-reward_fn = make_reward_fn(world, direction)
+reward_fn = sentiment_reward_fn(world, direction)
 torch.manual_seed(0)
 sample_tokens, sample_texts = get_samples(policy, prompt, batch_size=8, gen_len=16)
 base_rewards = reward_fn(sample_texts)
@@ -490,13 +495,20 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # spread over every token, blew up), and the GPT-2 preset follows it. The tiny world's default is GAE with
 # the score at the last token: there the sentiment is mostly settled by the first word after the prompt,
 # and the one-step estimate can only pass the score back one value at a time, through 16 tokens. Measured
-# with the command line (`train-rlhf --world tiny --seed 0 --total-phases 20 --batch-size 32
+# with the command line (`train-rlhf --world tiny --seed 0 --num-phases 20 --batch-size 32
 # --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step moved the policy
 # (KL 0.24 per token) but hardly the reward (0.29 -> 0.35); GAE took it from 0.29 to 0.86.
 #
+# `rollout_advantages` (not an exercise: read it) makes that choice in one place, from the settings'
+# `advantage_estimator`; your `rollout_phase` below calls it, and so does the token explorer at the end
+# of the chapter. It calls your `compute_advantages` and `compute_per_token_rewards`.
+
+# %% source rlhf_tutorial.rlhf:rollout_advantages
+
+# %% [markdown]
 # ## Replay memory and minibatches
 #
-# One rollout is one batch of samples. The learning phase visits it `batches_per_learning_phase`
+# One rollout is one batch of samples. The learning phase visits it `update_epochs`
 # times, each time in a fresh random order cut into `num_minibatches` minibatches (as in chapter 01).
 # The memory stores per sample: the tokens, the old log-probs $\log\pi_{\theta_\text{old}}$, the
 # reference log-probs, the values of the states that chose the generated tokens, and the advantages.
@@ -569,7 +581,7 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # ## Optimizer and learning-rate schedule
 #
 # The transformer is pretrained and the value head is brand new, so they get different learning
-# rates: the seed found `base_lr = 8e-6` and `head_lr = 8e-5` best for GPT-2 (the tiny world's
+# rates: the seed found `learning_rate = 8e-6` (the transformer's) and `head_lr = 8e-5` best for GPT-2 (the tiny world's
 # model is ~100 times smaller and takes larger steps). The schedule multiplies both: a linear
 # **warmup** from 0 over `warmup_steps` phases (Adam's moment estimates are poor at the start), then a
 # linear **decay** to `final_scale`:
@@ -685,7 +697,7 @@ print("beta while KL is below target, then above:", trace)
 # function, the optimizer and scheduler, the KL controller and early stopping. Its `train()` loop is:
 #
 # ```python
-# for phase in range(args.total_phases):
+# for phase in range(args.num_phases):
 #     memory = rollout_phase(trainer)            # sample, score, log-probs, values, advantages
 #     if early_stopping.should_stop(kl, reward): break
 #     stats = learning_phase(trainer, memory)    # PPO epochs of minibatch ascent, then scheduler.step()
@@ -722,7 +734,7 @@ print("beta while KL is below target, then above:", trace)
 # learning rate, with a table of samples per phase.
 
 # %%
-args = RLHFArgs.preset(world, direction=direction, seed=0, **smoke_sizes(total_phases=2, eval_samples=32))
+args = RLHFArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
 trainer = RLHFTrainer(args, **learner_functions(globals()))
 before = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
 dashboard = rlhf_dashboard(title=f"RLHF on the {world} world, towards {direction}")
@@ -784,10 +796,10 @@ base_vs_tuned(trainer, prompt=prompt, n=6, seed=4)
 # %%
 hack_common = dict(direction=direction, seed=0, early_stopping=False)
 if is_tiny():  # 40 short phases each, with larger steps than the main run, so the hack shows quickly
-    hack_common.update(batch_size=32, total_phases=40, base_lr=1e-3, head_lr=3e-3)
+    hack_common.update(batch_size=32, num_phases=40, learning_rate=1e-3, head_lr=3e-3)
 else:
-    hack_common.update(total_phases=100)
-hack_common.update(smoke_sizes(total_phases=1, batch_size=16, eval_samples=16))
+    hack_common.update(num_phases=100)
+hack_common.update(smoke_sizes(num_phases=1, batch_size=16, eval_samples=16))
 hack_runs = {
     "tiny beta": dict(kl_coef=0.001),
     "tiny beta + repetition penalty": dict(kl_coef=0.001, repetition_coef=1.0),
@@ -815,7 +827,7 @@ for name, result in hack_results.items():
 
 # %% [markdown]
 # Read the numbers with the samples. The same runs from the command line (`train-rlhf --world tiny
-# --seed 0 --batch-size 32 --total-phases 40 --base-lr 1e-3 --head-lr 3e-3 --no-early-stopping` plus
+# --seed 0 --batch-size 32 --num-phases 40 --learning-rate 1e-3 --head-lr 3e-3 --no-early-stopping` plus
 # `--kl-coef 0.001`, then `--kl-coef 0.001 --repetition-coef 1.0`, then `--kl-coef 0.1 --repetition-coef 1.0
 # --adaptive-kl --kl-target 0.25 --kl-horizon 128`) gave, on 128 samples (this notebook, with one
 # thread, prints the same numbers above):
@@ -873,8 +885,8 @@ for name, result in hack_results.items():
 # %%
 over_args = OveroptimizationArgs(world=world, seed=0)
 if is_tiny():  # about a third of the CLI's run: 24 phases of 32
-    over_args = replace(over_args, total_phases=24, batch_size=32)
-over_args = replace(over_args, **smoke_sizes(rm_train_pairs=32, rm_test_pairs=32, total_phases=2, batch_size=8))
+    over_args = replace(over_args, num_phases=24, batch_size=32)
+over_args = replace(over_args, **smoke_sizes(rm_train_pairs=32, rm_test_pairs=32, num_phases=2, batch_size=8))
 over = run_overoptimization(over_args, progress=False)
 print(f"proxy held-out accuracy {over['proxy_heldout_accuracy']:.3f}; gold {over['gold_initial']:.3f} -> "
       f"peak {over['gold_peak_smoothed']:.3f} (phase {over['gold_peak_phase']}) -> {over['gold_final_smoothed']:.3f}; "

@@ -40,18 +40,17 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import check, hint, progress
 from rlhf_tutorial.grpo import (
     GroupRollout,
-    GRPOArgs,
     collect_rollout,
     decode_completions,
     eos_id,
     group_record,
     group_token_logprobs,
     grpo_diagnostics,
-    learner_functions,
     reward_fn_rule,
-    train,
 )
-from rlhf_tutorial.rlhf import approx_kl, get_logprobs, make_reward_fn
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import approx_kl, get_logprobs
+from rlhf_tutorial.trainers.grpo import GRPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_curves
 from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world, smoke_sizes
 
@@ -63,7 +62,7 @@ if is_tiny():
 policy = load_policy(world)
 prompt = default_prompt()
 direction = "neg"
-sentiment_reward = make_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
+sentiment_reward = sentiment_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
 print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 
 # %% [markdown]
@@ -221,7 +220,9 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 #    pass per group (its rows share a prompt, so no padding) and calls chapter 03's `get_logprobs` on
 #    `logits / temperature`, the distribution the tokens were sampled from;
 # 2. `calc_grpo_objective` against the stored `old_logprobs` and `ref_logprobs`, with the args'
-#    `clip_eps`, `beta`, `loss_type`, `clip_eps_high` and `max_completion_len=args.max_new_tokens`;
+#    `clip_eps=args.clip_coef`, `beta=args.kl_coef`, `loss_type`, `clip_eps_high=args.clip_coef_high` and
+#    `max_completion_len=args.max_new_tokens` (the function's parameters keep the papers' names; the
+#    settings follow the course's knob names);
 # 3. zero the gradients, backpropagate, clip the gradient norm to `args.max_grad_norm`, step. The
 #    optimizer is built with `maximize=True` (the objective is climbed, as in the whole course).
 #
@@ -234,14 +235,14 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 # %% [markdown]
 # ## 5. Training: towards negative reviews, as in chapter 03
 #
-# The trainer (`rlhf_tutorial.grpo.train`) runs your functions: `learner_functions(globals())` hands
+# The trainer (`rlhf_tutorial.trainers.grpo.train`) runs your functions: `learner_functions(globals())` hands
 # it your `group_relative_advantages`, `calc_grpo_objective`, `completion_mask`, `sample_group` and
 # `grpo_step`. One phase:
 #
 # 1. `collect_rollout`: $p$ groups of $G$ completions from the policy as it is now ($\pi_\text{old}$),
 #    texts scored by the sentiment classifier, advantages per group, and (without gradients) the log-
 #    probs of $\pi_\text{old}$ and of the frozen reference;
-# 2. $\mu$ = `updates_per_phase` passes of `grpo_step` over the rollout.
+# 2. $\mu$ = `update_epochs` passes of `grpo_step` over the rollout.
 #
 # No value head anywhere. The reference is a frozen copy of the starting policy. The tiny world runs
 # a shortened version of the CLI's run (`python -m rlhf_tutorial train-grpo --world tiny --direction
@@ -356,7 +357,7 @@ print(f"soft overlong penalty: mean {soft_penalty.mean().item():.3f}, "
 # |---|---|---|---|
 # | GRPO (DeepSeekMath) | | `loss_type="grpo"`, `scale="group"` | the original |
 # | Dr. GRPO | no $1/\lvert y_i \rvert$, no std | `loss_type="dr_grpo"`, `scale="none"` | removes the length bias and the difficulty bias of the std |
-# | DAPO | token-level mean, clip-higher, dynamic sampling | `loss_type="dapo"`, `clip_eps_high=0.28`, `dynamic_sampling=True` | long completions count fully; exploration; no wasted groups |
+# | DAPO | token-level mean, clip-higher, dynamic sampling | `loss_type="dapo"`, `clip_coef_high=0.28`, `dynamic_sampling=True` | long completions count fully; exploration; no wasted groups |
 # | iterative GRPO | the reference follows the policy | `ref_refresh_every=k` | the KL anchor moves every $k$ phases, so the policy can travel further from the base model over a long run |
 #
 # DeepSeekMath's iterative variant resets the reference to the current policy at the start of each
@@ -373,7 +374,7 @@ print(f"soft overlong penalty: mean {soft_penalty.mean().item():.3f}, "
 # gradient norm shrinks, so `max_grad_norm` clips less often. With `scale="none"`, $\beta$ and the clip norm
 # have to be retuned with the reward's scale.
 #
-# `beta` is the other knob: DeepSeekMath used 0.04; several later recipes (DAPO, Dr. GRPO) set it to 0
+# `kl_coef` ($\beta$) is the other knob: DeepSeekMath used 0.04; several later recipes (DAPO, Dr. GRPO) set it to 0
 # for verifiable rewards, where there is no reward model to fool, and drop the reference model
 # altogether.
 
@@ -409,7 +410,7 @@ def run_cli(command: str, *flags: str) -> dict:
 
 COMPARE_PHASES = 10 if is_tiny() else (2 if is_smoke() else 60)
 short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() or is_smoke() else []
-ppo_summary = run_cli("train-rlhf", "--total-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
+ppo_summary = run_cli("train-rlhf", "--num-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
 ppo_summary["samples_per_phase"] = ppo_summary["args"]["batch_size"]
 grpo_summary = run_cli("train-grpo", "--num-phases", str(COMPARE_PHASES), *short)
 for name, summary in [("PPO", ppo_summary), ("GRPO", grpo_summary)]:
@@ -473,8 +474,8 @@ progress("04")
 # ## What to try next
 #
 # - Dr. GRPO and DAPO on the sentiment task: `loss_type="dr_grpo", scale="none"` and `loss_type="dapo",
-#   clip_eps_high=0.28`. Compare the completion lengths (`completion_len` in the history).
-# - `beta=0.0`: no reference model at all. How far does the policy drift (`kl` is still logged) and do
+#   clip_coef_high=0.28`. Compare the completion lengths (`completion_len` in the history).
+# - `kl_coef=0.0`: no reference model at all. How far does the policy drift (`kl` is still logged) and do
 #   the reviews stay reviews (`repetition`)?
 # - `group_size=2` versus `16` with the same number of samples per phase: the quality of the baseline
 #   against the number of prompts.
@@ -505,25 +506,25 @@ progress("04")
 #
 # **The reward and the settings.** A TRL reward function takes the prompts and the completions (text)
 # and returns one float each; our `GRPOArgs` become a `GRPOConfig`
-# (`rlhf_tutorial.bench_trl.trl_config` is the mapping used to race the two):
+# (`rlhf_tutorial.trainers.bench_trl.trl_config` is the mapping used to race the two):
 #
 # | `GRPOArgs` | `GRPOConfig` |
 # |---|---|
 # | `group_size` (G) | `num_generations` |
 # | `groups_per_phase * group_size` (64 a phase) | `per_device_train_batch_size * steps_per_generation` (x GPUs) |
 # | `num_minibatches` | `steps_per_generation` |
-# | `updates_per_phase` (mu) | `num_iterations` |
+# | `update_epochs` (mu) | `num_iterations` |
 # | `max_new_tokens`, `temperature`, `top_k` | `max_completion_length`, `temperature`, `top_k` |
 # | `learning_rate` (constant), `max_grad_norm` | `learning_rate` + `lr_scheduler_type="constant"`, `max_grad_norm` |
-# | `clip_eps`, `clip_eps_high`, `beta` | `epsilon`, `epsilon_high`, `beta` |
+# | `clip_coef`, `clip_coef_high`, `kl_coef` | `epsilon`, `epsilon_high`, `beta` |
 # | `loss_type`, `scale` | `loss_type`, `scale_rewards` |
 #
 # ```python
 # # train_trl.py: the sentiment GRPO run of this chapter, on TRL
-# import rlhf_tutorial.export                      # registers the biased-head GPT-2 with transformers
+# import rlhf_tutorial.trainers.export                      # registers the biased-head GPT-2 with transformers
 # from datasets import Dataset
 # from trl import GRPOConfig, GRPOTrainer
-# from rlhf_tutorial.grpo import GRPOArgs, make_reward_fn
+# from rlhf_tutorial.trainers.grpo import GRPOArgs, make_reward_fn
 #
 # ours = GRPOArgs.preset("tiny")
 # score = make_reward_fn(ours)                     # texts -> rewards, as in section 5

@@ -58,8 +58,9 @@ from rlhf_tutorial.interp import (
     single_token_ids,
     steered_samples,
 )
-from rlhf_tutorial.interp_report import load_pair, train_tuned
-from rlhf_tutorial.rlhf import get_samples, make_reward_fn
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import get_samples
+from rlhf_tutorial.trainers.interp_report import load_pair, train_tuned
 from rlhf_tutorial.widgets.interp import (
     attribution_figure,
     lens_explorer,
@@ -92,7 +93,7 @@ print(f"world: {world}; {base.cfg.n_layers} layers, {base.cfg.n_heads} heads, d_
 # their next-token distributions right after the prompt: the first word a review chooses.
 
 # %%
-reward_fn = make_reward_fn(world, "neg")  # P(NEGATIVE | text), as in chapter 03
+reward_fn = sentiment_reward_fn(world, "neg")  # P(NEGATIVE | text), as in chapter 03
 n_show = 4 if is_smoke() else 6
 for name, model in [("base", base), ("tuned", tuned_model)]:
     torch.manual_seed(1)

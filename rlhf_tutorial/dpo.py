@@ -23,8 +23,8 @@ training, no critic. The pieces a learner writes, in the order the chapter build
 7. ``gspo_sequence_ratio``  GSPO: one importance ratio per sequence (the geometric mean of the tokens')
 
 The last two plug into chapter 04's GRPO trainer (``advantage_estimator="rloo"``,
-``importance_level="sequence"``). The DPO trainer that runs these is in ``rlhf_tutorial.dpo_trainer``;
-the reward-KL frontier of every method of the course in ``rlhf_tutorial.frontier``.
+``importance_level="sequence"``). The DPO trainer that runs these is in ``rlhf_tutorial.trainers.dpo``;
+the reward-KL frontier of every method of the course in ``rlhf_tutorial.trainers.frontier``.
 """
 
 from __future__ import annotations

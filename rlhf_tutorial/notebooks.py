@@ -29,9 +29,9 @@ _HEADER = re.compile(r"^# %%(.*)$")
 
 @dataclass
 class Cell:
-    kind: str  # "markdown" | "code" | "imports" | "solution" | "stub" | "exercise"
+    kind: str  # "markdown" | "code" | "imports" | "solution" | "stub" | "exercise" | "source"
     source: str
-    refs: tuple[str, ...] = ()  # for exercises: "module:name"
+    refs: tuple[str, ...] = ()  # for exercises and sources: "module:name"
 
 
 def parse_source(text: str) -> list[Cell]:
@@ -53,8 +53,8 @@ def parse_source(text: str) -> list[Cell]:
             cells.append(Cell("code", body))
         elif words[0] in {"imports", "solution", "stub"}:
             cells.append(Cell(words[0], body))
-        elif words[0] == "exercise" and len(words) > 1:
-            cells.append(Cell("exercise", body, tuple(words[1:])))
+        elif words[0] in {"exercise", "source"} and len(words) > 1:
+            cells.append(Cell(words[0], body, tuple(words[1:])))
         else:
             raise ValueError(f"course source: unknown cell header '# %%{header}'")
 
@@ -154,6 +154,9 @@ def build(cells: list[Cell], variant: str) -> nbformat.NotebookNode:
             out.append(nbformat.v4.new_markdown_cell(cell.source))
         elif cell.kind in {"code", "imports"} or cell.kind == variant.replace("chapter", "stub"):
             out.append(nbformat.v4.new_code_cell(cell.source))
+        elif cell.kind == "source":  # a reference helper shown whole, in both notebooks
+            parts = [solution_source(resolve(ref)) for ref in cell.refs]
+            out.append(nbformat.v4.new_code_cell("\n\n\n".join(parts + ([cell.source] if cell.source.strip() else []))))
         elif cell.kind == "exercise":
             parts = []
             for ref in cell.refs:
@@ -204,6 +207,8 @@ def load_stub(chapter: str, name: str) -> Any:
         elif cell.kind == "exercise":
             source = "\n\n\n".join(stub_source(resolve(ref), exercise_name(ref)) for ref in cell.refs)
             label = "stub"
+        elif cell.kind == "source":
+            source, label = "\n\n\n".join(solution_source(resolve(ref)) for ref in cell.refs), "source"
         else:
             continue
         # dont_inherit: this module's `from __future__ import annotations` must not leak into the stub.

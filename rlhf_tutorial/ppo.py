@@ -11,27 +11,25 @@ The pieces, in the order the chapter builds them:
 7. ``get_minibatch_indices``             shuffled minibatches over one epoch
 8. ``rollout_step``                      one step of every env, stored in a ``RolloutBuffer``
 9. ``ppo_learning_phase``                several epochs of minibatch updates on one rollout
-10. ``train``                            the loop: rollout, learn, anneal the learning rate, log
 
 The objective follows the course convention: it is a value to *maximise* and the optimizer is built
 with ``maximize=True``::
 
     objective = L_clip - L_value + L_entropy
 
-``train`` can run any of the exercise functions in place of the reference ones, so a learner's own
-``compute_gae`` (say) can be trained on CartPole or on the probe environments with everything else
-left as the reference: pass it by name, ``train(args, compute_gae=my_compute_gae)``.
+The loop that runs them (``PPOArgs``, ``train``, the ``train-ppo`` command) is running code, not an
+exercise: it lives in ``rlhf_tutorial.trainers.ppo``, and can run any of these functions in place of
+the reference ones, so a learner's own ``compute_gae`` (say) can be trained on CartPole or on the
+probe environments with everything else left as the reference:
+``train(args, compute_gae=my_compute_gae)``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-import time
-import types
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import einops
 import gymnasium as gym
@@ -40,58 +38,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from torch.distributions import Categorical
-from tqdm.auto import tqdm
 
-from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
-
-# ---------------------------------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PPOArgs:
-    """Every knob of the PPO trainer. The defaults solve CartPole-v1 on a laptop CPU.
-
-    Derived sizes: one rollout holds ``batch_size = num_envs * num_steps`` transitions, which the
-    learning phase cuts into ``num_minibatches`` minibatches of ``minibatch_size`` and visits
-    ``update_epochs`` times. Training runs ``num_updates = total_timesteps // batch_size`` rollouts.
-
-    Tuned on CartPole-v1 (seeds 1-6, mean return of the last 20 episodes): the learning rate is 10x
-    CleanRL's 2.5e-4 so that training fits a few minutes of a laptop CPU, and ``ent_coef`` is 0: with
-    the common 0.01 the bonus keeps the final policy random enough to drop an episode now and then
-    (4 of 6 seeds ended at 500 and one below 475, after 200k and after 300k steps); without it all 6
-    ended at 500 after 250k steps.
-    """
-
-    env_id: str = arg("CartPole-v1", "gymnasium environment id (discrete actions, flat observations)")
-    seed: int = arg(1, "seeds torch, numpy, the environments and the minibatch order")
-    total_timesteps: int = arg(250_000, "environment steps in total, summed over all envs")
-    num_envs: int = arg(4, "environments stepped in parallel (a SyncVectorEnv)")
-    num_steps: int = arg(128, "steps per env in one rollout")
-    learning_rate: float = arg(2.5e-3, "Adam learning rate at the start")
-    anneal_lr: bool = arg(True, "decay the learning rate linearly to 0 over training")
-    gamma: float = arg(0.99, "discount factor")
-    gae_lambda: float = arg(0.95, "GAE lambda: 0 is one-step TD (low variance), 1 is Monte Carlo (no bias)")
-    num_minibatches: int = arg(4, "minibatches per epoch")
-    update_epochs: int = arg(4, "passes over each rollout")
-    clip_coef: float = arg(0.2, "epsilon of the clipped surrogate")
-    ent_coef: float = arg(0.0, "weight of the entropy bonus (0.01 is common; see the class docstring)")
-    vf_coef: float = arg(0.5, "weight of the value loss")
-    max_grad_norm: float = arg(0.5, "clip the global gradient norm to this")
-    hidden: int = arg(64, "width of the two hidden layers of actor and critic")
-
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
-
-    @property
-    def num_updates(self) -> int:
-        return self.total_timesteps // self.batch_size
+if TYPE_CHECKING:
+    from rlhf_tutorial.trainers.ppo import PPOArgs
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -195,6 +144,30 @@ def calc_clipped_surrogate_objective(
     clipped = torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages
     return torch.minimum(unclipped, clipped).mean()
     # <<< exercise
+
+
+@torch.no_grad()
+def clip_diagnostics(
+    logprobs: Float[Tensor, "*b"],
+    old_logprobs: Float[Tensor, "*b"],
+    clip_coef: float,
+    mask: Bool[Tensor, "*b"] | None = None,
+) -> dict[str, float]:
+    """The diagnostics of a clipped update, beside its loss (the same two in every chapter).
+
+        log r     = logprobs - old_logprobs
+        approx_kl = mean((r - 1) - log r)         k3 estimate of KL(pi_old || pi_theta) from pi_old's samples
+        clipfrac  = mean(|r - 1| > clip_coef)     the share of ratios outside the clip range, either side
+
+    With ``mask`` the means are over the True elements only.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()
+
+    def mean(x: Tensor) -> Tensor:
+        return x.float().mean() if mask is None else (x.float() * mask).sum() / mask.sum().clamp(min=1)
+
+    return {"approx_kl": mean((ratio - 1) - log_ratio).item(), "clipfrac": mean((ratio - 1).abs() > clip_coef).item()}
 
 
 def calc_value_function_loss(
@@ -363,8 +336,8 @@ def ppo_learning_phase(
        ``get_minibatch_indices(batch_size, minibatch_size, generator)``: recompute logits and values,
        ``objective = L_clip - L_value + L_entropy``, ``zero_grad``, ``backward``, clip the gradient
        norm to ``max_grad_norm``, ``optimizer.step()`` (the optimizer maximises).
-    3. Beside the loss (no gradients): ``approx_kl = mean((r - 1) - log r)`` and
-       ``clipfrac = mean(|r - 1| > clip_coef)``.
+    3. Beside the loss (no gradients): ``clip_diagnostics`` gives ``approx_kl = mean((r - 1) - log r)``
+       and ``clipfrac = mean(|r - 1| > clip_coef)``.
 
     Returns means over all minibatches of ``policy_objective``, ``value_loss``, ``entropy``,
     ``approx_kl``, ``clipfrac``, plus the rollout's ``explained_variance``.
@@ -406,10 +379,8 @@ def ppo_learning_phase(
             optimizer.step()
 
             with torch.no_grad():  # diagnostics, beside the loss
-                logratio = new_logprobs - b_logprobs[mb]
-                ratio = logratio.exp()
-                stats["approx_kl"].append(((ratio - 1) - logratio).mean().item())
-                stats["clipfrac"].append(((ratio - 1).abs() > args.clip_coef).float().mean().item())
+                for key, value in clip_diagnostics(new_logprobs, b_logprobs[mb], args.clip_coef).items():
+                    stats[key].append(value)
                 stats["entropy"].append(dist.entropy().mean().item())
             stats["policy_objective"].append(policy_objective.item())
             stats["value_loss"].append(value_loss.item())
@@ -420,190 +391,3 @@ def ppo_learning_phase(
     # <<< exercise
 
 
-# ---------------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------------
-
-#: The functions ``train`` lets you replace by keyword (your own version from the notebook).
-PLUGGABLE = (
-    "layer_init",
-    "compute_gae",
-    "calc_clipped_surrogate_objective",
-    "calc_value_function_loss",
-    "calc_entropy_bonus",
-    "get_minibatch_indices",
-    "rollout_step",
-    "ppo_learning_phase",
-)
-
-
-learner_functions = learner_functions_for(PLUGGABLE)
-
-
-def _with_names(fn: Callable, names: dict[str, Callable]) -> Callable:
-    """A copy of ``fn`` whose global names in ``names`` point at the given objects.
-
-    This is how the reference ``ppo_learning_phase`` calls *your* ``compute_gae`` when you replace only
-    that: it looks the name up in its globals, and we hand it globals where the name is yours.
-    """
-    if not isinstance(fn, types.FunctionType):
-        return fn
-    new = types.FunctionType(
-        fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__, fn.__closure__
-    )
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__doc__ = fn.__doc__
-    return new
-
-
-@dataclass
-class TrainResult:
-    """What ``train`` returns: the trained agent and everything it logged."""
-
-    agent: Agent
-    episode_returns: list[float]  # every finished episode, in order of completion
-    episode_end_steps: list[int]  # env steps (all envs together) when each one finished
-    history: list[dict[str, float]]  # one dict per update: the learning-phase stats and more
-    env_steps: int
-    wall_seconds: float
-
-    def mean_return_last(self, n: int = 20) -> float:
-        tail = self.episode_returns[-n:]
-        return float(np.mean(tail)) if tail else float("nan")
-
-
-def train(
-    args: PPOArgs,
-    *,
-    make_env: Callable[[], gym.Env] | None = None,
-    callback: Callable[..., None] | None = None,
-    progress: bool = True,
-    **overrides: Callable,
-) -> TrainResult:
-    """Train PPO with ``args``; any function named in ``PLUGGABLE`` can be replaced by keyword.
-
-    ``make_env`` builds one env (default ``gym.make(args.env_id)``). ``callback(env_steps, **metrics)``
-    is called after every finished episode (``episodic_return=...``) and after every update (the
-    learning-phase stats, ``learning_rate`` and ``mean_return_last20``): hand it a dashboard's ``update``.
-    """
-    unknown = set(overrides) - set(PLUGGABLE)
-    if unknown:
-        raise TypeError(f"train() cannot replace {sorted(unknown)}; replaceable: {PLUGGABLE}")
-    fns = {name: globals()[name] for name in PLUGGABLE} | overrides
-    rollout = _with_names(fns["rollout_step"], fns)
-    learn = _with_names(fns["ppo_learning_phase"], fns)
-
-    # Seeding: torch (init and action sampling), numpy, the envs, and the minibatch order.
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
-    make_env = make_env or (lambda: gym.make(args.env_id))
-    envs = make_vector_env(make_env, args.num_envs)
-    assert isinstance(envs.single_action_space, gym.spaces.Discrete), "discrete actions only"
-    obs_shape = envs.single_observation_space.shape
-    obs_dim = int(np.prod(obs_shape))
-
-    agent = Agent(obs_dim, int(envs.single_action_space.n), args.hidden, init_layer=fns["layer_init"])
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, maximize=True)
-    buffer = RolloutBuffer.zeros(args.num_steps, args.num_envs, obs_shape)
-
-    obs_np, _ = envs.reset(seed=args.seed)
-    obs = torch.as_tensor(obs_np, dtype=torch.float32)
-    running = np.zeros(args.num_envs)
-    result = TrainResult(agent, [], [], [], 0, 0.0)
-    start = time.perf_counter()
-    bar = tqdm(range(args.num_updates), desc=f"PPO {args.env_id}", disable=not progress, file=sys.stderr)
-    for update in bar:
-        if args.anneal_lr:  # linear decay from learning_rate to 0 over all updates
-            lr = args.learning_rate * (1.0 - update / args.num_updates)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-
-        for step in range(args.num_steps):
-            obs = rollout(agent, envs, obs, buffer, step)
-            result.env_steps += args.num_envs
-            running += buffer.rewards[step].numpy()
-            for i in np.flatnonzero(buffer.dones[step].numpy()):
-                result.episode_returns.append(float(running[i]))
-                result.episode_end_steps.append(result.env_steps)
-                if callback is not None:
-                    callback(result.env_steps, episodic_return=float(running[i]))
-                running[i] = 0.0
-
-        stats = dict(learn(agent, optimizer, buffer, obs, args, generator))
-        stats["learning_rate"] = optimizer.param_groups[0]["lr"]
-        stats["env_steps"] = result.env_steps
-        stats["mean_return_last20"] = result.mean_return_last(20)
-        result.history.append(stats)
-        if callback is not None:
-            callback(result.env_steps, **{k: v for k, v in stats.items() if k != "env_steps"})
-        bar.set_postfix(ret20=f"{stats['mean_return_last20']:.1f}", kl=f"{stats.get('approx_kl', float('nan')):.4f}")
-    envs.close()
-    result.wall_seconds = time.perf_counter() - start
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------
-# Command line: python -m rlhf_tutorial train-ppo --env CartPole-v1 --seed 1
-# ---------------------------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlhf_tutorial train-ppo", description="Train the reference PPO (chapter 01)."
-    )
-    add_flags(parser, PPOArgs, from_preset=False, aliases={"env_id": ["--env"]})
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny MLP wants 1)")
-    parser.add_argument("--report", default=None, help="write the training curves to this HTML file")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser
-
-
-def _finite(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-def main(argv: list[str]) -> dict:
-    """Train, then summarise: the mean return of the last 20 episodes, steps, time and diagnostics."""
-    ns = _parser().parse_args(argv)
-    args = PPOArgs(**{f.name: getattr(ns, f.name) for f in fields(PPOArgs)})
-    torch.set_num_threads(ns.threads)
-
-    dashboard = None
-    if ns.report:
-        from rlhf_tutorial.widgets.ppo import ppo_dashboard
-
-        dashboard = ppo_dashboard(title=f"PPO on {args.env_id}, seed {args.seed}", static=True)
-    result = train(args, callback=dashboard.update if dashboard else None, progress=not ns.no_progress)
-
-    threshold = gym.spec(args.env_id).reward_threshold
-    returns = np.array(result.episode_returns)
-    window = 20
-    solved_at = None
-    if threshold is not None and len(returns) >= window:
-        means = np.convolve(returns, np.ones(window) / window, mode="valid")  # means[i]: episodes i..i+19
-        hits = np.flatnonzero(means >= threshold)
-        if hits.size:
-            solved_at = result.episode_end_steps[hits[0] + window - 1]
-    last = result.history[-1] if result.history else {}
-    summary = {
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "mean_return_last20": _finite(result.mean_return_last(window)),
-        "reward_threshold": threshold,
-        "solved": bool(threshold is not None and result.mean_return_last(window) >= threshold),
-        "first_step_last20_above_threshold": solved_at,
-        "episodes": len(returns),
-        "env_steps": result.env_steps,
-        "updates": len(result.history),
-        "wall_seconds": round(result.wall_seconds, 2),
-        "steps_per_second": round(result.env_steps / max(result.wall_seconds, 1e-9), 1),
-        "final_approx_kl": _finite(last.get("approx_kl", float("nan"))),
-        "final_clipfrac": _finite(last.get("clipfrac", float("nan"))),
-        "final_explained_variance": _finite(last.get("explained_variance", float("nan"))),
-        "torch_threads": ns.threads,
-    }
-    if dashboard is not None:
-        dashboard.save(ns.report)
-        summary["report"] = ns.report
-    return summary

@@ -13,7 +13,7 @@ so a failure points at the part that is wrong. Run them in order and fix the fir
 | 5 | -1 or +1 at random | 2 | +1 when the action matches (1 for +1, 0 for -1) | pi follows s | advantages lined up with obs and actions |
 
 ``run_probes(**overrides)`` trains PPO on each (with your own functions plugged in by name, as in
-``rlhf_tutorial.ppo.train``) and ``format_report`` says which part to look at when a probe fails.
+``rlhf_tutorial.trainers.ppo.train``) and ``format_report`` says which part to look at when a probe fails.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rlhf_tutorial import ppo
+from rlhf_tutorial.trainers.ppo import PPOArgs, train
 
 # ---------------------------------------------------------------------------------------------------
 # The environments
@@ -130,7 +131,7 @@ PROBE_ENVS: dict[int, type[ProbeEnv]] = {1: Probe1, 2: Probe2, 3: Probe3, 4: Pro
 #: Small and fast: 4 envs x 32 steps per rollout, 16 rollouts (about a second per probe on a CPU;
 #: every probe passes with the reference on seeds 0-4).
 #: gamma = 0.9 so that probe 3 can tell a discounted value (0.9) from an undiscounted one (1.0).
-PROBE_ARGS = ppo.PPOArgs(
+PROBE_ARGS = PPOArgs(
     env_id="probe",
     total_timesteps=4 * 32 * 16,
     num_envs=4,
@@ -219,12 +220,12 @@ def judge(probe: int, agent: ppo.Agent, gamma: float) -> tuple[bool, dict[str, f
     raise ValueError(f"no probe {probe}")
 
 
-def run_probe(probe: int, seed: int = 0, args: ppo.PPOArgs | None = None, **overrides) -> ProbeResult:
-    """Train PPO (with ``overrides`` plugged in, see ``ppo.train``) on one probe and judge it."""
+def run_probe(probe: int, seed: int = 0, args: PPOArgs | None = None, **overrides) -> ProbeResult:
+    """Train PPO (with ``overrides`` plugged in, see ``trainers.ppo.train``) on one probe and judge it."""
     args = replace(args or PROBE_ARGS, seed=seed, env_id=f"probe{probe}")
     start = time.perf_counter()
     try:
-        result = ppo.train(args, make_env=PROBE_ENVS[probe], progress=False, **overrides)
+        result = train(args, make_env=PROBE_ENVS[probe], progress=False, **overrides)
     except Exception as exc:  # noqa: BLE001 - a crash is a failed probe with its reason
         return ProbeResult(probe, False, {}, "", DIAGNOSIS[probe], time.perf_counter() - start,
                            error=f"training raised {type(exc).__name__}: {exc}")
@@ -238,7 +239,7 @@ def run_probe(probe: int, seed: int = 0, args: ppo.PPOArgs | None = None, **over
 def run_probes(
     probes: tuple[int, ...] = (1, 2, 3, 4, 5), seed: int = 0, verbose: bool = False, **overrides
 ) -> list[ProbeResult]:
-    """Run several probes; ``overrides`` are your functions by name (see ``ppo.PLUGGABLE``)."""
+    """Run several probes; ``overrides`` are your functions by name (see ``trainers.ppo.PLUGGABLE``)."""
     results = []
     for p in probes:
         results.append(run_probe(p, seed=seed, **overrides))

@@ -11,20 +11,14 @@ course uses:
   :func:`missing_eos_penalty`, :func:`shaped_reward`;
 - a learned reward: :class:`RewardModel`, a HookedTransformer backbone with a scalar head, trained on
   preference pairs with the Bradley-Terry loss (:func:`bradley_terry_loss`,
-  :func:`reward_model_train_step`, :func:`train_reward_model`).
+  :func:`reward_model_train_step`).
 
-``python -m rlhf_tutorial train-reward-model --world tiny --seed 0`` trains the reward model on the tiny
-world's preference pairs and prints a JSON summary (held-out pairwise accuracy, wall time).
+The loop that trains the reward model (``RewardModelArgs``, ``train_reward_model``, the
+``train-reward-model`` command) is running code: it lives in ``rlhf_tutorial.trainers.rewards``.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
-import dataclasses
-import inspect
-import textwrap
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +27,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 # ----------------------------------------------------------------------------------------------------
@@ -78,6 +71,19 @@ def reward_fn_sentiment(
     if not probs:
         return torch.zeros(0, dtype=torch.float32, device=device)
     return torch.cat(probs)
+
+
+def sentiment_reward_fn(world: str | None, direction: str) -> Callable[[list[str]], Float[Tensor, "batch"]]:
+    """The task reward of chapters 03 and 04: ``reward_fn_sentiment`` with the world's classifier,
+    as a function of the texts alone."""
+    from rlhf_tutorial.worlds import load_sentiment_classifier
+
+    classifier, tokenizer = load_sentiment_classifier(world)
+
+    def reward_fn(texts: list[str]) -> Float[Tensor, "batch"]:
+        return reward_fn_sentiment(texts, classifier, tokenizer, direction)
+
+    return reward_fn
 
 
 def whiten(values: Float[Tensor, "*b"], shift_mean: bool = True, eps: float = 1e-8) -> Float[Tensor, "*b"]:
@@ -128,7 +134,7 @@ def length_penalty(
 
 
 def missing_eos_penalty(
-    completion_tokens: Int[Tensor, "batch gen"], eos_token_id: int, penalty: float = 1.0
+    completion_tokens: Int[Tensor, "batch g"], eos_token_id: int, penalty: float = 1.0
 ) -> Float[Tensor, "batch"]:
     """-penalty for each completion that never emits the end-of-sequence token, 0 for the others."""
     has_eos = (completion_tokens == eos_token_id).any(dim=-1)
@@ -144,7 +150,7 @@ def shaped_reward(
     lengths: Int[Tensor, "batch"] | None = None,
     length_coef: float = 0.0,
     length_target: int | None = None,
-    completion_tokens: Int[Tensor, "batch gen"] | None = None,
+    completion_tokens: Int[Tensor, "batch g"] | None = None,
     eos_token_id: int | None = None,
     eos_penalty: float = 0.0,
 ) -> Float[Tensor, "batch"]:
@@ -181,8 +187,8 @@ def bradley_terry_loss(
 
 
 def pool_last_token(
-    x: Float[Tensor, "batch seq *feat"], attention_mask: Int[Tensor, "batch seq"]
-) -> Float[Tensor, "batch *feat"]:
+    x: Float[Tensor, "b s *feat"], attention_mask: Int[Tensor, "b s"]
+) -> Float[Tensor, "b *feat"]:
     """out[b] = x[b, t_b], t_b = the last position with attention_mask[b, t] = 1.
 
     Works for right padding (real tokens first) and left padding (padding first) alike. Every row
@@ -199,8 +205,8 @@ def pool_last_token(
 
 
 def pool_mean(
-    x: Float[Tensor, "batch seq *feat"], attention_mask: Int[Tensor, "batch seq"]
-) -> Float[Tensor, "batch *feat"]:
+    x: Float[Tensor, "b s *feat"], attention_mask: Int[Tensor, "b s"]
+) -> Float[Tensor, "b *feat"]:
     """out[b] = sum_t m[b, t] x[b, t] / sum_t m[b, t], the mean over real (unmasked) positions only.
 
     Padding positions are excluded with ``torch.where`` (not multiplied by 0), so that a NaN or inf
@@ -246,8 +252,8 @@ class RewardModel(nn.Module):
             self.head = nn.Linear(d_model, 1)
 
     def forward(
-        self, tokens: Int[Tensor, "batch seq"], attention_mask: Int[Tensor, "batch seq"] | None = None
-    ) -> Float[Tensor, "batch"]:
+        self, tokens: Int[Tensor, "b s"], attention_mask: Int[Tensor, "b s"] | None = None
+    ) -> Float[Tensor, "b"]:
         """One reward per sequence. ``attention_mask`` (1 = real token, 0 = padding) defaults to all ones.
 
         Step 1: run the backbone with the attention mask (so that no real token attends to padding,
@@ -260,7 +266,7 @@ class RewardModel(nn.Module):
             attention_mask = torch.ones_like(tokens)
         stored: list[Tensor] = []
 
-        def keep(activation: Float[Tensor, "batch seq d_model"], hook) -> None:
+        def keep(activation: Float[Tensor, "b s d_model"], hook) -> None:
             stored.append(activation)
 
         self.base_model.run_with_hooks(
@@ -269,11 +275,11 @@ class RewardModel(nn.Module):
             return_type=None,
             fwd_hooks=[("ln_final.hook_normalized", keep)],
         )
-        hidden: Float[Tensor, "batch seq d_model"] = stored[0]
+        hidden: Float[Tensor, "b s d_model"] = stored[0]
         if self.pooling == "last":
             return self.head(pool_last_token(hidden, attention_mask)).squeeze(-1)
         if self.pooling == "mean_scores":
-            scores: Float[Tensor, "batch seq"] = self.head(hidden).squeeze(-1)
+            scores: Float[Tensor, "b s"] = self.head(hidden).squeeze(-1)
             return pool_mean(scores, attention_mask)
         return self.head(pool_mean(hidden, attention_mask)).squeeze(-1)
         # <<< exercise
@@ -332,7 +338,7 @@ def pair_texts(pair: dict) -> tuple[str, str]:
 
 def tokenize_texts(
     model: HookedTransformer, texts: Sequence[str], max_len: int | None = None
-) -> tuple[Int[Tensor, "n seq"], Int[Tensor, "n seq"]]:
+) -> tuple[Int[Tensor, "n s"], Int[Tensor, "n s"]]:
     """Tokenize with a BOS token, keep at most ``max_len`` tokens, right-pad; return (tokens, mask).
 
     The mask is built from the lengths, not from the pad id: GPT-2's pad, BOS and EOS are one token.
@@ -412,258 +418,3 @@ def evaluate_pairs(model: RewardModel, data: PairBatch, batch_size: int = 64) ->
     }
 
 
-# ----------------------------------------------------------------------------------------------------
-# Training
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RewardModelArgs:
-    """Arguments of :func:`train_reward_model` (and of ``python -m rlhf_tutorial train-reward-model``)."""
-
-    world: str | None = None
-    """"tiny" or "gpt2"; None: the world switch (environment variable) decides."""
-    seed: int = 0
-    """Seeds the head's initialisation and the order of the batches."""
-    pooling: str = "last"
-    """How to turn per-position features into one reward: "last", "mean_scores" or "mean_hidden"."""
-    head_hidden: int | None = None
-    """None: a linear head; an int: a ReLU MLP head with that many hidden units."""
-    epochs: int = 2
-    """Passes over the training pairs."""
-    batch_size: int = 16
-    """Pairs per optimizer step."""
-    lr: float = 5e-4
-    """AdamW learning rate of the backbone."""
-    head_lr: float = 3e-3
-    """AdamW learning rate of the scalar head (new weights learn faster)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay (all parameters)."""
-    warmup_steps: int = 10
-    """Linear learning-rate warm-up from 0 over this many steps."""
-    decay: bool = True
-    """After the warm-up, decay the learning rates linearly to 0 at the last step (else keep them)."""
-    max_len: int | None = None
-    """Keep at most this many tokens per text (BOS included); None: the model's context length."""
-    max_train_pairs: int | None = None
-    """Use only the first N training pairs (for quick runs)."""
-    max_test_pairs: int | None = None
-    """Evaluate on only the first N held-out pairs."""
-    bucket: bool = True
-    """Group pairs of similar length into batches (less padding, faster steps; the batch order is random)."""
-    eval_every: int = 50
-    """Optimizer steps between two held-out evaluations (there is one before training and one at the end)."""
-    eval_batch_size: int = 64
-    """Pairs per forward pass during evaluation."""
-    device: str | None = None
-    """Where to train ("cpu", "cuda"); None: wherever the model already is (load_policy puts it on the GPU
-    when there is one)."""
-    threads: int | None = 1
-    """torch.set_num_threads while training (1: reproducible across machines, and fastest for the tiny
-    model on a shared CPU; the previous setting is restored afterwards); None or 0 leaves torch's default."""
-    progress: bool = True
-    """Show a tqdm progress bar (on stderr)."""
-
-
-TrainStep = Callable[..., dict]
-
-
-def epoch_batches(
-    data: PairBatch, batch_size: int, generator: torch.Generator, bucket: bool = True
-) -> list[Int[Tensor, "batch"]]:
-    """One epoch of batch indices: a random permutation cut into batches.
-
-    With ``bucket``, each window of 16 batches of the permutation is sorted by pair length (the longer
-    side) before it is cut, and the batches are shuffled: batches hold texts of similar length, so
-    trimming the padding saves most of the wasted computation, and the order stays random.
-    """
-    order = torch.randperm(len(data), generator=generator)
-    if bucket:
-        length = torch.maximum(data.chosen_mask.sum(1), data.rejected_mask.sum(1))  # [n]
-        window = 16 * batch_size
-        chunks = [order[i : i + window] for i in range(0, len(order), window)]
-        order = torch.cat([c[length[c].argsort(stable=True)] for c in chunks])
-    batches = list(order.split(batch_size))
-    if bucket:
-        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-    return batches
-
-
-def train_reward_model(
-    args: RewardModelArgs,
-    model: RewardModel | None = None,
-    train_pairs: Sequence[dict] | PairBatch | None = None,
-    test_pairs: Sequence[dict] | PairBatch | None = None,
-    train_step: TrainStep | None = None,
-    on_eval: Callable[[dict], None] | None = None,
-) -> tuple[RewardModel, dict[str, list]]:
-    """Train a Bradley-Terry reward model; return it and its history.
-
-    Every piece can be replaced by the learner's own: ``model`` (e.g. your ``RewardModel`` around
-    ``load_policy()``; default: the reference class around the world's policy), ``train_step`` (your
-    ``reward_model_train_step``), the pairs (default: the world's train and test splits; dicts with
-    prompt/chosen/rejected, or an already tokenized :class:`PairBatch`). ``on_eval`` is
-    called with the history after every evaluation (for a live plot).
-
-    The history has ``n_train_pairs`` and ``n_test_pairs`` (one-element lists), per-step lists ``step``,
-    ``loss``, ``accuracy``, ``margin`` and per-evaluation lists ``eval_step``, ``heldout_accuracy``,
-    ``heldout_loss``, ``heldout_margin``.
-    """
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        return _train_reward_model(args, model, train_pairs, test_pairs, train_step, on_eval)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train_reward_model(args, model, train_pairs, test_pairs, train_step, on_eval):
-    torch.manual_seed(args.seed)
-    if model is None or train_pairs is None or test_pairs is None:
-        from rlhf_tutorial import worlds  # only when the world has to supply something
-
-        if model is None:
-            policy = worlds.load_policy(args.world)
-            model = RewardModel(policy, pooling=args.pooling, head_hidden=args.head_hidden)
-        if train_pairs is None:
-            train_pairs = worlds.load_preference_pairs(args.world, split="train")
-        if test_pairs is None:
-            test_pairs = worlds.load_preference_pairs(args.world, split="test")
-    if args.device is not None:
-        model = model.to(args.device)
-    device = next(model.parameters()).device
-    train_step = train_step or reward_model_train_step
-
-    def prepare(pairs: Sequence[dict] | PairBatch, limit: int | None) -> PairBatch:
-        if isinstance(pairs, PairBatch):
-            keep = torch.arange(len(pairs))[:limit]
-            return PairBatch(*(getattr(pairs, f.name)[keep] for f in dataclasses.fields(pairs)))
-        return tokenize_pairs(model.base_model, list(pairs)[:limit], args.max_len)
-
-    train_data = prepare(train_pairs, args.max_train_pairs)
-    test_data = prepare(test_pairs, args.max_test_pairs)
-
-    head_params = list(model.head.parameters())
-    head_ids = {id(p) for p in head_params}
-    base_params = [p for p in model.parameters() if id(p) not in head_ids]
-    optimizer = torch.optim.AdamW(
-        [{"params": base_params, "lr": args.lr}, {"params": head_params, "lr": args.head_lr}],
-        weight_decay=args.weight_decay,
-    )
-
-    total = -(-len(train_data) // args.batch_size) * args.epochs
-
-    def lr_scale(step: int) -> float:
-        if step < args.warmup_steps:
-            return (step + 1) / args.warmup_steps
-        if not args.decay:
-            return 1.0
-        return max(0.0, (total - step) / max(1, total - args.warmup_steps))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
-
-    history: dict[str, list] = {"n_train_pairs": [len(train_data)], "n_test_pairs": [len(test_data)]}
-    history.update({k: [] for k in ("step", "loss", "accuracy", "margin")})
-    history.update({k: [] for k in ("eval_step", "heldout_accuracy", "heldout_loss", "heldout_margin")})
-
-    def evaluate(step: int) -> None:
-        model.eval()
-        metrics = evaluate_pairs(model, test_data, args.eval_batch_size)
-        model.train()
-        history["eval_step"].append(step)
-        for key in ("accuracy", "loss", "margin"):
-            history[f"heldout_{key}"].append(metrics[key])
-        if on_eval is not None:
-            on_eval(history)
-
-    generator = torch.Generator().manual_seed(args.seed)
-    evaluate(0)
-    step = 0
-    bar = tqdm(total=total, desc="reward model", disable=not args.progress)
-    for _ in range(args.epochs):
-        for idx in epoch_batches(train_data, args.batch_size, generator, args.bucket):
-            batch = train_data.select(idx, device)
-            metrics = train_step(model, optimizer, *batch)
-            scheduler.step()
-            step += 1
-            history["step"].append(step)
-            for key in ("loss", "accuracy", "margin"):
-                value = metrics[key]
-                history[key].append(float(value.detach()) if isinstance(value, Tensor) else float(value))
-            bar.update(1)
-            bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", acc=f"{history['heldout_accuracy'][-1]:.2f}")
-            if step % args.eval_every == 0 and step < total:
-                evaluate(step)
-    bar.close()
-    evaluate(step)
-    model.eval()
-    return model, history
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """The string written under each field of a dataclass (its documentation), by field name."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(after.value.value).split())
-    return docs
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlhf_tutorial train-reward-model",
-        description="Train a Bradley-Terry reward model on preference pairs; print a JSON summary.",
-    )
-    docs = _field_docs(RewardModelArgs)
-    kinds = {"int": int, "float": float, "str": str}
-    for f in dataclasses.fields(RewardModelArgs):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
-        if f.type == "bool":
-            no_flag = "--no-" + f.name.replace("_", "-")
-            parser.add_argument(no_flag, dest=f.name, action="store_false", help=help_text)
-            continue
-        parser.add_argument(flag, dest=f.name, type=kinds[str(f.type).replace(" | None", "")], default=f.default,
-                            help=help_text)
-    return parser
-
-
-def main(argv: list[str]) -> dict:
-    """CLI: train the reward model and return a summary (printed as JSON by the CLI)."""
-    from rlhf_tutorial import worlds
-
-    args = RewardModelArgs(**vars(_parser().parse_args(argv)))
-    start = time.perf_counter()
-    train_pairs = worlds.load_preference_pairs(args.world, split="train")
-    test_pairs = list(worlds.load_preference_pairs(args.world, split="test"))[: args.max_test_pairs]
-    model, history = train_reward_model(args, train_pairs=train_pairs, test_pairs=test_pairs)
-    by_kind = {}
-    for kind in sorted({p.get("kind") for p in test_pairs} - {None}):
-        subset = [p for p in test_pairs if p.get("kind") == kind]
-        by_kind[kind] = round(evaluate_pairs(model, tokenize_pairs(model.base_model, subset, args.max_len))["accuracy"], 4)
-    wall = time.perf_counter() - start
-    steps_per_epoch = max(1, len(history["step"]) // max(1, args.epochs))
-    last_epoch = history["accuracy"][-steps_per_epoch:]
-    return {
-        "command": "train-reward-model",
-        "world": worlds.resolve_world(args.world),
-        "seed": args.seed,
-        "pooling": args.pooling,
-        "epochs": args.epochs,
-        "steps": len(history["step"]),
-        "n_train_pairs": history["n_train_pairs"][0],
-        "n_test_pairs": history["n_test_pairs"][0],
-        "initial_heldout_accuracy": history["heldout_accuracy"][0],
-        "heldout_accuracy": history["heldout_accuracy"][-1],
-        "heldout_accuracy_by_kind": by_kind,
-        "heldout_loss": history["heldout_loss"][-1],
-        "heldout_margin": history["heldout_margin"][-1],
-        "heldout_curve": [[s, round(a, 4)] for s, a in zip(history["eval_step"], history["heldout_accuracy"])],
-        "train_accuracy_last_epoch": sum(last_epoch) / len(last_epoch),
-        "final_train_loss": history["loss"][-1],
-        "torch_threads": args.threads or torch.get_num_threads(),
-        "wall_seconds": round(wall, 2),
-    }

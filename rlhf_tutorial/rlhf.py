@@ -12,42 +12,35 @@ the chapter builds them:
 5. ``approx_kl``                  the sampled estimators k1, k2, k3 of the same KL
 6. ``compute_advantages``         one-step advantages with the score at the last token
 7. ``compute_per_token_rewards``  -beta * (log pi - log pi_ref) per token, score added at the end (GAE)
+   ``rollout_advantages``         one-step or GAE, as the args say (not an exercise: shown in the notebook)
 8. ``ReplayMemory``               one rollout, cut into shuffled minibatches
 9. ``compute_rlhf_objective``     clipped surrogate - value loss + entropy - KL (to maximise)
 10. ``get_optimizer``, ``lr_schedule``      AdamW with two learning rates, warmup then linear decay
 11. ``AdaptiveKLController``, ``EarlyStopping``
 12. ``rollout_phase``, ``learning_phase``   the two halves of one PPO phase
-13. ``RLHFTrainer``               owns the models, optimizer and controllers; ``train()`` loops phases
 
 Memory rule: no tensor of shape ``[batch, seq, vocab]`` lives for the whole batch. The rollout
 runs its forward passes one minibatch at a time and keeps only log-probs and values; the learning
 phase recomputes the reference logits of each minibatch when the full-distribution KL is used.
 
-The trainer can run a learner's versions of the exercises in place of the reference ones:
-``RLHFTrainer(args, **learner_functions(globals()))`` from the notebook (see ``PLUGGABLE``).
+``token_records`` gives the per-token numbers of a few samples (value, KL, advantage) that the
+token explorer widget shows, computed by the pieces above.
 
-``python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0`` trains and prints a JSON
-summary; ``--report reports/demo.html`` also writes an HTML report with curves and samples.
+The trainer that runs these pieces (``RLHFArgs``, ``RLHFTrainer``, saving and loading, the
+``train-rlhf`` command) is running code: it lives in ``rlhf_tutorial.trainers.rlhf``, and can run a
+learner's versions of the exercises in place of the reference ones:
+``RLHFTrainer(args, **learner_functions(globals()))`` from the notebook.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import resource
-import sys
-import time
-import types
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial.ppo import (
@@ -55,131 +48,14 @@ from rlhf_tutorial.ppo import (
     calc_clipped_value_loss,
     calc_entropy_bonus,
     calc_value_function_loss,
+    clip_diagnostics,
     compute_gae,
     layer_init,
 )
-from rlhf_tutorial.rewards import ngram_repetition, reward_fn_sentiment, whiten
-from rlhf_tutorial.speed import REWARD_TARGET, PhaseClock, time_split, time_to_reward
-from rlhf_tutorial.trainer_args import add_flags, arg, gpt2_size_presets, learner_functions_for
+from rlhf_tutorial.rewards import ngram_repetition, whiten
 
-# ----------------------------------------------------------------------------------------------------
-# Arguments
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RLHFArgs:
-    """Every knob of the RLHF trainer. The defaults are the tiny world's; ``RLHFArgs.preset("gpt2")``
-    gives the GPT-2 world's, which follow the seed blog's findings (see ``PRESETS``).
-
-    Sizes: one phase samples ``batch_size`` completions of ``gen_len`` tokens, then visits them
-    ``batches_per_learning_phase`` times in ``num_minibatches`` minibatches of ``minibatch_size``:
-    ``num_minibatches * batches_per_learning_phase`` optimizer steps per phase. The learning-rate
-    schedule counts phases.
-    """
-
-    world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
-    direction: str = arg("neg", "sentiment the reward asks for: 'neg' or 'pos'")
-    prefix: str = arg("This movie was really", "the prompt every completion starts from")
-    prepend_bos: bool = arg(True, "put the BOS token before the prompt")
-    seed: int = arg(0, "seeds the value head, sampling and the minibatch order")
-    # sampling
-    batch_size: int = arg(64, "completions sampled per phase")
-    gen_len: int = arg(16, "tokens generated per completion")
-    temperature: float = arg(1.0, "sampling temperature; log-probs are taken of logits / temperature")
-    top_k: int | None = arg(None, "sample from the top k tokens only (None: the full distribution)")
-    # phases and minibatches
-    total_phases: int = arg(50, "rollout + learning phases")
-    num_minibatches: int = arg(4, "minibatches per pass over a rollout")
-    batches_per_learning_phase: int = arg(2, "passes over each rollout (PPO epochs)")
-    # optimizer and schedule
-    base_lr: float = arg(7e-4, "learning rate of the transformer")
-    head_lr: float = arg(3e-3, "learning rate of the value head (freshly initialised: larger)")
-    max_grad_norm: float = arg(0.5, "clip the global gradient norm to this")
-    warmup_steps: int = arg(2, "phases of linear learning-rate warmup from 0")
-    final_scale: float = arg(0.1, "learning-rate multiplier reached at the last phase")
-    # PPO objective
-    clip_coef: float = arg(0.3, "epsilon of the clipped surrogate")
-    vf_coef: float = arg(0.15, "weight of the value loss")
-    cliprange_value: float | None = arg(
-        None, "clip each value to within this of its rollout value in the value loss (TRL's cliprange_value; None: off)"
-    )
-    ent_coef: float = arg(0.01, "weight of the entropy bonus")
-    # KL to the reference
-    kl_coef: float = arg(0.1, "beta: weight of the per-token KL(policy || reference) (the start value if adaptive)")
-    kl_estimator: str = arg("full", "KL term of the objective: 'full' (exact, per minibatch), 'k1', 'k2', 'k3'")
-    adaptive_kl: bool = arg(False, "adapt beta to keep the rollout's per-token KL near kl_target")
-    kl_target: float = arg(0.2, "KL per token (nats, k3 mean over generated tokens) the adaptive controller aims at")
-    kl_horizon: int = arg(640, "adaptive controller horizon, in samples: beta moves at most 0.2 * batch_size / "
-                          "kl_horizon a phase (2% with 64 samples)")
-    # advantages and rewards
-    advantage_estimator: str = arg("gae", "'one_step' (KL in the objective) or 'gae' (KL in the per-token rewards)")
-    gamma: float = arg(1.0, "discount (GAE only)")
-    gae_lambda: float = arg(0.95, "GAE lambda (GAE only)")
-    whiten_rewards: bool = arg(True, "whiten the scores of each rollout (zero mean, unit variance)")
-    repetition_coef: float = arg(0.0, "subtract this times the n-gram repetition of each sample from its reward")
-    repetition_n: int = arg(3, "n of the n-gram repetition penalty")
-    # early stopping
-    early_stopping: bool = arg(True, "stop when the rollout violates a threshold `patience` phases in a row")
-    patience: int = arg(3, "consecutive violating phases before stopping")
-    kl_threshold: float = arg(1.0, "rollout KL per token (nats) above which a phase violates")
-    reward_threshold: float | None = arg(None, "mean task reward above which a phase violates (None: off)")
-    # evaluation and logging
-    eval_samples: int = arg(128, "samples drawn before and after training to measure the reward")
-    n_logged_samples: int = arg(6, "samples kept per phase for the tables")
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
-
-    @classmethod
-    def preset(cls, world: str, **overrides: Any) -> RLHFArgs:
-        """The preset of ``world`` ('tiny' or 'gpt2'; in the GPT-2 world, of the chosen size:
-        ``worlds.preset_key``) with ``overrides`` applied."""
-        from rlhf_tutorial.worlds import preset_key
-
-        return cls(**{**PRESETS[preset_key(world)], "world": world, **overrides})
-
-
-#: Per-world settings. GPT-2 follows the seed blog's experiments on GPT-2 + distilbert-imdb towards
-#: negative sentiment: base/head learning rates 8e-6 / 8e-5 (lower was faster to learn, less
-#: clipping waste), max grad norm 0.5 (from 1.0: steadier, more natural text), clip 0.3 (from 0.2:
-#: learned faster), KL coefficient 0.8 (1.0 was formulaic; 0.5-0.75 reward-hacked into strings of
-#: "bad, awful, terrible"), adaptive KL, entropy 0.01 (from 0.002), value coefficient 0.15, 20
-#: warmup phases, one-step advantages (its GAE runs blew up), the prompt "This movie was really"
-#: (dropping "really" flattened the reward curve), temperature 1.0 (higher broke coherence, lower
-#: made text formulaic), early stopping on the KL only (the seed stopped at KL penalty 0.075, i.e.
-#: 0.075 / 0.8 ~ 0.1 of KL per token, the unit used here, and concluded that its reward threshold
-#: of 0.92 was better left out). The adaptive controller's target (0.05 per token, half the stopping
-#: threshold; 1.5 nats per 30-token sequence) is ours: the seed does not give one. Its horizon, 640
-#: samples (10 phases of 64), lets beta move by up to 2% a phase, a factor of up to e^4 over 200 phases;
-#: with TRL's horizon of 10,000 at batch 64 it could move 0.13% a phase, i.e. it would stay fixed.
-#: None of the GPT-2 settings has been run in this repository: they are recommendations.
-#: The tiny world (the dataclass defaults) was tuned on this CPU: its model is ~140x smaller than
-#: GPT-2, so larger learning rates; GAE over per-token KL rewards (score at the last token), because
-#: the sentiment is settled by the first words after the prompt and one-step advantages must pass the
-#: score back through every token's value (20 phases of 32: one-step 0.29 -> 0.35, GAE 0.29 -> 0.86);
-#: a smaller KL coefficient (0.1), as the KL is paid at every token inside the reward. Seeds 0-4 of
-#: the preset ended at a mean reward of 0.94-0.99 in 50 phases (about 30 s on one CPU thread; measured
-#: with AdamW's default weight decay 0.01, before get_optimizer set it to 0; seed 0 now ends at 0.96).
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {},
-    "gpt2": dict(
-        batch_size=64, gen_len=30, total_phases=200, num_minibatches=4, batches_per_learning_phase=2,
-        base_lr=8e-6, head_lr=8e-5, max_grad_norm=0.5, warmup_steps=20, final_scale=0.1,
-        clip_coef=0.3, vf_coef=0.15, ent_coef=0.01, kl_coef=0.8, kl_estimator="full",
-        advantage_estimator="one_step", adaptive_kl=True, kl_target=0.05, kl_horizon=640,
-        temperature=1.0, kl_threshold=0.1, patience=4,
-    ),
-}
-#: gpt2-medium, gpt2-large, gpt2-xl: the gpt2 preset scaled by ``trainer_args.GPT2_SCALING`` (its sources
-#: are documented there).
-PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
-    lr_scale=("base_lr", "head_lr"), max_grad_norm=("max_grad_norm",), clip_scale=("clip_coef",),
-    kl_scale=("kl_coef",), kl_threshold_scale=("kl_threshold", "kl_target"), phases=("total_phases",),
-    warmup=("warmup_steps",),
-)))
-
+if TYPE_CHECKING:
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
 # ----------------------------------------------------------------------------------------------------
 # The policy with a value head
@@ -235,7 +111,7 @@ def get_samples(
     temperature: float = 1.0,
     top_k: int | None = None,
     prepend_bos: bool = True,
-) -> tuple[Int[Tensor, "batch seq"], list[str]]:
+) -> tuple[Int[Tensor, "b s"], list[str]]:
     """Sample ``batch_size`` completions of ``gen_len`` new tokens after ``prompt``.
 
     Each new token is drawn from softmax(logits / temperature) (restricted to the top k when
@@ -384,6 +260,27 @@ def compute_gae_advantages(
     return advantages.T
 
 
+def rollout_advantages(
+    scores: Float[Tensor, "b"],
+    logprobs: Float[Tensor, "b g"],
+    ref_logprobs: Float[Tensor, "b g"],
+    values: Float[Tensor, "b s"],
+    prefix_len: int,
+    kl_coef: float,
+    args: RLHFArgs,
+) -> Float[Tensor, "b g"]:
+    """The advantages of a rollout's generated tokens, by ``args.advantage_estimator``:
+
+        "one_step":  compute_advantages(values, scores, prefix_len)        (the KL goes in the objective)
+        "gae":       compute_gae_advantages(r, values[:, prefix_len - 1:-1], gamma, gae_lambda)
+                     with r = compute_per_token_rewards(scores, logprobs, ref_logprobs, kl_coef)
+    """
+    if args.advantage_estimator == "gae":
+        token_rewards = compute_per_token_rewards(scores, logprobs, ref_logprobs, kl_coef)
+        return compute_gae_advantages(token_rewards, values[:, prefix_len - 1 : -1], args.gamma, args.gae_lambda)
+    return compute_advantages(values, scores, prefix_len)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Replay memory
 # ----------------------------------------------------------------------------------------------------
@@ -414,9 +311,9 @@ class ReplayMemory:
     advantages: Float[Tensor, "b g"]
 
     def get_minibatches(
-        self, num_minibatches: int, batches_per_learning_phase: int = 1, generator: torch.Generator | None = None
+        self, num_minibatches: int, update_epochs: int = 1, generator: torch.Generator | None = None
     ) -> list[ReplayMinibatch]:
-        """``batches_per_learning_phase`` passes over the memory, each a fresh random permutation of
+        """``update_epochs`` passes over the memory, each a fresh random permutation of
         the rows cut into ``num_minibatches`` equal minibatches (every row once per pass).
 
         The value targets are ``returns = advantages + values``: with one-step advantages, the next
@@ -427,7 +324,7 @@ class ReplayMemory:
         # >>> exercise
         returns = self.advantages + self.values
         minibatches = []
-        for _ in range(batches_per_learning_phase):
+        for _ in range(update_epochs):
             permutation = torch.randperm(batch, generator=generator)
             for indices in permutation.reshape(num_minibatches, -1):  # [num_minibatches mb]
                 minibatches.append(
@@ -515,15 +412,13 @@ def compute_rlhf_objective(
     objective = clipped_surrogate - value_loss + args.ent_coef * entropy - kl_coef * kl
     # <<< exercise
     with torch.no_grad():
-        log_ratio = logprobs - minibatch.logprobs
         stats = {
             "objective": objective.item(),
             "clipped_surrogate": clipped_surrogate.item(),
             "value_loss": value_loss.item(),
             "entropy": entropy.item(),
             "kl": kl.item(),
-            "approx_kl": approx_kl(minibatch.logprobs, logprobs, "k3").mean().item(),
-            "clipfrac": ((log_ratio.exp() - 1).abs() > args.clip_coef).float().mean().item(),
+            **clip_diagnostics(logprobs, minibatch.logprobs, args.clip_coef),  # approx_kl, clipfrac
             "value_mean": values[:, gen].mean().item(),
         }
     return objective, stats
@@ -631,9 +526,9 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
        and values, reference logits; keep only log-probs of the generated tokens (of logits /
        temperature, for both models) and the values;
     4. scores = the shaped rewards, whitened only when ``args.whiten_rewards``;
-    5. advantages: ``compute_advantages`` ("one_step"), or ``compute_per_token_rewards`` with the
-       current KL coefficient ``trainer.kl_coef`` (the adaptive controller's value when it is on, not
-       ``args.kl_coef``) then ``compute_gae_advantages`` ("gae");
+    5. advantages: ``rollout_advantages`` with the current KL coefficient ``trainer.kl_coef`` (the
+       adaptive controller's value when it is on, not ``args.kl_coef``): one-step or GAE, as
+       ``args.advantage_estimator`` says;
     6. a ``ReplayMemory`` with the values of the g states that chose the generated tokens.
 
     The last line logs the phase from the names your code defines: ``texts``, ``task_rewards``,
@@ -660,13 +555,7 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
     logprobs, ref_logprobs, values = torch.cat(logprobs), torch.cat(ref_logprobs), torch.cat(values)
 
     scores = whiten(rewards) if args.whiten_rewards else rewards
-    if args.advantage_estimator == "gae":
-        token_rewards = compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
-        advantages = compute_gae_advantages(
-            token_rewards, values[:, prefix_len - 1 : -1], args.gamma, args.gae_lambda
-        )
-    else:
-        advantages = compute_advantages(values, scores, prefix_len)
+    advantages = rollout_advantages(scores, logprobs, ref_logprobs, values, prefix_len, trainer.kl_coef, args)
     memory = ReplayMemory(
         tokens=tokens,
         logprobs=logprobs,
@@ -682,7 +571,7 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
 def learning_phase(trainer: RLHFTrainer, memory: ReplayMemory) -> dict[str, float]:
     """Several passes of minibatch gradient ascent on one rollout, then one step of the LR schedule.
 
-    For each minibatch of ``memory.get_minibatches(num_minibatches, batches_per_learning_phase,
+    For each minibatch of ``memory.get_minibatches(num_minibatches, update_epochs,
     trainer.generator)``: zero the gradients, compute the objective (``compute_rlhf_objective`` with
     ``trainer.objective_kl_coef``), backpropagate, clip the global gradient norm to
     ``max_grad_norm``, step the optimizer. After the last one, step ``trainer.scheduler`` once.
@@ -692,7 +581,7 @@ def learning_phase(trainer: RLHFTrainer, memory: ReplayMemory) -> dict[str, floa
     args = trainer.args
     all_stats = []
     # >>> exercise
-    for minibatch in memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, trainer.generator):
+    for minibatch in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
         trainer.optimizer.zero_grad()
         objective, stats = compute_rlhf_objective(
             trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, trainer.objective_kl_coef, args
@@ -707,346 +596,44 @@ def learning_phase(trainer: RLHFTrainer, memory: ReplayMemory) -> dict[str, floa
 
 
 # ----------------------------------------------------------------------------------------------------
-# The trainer
+# Per-token records (what the token explorer shows)
 # ----------------------------------------------------------------------------------------------------
 
-#: What ``RLHFTrainer`` lets you replace by keyword (your own version from the notebook).
-PLUGGABLE = (
-    "TransformerWithValueHead",
-    "get_samples",
-    "get_logprobs",
-    "calc_kl_penalty",
-    "approx_kl",
-    "compute_advantages",
-    "compute_per_token_rewards",
-    "ReplayMemory",
-    "compute_rlhf_objective",
-    "get_optimizer",
-    "lr_schedule",
-    "AdaptiveKLController",
-    "EarlyStopping",
-    "rollout_phase",
-    "learning_phase",
-)
 
-
-learner_functions = learner_functions_for(PLUGGABLE)
-
-
-def bind_pluggable(overrides: dict[str, Callable]) -> dict[str, Callable]:
-    """Every object of ``PLUGGABLE``: yours where ``overrides`` has it, else the reference, rebound so
-    that it calls your pieces.
-
-    The reference functions get copies that share one namespace, this module's globals with your
-    objects in place of the references', so calls chain through: the reference ``learning_phase``
-    calls the reference ``compute_rlhf_objective``, which calls *your* ``get_logprobs``. Your own
-    functions keep their globals (your notebook's), where your names are already yours.
-    """
-    namespace = {**globals(), **overrides}
-    bound: dict[str, Callable] = {}
-    for name in PLUGGABLE:
-        obj = overrides.get(name, globals()[name])
-        if name not in overrides and isinstance(obj, types.FunctionType):
-            obj = types.FunctionType(obj.__code__, namespace, obj.__name__, obj.__defaults__, obj.__closure__)
-            obj.__kwdefaults__ = globals()[name].__kwdefaults__
-            obj.__doc__ = globals()[name].__doc__
-            namespace[name] = obj
-        bound[name] = obj
-    return bound
-
-
-def make_reward_fn(world: str | None, direction: str) -> Callable[[list[str]], Float[Tensor, "batch"]]:
-    """The task reward: the world's sentiment classifier's probability of ``direction``."""
-    from rlhf_tutorial.worlds import load_sentiment_classifier
-
-    classifier, tokenizer = load_sentiment_classifier(world)
-
-    def reward_fn(texts: list[str]) -> Float[Tensor, "batch"]:
-        return reward_fn_sentiment(texts, classifier, tokenizer, direction)
-
-    return reward_fn
-
-
-class RLHFTrainer:
-    """Owns the policy (with value head), the frozen reference, the reward, the optimizer, the
-    schedule and the controllers; ``train()`` alternates ``rollout_phase`` and ``learning_phase``.
-
-    ``model`` / ``ref_model`` default to two fresh copies of the world's policy and ``reward_fn`` to
-    the world's sentiment classifier. Keyword arguments named in ``PLUGGABLE`` replace the
-    reference pieces; the reference pieces left then call yours (``bind_pluggable``).
-    """
-
-    def __init__(
-        self,
-        args: RLHFArgs,
-        model: HookedTransformer | None = None,
-        ref_model: HookedTransformer | None = None,
-        reward_fn: Callable[[list[str]], Float[Tensor, "batch"]] | None = None,
-        **overrides: Callable,
-    ):
-        unknown = set(overrides) - set(PLUGGABLE)
-        if unknown:
-            raise TypeError(f"RLHFTrainer cannot replace {sorted(unknown)}; replaceable: {PLUGGABLE}")
-        self.fns = bind_pluggable(overrides)
-        self.args = args
-        if model is None or ref_model is None:
-            from rlhf_tutorial.worlds import load_policy
-
-            model = model if model is not None else load_policy(args.world)
-            ref_model = ref_model if ref_model is not None else load_policy(args.world)
-        task_reward = reward_fn if reward_fn is not None else make_reward_fn(args.world, args.direction)
-        self.reward_fn = lambda texts: task_reward(texts).float().to(self.device)
-        # Seeded after loading (however many random numbers the loaders draw): the value head's init,
-        # then the sampling stream of train(), depend on args.seed alone.
-        torch.manual_seed(args.seed)
-        self.device = next(model.parameters()).device
-        self.model = self.fns["TransformerWithValueHead"](model).to(self.device).train()
-        self.ref_model = ref_model.eval().requires_grad_(False)
-        self.prefix_len = model.to_tokens(args.prefix, prepend_bos=args.prepend_bos).shape[1]
-        self.generator = torch.Generator().manual_seed(args.seed)
-
-        self.optimizer = self.fns["get_optimizer"](self.model, args.base_lr, args.head_lr)
-        schedule = self.fns["lr_schedule"]
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: schedule(step, args.warmup_steps, args.total_phases, args.final_scale)
-        )
-        self.kl_controller = (
-            self.fns["AdaptiveKLController"](args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl else None
-        )
-        self.early_stopping = (
-            self.fns["EarlyStopping"](args.patience, args.kl_threshold, args.reward_threshold)
-            if args.early_stopping else None
-        )
-        self.phase = 0
-        self.history: list[dict[str, Any]] = []
-
-    @property
-    def kl_coef(self) -> float:
-        """The current KL coefficient beta (the adaptive controller's value when it is on)."""
-        return float(self.kl_controller.value) if self.kl_controller is not None else self.args.kl_coef
-
-    @property
-    def objective_kl_coef(self) -> float:
-        """beta for the objective's KL term: 0 with GAE, whose per-token rewards already hold the KL."""
-        return 0.0 if self.args.advantage_estimator == "gae" else self.kl_coef
-
-    def log_rollout(
-        self,
-        texts: list[str],
-        task_rewards: Float[Tensor, "batch"],
-        rewards: Float[Tensor, "batch"],
-        memory: ReplayMemory,
-    ) -> None:
-        """Start this phase's record: rewards, KL to the reference, repetition, a few samples."""
-        kl_per_token = approx_kl(memory.logprobs, memory.ref_logprobs, "k3")  # [b g], unbiased, >= 0
-        n = self.args.n_logged_samples
-        self.history.append({
-            "phase": self.phase,
-            "reward": task_rewards.mean().item(),
-            "reward_std": task_rewards.std().item() if len(texts) > 1 else 0.0,
-            "shaped_reward": rewards.mean().item(),
-            "kl": kl_per_token.mean().item(),
-            "kl_seq": (memory.logprobs - memory.ref_logprobs).sum(-1).mean().item(),
-            "repetition": ngram_repetition(texts, self.args.repetition_n).mean().item(),
-            "kl_coef": self.kl_coef,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "head_lr": self.optimizer.param_groups[-1]["lr"],
-            "samples": [(t, r) for t, r in zip(texts[:n], task_rewards[:n].tolist())],
-        })
-
-    def train(self, callback: Callable[[dict[str, Any]], None] | None = None, progress: bool = True) -> list[dict]:
-        """Run ``total_phases`` phases (fewer if early stopping fires). ``callback(record)`` gets each
-        phase's record (rollout stats, then learning stats) as soon as the phase is done."""
-        bar = tqdm(range(self.args.total_phases), desc="RLHF phases", disable=not progress, file=sys.stderr)
-        clock = PhaseClock()
-        for phase in bar:
-            self.phase = phase
-            phase_start = time.perf_counter()
-            # Where the time goes, measured from outside the exercises: the sampler, the reward, the
-            # forward passes of the policy (old log-probs and values) and of the reference.
-            with clock.method(self.model.base_model, "generate", "sampling"), \
-                    clock.method(self, "reward_fn", "scoring"), \
-                    clock.module(self.model, "old_logprobs"), clock.module(self.ref_model, "ref_logprobs"):
-                memory = self.fns["rollout_phase"](self)
-            record = self.history[-1]
-            if self.early_stopping is not None and self.early_stopping.should_stop(record["kl"], record["reward"]):
-                record["early_stopped"] = True
-                record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
-                if callback is not None:
-                    callback(record)
-                break
-            with clock("optimisation"):
-                record.update(self.fns["learning_phase"](self, memory))
-            if self.kl_controller is not None:
-                self.kl_controller.update(record["kl"], self.args.batch_size)
-            record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
-            if callback is not None:
-                callback(record)
-            bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record['kl']:.3f}")
-        return self.history
-
-    @torch.no_grad()
-    def evaluate(self, n_samples: int, seed: int) -> dict[str, Any]:
-        """Sample ``n_samples`` completions from the current policy (its own RNG stream, so the same
-        ``seed`` gives the same draws) and measure: mean task reward, per-token KL to the reference
-        (k3), n-gram repetition (``repetition_n``-grams, and single words: ``word_repetition``), and
-        the reference log-prob per generated token (how natural the text still is to the base model)."""
-        args = self.args
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            texts, rewards, kls, ref_lps = [], [], [], []
-            for start in range(0, n_samples, args.batch_size):
-                size = min(args.batch_size, n_samples - start)
-                tokens, batch_texts = get_samples(
-                    self.model.base_model, args.prefix, size, args.gen_len, args.temperature, args.top_k,
-                    args.prepend_bos,
-                )
-                texts += batch_texts
-                rewards.append(self.reward_fn(batch_texts))
-                for chunk in tokens.split(args.minibatch_size):
-                    logits, ref_logits = self.model.base_model(chunk), self.ref_model(chunk)
-                    logprobs = get_logprobs(logits / args.temperature, chunk, self.prefix_len)
-                    ref_logprobs = get_logprobs(ref_logits / args.temperature, chunk, self.prefix_len)
-                    kls.append(approx_kl(logprobs, ref_logprobs, "k3"))
-                    ref_lps.append(get_logprobs(ref_logits, chunk, self.prefix_len))
-        rewards_t = torch.cat(rewards)
-        return {
-            "reward": rewards_t.mean().item(),
-            "kl": torch.cat(kls).mean().item(),
-            "repetition": ngram_repetition(texts, args.repetition_n).mean().item(),
-            "word_repetition": ngram_repetition(texts, 1).mean().item(),
-            "ref_logprob_per_token": torch.cat(ref_lps).mean().item(),
-            "texts": texts,
-            "rewards": rewards_t.tolist(),
+@torch.no_grad()
+def token_records(trainer: RLHFTrainer, tokens: Int[Tensor, "b s"], texts: list[str]) -> list[dict[str, Any]]:
+    """Per sample: its reward and, per generated token, the value of the state that chose it, the KL to
+    the reference at that position (``calc_kl_penalty`` of that position's full distributions, at the
+    sampling temperature), and its advantage as the trainer computes it (``rollout_advantages``) from
+    the scores of these samples whitened together, as a rollout's are (``whiten_rewards``; a single
+    sample is not whitened), so that advantages and values are in the units the value head was
+    trained on."""
+    args, p = trainer.args, trainer.prefix_len
+    logits, values = trainer.model(tokens)  # [b s v], [b s]
+    logits = logits / args.temperature
+    ref_logits = trainer.ref_model(tokens) / args.temperature
+    logprobs = get_logprobs(logits, tokens, p)  # [b g]
+    ref_logprobs = get_logprobs(ref_logits, tokens, p)
+    gen = slice(p - 1, -1)
+    kl = torch.stack([
+        torch.stack([calc_kl_penalty(lg[None, None], ref[None, None], 1.0) for lg, ref in zip(row, ref_row)])
+        for row, ref_row in zip(logits[:, gen], ref_logits[:, gen])
+    ])  # [b g]: KL(policy || ref) at each position
+    rewards = trainer.reward_fn(list(texts))
+    scores = whiten(rewards) if args.whiten_rewards and len(rewards) > 1 else rewards
+    advantages = rollout_advantages(scores, logprobs, ref_logprobs, values, p, trainer.kl_coef, args)
+    model = trainer.model.base_model
+    return [
+        {
+            "text": texts[i],
+            "reward": rewards[i].item(),
+            "prompt": model.to_string(tokens[i, :p]),
+            "tokens": [model.to_string(tokens[i, j : j + 1]) for j in range(p, tokens.shape[1])],
+            "value": values[i, gen].tolist(),
+            "kl": kl[i].tolist(),
+            "advantage": advantages[i].tolist(),
+            "logprob": logprobs[i].tolist(),
+            "ref_logprob": ref_logprobs[i].tolist(),
         }
-
-
-# ----------------------------------------------------------------------------------------------------
-# Saving and loading the tuned policy
-# ----------------------------------------------------------------------------------------------------
-
-WEIGHTS_FILE, CONFIG_FILE = "policy.safetensors", "rlhf_config.json"
-
-
-def save_tuned_policy(model: TransformerWithValueHead, path: str | Path, args: RLHFArgs, **extra: Any) -> Path:
-    """Write the policy and its value head to ``path/policy.safetensors`` and the run's arguments
-    (with the world, so it can be rebuilt) to ``path/rlhf_config.json``. Returns the folder."""
-    from safetensors.torch import save_model
-
-    from rlhf_tutorial.worlds import resolve_world
-
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(folder / WEIGHTS_FILE))
-    config = {"world": resolve_world(args.world), "args": asdict(args), **extra}
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
-    return folder
-
-
-def load_tuned_policy(path: str | Path) -> TransformerWithValueHead:
-    """Rebuild the world's policy, wrap it with a value head, and load the saved weights (safetensors:
-    no code runs on load). Returns the model in eval mode."""
-    from safetensors.torch import load_model
-
-    from rlhf_tutorial.worlds import load_policy
-
-    folder = Path(path)
-    config = json.loads((folder / CONFIG_FILE).read_text())
-    model = TransformerWithValueHead(load_policy(config["world"]))
-    load_model(model, str(folder / WEIGHTS_FILE))
-    return model.eval()
-
-
-# ----------------------------------------------------------------------------------------------------
-# Command line: python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0
-# ----------------------------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlhf_tutorial train-rlhf",
-        description="RLHF with PPO (chapter 03): tune the world's policy towards a sentiment. Flags not "
-        "given keep the world's preset (RLHFArgs.preset).",
-    )
-    add_flags(parser, RLHFArgs, from_preset=True)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: 1 in the tiny world, whose small matrices gain nothing "
-                        "from more on a shared CPU; torch's default in the GPT-2 world)")
-    parser.add_argument("--report", default=None, help="write an HTML report (curves and samples) here")
-    parser.add_argument("--save", default=None, help="save the tuned policy and value head to this folder")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser
-
-
-def peak_memory_mb() -> float:
-    """Peak memory of this process: CUDA's max allocated when on a GPU, else the peak resident set."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def main(argv: list[str]) -> dict:
-    """Train, evaluate before and after on ``eval_samples`` fresh samples, summarise as a dict."""
-    from rlhf_tutorial.worlds import resolve_world
-
-    ns = _parser().parse_args(argv)
-    world = resolve_world(ns.world)
-    threads = ns.threads if ns.threads is not None else (1 if world == "tiny" else torch.get_num_threads())
-    torch.set_num_threads(threads)
-    given = {f.name: getattr(ns, f.name) for f in fields(RLHFArgs) if getattr(ns, f.name) is not None}
-    given.pop("world", None)
-    args = RLHFArgs.preset(world, **given)
-
-    start = time.perf_counter()
-    trainer = RLHFTrainer(args)
-    before = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
-    dashboard = None
-    if ns.report:
-        from rlhf_tutorial.widgets.rlhf import rlhf_dashboard
-
-        dashboard = rlhf_dashboard(title=f"RLHF ({world}, {args.direction}, seed {args.seed})", static=True)
-    history = trainer.train(callback=dashboard.update if dashboard else None, progress=not ns.no_progress)
-    after = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
-    wall = time.perf_counter() - start
-
-    summary: dict[str, Any] = {
-        "world": world,
-        "direction": args.direction,
-        "seed": args.seed,
-        "mean_reward_initial": round(before["reward"], 4),
-        "mean_reward_final": round(after["reward"], 4),
-        "kl_final": round(after["kl"], 4),
-        "repetition_initial": round(before["repetition"], 4),
-        "repetition_final": round(after["repetition"], 4),
-        "word_repetition_initial": round(before["word_repetition"], 4),
-        "word_repetition_final": round(after["word_repetition"], 4),
-        "ref_logprob_per_token_initial": round(before["ref_logprob_per_token"], 4),
-        "ref_logprob_per_token_final": round(after["ref_logprob_per_token"], 4),
-        "phases": len(history),
-        "early_stopped": bool(history and history[-1].get("early_stopped", False)),
-        "kl_coef_final": round(trainer.kl_coef, 4),
-        "kl_coef_per_phase": [round(r["kl_coef"], 4) for r in history],
-        "reward_per_phase": [round(r["reward"], 4) for r in history],
-        "kl_per_phase": [round(r["kl"], 4) for r in history],
-        "samples_initial": before["texts"][:4],
-        "samples_final": after["texts"][:4],
-        "wall_seconds": round(wall, 1),
-        "seconds_per_phase": time_split(history),
-        **time_to_reward(history, REWARD_TARGET),
-        "peak_memory_mb": round(peak_memory_mb(), 1),
-        "torch_threads": threads,
-        "args": {k: v for k, v in asdict(args).items()},
-    }
-    if ns.save:
-        summary["saved_to"] = str(save_tuned_policy(trainer.model, ns.save, args, summary=summary))
-    if dashboard is not None:
-        from rlhf_tutorial.widgets.rlhf import write_report
-
-        path = write_report(ns.report, dashboard, summary, before, after)
-        print(f"report written to {path}", file=sys.stderr)
-        summary["report"] = str(path)
-    return summary
-
-
-if __name__ == "__main__":  # pragma: no cover
-    print(json.dumps(main(sys.argv[1:]), default=float))
+        for i in range(tokens.shape[0])
+    ]

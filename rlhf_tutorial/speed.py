@@ -151,7 +151,7 @@ def can_fast_sample(model: HookedTransformer) -> bool:
     """Whether ``fast_sample`` / ``fast_logits`` compute ``model``'s function: a GPT-2-shaped model
     (what ``export`` maps onto GPT-2) with a supported activation and no hooks attached (a hook
     would be skipped)."""
-    from rlhf_tutorial.export import check_exportable
+    from rlhf_tutorial.trainers.export import check_exportable
 
     if not isinstance(model, HookedTransformer):
         return False

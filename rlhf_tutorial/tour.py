@@ -11,18 +11,18 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 
-def next_token_probs(model: HookedTransformer, tokens: Int[Tensor, "batch seq"]) -> Float[Tensor, "batch vocab"]:
+def next_token_probs(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Float[Tensor, "b v"]:
     """The policy's distribution over the token that follows each sequence.
 
     pi(x_{s} | x_{<s}) = softmax(logits[:, -1, :]): the logits at the last position predict the next token.
     """
-    logits: Float[Tensor, "batch seq vocab"] = model(tokens)
+    logits: Float[Tensor, "b s v"] = model(tokens)
     return logits[:, -1, :].softmax(dim=-1)
 
 
 def final_normalized_residual(
-    model: HookedTransformer, tokens: Int[Tensor, "batch seq"]
-) -> Float[Tensor, "batch seq d_model"]:
+    model: HookedTransformer, tokens: Int[Tensor, "b s"]
+) -> Float[Tensor, "b s d_model"]:
     """The residual stream after the final LayerNorm, read with a hook on ``ln_final.hook_normalized``.
 
     This is exactly what the unembedding sees (logits = normalized @ W_U + b_U), so it is the natural
@@ -30,7 +30,7 @@ def final_normalized_residual(
     """
     stored: list[Tensor] = []
 
-    def save(activation: Float[Tensor, "batch seq d_model"], hook) -> None:
+    def save(activation: Float[Tensor, "b s d_model"], hook) -> None:
         stored.append(activation.detach())
 
     model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", save)])

@@ -128,7 +128,7 @@ def preset_key(world: str | None = None) -> str:
 
 def smoke_sizes(**sizes: Any) -> dict[str, Any]:
     """``sizes`` when :func:`is_smoke`, else ``{}``: a notebook's long run writes
-    ``RLHFArgs.preset(world, ..., **smoke_sizes(total_phases=2))`` and keeps its real length otherwise."""
+    ``RLHFArgs.preset(world, ..., **smoke_sizes(num_phases=2))`` and keeps its real length otherwise."""
     return dict(sizes) if is_smoke() else {}
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_tutorial import grpo
 from rlhf_tutorial.speed import SECTIONS
+from rlhf_tutorial.trainers import grpo
 
 trl = pytest.importorskip("trl", reason="the `trl` extra is not installed (make test installs it)")
 
-from rlhf_tutorial import bench_trl  # noqa: E402
+from rlhf_tutorial.trainers import bench_trl  # noqa: E402
 
 
 def test_settings_map_onto_a_grpo_config(tmp_path):
@@ -19,10 +19,10 @@ def test_settings_map_onto_a_grpo_config(tmp_path):
     config = bench_trl.trl_config(args, seed=3, out=str(tmp_path))
     rows = args.groups_per_phase * args.group_size
     assert config.per_device_train_batch_size * config.steps_per_generation == rows
-    assert config.num_generations == args.group_size and config.num_iterations == args.updates_per_phase
-    assert config.max_steps == args.num_phases * args.num_minibatches * args.updates_per_phase
+    assert config.num_generations == args.group_size and config.num_iterations == args.update_epochs
+    assert config.max_steps == args.num_phases * args.num_minibatches * args.update_epochs
     assert (config.beta, config.epsilon, config.loss_type, config.max_completion_length) == (
-        args.beta, args.clip_eps, args.loss_type, args.max_new_tokens)
+        args.kl_coef, args.clip_coef, args.loss_type, args.max_new_tokens)
     assert config.lr_scheduler_type == "constant" and config.learning_rate == args.learning_rate
     assert config.seed == 3
 

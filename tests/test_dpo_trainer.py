@@ -8,7 +8,9 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from rlhf_tutorial import dpo, dpo_trainer, frontier, policy_eval
+from rlhf_tutorial import dpo
+from rlhf_tutorial.trainers import dpo as dpo_trainer
+from rlhf_tutorial.trainers import frontier, policy_eval
 from rlhf_tutorial.widgets import dpo as widgets
 
 
@@ -175,8 +177,8 @@ def test_cli_main_prints_the_acceptance_keys(tmp_path):
 def test_cli_commands_are_registered():
     from rlhf_tutorial.cli import COMMANDS
 
-    assert COMMANDS["train-dpo"][0] == "rlhf_tutorial.dpo_trainer:main"
-    assert COMMANDS["frontier"][0] == "rlhf_tutorial.frontier:main"
+    assert COMMANDS["train-dpo"][0] == "rlhf_tutorial.trainers.dpo:main"
+    assert COMMANDS["frontier"][0] == "rlhf_tutorial.trainers.frontier:main"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -200,7 +202,7 @@ def test_run_frontier_measures_every_point_the_same_way():
     assert result["methods"]["ipo"]["points"] == 2 and result["base"]["kl"] == pytest.approx(0.0, abs=1e-6)
     fig = widgets.frontier_figure(result)
     assert [t.name for t in fig.data] == ["GRPO (ch. 04)", "IPO", "base policy"]
-    assert "beta = 0.5" in "".join(fig.data[1].hovertext)
+    assert "kl_coef = 0.5" in "".join(fig.data[1].hovertext)
     table = str(widgets.FrontierTable(result))
     assert table.count("\n") == 4 and "IPO" in table
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from rlhf_tutorial import export, rlhf
+from rlhf_tutorial.trainers import export, rlhf
 from rlhf_tutorial.worlds import load_policy
 
 
@@ -23,8 +23,8 @@ def sampled_tokens(policy, n: int = 6, new: int = 20, seed: int = 0) -> torch.Te
 def tuned_checkpoint(tmp_path_factory):
     """A checkpoint saved by chapter 03's trainer after two phases of RLHF with a large learning rate,
     so that every weight (the unembedding bias included) has moved from the base policy."""
-    args = rlhf.RLHFArgs.preset("tiny", batch_size=16, gen_len=8, num_minibatches=2, total_phases=2,
-                                warmup_steps=0, base_lr=3e-3, eval_samples=8, early_stopping=False)
+    args = rlhf.RLHFArgs.preset("tiny", batch_size=16, gen_len=8, num_minibatches=2, num_phases=2,
+                                warmup_steps=0, learning_rate=3e-3, eval_samples=8, early_stopping=False)
     trainer = rlhf.RLHFTrainer(args)
     trainer.train(progress=False)
     return rlhf.save_tuned_policy(trainer.model, tmp_path_factory.mktemp("tuned"), args)

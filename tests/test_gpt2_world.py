@@ -13,7 +13,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from rlhf_tutorial import cli, grpo, rlhf, standin_hub, trainer_args, worlds
+from rlhf_tutorial import cli, rlhf, standin_hub, worlds
+from rlhf_tutorial.trainers import args as trainer_args
+from rlhf_tutorial.trainers import grpo
+from rlhf_tutorial.trainers import rlhf as rlhf_trainer
 
 
 def read_json(path: Path) -> dict:
@@ -109,7 +112,7 @@ def test_every_gpt2_size_loads_with_its_preset(gpt2_world, monkeypatch, size):
     assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads) == (
         expected["n_layer"], expected["n_embd"], expected["n_head"]), f"{size} must load its own repo"
     assert worlds.preset_key("gpt2") == size and worlds.preset_key("tiny") == "tiny"
-    assert rlhf.RLHFArgs.preset("gpt2").base_lr == rlhf.PRESETS[size]["base_lr"]
+    assert rlhf_trainer.RLHFArgs.preset("gpt2").learning_rate == rlhf_trainer.PRESETS[size]["learning_rate"]
     assert grpo.GRPOArgs.preset("gpt2").learning_rate == grpo.PRESETS[size]["learning_rate"]
 
 
@@ -121,16 +124,16 @@ def test_unknown_gpt2_size_is_rejected(monkeypatch):
 
 def test_presets_follow_the_seed_blogs_scaling_directions():
     sizes = standin_hub.GPT2_REPOS
-    for presets, lr, clip, kl, phases in ((rlhf.PRESETS, "base_lr", "clip_coef", "kl_coef", "total_phases"),
-                                          (grpo.PRESETS, "learning_rate", "clip_eps", "beta", "num_phases")):
+    for presets, lr, clip, kl, phases in ((rlhf_trainer.PRESETS, "learning_rate", "clip_coef", "kl_coef", "num_phases"),
+                                          (grpo.PRESETS, "learning_rate", "clip_coef", "kl_coef", "num_phases")):
         for key in (lr, "max_grad_norm", clip, kl, phases):
             values = [presets[s][key] for s in sizes]
             assert all(b <= a for a, b in zip(values, values[1:])) and values[-1] < values[0], (key, values)
-    warmups = [rlhf.PRESETS[s]["warmup_steps"] for s in sizes]
-    thresholds = [rlhf.PRESETS[s]["kl_threshold"] for s in sizes]
+    warmups = [rlhf_trainer.PRESETS[s]["warmup_steps"] for s in sizes]
+    thresholds = [rlhf_trainer.PRESETS[s]["kl_threshold"] for s in sizes]
     assert warmups == sorted(warmups) and warmups[-1] > warmups[0]
     assert thresholds == sorted(thresholds) and thresholds[-1] > thresholds[0]
-    assert rlhf.PRESETS["gpt2"]["base_lr"] == 8e-6, "gpt2 keeps the seed blog's own settings"
+    assert rlhf_trainer.PRESETS["gpt2"]["learning_rate"] == 8e-6, "gpt2 keeps the seed blog's own settings"
     assert set(trainer_args.GPT2_SCALING) == set(sizes) == set(worlds.GPT2_MODELS)
 
 
@@ -157,12 +160,12 @@ def run_cli(argv: list[str], capsys) -> dict:
 
 
 def test_train_rlhf_one_phase_in_the_gpt2_world(gpt2_world, capsys):
-    summary = run_cli(["train-rlhf", "--total-phases", "1", "--batch-size", "8", "--gen-len", "6",
+    summary = run_cli(["train-rlhf", "--num-phases", "1", "--batch-size", "8", "--gen-len", "6",
                        "--eval-samples", "8", "--no-progress", "--threads", "1"], capsys)
     assert summary["world"] == "gpt2" and summary["phases"] == 1
     assert set(summary["stand_ins"]) == {"gpt2", "lvwerra/distilbert-imdb"}
-    preset = rlhf.PRESETS["gpt2"]
-    for key in ("base_lr", "kl_coef", "advantage_estimator", "max_grad_norm", "warmup_steps"):
+    preset = rlhf_trainer.PRESETS["gpt2"]
+    for key in ("learning_rate", "kl_coef", "advantage_estimator", "max_grad_norm", "warmup_steps"):
         assert summary["args"][key] == preset[key], f"{key}: the GPT-2 preset applies where no flag is given"
 
 
@@ -256,8 +259,8 @@ def test_a_phase_puts_everything_on_the_device_the_loaders_chose(gpt2_world, mon
         return torch.device("cpu") if device is None else device
 
     monkeypatch.setattr(worlds, "_default_device", default_device)
-    args = rlhf.RLHFArgs.preset("gpt2", total_phases=1, batch_size=4, gen_len=4, num_minibatches=2)
-    trainer = rlhf.RLHFTrainer(args)
+    args = rlhf_trainer.RLHFArgs.preset("gpt2", num_phases=1, batch_size=4, gen_len=4, num_minibatches=2)
+    trainer = rlhf_trainer.RLHFTrainer(args)
     assert chosen == [None, None, None], "policy, reference and classifier all go through the default-device helper"
     audit = DeviceAudit()
     with audit:

@@ -9,6 +9,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import grpo
 from rlhf_tutorial.rlhf import approx_kl
+from rlhf_tutorial.trainers import grpo as grpo_trainer
+from rlhf_tutorial.trainers import runtime
 from rlhf_tutorial.widgets import grpo as widgets
 
 
@@ -193,7 +195,7 @@ def tiny_policy():
 
 def small_args(**overrides):
     base = dict(groups_per_phase=2, group_size=4, max_new_tokens=8, num_phases=2, eval_samples=8, num_minibatches=2)
-    return grpo.GRPOArgs.preset("tiny", **{**base, **overrides})
+    return grpo_trainer.GRPOArgs.preset("tiny", **{**base, **overrides})
 
 
 def test_all_equal_rewards_give_zero_advantages_and_dynamic_sampling_drops_them(tiny_policy):
@@ -237,14 +239,14 @@ def test_train_mechanics_reference_frozen_kl_from_zero_and_deterministic(tiny_po
         start = {k: v.clone() for k, v in policy.state_dict().items()}
         # collect_rollout handed back unchanged (as learner_functions does when it is imported) must
         # still call the learner's group_relative_advantages
-        result = grpo.train(small_args(), policy=policy, reward_fn=_reward_by_length, progress=False,
+        result = grpo_trainer.train(small_args(), policy=policy, reward_fn=_reward_by_length, progress=False,
                             group_relative_advantages=my_advantages, collect_rollout=grpo.collect_rollout)
         results.append(result)
         reference_state = result.reference.state_dict()
         assert all(torch.equal(reference_state[k], v) for k, v in start.items())  # reference untouched
         assert any(not torch.equal(policy.state_dict()[k], v) for k, v in start.items())  # policy trained
         assert result.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
-        for key in ["reward", "frac_reward_zero_std", "kl", "clipfrac", "objective", "approx_kl_old", "grad_norm"]:
+        for key in ["reward", "frac_reward_zero_std", "kl", "clipfrac", "clip_active_frac", "objective", "approx_kl", "grad_norm"]:
             assert key in result.history[-1]
         assert result.eval_final is not None and result.peak_memory_mb >= 0
     assert calls == [(2, 4)] * 4  # the learner's function ran in every phase of both runs
@@ -253,7 +255,7 @@ def test_train_mechanics_reference_frozen_kl_from_zero_and_deterministic(tiny_po
 
 def test_iterative_variant_refreshes_the_reference(tiny_policy):
     policy = copy.deepcopy(tiny_policy)
-    result = grpo.train(small_args(ref_refresh_every=1, num_phases=1), policy=policy, reward_fn=_reward_by_length,
+    result = grpo_trainer.train(small_args(ref_refresh_every=1, num_phases=1), policy=policy, reward_fn=_reward_by_length,
                         evaluate_before_after=False, progress=False)
     assert result.history[0]["reference_refreshed"]
     assert all(torch.equal(a, b) for a, b in zip(policy.parameters(), result.reference.parameters()))
@@ -267,7 +269,7 @@ def test_rloo_estimator_runs_the_learners_rloo_advantages(tiny_policy):
         size = rewards.shape[1]
         return size / (size - 1) * (rewards - rewards.mean(1, keepdim=True))
 
-    result = grpo.train(small_args(advantage_estimator="rloo", num_phases=1), policy=copy.deepcopy(tiny_policy),
+    result = grpo_trainer.train(small_args(advantage_estimator="rloo", num_phases=1), policy=copy.deepcopy(tiny_policy),
                         reward_fn=_reward_by_length, evaluate_before_after=False, progress=False,
                         rloo_advantages=my_rloo)
     assert calls == [(2, 4)]
@@ -275,7 +277,7 @@ def test_rloo_estimator_runs_the_learners_rloo_advantages(tiny_policy):
     expected = rollout.rewards - (rollout.rewards.sum(1, keepdim=True) - rollout.rewards) / 3
     torch.testing.assert_close(rollout.advantages.view(2, 4), expected)
     with pytest.raises(ValueError, match="advantage_estimator"):
-        grpo.train(small_args(advantage_estimator="ppo"), policy=copy.deepcopy(tiny_policy),
+        grpo_trainer.train(small_args(advantage_estimator="ppo"), policy=copy.deepcopy(tiny_policy),
                    reward_fn=_reward_by_length, evaluate_before_after=False, progress=False)
 
 
@@ -301,7 +303,7 @@ def test_sequence_level_runs_the_learners_gspo_ratio_and_refuses_a_learners_step
         m = mask.float()
         return torch.exp(((logprobs - old_logprobs) * m).sum(-1) / m.sum(-1))
 
-    grpo.train(small_args(importance_level="sequence", num_phases=1), policy=copy.deepcopy(tiny_policy),
+    grpo_trainer.train(small_args(importance_level="sequence", num_phases=1), policy=copy.deepcopy(tiny_policy),
                reward_fn=_reward_by_length, evaluate_before_after=False, progress=False, gspo_sequence_ratio=my_ratio)
     assert len(calls) == 2 * 2 and all(shape[0] == 4 for shape in calls)  # 2 passes x 2 minibatches of 4 rows
 
@@ -309,12 +311,12 @@ def test_sequence_level_runs_the_learners_gspo_ratio_and_refuses_a_learners_step
         return grpo.grpo_step(policy, optimizer, batch, args)
 
     with pytest.raises(ValueError, match="reference grpo_step"):
-        grpo.train(small_args(importance_level="sequence"), policy=copy.deepcopy(tiny_policy),
+        grpo_trainer.train(small_args(importance_level="sequence"), policy=copy.deepcopy(tiny_policy),
                    reward_fn=_reward_by_length, progress=False, grpo_step=my_step)
 
 
 def test_cli_main_prints_the_acceptance_keys(tiny_policy, tmp_path):
-    summary = grpo.main(["--world", "tiny", "--num-phases", "2", "--groups-per-phase", "2", "--group-size", "4",
+    summary = grpo_trainer.main(["--world", "tiny", "--num-phases", "2", "--groups-per-phase", "2", "--group-size", "4",
                          "--max-new-tokens", "8", "--eval-samples", "8", "--no-progress",
                          "--report", str(tmp_path / "report.html")])
     for key in ["mean_reward_initial", "mean_reward_final", "kl_final", "frac_reward_zero_std", "phases",
@@ -328,7 +330,7 @@ def test_cli_main_prints_the_acceptance_keys(tiny_policy, tmp_path):
 def test_cli_is_registered():
     from rlhf_tutorial.cli import COMMANDS
 
-    assert COMMANDS["train-grpo"][0] == "rlhf_tutorial.grpo:main"
+    assert COMMANDS["train-grpo"][0] == "rlhf_tutorial.trainers.grpo:main"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -370,7 +372,7 @@ def test_comparison_figure_has_reward_time_and_memory_for_both():
 
 
 def test_peak_memory_sees_an_allocation():
-    with grpo.PeakMemory() as memory:
+    with runtime.PeakMemory() as memory:
         block = torch.ones(50_000_000)  # 200 MB
         block += 1
     assert memory.peak_mb > 150

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlhf_tutorial import interp
-from rlhf_tutorial.interp_report import load_pair, main
 from rlhf_tutorial.tiny.tuned import TUNED_NAME
+from rlhf_tutorial.trainers.interp_report import load_pair, main
 from rlhf_tutorial.worlds import tiny_dir
 
 #: Float32 round-off of a sum of ~20 terms of size ~1: far below any attribution we interpret.

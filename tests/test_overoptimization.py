@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from rlhf_tutorial import cli, overoptimization
+from rlhf_tutorial import cli
+from rlhf_tutorial.trainers import overoptimization
 
 
 def test_moving_average_by_hand():
@@ -22,7 +23,7 @@ def test_command_is_registered():
 @pytest.fixture(scope="module")
 def small_summary():
     argv = ["--world", "tiny", "--seed", "0", "--rm-train-pairs", "32", "--rm-test-pairs", "32",
-            "--total-phases", "3", "--batch-size", "8", "--smooth", "2", "--no-progress"]
+            "--num-phases", "3", "--batch-size", "8", "--smooth", "2", "--no-progress"]
     return overoptimization.main(argv)
 
 

@@ -8,7 +8,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from rlhf_tutorial import ppo
+from rlhf_tutorial import display, ppo
+from rlhf_tutorial.trainers import ppo as ppo_trainer
 from rlhf_tutorial.widgets import live
 from rlhf_tutorial.widgets import ppo as ppo_widgets
 
@@ -117,22 +118,22 @@ def test_vector_env_resets_in_the_same_step():
 # train
 # ----------------------------------------------------------------------------------------------------
 def test_train_is_seeded_and_counts_steps():
-    args = ppo.PPOArgs(seed=3, **TINY)
-    a = ppo.train(args, progress=False)
-    b = ppo.train(args, progress=False)
+    args = ppo_trainer.PPOArgs(seed=3, **TINY)
+    a = ppo_trainer.train(args, progress=False)
+    b = ppo_trainer.train(args, progress=False)
     assert a.env_steps == args.num_updates * args.batch_size == 96
     assert len(a.history) == args.num_updates
     assert a.episode_returns == b.episode_returns and len(a.episode_returns) > 0
     assert [h["approx_kl"] for h in a.history] == [h["approx_kl"] for h in b.history]
     assert all(torch.equal(p, q) for p, q in zip(a.agent.parameters(), b.agent.parameters()))
-    c = ppo.train(ppo.PPOArgs(seed=4, **TINY), progress=False)
+    c = ppo_trainer.train(ppo_trainer.PPOArgs(seed=4, **TINY), progress=False)
     assert c.episode_returns != a.episode_returns
 
 
 def test_train_anneals_the_learning_rate_and_calls_back():
-    args = ppo.PPOArgs(seed=0, learning_rate=0.01, **TINY)
+    args = ppo_trainer.PPOArgs(seed=0, learning_rate=0.01, **TINY)
     calls = []
-    result = ppo.train(args, progress=False, callback=lambda step, **m: calls.append((step, m)))
+    result = ppo_trainer.train(args, progress=False, callback=lambda step, **m: calls.append((step, m)))
     lrs = [h["learning_rate"] for h in result.history]
     assert lrs == pytest.approx([0.01 * (1 - u / args.num_updates) for u in range(args.num_updates)])
     episode_calls = [m for _, m in calls if "episodic_return" in m]
@@ -140,7 +141,7 @@ def test_train_anneals_the_learning_rate_and_calls_back():
     assert len(episode_calls) == len(result.episode_returns)
     assert len(update_calls) == args.num_updates
     assert {"value_loss", "entropy", "clipfrac", "explained_variance"} <= set(update_calls[0])
-    flat = ppo.train(ppo.PPOArgs(seed=0, learning_rate=0.01, anneal_lr=False, **TINY), progress=False)
+    flat = ppo_trainer.train(ppo_trainer.PPOArgs(seed=0, learning_rate=0.01, anneal_lr=False, **TINY), progress=False)
     assert {h["learning_rate"] for h in flat.history} == {0.01}
 
 
@@ -151,21 +152,21 @@ def test_train_runs_a_replaced_function_inside_the_reference_learning_phase():
         calls.append(1)
         return ppo.compute_gae(*args, **kwargs)
 
-    args = ppo.PPOArgs(seed=0, **TINY)
-    ppo.train(args, progress=False, compute_gae=my_gae)
+    args = ppo_trainer.PPOArgs(seed=0, **TINY)
+    ppo_trainer.train(args, progress=False, compute_gae=my_gae)
     assert len(calls) == args.num_updates
     # the module's own function is untouched: a plain run does not call my_gae
-    ppo.train(args, progress=False)
+    ppo_trainer.train(args, progress=False)
     assert len(calls) == args.num_updates
 
 
 def test_train_changes_with_a_buggy_function_and_rejects_unknown_names():
-    args = ppo.PPOArgs(seed=0, **TINY)
-    good = ppo.train(args, progress=False)
-    bad = ppo.train(args, progress=False, calc_value_function_loss=lambda v, r, c: -0.5 * c * ((v - r) ** 2).mean())
+    args = ppo_trainer.PPOArgs(seed=0, **TINY)
+    good = ppo_trainer.train(args, progress=False)
+    bad = ppo_trainer.train(args, progress=False, calc_value_function_loss=lambda v, r, c: -0.5 * c * ((v - r) ** 2).mean())
     assert not all(torch.equal(p, q) for p, q in zip(good.agent.critic.parameters(), bad.agent.critic.parameters()))
     with pytest.raises(TypeError, match="cannot replace"):
-        ppo.train(args, progress=False, compute_advantages=ppo.compute_gae)
+        ppo_trainer.train(args, progress=False, compute_advantages=ppo.compute_gae)
 
 
 def test_layer_init_override_reaches_the_agent():
@@ -174,7 +175,7 @@ def test_layer_init_override_reaches_the_agent():
         torch.nn.init.zeros_(layer.bias)
         return layer
 
-    result = ppo.train(ppo.PPOArgs(seed=0, **{**TINY, "total_timesteps": 32}), progress=False, layer_init=zero_init)
+    result = ppo_trainer.train(ppo_trainer.PPOArgs(seed=0, **{**TINY, "total_timesteps": 32}), progress=False, layer_init=zero_init)
     first = result.agent.actor[0].weight
     assert first.abs().max() < 0.1  # zero-initialised, then one update of small steps
 
@@ -185,7 +186,7 @@ def test_learner_functions_picks_the_pluggable_names():
 
 
 def learner_names(namespace):
-    return sorted(ppo.learner_functions(namespace))
+    return sorted(ppo_trainer.learner_functions(namespace))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -193,7 +194,7 @@ def learner_names(namespace):
 # ----------------------------------------------------------------------------------------------------
 def test_main_prints_the_summary_keys(tmp_path):
     report = tmp_path / "ppo.html"
-    summary = ppo.main(["--env", "CartPole-v1", "--seed", "1", "--total-timesteps", "1024", "--num-envs", "2",
+    summary = ppo_trainer.main(["--env", "CartPole-v1", "--seed", "1", "--total-timesteps", "1024", "--num-envs", "2",
                         "--num-steps", "128", "--no-progress", "--report", str(report)])
     for key in ("mean_return_last20", "env_steps", "wall_seconds", "episodes", "solved", "reward_threshold"):
         assert key in summary
@@ -204,10 +205,10 @@ def test_main_prints_the_summary_keys(tmp_path):
 
 
 def test_parser_covers_every_field():
-    ns = ppo._parser().parse_args(["--no-anneal-lr", "--learning-rate", "0.1", "--env", "Acrobot-v1"])
+    ns = ppo_trainer._parser().parse_args(["--no-anneal-lr", "--learning-rate", "0.1", "--env", "Acrobot-v1"])
     assert ns.anneal_lr is False and ns.learning_rate == 0.1 and ns.env_id == "Acrobot-v1"
-    defaults = ppo._parser().parse_args([])
-    for f in ppo.fields(ppo.PPOArgs):
+    defaults = ppo_trainer._parser().parse_args([])
+    for f in ppo_trainer.fields(ppo_trainer.PPOArgs):
         assert getattr(defaults, f.name) == f.default
 
 
@@ -215,13 +216,13 @@ def test_parser_covers_every_field():
 # Widgets
 # ----------------------------------------------------------------------------------------------------
 def test_widgets_are_static_outside_a_kernel(monkeypatch):
-    assert not live.widgets_available()  # pytest is not a Jupyter kernel
-    monkeypatch.setattr(live, "in_kernel", lambda: True)
+    assert not display.widgets_available()  # pytest is not a Jupyter kernel
+    monkeypatch.setattr(display, "in_kernel", lambda: True)
     monkeypatch.setenv("RLHF_TUTORIAL_STATIC", "1")
-    assert not live.widgets_available()
+    assert not display.widgets_available()
     monkeypatch.delenv("RLHF_TUTORIAL_STATIC")
     monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
-    assert not live.widgets_available()
+    assert not display.widgets_available()
 
 
 def test_live_dashboard_static_mode_records_and_draws(tmp_path):
@@ -274,7 +275,7 @@ def test_explorer_falls_back_to_a_static_figure(capsys):
 
 def test_live_dashboard_widget_mode_redraws(monkeypatch):
     shown = []
-    monkeypatch.setattr(live, "_display", shown.append)
+    monkeypatch.setattr(display, "show_object", shown.append)
     dash = live.LiveDashboard(["loss"], static=False, refresh_seconds=0.0)
     assert not dash.static and isinstance(dash.fig, go.FigureWidget)
     assert len(shown) == 1  # the widget box, shown once at construction

@@ -7,6 +7,7 @@ import torch
 
 from rlhf_tutorial import rewards
 from rlhf_tutorial.checks.ch02_rewards import small_model, tiny_classifier
+from rlhf_tutorial.trainers import rewards as rewards_trainer
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -191,9 +192,9 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch():
 def _train_synthetic(seed: int):
     torch.manual_seed(seed)
     rm = rewards.RewardModel(small_model(seed=5))
-    args = rewards.RewardModelArgs(seed=seed, epochs=2, batch_size=16, lr=1e-3, head_lr=3e-3, eval_every=8,
+    args = rewards_trainer.RewardModelArgs(seed=seed, epochs=2, batch_size=16, learning_rate=1e-3, head_lr=3e-3, eval_every=8,
                                    progress=False)
-    return rewards.train_reward_model(args, model=rm, train_pairs=synthetic_pairs(160, 1),
+    return rewards_trainer.train_reward_model(args, model=rm, train_pairs=synthetic_pairs(160, 1),
                                       test_pairs=synthetic_pairs(64, 2))
 
 
@@ -216,9 +217,9 @@ def test_train_reward_model_uses_the_given_train_step():
 
     torch.manual_seed(0)
     rm = rewards.RewardModel(small_model(seed=5))
-    args = rewards.RewardModelArgs(epochs=1, batch_size=10, max_train_pairs=25, progress=False)
-    rewards.train_reward_model(args, model=rm, train_pairs=synthetic_pairs(40, 1),
-                               test_pairs=synthetic_pairs(8, 2), train_step=my_step)
+    args = rewards_trainer.RewardModelArgs(epochs=1, batch_size=10, max_train_pairs=25, progress=False)
+    rewards_trainer.train_reward_model(args, model=rm, train_pairs=synthetic_pairs(40, 1),
+                               test_pairs=synthetic_pairs(8, 2), reward_model_train_step=my_step)
     assert sorted(calls) == [5, 10, 10]
 
 
@@ -249,7 +250,7 @@ def test_tokenize_texts_on_the_tiny_policy():
 def test_cli_trains_on_the_tiny_world():
     """A shortened run (640 pairs, one epoch): it learns the repetition cue and beats chance clearly.
     (The full run, `train-reward-model --world tiny --seed 0`, reaches >= 0.9: see the chapter's report.)"""
-    summary = rewards.main(["--world", "tiny", "--seed", "0", "--max-train-pairs", "640", "--max-test-pairs",
+    summary = rewards_trainer.main(["--world", "tiny", "--seed", "0", "--max-train-pairs", "640", "--max-test-pairs",
                             "200", "--epochs", "1", "--eval-every", "20", "--no-progress"])
     for key in ("heldout_accuracy", "wall_seconds", "initial_heldout_accuracy", "steps", "n_train_pairs"):
         assert key in summary

@@ -15,7 +15,8 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import rlhf
-from rlhf_tutorial.bench import word_level_tokenizer
+from rlhf_tutorial.trainers import rlhf as rlhf_trainer
+from rlhf_tutorial.trainers.bench import word_level_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +35,14 @@ def count_bad(texts: list[str]) -> torch.Tensor:
     return torch.tensor([t.split().count("bad") / max(len(t.split()), 1) for t in texts])
 
 
-def small_args(**overrides) -> rlhf.RLHFArgs:
-    base = dict(batch_size=16, gen_len=6, num_minibatches=4, batches_per_learning_phase=2, total_phases=3,
-                warmup_steps=0, base_lr=1e-3, head_lr=1e-3, early_stopping=False, eval_samples=16)
-    return rlhf.RLHFArgs(**{**base, **overrides})
+def small_args(**overrides) -> rlhf_trainer.RLHFArgs:
+    base = dict(batch_size=16, gen_len=6, num_minibatches=4, update_epochs=2, num_phases=3,
+                warmup_steps=0, learning_rate=1e-3, head_lr=1e-3, early_stopping=False, eval_samples=16)
+    return rlhf_trainer.RLHFArgs(**{**base, **overrides})
 
 
-def make(tokenizer, **overrides) -> rlhf.RLHFTrainer:
-    return rlhf.RLHFTrainer(small_args(**overrides), random_policy(tokenizer), random_policy(tokenizer), count_bad)
+def make(tokenizer, **overrides) -> rlhf_trainer.RLHFTrainer:
+    return rlhf_trainer.RLHFTrainer(small_args(**overrides), random_policy(tokenizer), random_policy(tokenizer), count_bad)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ def test_value_clipping_option(tokenizer):
 
 def test_adaptive_kl_controller_moves_beta_both_ways_with_the_default_horizon():
     """With the default horizon (640 samples) and batch 64, beta moves up to 2% a phase: it controls."""
-    args = rlhf.RLHFArgs()
+    args = rlhf_trainer.RLHFArgs()
     ctl = rlhf.AdaptiveKLController(0.1, args.kl_target, args.kl_horizon)
     for _ in range(20):
         ctl.update(0.0, args.batch_size)  # KL far below target
@@ -152,7 +153,7 @@ def test_adaptive_kl_controller_moves_beta_both_ways_with_the_default_horizon():
     for _ in range(20):
         ctl.update(10 * args.kl_target, args.batch_size)
     assert ctl.value > 1.4 * low
-    gpt2 = rlhf.RLHFArgs.preset("gpt2")
+    gpt2 = rlhf_trainer.RLHFArgs.preset("gpt2")
     assert 0.2 * gpt2.batch_size / gpt2.kl_horizon >= 0.01  # at least 1% a phase in the GPT-2 preset
 
 
@@ -183,20 +184,20 @@ def test_memory_rule_no_full_batch_forward(tokenizer):
 
 
 def test_adaptive_kl_and_early_stopping_in_the_loop(tokenizer):
-    trainer = make(tokenizer, adaptive_kl=True, kl_coef=0.5, kl_target=1e-6, kl_horizon=16, total_phases=3)
+    trainer = make(tokenizer, adaptive_kl=True, kl_coef=0.5, kl_target=1e-6, kl_horizon=16, num_phases=3)
     trainer.train(progress=False)
     assert trainer.kl_coef > 0.5  # the KL is far above its (tiny) target: beta went up
     assert [r["kl_coef"] for r in trainer.history] == sorted(r["kl_coef"] for r in trainer.history)
 
-    stopper = make(tokenizer, early_stopping=True, patience=2, kl_threshold=-1.0, total_phases=5)
+    stopper = make(tokenizer, early_stopping=True, patience=2, kl_threshold=-1.0, num_phases=5)
     history = stopper.train(progress=False)
     assert len(history) == 2 and history[-1]["early_stopped"]  # every phase violates: stop at the 2nd
 
 
 def test_warmup_starts_at_zero(tokenizer):
-    trainer = make(tokenizer, warmup_steps=2, total_phases=4)
+    trainer = make(tokenizer, warmup_steps=2, num_phases=4)
     trainer.train(progress=False)
-    assert [round(r["lr"] / trainer.args.base_lr, 3) for r in trainer.history] == [0.0, 0.5, 1.0, 0.55]
+    assert [round(r["lr"] / trainer.args.learning_rate, 3) for r in trainer.history] == [0.0, 0.5, 1.0, 0.55]
 
 
 def test_learner_functions_are_plugged_in(tokenizer):
@@ -207,16 +208,16 @@ def test_learner_functions_are_plugged_in(tokenizer):
         return rlhf.get_logprobs(logits, tokens, prefix_len)
 
     namespace = {"get_logprobs": my_get_logprobs, "not_an_exercise": print}
-    picked = rlhf.learner_functions(namespace)
+    picked = rlhf_trainer.learner_functions(namespace)
     assert set(picked) == {"get_logprobs"}
-    trainer = rlhf.RLHFTrainer(small_args(total_phases=1), random_policy(tokenizer), random_policy(tokenizer),
+    trainer = rlhf_trainer.RLHFTrainer(small_args(num_phases=1), random_policy(tokenizer), random_policy(tokenizer),
                                count_bad, **picked)
     trainer.train(progress=False)
     # The reference rollout called it twice per chunk of 4 rows (policy, reference), and the reference
     # learning phase, through the reference objective, once per minibatch: 8 + 8 calls.
     assert len(calls) == 16
     with pytest.raises(TypeError):
-        rlhf.RLHFTrainer(small_args(), random_policy(tokenizer), random_policy(tokenizer), count_bad, train=print)
+        rlhf_trainer.RLHFTrainer(small_args(), random_policy(tokenizer), random_policy(tokenizer), count_bad, train=print)
 
 
 def test_temperature_scales_the_stored_logprobs(tokenizer):
@@ -242,17 +243,17 @@ def test_get_samples_general(tokenizer):
 # Presets, CLI parser
 # ----------------------------------------------------------------------------------------------------
 def test_presets_follow_the_seed_for_gpt2():
-    args = rlhf.RLHFArgs.preset("gpt2")
-    assert (args.base_lr, args.head_lr, args.max_grad_norm, args.clip_coef, args.ent_coef) == (8e-6, 8e-5, 0.5, 0.3, 0.01)
+    args = rlhf_trainer.RLHFArgs.preset("gpt2")
+    assert (args.learning_rate, args.head_lr, args.max_grad_norm, args.clip_coef, args.ent_coef) == (8e-6, 8e-5, 0.5, 0.3, 0.01)
     assert 0.8 <= args.kl_coef <= 1.0 and args.prefix == "This movie was really" and args.world == "gpt2"
-    assert rlhf.RLHFArgs.preset("tiny", kl_coef=0.2).kl_coef == 0.2
+    assert rlhf_trainer.RLHFArgs.preset("tiny", kl_coef=0.2).kl_coef == 0.2
 
 
 def test_every_arg_is_documented_and_parsed():
     from dataclasses import fields
 
-    parser = rlhf._parser()
-    for f in fields(rlhf.RLHFArgs):
+    parser = rlhf_trainer._parser()
+    for f in fields(rlhf_trainer.RLHFArgs):
         assert f.metadata.get("help"), f.name
     ns = parser.parse_args(["--kl-coef", "0.3", "--no-whiten-rewards", "--top-k", "5", "--reward-threshold", "0.9"])
     assert (ns.kl_coef, ns.whiten_rewards, ns.top_k, ns.reward_threshold) == (0.3, False, 5, 0.9)
@@ -262,20 +263,20 @@ def test_every_arg_is_documented_and_parsed():
 # ----------------------------------------------------------------------------------------------------
 # Tiny world: save / load, the CLI, the widgets
 # ----------------------------------------------------------------------------------------------------
-def tiny_trainer(**overrides) -> rlhf.RLHFTrainer:
-    args = rlhf.RLHFArgs.preset("tiny", **{**dict(batch_size=8, gen_len=6, num_minibatches=2, total_phases=1,
+def tiny_trainer(**overrides) -> rlhf_trainer.RLHFTrainer:
+    args = rlhf_trainer.RLHFArgs.preset("tiny", **{**dict(batch_size=8, gen_len=6, num_minibatches=2, num_phases=1,
                                                    eval_samples=8), **overrides})
-    return rlhf.RLHFTrainer(args)
+    return rlhf_trainer.RLHFTrainer(args)
 
 
 def test_save_and_load_tuned_policy(tmp_path):
     trainer = tiny_trainer()
     trainer.train(progress=False)
-    folder = rlhf.save_tuned_policy(trainer.model, tmp_path / "tuned", trainer.args, note="test")
-    assert (folder / rlhf.WEIGHTS_FILE).exists()
-    config = json.loads((folder / rlhf.CONFIG_FILE).read_text())
+    folder = rlhf_trainer.save_tuned_policy(trainer.model, tmp_path / "tuned", trainer.args, note="test")
+    assert (folder / rlhf_trainer.WEIGHTS_FILE).exists()
+    config = json.loads((folder / rlhf_trainer.CONFIG_FILE).read_text())
     assert config["world"] == "tiny" and config["note"] == "test"
-    reloaded = rlhf.load_tuned_policy(folder)
+    reloaded = rlhf_trainer.load_tuned_policy(folder)
     tokens = trainer.model.base_model.to_tokens("This movie was really")
     with torch.no_grad():
         logits, values = trainer.model(tokens)
@@ -286,7 +287,7 @@ def test_save_and_load_tuned_policy(tmp_path):
 
 def test_cli_summary_and_report(tmp_path):
     report = tmp_path / "report.html"
-    summary = rlhf.main(["--world", "tiny", "--direction", "neg", "--seed", "0", "--total-phases", "2",
+    summary = rlhf_trainer.main(["--world", "tiny", "--direction", "neg", "--seed", "0", "--num-phases", "2",
                          "--batch-size", "8", "--gen-len", "6", "--num-minibatches", "2", "--eval-samples", "8",
                          "--report", str(report), "--save", str(tmp_path / "tuned"), "--no-progress", "--threads", "1"])
     for key in ("mean_reward_initial", "mean_reward_final", "kl_final", "phases", "wall_seconds", "peak_memory_mb",
@@ -296,21 +297,21 @@ def test_cli_summary_and_report(tmp_path):
     assert 0.0 <= summary["mean_reward_initial"] <= 1.0 and summary["peak_memory_mb"] > 0
     text = report.read_text()
     assert "Samples before and after training" in text and "plotly" in text.lower()
-    assert (tmp_path / "tuned" / rlhf.WEIGHTS_FILE).exists()
+    assert (tmp_path / "tuned" / rlhf_trainer.WEIGHTS_FILE).exists()
     json.dumps(summary)  # serialisable, as the CLI prints it
 
 
 def test_widgets_static_forms():
     from rlhf_tutorial.widgets import rlhf as w
 
-    trainer = tiny_trainer(total_phases=2)
+    trainer = tiny_trainer(num_phases=2)
     dashboard = w.rlhf_dashboard(static=True)
     trainer.train(callback=dashboard.update, progress=False)
     assert len(dashboard.records) == 2 and dashboard.to_figure().data
     assert "phase 1" in repr(dashboard.phase_samples(-1))
     explorer = w.token_explorer(trainer, n_samples=2, seed=0, static=True)
     assert "value" in explorer._repr_html_() and "reward" in repr(explorer)
-    records = w.token_records(trainer, *rlhf.get_samples(trainer.model.base_model, trainer.args.prefix, 2, 6))
+    records = rlhf.token_records(trainer, *rlhf.get_samples(trainer.model.base_model, trainer.args.prefix, 2, 6))
     assert len(records[0]["tokens"]) == len(records[0]["kl"]) == len(records[0]["advantage"]) == 6
     assert min(records[0]["kl"]) >= -1e-6
     comparison = w.base_vs_tuned(trainer, n=2, seed=0, static=True)
@@ -325,7 +326,7 @@ def test_widgets_static_forms():
 # ----------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_bench_memory_small():
-    from rlhf_tutorial import bench
+    from rlhf_tutorial.trainers import bench
 
     out = bench.main(["--n-layers", "1", "--d-model", "32", "--d-vocab", "2000", "--batch-size", "8",
                       "--gen-len", "4", "--num-minibatches", "2", "--threads", "1"])

@@ -11,7 +11,9 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import grpo, speed
-from rlhf_tutorial.bench import word_level_tokenizer
+from rlhf_tutorial.trainers import grpo as grpo_trainer
+from rlhf_tutorial.trainers.bench import word_level_tokenizer
+from rlhf_tutorial.trainers.plug import bind
 from rlhf_tutorial.worlds import load_policy
 
 
@@ -108,7 +110,7 @@ def test_hooks_or_other_architectures_fall_back_to_the_model(policy, tmp_path):
 
 
 def test_collect_rollout_keeps_the_sampler_logprobs_only_with_the_reference_sampler(policy):
-    args = grpo.GRPOArgs.preset("tiny", groups_per_phase=2, group_size=4, max_new_tokens=8, num_minibatches=2)
+    args = grpo_trainer.GRPOArgs.preset("tiny", groups_per_phase=2, group_size=4, max_new_tokens=8, num_minibatches=2)
     reward = lambda texts: torch.rand(len(texts))  # noqa: E731
     torch.manual_seed(0)
     rollout, _ = grpo.collect_rollout(policy, policy, reward, args)
@@ -124,7 +126,7 @@ def test_collect_rollout_keeps_the_sampler_logprobs_only_with_the_reference_samp
         calls.append(1)
         return grpo.sample_group(*a, **kw)
 
-    fns = grpo._bind({"sample_group": my_sample_group})
+    fns = bind(grpo, grpo_trainer.PLUGGABLE, {"sample_group": my_sample_group})
     rollout, _ = fns["collect_rollout"](policy, policy, reward, args)
     assert calls and ((rollout.old_logprobs - rollout.ref_logprobs).abs() * rollout.mask).max() < 1e-5
 

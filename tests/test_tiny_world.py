@@ -114,7 +114,7 @@ def test_corpus_statistics():
     assert all(abs(r.score) >= corpus.MIN_MARGIN for r in reviews)
     assert all(r.label == int(r.score > 0) for r in reviews)
     assert len(corpus.vocabulary(reviews)) >= 400
-    openers = sum(r.text.startswith(corpus.COURSE_PROMPT) for r in reviews) / len(reviews)
+    openers = sum(r.text.startswith(worlds.PROMPT) for r in reviews) / len(reviews)
     assert openers >= 0.4
     mixed = sum(len({sc > 0 for _, sc in r.marks}) == 2 for r in reviews) / len(reviews)
     assert mixed >= 0.3, "reviews should often mix praise and criticism"

@@ -8,40 +8,20 @@ Jupyter or as text in a terminal.
 from __future__ import annotations
 
 import html
-import importlib
 import os
 from typing import Any
 
-from rlhf_tutorial.checks.core import REGISTRY, RESULTS, CheckResult, run_check, show
+from rlhf_tutorial.checks.core import (
+    REGISTRY,
+    RESULTS,
+    CheckResult,
+    chapter_modules,
+    load_all,
+    run_check,
+)
+from rlhf_tutorial.display import show
 
-# One module of checkers per chapter, imported on first use.
-CHAPTER_MODULES: dict[str, str] = {
-    "00_setup_and_tour": "rlhf_tutorial.checks.ch00_tour",
-    "01_ppo": "rlhf_tutorial.checks.ch01_ppo",
-    "02_rewards": "rlhf_tutorial.checks.ch02_rewards",
-    "03_rlhf_ppo": "rlhf_tutorial.checks.ch03_rlhf",
-    "04_grpo": "rlhf_tutorial.checks.ch04_grpo",
-    "05_interpretability": "rlhf_tutorial.checks.ch05_interp",
-    "06_dpo_and_frontier": "rlhf_tutorial.checks.ch06_dpo",
-}
-
-__all__ = ["CheckResult", "run_check", "check", "hint", "progress", "load_all", "CHAPTER_MODULES"]
-
-_loaded = False
-
-
-def load_all() -> None:
-    """Import every chapter's checker module (each registers its checkers)."""
-    global _loaded
-    if _loaded:
-        return
-    for module in CHAPTER_MODULES.values():
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:  # a real missing dependency, not a chapter still to be written
-                raise
-    _loaded = True
+__all__ = ["CheckResult", "run_check", "check", "hint", "progress", "load_all", "chapter_modules"]
 
 
 class ExerciseFailed(AssertionError):

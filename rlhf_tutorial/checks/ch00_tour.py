@@ -10,31 +10,23 @@ Regimes probed (where plausible implementations differ):
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import tour
-from rlhf_tutorial.checks.core import Case, Mistake, checker, compare_to_reference
+from rlhf_tutorial.checks import fixtures
+from rlhf_tutorial.checks.core import Case, Mistake, checker, compare_to_reference, seeded
 
 CHAPTER = "00_setup_and_tour"
-
-
-def small_model(seed: int = 0, d_vocab: int = 50) -> HookedTransformer:
-    """A seeded random GPT-2-style model, small enough to build in milliseconds.
-
-    LayerNorms are "LNPre" (weights folded into the next layer), as in both worlds' policies.
-    """
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type="LNPre", seed=seed,
-    )
-    return HookedTransformer(cfg).eval()
+small_model = partial(fixtures.small_model, normalization_type="LNPre")  # the worlds' LayerNorms
 
 
 def _token_cases(model: HookedTransformer) -> list[Case]:
     """A batch of 1 (a batch dimension dropped or squeezed shows), a batch of 3 (the typical case),
     one token per row (first position == last: a sequence dimension squeezed away shows)."""
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     vocab = model.cfg.d_vocab
     return [
         Case("a batch of 1", (model, torch.randint(0, vocab, (1, 5), generator=g))),
@@ -56,7 +48,7 @@ def check_next_token_probs(candidate) -> str:
     loud = small_model()
     with torch.no_grad():
         loud.W_U.mul_(2000.0)
-    tokens = torch.randint(0, loud.cfg.d_vocab, (2, 4), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, loud.cfg.d_vocab, (2, 4), generator=seeded(1))
     return compare_to_reference(
         candidate,
         tour.next_token_probs,
@@ -81,6 +73,7 @@ def check_next_token_probs(candidate) -> str:
     "fwd_hooks=[(name, fn)]) whose fn stores the activation (or use model.run_with_cache and read "
     "cache['ln_final.hook_normalized']).",
 )
+
 def check_final_normalized_residual(candidate) -> str:
     model = small_model(seed=1)
     last = model.cfg.n_layers - 1

@@ -38,6 +38,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
     seeded,
 )
+from rlhf_tutorial.trainers.ppo import PPOArgs
 
 CHAPTER = "01_ppo"
 
@@ -680,7 +681,7 @@ def check_learning_phase(candidate) -> str:
     #    parameters must match the reference's after two epochs; once with a gradient-norm limit far
     #    above the gradient's norm (about 1 here), once with one that clips every step.
     for max_grad_norm, label in ((10.0, "without gradient clipping active"), (0.3, "with gradient clipping active")):
-        args = ppo.PPOArgs(num_envs=2, num_steps=8, num_minibatches=1, update_epochs=2,
+        args = PPOArgs(num_envs=2, num_steps=8, num_minibatches=1, update_epochs=2,
                            max_grad_norm=max_grad_norm, ent_coef=0.05, hidden=16)
         agent, buffer, next_obs = _learning_setup(0, args.num_envs, args.num_steps)
         before = _buffer_copy(buffer)
@@ -733,7 +734,7 @@ def check_learning_phase(candidate) -> str:
                            hint="Use the estimator that is never negative: mean((ratio - 1) - log ratio).")
 
     # 2. Several minibatches and epochs: the order is the learner's, so check the structure instead.
-    args = ppo.PPOArgs(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=3, hidden=16)
+    args = PPOArgs(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=3, hidden=16)
     agent, buffer, next_obs = _learning_setup(1, args.num_envs, args.num_steps)
     seen: list[torch.Tensor] = []
     agent.actor.register_forward_pre_hook(

@@ -21,12 +21,14 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import rewards
+from rlhf_tutorial.checks import fixtures
 from rlhf_tutorial.checks.core import (
     Case,
     CheckFailure,
@@ -38,9 +40,11 @@ from rlhf_tutorial.checks.core import (
     failure,
     fmt,
     get_attr,
+    seeded,
 )
 
 CHAPTER = "02_rewards"
+small_model = partial(fixtures.small_model, d_vocab=40)
 
 SAMPLES = [
     "This movie was really good. I liked it.",
@@ -99,6 +103,7 @@ _WORDS = (
     "the a this movie film was is were really very not too great good fun loved bad awful boring hated "
     "plot acting music ending it i . ! ,"
 ).split()
+
 
 
 def tiny_classifier(label_order: tuple[str, str] = ("POSITIVE", "NEGATIVE"), seed: int = 0):
@@ -240,7 +245,7 @@ def check_reward_fn_sentiment(candidate) -> str:
 # whiten
 # ----------------------------------------------------------------------------------------------------
 def _whiten_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(2)
+    g = seeded(2)
     matrix = torch.randn(4, 6, generator=g) * 3 + 2
     return [
         Case("a [4, 6] tensor, shift_mean=True", (matrix,)),
@@ -423,7 +428,7 @@ def _bt_infinite_hint(candidate, underflow_hint: str) -> str:
     "F.logsigmoid stays finite where torch.log(torch.sigmoid(x)) becomes -inf.",
 )
 def check_bradley_terry_loss(candidate) -> str:
-    g = torch.Generator().manual_seed(3)
+    g = seeded(3)
     chosen, rejected = torch.randn(8, generator=g) * 2, torch.randn(8, generator=g) * 2
     cases = [
         Case("a batch of 8", (chosen, rejected)),
@@ -497,7 +502,7 @@ def _masks() -> dict[str, torch.Tensor]:
 
 
 def _pool_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(4)
+    g = seeded(4)
     m = _masks()
     return [
         Case("scores [3, 5], right padding", (torch.randn(3, 5, generator=g), m["right"])),
@@ -571,17 +576,8 @@ def check_pool_mean(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 # RewardModel
 # ----------------------------------------------------------------------------------------------------
-def small_model(seed: int = 0, d_vocab: int = 40) -> HookedTransformer:
-    """A seeded random GPT-2-style backbone, small enough to build in milliseconds."""
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=32, n_ctx=32, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type="LN", seed=seed,
-    )
-    return HookedTransformer(cfg).eval()
-
-
 def _token_batches(d_vocab: int = 40) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(5)
+    g = seeded(5)
     m = _masks()
     tokens = torch.randint(1, d_vocab, (3, 5), generator=g)
     return {
@@ -695,7 +691,7 @@ def check_reward_model(candidate) -> str:
 # reward_model_train_step
 # ----------------------------------------------------------------------------------------------------
 def _pair_batch(d_vocab: int):
-    g = torch.Generator().manual_seed(7)
+    g = seeded(7)
     chosen = torch.randint(1, d_vocab, (4, 6), generator=g)
     rejected = torch.randint(1, d_vocab, (4, 5), generator=g)
     chosen_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 3 + [0] * 3])

@@ -57,7 +57,9 @@ from rlhf_tutorial.checks.core import (
     get_attr,
     seeded,
 )
-from rlhf_tutorial.rewards import ngram_repetition, whiten
+from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
+from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
+from rlhf_tutorial.worlds import PROMPT
 
 CHAPTER = "03_rlhf_ppo"
 
@@ -855,7 +857,7 @@ def _decodings(model, tokens: torch.Tensor, n_bos: int) -> tuple[list[str], list
 )
 def check_get_samples(candidate) -> str:
     model = tiny_policy()
-    prompt = "This movie was really"
+    prompt = PROMPT
     prompt_tokens = model.to_tokens(prompt)
     p = prompt_tokens.shape[1]
     out = call(candidate, model, prompt, 5, 7)
@@ -941,7 +943,7 @@ def _minibatch_rows(mb, fields: dict[str, torch.Tensor], label: str) -> tuple[li
 @checker(
     "ReplayMemory",
     chapter=CHAPTER,
-    hint="returns = advantages + values. Then, for each of batches_per_learning_phase passes, draw "
+    hint="returns = advantages + values. Then, for each of update_epochs passes, draw "
     "torch.randperm(batch, generator=generator), reshape it to [num_minibatches, -1], and for each row of "
     "indices build ReplayMinibatch(tokens=self.tokens[idx], ..., returns=returns[idx]).",
 )
@@ -950,9 +952,9 @@ def check_replay_memory(candidate) -> str:
     memory = call(candidate, **{k: v.clone() for k, v in fields.items()})
     minibatches = call(get_attr(memory, "get_minibatches"), 4, 3, seeded(11))
     if not isinstance(minibatches, list) or len(minibatches) != 12:
-        raise CheckFailure(f"with num_minibatches=4 and batches_per_learning_phase=3, expected a list of 12 "
+        raise CheckFailure(f"with num_minibatches=4 and update_epochs=3, expected a list of 12 "
                            f"minibatches, got {fmt(minibatches)}",
-                           hint="One pass = num_minibatches minibatches; make batches_per_learning_phase passes.")
+                           hint="One pass = num_minibatches minibatches; make update_epochs passes.")
     expected_returns = fields["advantages"] + fields["values"]
     passes = []
     for k, mb in enumerate(minibatches):
@@ -1108,23 +1110,23 @@ def check_compute_rlhf_objective(candidate) -> str:
     # everywhere but one setting, so that a missing temperature shows in every term.
     configs = [
         ("the clipped surrogate alone (vf_coef = ent_coef = kl_coef = 0)", "clipped surrogate", mb,
-         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, clip_coef=0.2, **off), 0.0),
+         RLHFArgs(kl_estimator="k3", temperature=0.7, clip_coef=0.2, **off), 0.0),
         ("the value loss alone (zero advantages, ent_coef = kl_coef = 0)", "value loss", still,
-         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, vf_coef=0.5, ent_coef=0.0), 0.0),
+         RLHFArgs(kl_estimator="k3", temperature=0.7, vf_coef=0.5, ent_coef=0.0), 0.0),
         ("the entropy bonus alone (zero advantages, vf_coef = kl_coef = 0, ent_coef = 0.1)", "entropy", still,
-         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, vf_coef=0.0, ent_coef=0.1), 0.0),
+         RLHFArgs(kl_estimator="k3", temperature=0.7, vf_coef=0.0, ent_coef=0.1), 0.0),
         ("the full KL alone (zero advantages, vf_coef = ent_coef = 0, kl_coef = 1)", "KL", still,
-         rlhf.RLHFArgs(kl_estimator="full", temperature=0.7, **off), 1.0),
+         RLHFArgs(kl_estimator="full", temperature=0.7, **off), 1.0),
         ("the k3 KL alone (zero advantages, vf_coef = ent_coef = 0, kl_coef = 1)", "KL", still,
-         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, **off), 1.0),
-        ("full KL, temperature 1", None, mb, rlhf.RLHFArgs(kl_estimator="full", temperature=1.0), 0.5),
-        ("k3 KL, temperature 0.7", None, mb, rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
+         RLHFArgs(kl_estimator="k3", temperature=0.7, **off), 1.0),
+        ("full KL, temperature 1", None, mb, RLHFArgs(kl_estimator="full", temperature=1.0), 0.5),
+        ("k3 KL, temperature 0.7", None, mb, RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
         ("full KL, temperature 1.3, other coefficients", None, mb,
-         rlhf.RLHFArgs(kl_estimator="full", temperature=1.3, clip_coef=0.1, vf_coef=0.5, ent_coef=0.1), 2.0),
+         RLHFArgs(kl_estimator="full", temperature=1.3, clip_coef=0.1, vf_coef=0.5, ent_coef=0.1), 2.0),
         ("value clipping 0.2, k2 KL", None, mb,
-         rlhf.RLHFArgs(kl_estimator="k2", temperature=0.7, cliprange_value=0.2, vf_coef=0.5), 0.3),
+         RLHFArgs(kl_estimator="k2", temperature=0.7, cliprange_value=0.2, vf_coef=0.5), 0.3),
         ("KL coefficient 0 (as with GAE), value clipping 0.5", None, mb,
-         rlhf.RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.5, vf_coef=0.5), 0.0),
+         RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.5, vf_coef=0.5), 0.0),
     ]
     ref_calls: list[bool] = []
     handle = ref.register_forward_pre_hook(lambda module, inputs: ref_calls.append(torch.is_grad_enabled()))
@@ -1225,17 +1227,17 @@ _TERM_HINTS = {
 # ----------------------------------------------------------------------------------------------------
 # The phases, on the tiny world
 # ----------------------------------------------------------------------------------------------------
-def phase_args(**overrides: Any) -> rlhf.RLHFArgs:
+def phase_args(**overrides: Any) -> RLHFArgs:
     """Small settings for checking the phases on the tiny world in seconds."""
-    base = dict(batch_size=8, gen_len=6, num_minibatches=2, batches_per_learning_phase=2,
-                total_phases=6, warmup_steps=0, temperature=0.8, repetition_coef=0.2, early_stopping=False,
+    base = dict(batch_size=8, gen_len=6, num_minibatches=2, update_epochs=2,
+                num_phases=6, warmup_steps=0, temperature=0.8, repetition_coef=0.2, early_stopping=False,
                 eval_samples=8)
-    return rlhf.RLHFArgs.preset("tiny", **{**base, **overrides})
+    return RLHFArgs.preset("tiny", **{**base, **overrides})
 
 
 @functools.lru_cache(maxsize=4)
 def _tiny_reward(direction: str) -> Callable:
-    return rlhf.make_reward_fn("tiny", direction)
+    return sentiment_reward_fn("tiny", direction)
 
 
 @functools.lru_cache(maxsize=1)
@@ -1245,10 +1247,10 @@ def _tiny_policy_weights():
     return load_policy("tiny")
 
 
-def make_trainer(args: rlhf.RLHFArgs, **overrides: Callable) -> rlhf.RLHFTrainer:
+def make_trainer(args: RLHFArgs, **overrides: Callable) -> RLHFTrainer:
     """A trainer on fresh copies of the tiny world's policy (the same seed gives the same trainer)."""
     policy = _tiny_policy_weights()
-    return rlhf.RLHFTrainer(args, copy.deepcopy(policy), copy.deepcopy(policy), _tiny_reward(args.direction),
+    return RLHFTrainer(args, copy.deepcopy(policy), copy.deepcopy(policy), _tiny_reward(args.direction),
                             **overrides)
 
 
@@ -1256,7 +1258,7 @@ def _params(module: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in module.parameters()]
 
 
-def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+def _expected_memory(trainer: RLHFTrainer, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """What the memory should hold for these tokens, recomputed with the reference pieces, and what
     each plausible deviation would hold instead (for the hints)."""
     args, p = trainer.args, trainer.prefix_len
@@ -1272,10 +1274,7 @@ def _expected_memory(trainer: rlhf.RLHFTrainer, tokens: torch.Tensor) -> dict[st
     def advantages_of(rewards: torch.Tensor, whitened: bool = args.whiten_rewards,
                       kl_coef: float = trainer.kl_coef) -> torch.Tensor:
         scores = whiten(rewards) if whitened else rewards
-        if args.advantage_estimator == "gae":
-            per_token = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, kl_coef)
-            return rlhf.compute_gae_advantages(per_token, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
-        return rlhf.compute_advantages(values, scores, p)
+        return rlhf.rollout_advantages(scores, logprobs, ref_logprobs, values, p, kl_coef, args)
 
     return {
         "logprobs": logprobs, "ref_logprobs": ref_logprobs, "values": values[:, p - 1 : -1],
@@ -1307,7 +1306,7 @@ _MEMORY_HINTS = [  # (field, variant, hint): the first variant the field matches
 ]
 
 
-def _check_memory(memory, trainer: rlhf.RLHFTrainer, label: str) -> dict[str, torch.Tensor]:
+def _check_memory(memory, trainer: RLHFTrainer, label: str) -> dict[str, torch.Tensor]:
     args, p = trainer.args, trainer.prefix_len
     if memory is None:
         raise CheckFailure(f"{label}: rollout_phase returned None: return the ReplayMemory.")
@@ -1336,7 +1335,7 @@ def _check_memory(memory, trainer: rlhf.RLHFTrainer, label: str) -> dict[str, to
 class _BatchSizes:
     """Records the number of rows of every no-grad forward pass of the policy and the reference."""
 
-    def __init__(self, trainer: rlhf.RLHFTrainer):
+    def __init__(self, trainer: RLHFTrainer):
         self.sizes: list[int] = []
         self.handles = [m.register_forward_pre_hook(self._record) for m in (trainer.model, trainer.ref_model)]
 
@@ -1349,7 +1348,7 @@ class _BatchSizes:
             handle.remove()
 
 
-def _rollout(candidate, trainer: rlhf.RLHFTrainer, label: str):
+def _rollout(candidate, trainer: RLHFTrainer, label: str):
     """Run the learner's rollout_phase, check its forward passes were chunked, then its memory."""
     sizes = _BatchSizes(trainer)
     try:
@@ -1422,7 +1421,7 @@ def _learning_phase_wrong(kind: str) -> Callable:
 
     def wrong(trainer, memory):
         args = trainer.args
-        passes = 1 if kind == "one_pass" else args.batches_per_learning_phase
+        passes = 1 if kind == "one_pass" else args.update_epochs
         generator = None if kind == "global_rng" else trainer.generator
         stats = []
         for mb in memory.get_minibatches(args.num_minibatches, passes, generator):
@@ -1453,7 +1452,7 @@ _LEARNING_MISTAKES = [
                      "backward pass."),
     ("no_clip", "The gradient norm is not clipped: nn.utils.clip_grad_norm_(trainer.model.parameters(), "
                 "args.max_grad_norm) between backward() and step()."),
-    ("one_pass", "Only one pass over the memory: pass args.batches_per_learning_phase to get_minibatches."),
+    ("one_pass", "Only one pass over the memory: pass args.update_epochs to get_minibatches."),
     ("scheduler_per_minibatch", "The learning-rate schedule counts phases: step trainer.scheduler once, after the "
                                 "last minibatch."),
     ("no_scheduler", "The learning-rate scheduler is never stepped: call trainer.scheduler.step() once per phase."),
@@ -1462,7 +1461,7 @@ _LEARNING_MISTAKES = [
 ]
 
 
-def _moved_trainer(args: rlhf.RLHFArgs) -> rlhf.RLHFTrainer:
+def _moved_trainer(args: RLHFArgs) -> RLHFTrainer:
     """A fresh trainer whose policy has moved away from the reference (seeded), so that the KL to the
     reference, and its gradient, are not 0 from the first minibatch on."""
     trainer = make_trainer(args)
@@ -1473,14 +1472,14 @@ def _moved_trainer(args: rlhf.RLHFArgs) -> rlhf.RLHFTrainer:
     return trainer
 
 
-def _rollout_memory(args: rlhf.RLHFArgs) -> rlhf.ReplayMemory:
+def _rollout_memory(args: RLHFArgs) -> rlhf.ReplayMemory:
     """One reference rollout (seeded) of a fresh trainer: every learning run starts from it."""
     trainer = _moved_trainer(args)
     torch.manual_seed(21)
     return rlhf.rollout_phase(trainer)
 
 
-def _run_learning(fn: Callable, args: rlhf.RLHFArgs, memory: rlhf.ReplayMemory) -> tuple[rlhf.RLHFTrainer, list[torch.Tensor], Any]:
+def _run_learning(fn: Callable, args: RLHFArgs, memory: rlhf.ReplayMemory) -> tuple[RLHFTrainer, list[torch.Tensor], Any]:
     """A fresh trainer (identical to the one that made ``memory``) runs ``fn(trainer, memory)``."""
     trainer = _moved_trainer(args)
     memory = rlhf.ReplayMemory(**{f: getattr(memory, f).clone() for f in
@@ -1498,7 +1497,7 @@ def _delta(trainer, before) -> torch.Tensor:
 @checker(
     "learning_phase",
     chapter=CHAPTER,
-    hint="For each minibatch of memory.get_minibatches(args.num_minibatches, args.batches_per_learning_phase, "
+    hint="For each minibatch of memory.get_minibatches(args.num_minibatches, args.update_epochs, "
     "trainer.generator): trainer.optimizer.zero_grad(); objective, stats = compute_rlhf_objective("
     "trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, trainer.objective_kl_coef, args); "
     "objective.backward(); nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm); "
@@ -1510,15 +1509,15 @@ def check_learning_phase(candidate) -> str:
     # coefficient shows); two passes of two minibatches (zero_grad, the number of passes, the order
     # from trainer.generator); the scheduler's steps. Tolerance 0.2% of the update: the reference is
     # deterministic, and the closest catalogued deviation differs by several percent.
-    args = phase_args(base_lr=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0, kl_coef=0.5)
+    args = phase_args(learning_rate=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0, kl_coef=0.5)
     memory = _rollout_memory(args)
     trainer, before, out = _run_learning(candidate, args, memory)
     ref_trainer, ref_before, _ = _run_learning(rlhf.learning_phase, args, memory)
-    fresh = torch.Generator().manual_seed(args.seed).get_state()
+    fresh = seeded(args.seed).get_state()
     if torch.equal(trainer.generator.get_state(), fresh) and not torch.equal(ref_trainer.generator.get_state(), fresh):
         raise failure("trainer.generator was never drawn from: the minibatch order did not come from it.",
                       "The generator is forgotten: pass trainer.generator to memory.get_minibatches(num_minibatches, "
-                      "batches_per_learning_phase, trainer.generator), so that the same seed gives the same run.")
+                      "update_epochs, trainer.generator), so that the same seed gives the same run.")
     expected = _delta(ref_trainer, ref_before)
     ref_params = _params(_tiny_policy_weights())
     if any(not torch.equal(a, b.detach()) for a, b in zip(ref_params, trainer.ref_model.parameters())):
@@ -1529,7 +1528,7 @@ def check_learning_phase(candidate) -> str:
     if got.abs().sum() == 0:
         raise CheckFailure("the policy's weights did not change: call trainer.optimizer.step() after backward().")
     steps = {int(s["step"]) for s in trainer.optimizer.state.values() if "step" in s}
-    expected_steps = args.num_minibatches * args.batches_per_learning_phase
+    expected_steps = args.num_minibatches * args.update_epochs
     rel = ((got - expected).norm() / expected.norm()).item()
     if rel > 2e-3 or trainer.scheduler.last_epoch != ref_trainer.scheduler.last_epoch:
         hint = None
@@ -1567,7 +1566,7 @@ MOVE_PHASES = 4
 def reward_moves(learning_phase_fn: Callable | None = None, seed: int = 0) -> tuple[float, float]:
     """Mean reward (32 samples, the same draws) before and after ``MOVE_PHASES`` short phases on the tiny
     world towards 'neg', with ``learning_phase_fn`` as the learning phase (default: the reference)."""
-    args = phase_args(batch_size=16, gen_len=8, total_phases=MOVE_PHASES, base_lr=1e-3, head_lr=1e-2,
+    args = phase_args(batch_size=16, gen_len=8, num_phases=MOVE_PHASES, learning_rate=1e-3, head_lr=1e-2,
                       temperature=1.0, repetition_coef=0.0, seed=seed)
     overrides = {"learning_phase": learning_phase_fn} if learning_phase_fn is not None else {}
     trainer = make_trainer(args, **overrides)

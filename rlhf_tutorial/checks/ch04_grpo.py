@@ -30,12 +30,14 @@ import copy
 import dataclasses
 import functools
 import math
+from functools import partial
 
 import torch
 from torch import nn
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import grpo
+from rlhf_tutorial.checks import fixtures
 from rlhf_tutorial.checks.core import (
     Case,
     CheckFailure,
@@ -46,10 +48,13 @@ from rlhf_tutorial.checks.core import (
     expect_tensor,
     failure,
     fmt,
+    seeded,
 )
 from rlhf_tutorial.rlhf import approx_kl
+from rlhf_tutorial.trainers.grpo import GRPOArgs
 
 CHAPTER = "04_grpo"
+small_model = partial(fixtures.small_model, n_ctx=64)
 
 
 def one_thread(fn):
@@ -67,22 +72,13 @@ def one_thread(fn):
     return wrapper
 
 
-def small_model(seed: int = 0, d_vocab: int = 50, n_ctx: int = 64) -> HookedTransformer:
-    """A seeded random GPT-2-style model without a tokenizer, built in milliseconds."""
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=32, n_ctx=n_ctx, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type="LN", seed=seed,
-    )
-    return HookedTransformer(cfg).eval()
-
-
 # ----------------------------------------------------------------------------------------------------
 # group_relative_advantages
 # ----------------------------------------------------------------------------------------------------
 
 
 def _adv_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     spread = torch.tensor([[0.500, 0.504, 0.498, 0.507], [0.90, 0.91, 0.905, 0.899]])  # std ~ 0.004
     mixed = torch.randn(3, 6, generator=g)
     mixed[1] = 0.7  # one group whose rewards are all equal
@@ -171,7 +167,7 @@ def check_group_relative_advantages(candidate) -> str:
 
 
 def _objective_inputs(B: int, g: int, lengths: list[int], seed: int) -> tuple:
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded(seed)
     logprobs = -3 * torch.rand(B, g, generator=gen)
     old = logprobs + 0.45 * torch.randn(B, g, generator=gen)  # ratios from ~0.4 to ~2.5
     ref = logprobs + 0.5 * torch.randn(B, g, generator=gen)
@@ -361,7 +357,7 @@ def check_calc_grpo_objective(candidate) -> str:
 
 
 def _mask_cases() -> list[Case]:
-    gen = torch.Generator().manual_seed(3)
+    gen = seeded(3)
     many = torch.randint(1, 20, (5, 9), generator=gen)
     many[0, 4] = 0
     many[1, 0] = 0
@@ -430,7 +426,7 @@ def _eos_model(eos_bias: float, seed: int = 4, spread: float = 0.0) -> HookedTra
     model = small_model(seed)
     with torch.no_grad():
         if spread:
-            gen = torch.Generator().manual_seed(seed)
+            gen = seeded(seed)
             model.unembed.b_U.copy_(spread * torch.randn(model.cfg.d_vocab, generator=gen))
         model.unembed.b_U[EOS] = eos_bias
     return model
@@ -581,13 +577,13 @@ def check_sample_group(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, grpo.GRPOArgs]:
+def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
     """A small policy and a hand-made rollout: 3 groups of 4, prompts of different lengths, g = 6."""
     policy, other = small_model(seed=6), small_model(seed=7)
-    gen = torch.Generator().manual_seed(8)
+    gen = seeded(8)
     size, g = 4, 6
-    args = grpo.GRPOArgs(
-        group_size=size, max_new_tokens=g, clip_eps=0.2, clip_eps_high=0.3, beta=0.1, loss_type="dapo",
+    args = GRPOArgs(
+        group_size=size, max_new_tokens=g, clip_coef=0.2, clip_coef_high=0.3, kl_coef=0.1, loss_type="dapo",
         temperature=0.8, max_grad_norm=0.05, learning_rate=0.1,
     )
     tokens, prefix_lens = [], []
@@ -655,8 +651,8 @@ def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", 
         logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens, t)
         old_lp = {"old": batch.old_logprobs, "detached": logprobs.detach(), "ref": batch.ref_logprobs}[old]
         ref_lp = {"ref": batch.ref_logprobs, "old": batch.old_logprobs}[ref]
-        kwargs = dict(clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type,
-                      clip_eps_high=args.clip_eps_high, max_completion_len=args.max_new_tokens)
+        kwargs = dict(clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type,
+                      clip_eps_high=args.clip_coef_high, max_completion_len=args.max_new_tokens)
         if not max_len:
             kwargs.pop("max_completion_len")
         if not pass_args:
@@ -683,7 +679,7 @@ STEP_MISTAKES = [
     Mistake("The ratio uses the current log-probs detached as pi_old (so it is always 1): use the batch's "
             "old_logprobs, stored at rollout time.", _step_variant(old="detached")),
     Mistake("old_logprobs and ref_logprobs are swapped.", _step_variant(old="ref", ref="old")),
-    Mistake("The objective ignores the args: pass clip_eps, beta, loss_type, clip_eps_high and "
+    Mistake("The objective ignores the args: pass clip_eps=args.clip_coef, beta=args.kl_coef, loss_type, clip_eps_high=args.clip_coef_high and "
             "max_completion_len=args.max_new_tokens to calc_grpo_objective.", _step_variant(pass_args=False)),
     Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
             "log-probs of logits / temperature (group_token_logprobs(..., args.temperature)).",
@@ -699,7 +695,7 @@ STEP_MISTAKES = [
     chapter=CHAPTER,
     hint="logprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature); objective = "
     "calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, "
-    "clip_eps=args.clip_eps, beta=args.beta, loss_type=args.loss_type, clip_eps_high=args.clip_eps_high, "
+    "clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type, clip_eps_high=args.clip_coef_high, "
     "max_completion_len=args.max_new_tokens); optimizer.zero_grad(); objective.backward(); "
     "nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm); optimizer.step().",
 )

@@ -43,6 +43,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from rlhf_tutorial.tiny import corpus
+from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.schedules import warmup_then_cosine
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 SPECIAL = "<|endoftext|>"
@@ -53,45 +55,36 @@ LABELS = {0: "NEGATIVE", 1: "POSITIVE"}
 class BuildArgs:
     """Everything the build depends on. Changing any value changes the artifacts."""
 
-    seed: int = 0
-    """master seed; sub-seeds for the corpus, validation, held-out and pair sets are derived from it"""
-    out: str = str(ARTIFACTS)
-    """output folder (its previous content is replaced)"""
-    threads: int = 1
-    """torch CPU threads (the result can depend on it: matmul reductions are split per thread)"""
-    n_train_reviews: int = 12_000
-    """reviews the policy and classifier learn from"""
-    n_val_reviews: int = 600
-    """held-out reviews for the policy's validation loss"""
-    n_eval_reviews: int = 2_000
-    """held-out reviews (fresh seed) for the classifier's accuracy"""
-    bpe_vocab: int = 2048
-    """byte-level BPE vocabulary size cap (256 bytes + merges + <|endoftext|>; the corpus runs out of merges
-    a little below 2048, so nearly every corpus word is one token)"""
-    wordpiece_vocab: int = 1024
-    """classifier WordPiece vocabulary size cap (the corpus needs about 700)"""
+    seed: int = arg(0, "master seed; sub-seeds for the corpus, validation, held-out and pair sets derive from it")
+    out: str = arg(str(ARTIFACTS), "output folder (its previous content is replaced; default: the package's artifacts)")
+    threads: int = arg(1, "torch CPU threads (the result can depend on it: matmul reductions are split per thread)")
+    n_train_reviews: int = arg(12_000, "reviews the policy and classifier learn from")
+    n_val_reviews: int = arg(600, "held-out reviews for the policy's validation loss")
+    n_eval_reviews: int = arg(2_000, "held-out reviews (fresh seed) for the classifier's accuracy")
+    bpe_vocab: int = arg(2048, "byte-level BPE vocabulary cap (256 bytes + merges + <|endoftext|>; the corpus "
+                         "runs out of merges a little below 2048, so nearly every corpus word is one token)")
+    wordpiece_vocab: int = arg(1024, "classifier WordPiece vocabulary cap (the corpus needs about 700)")
     # policy
-    n_layers: int = 2
-    d_model: int = 128
-    n_heads: int = 4
-    d_mlp: int = 512
-    n_ctx: int = 128
-    policy_epochs: int = 2
-    policy_batch: int = 32
-    policy_lr: float = 3e-3
+    n_layers: int = arg(2, "policy: transformer layers")
+    d_model: int = arg(128, "policy: residual stream width")
+    n_heads: int = arg(4, "policy: attention heads per layer")
+    d_mlp: int = arg(512, "policy: MLP hidden width")
+    n_ctx: int = arg(128, "policy: context length (positions)")
+    policy_epochs: int = arg(2, "policy: passes over the training reviews")
+    policy_batch: int = arg(32, "policy: reviews per optimizer step")
+    policy_lr: float = arg(3e-3, "policy: peak AdamW learning rate (warm-up then cosine to 0.1x)")
     # classifier
-    clf_dim: int = 64
-    clf_layers: int = 2
-    clf_heads: int = 4
-    clf_hidden: int = 256
-    clf_epochs: int = 3
-    clf_batch: int = 64
-    clf_lr: float = 2e-3
-    clf_sentences: bool = True
-    """also train on single sentences (phrase meanings, negations)"""
+    clf_dim: int = arg(64, "classifier: hidden size")
+    clf_layers: int = arg(2, "classifier: transformer layers")
+    clf_heads: int = arg(4, "classifier: attention heads per layer")
+    clf_hidden: int = arg(256, "classifier: MLP hidden width")
+    clf_epochs: int = arg(3, "classifier: passes over the training texts")
+    clf_batch: int = arg(64, "classifier: texts per optimizer step")
+    clf_lr: float = arg(2e-3, "classifier: peak AdamW learning rate (warm-up then cosine to 0.1x)")
+    clf_sentences: bool = arg(True, "classifier: also train on single sentences (phrase meanings, negations)")
     # preference pairs
-    n_pairs_train: int = 4_000
-    n_pairs_test: int = 500
+    n_pairs_train: int = arg(4_000, "preference pairs in the training split")
+    n_pairs_test: int = arg(500, "preference pairs in the test split")
 
 
 def sub_seed(seed: int, name: str) -> int:
@@ -111,12 +104,16 @@ def write_manifest(out: Path) -> dict[str, str]:
     return manifest
 
 
-def linear_warmup_decay(step: int, total: int, warmup: int) -> float:
-    """Learning-rate scale: linear warm-up to 1 over ``warmup`` steps, then cosine decay to 0.1."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+def train_step(loss: torch.Tensor, model: torch.nn.Module, opt, sched, bar) -> None:
+    """One optimizer step of the builder's training loops: backward, clip the gradient norm to 1, step
+    the optimizer and the schedule, clear the gradients; the loss goes to the progress bar."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss.item():.3f}")
 
 
 def length_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -260,19 +257,13 @@ def train_policy(args: BuildArgs, tokenizer, train_texts: list[str], val_texts: 
     steps_per_epoch = math.ceil(len(train) / args.policy_batch)
     total = steps_per_epoch * args.policy_epochs
     opt = torch.optim.AdamW(model.parameters(), lr=args.policy_lr, betas=(0.9, 0.98), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: linear_warmup_decay(s, total, total // 20))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_then_cosine(s, total, total // 20))
     bar = tqdm(total=total, desc="policy", leave=False)
     for _ in range(args.policy_epochs):
         for batch in length_batches(lengths, args.policy_batch, rng):
             tokens, mask = pad_right([train[i] for i in batch], pad)
             loss = lm_loss(model(tokens).logits, tokens, mask)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            train_step(loss, model, opt, sched, bar)
     bar.close()
     val_loss = lm_eval_loss(model, val, pad)
 
@@ -357,19 +348,13 @@ def train_classifier(args: BuildArgs, tokenizer, reviews: list[corpus.Review]):
     lengths = [len(s) for s in ids]
     total = math.ceil(len(ids) / args.clf_batch) * args.clf_epochs
     opt = torch.optim.AdamW(model.parameters(), lr=args.clf_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: linear_warmup_decay(s, total, total // 20))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_then_cosine(s, total, total // 20))
     bar = tqdm(total=total, desc="classifier", leave=False)
     for _ in range(args.clf_epochs):
         for batch in length_batches(lengths, args.clf_batch, rng):
             tokens, mask = pad_right([ids[i] for i in batch], tokenizer.pad_token_id)
             loss = F.cross_entropy(model(input_ids=tokens, attention_mask=mask).logits, labels[batch])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            train_step(loss, model, opt, sched, bar)
     bar.close()
     model.eval()
     return model, {"train_examples": len(examples)}
@@ -404,12 +389,10 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
 
 # --- main -------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> BuildArgs:
+    """``BuildArgs`` from the command line: one flag per field (the defaults build the shipped artifacts)."""
     p = argparse.ArgumentParser(prog="python -m rlhf_tutorial build-tiny", description=__doc__.split("\n")[0])
-    p.add_argument("--seed", type=int, default=0, help="master seed (default 0: the shipped artifacts)")
-    p.add_argument("--out", default=str(ARTIFACTS), help="output folder (default: the package's artifacts)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest on a busy 2-core CPU)")
-    ns = p.parse_args(argv)
-    return BuildArgs(seed=ns.seed, out=ns.out, threads=ns.threads)
+    add_flags(p, BuildArgs, from_preset=False)
+    return BuildArgs(**vars(p.parse_args(argv)))
 
 
 def build(args: BuildArgs) -> dict:

@@ -29,7 +29,6 @@ POSITIVE, NEGATIVE = 1, 0
 POSITIVE_FRACTION = 0.7
 MIN_MARGIN = 3
 P_MATCH = 0.82
-COURSE_PROMPT = "This movie was really"
 
 # --- vocabulary -------------------------------------------------------------------------------------
 # (word, strength); polarity is given by the list.

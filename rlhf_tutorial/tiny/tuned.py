@@ -7,7 +7,7 @@ same weights on CPU), evaluates it, and saves the policy with its value head (sa
 CPU thread. ``rlhf_config.json`` records the sha256 of the base policy it was tuned from: after
 ``build-tiny`` (which rebuilds the folder without it) run ``build-tuned`` again.
 
-Chapter 05 loads it with :func:`tuned_dir` + ``rlhf.load_tuned_policy``, so it never depends on
+Chapter 05 loads it with :func:`tuned_dir` + ``trainers.rlhf.load_tuned_policy``, so it never depends on
 another notebook having been run.
 """
 
@@ -36,8 +36,8 @@ def build(out: Path | None = None, seed: int = 0, progress: bool = True) -> dict
     (default: the package's artifacts, whose manifest is then rewritten). Returns a summary."""
     import torch
 
-    from rlhf_tutorial.rlhf import RLHFArgs, RLHFTrainer, save_tuned_policy
     from rlhf_tutorial.tiny.build import sha256, write_manifest
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer, save_tuned_policy
     from rlhf_tutorial.worlds import tiny_dir
 
     torch.set_num_threads(1)  # determinism and speed: the tiny matrices gain nothing from more threads

@@ -69,9 +69,9 @@ def dpo_curves(history: Sequence[dict[str, Any]], title: str = "DPO") -> go.Figu
 
 def _hover(point: dict[str, Any]) -> str:
     settings = point.get("settings") or {}
-    keys = [k for k in ("learning_rate", "base_lr", "num_phases", "total_phases", "rounds", "loss_type",
+    keys = [k for k in ("learning_rate", "num_phases", "rounds", "loss_type",
                         "advantage_estimator", "importance_level", "num_pairs") if k in settings]
-    lines = [f"<b>{LABELS.get(point['method'], point['method'])}</b> {point.get('strength_name', 'beta')} = "
+    lines = [f"<b>{LABELS.get(point['method'], point['method'])}</b> {point.get('strength_name', 'kl_coef')} = "
              f"{point.get('strength', '')}",
              f"reward {point['reward']:.3f} ± {point['reward_se']:.3f}, KL {point['kl']:.2f} ± {point['kl_se']:.2f} nats",
              f"train {point.get('train_seconds', 0):.0f} s"]
@@ -186,7 +186,7 @@ def write_report(path: str | Path, summary: dict[str, Any], history: Sequence[di
     path.parent.mkdir(parents=True, exist_ok=True)
     samples = "".join(f"<li><b>{name}</b>: {html.escape(t)}</li>" for name in ("initial", "final")
                       for t in summary.get(f"samples_{name}", []))
-    parts = [f"<h1>DPO ({html.escape(str(summary.get('world')))}, {summary.get('loss_type')}, beta {summary.get('beta')}, "
+    parts = [f"<h1>DPO ({html.escape(str(summary.get('world')))}, {summary.get('loss_type')}, kl_coef {summary.get('kl_coef')}, "
              f"seed {summary.get('seed')})</h1>", _scalars(summary),
              dpo_curves(history).to_html(full_html=False, include_plotlyjs=True), f"<h2>Samples</h2><ul>{samples}</ul>"]
     path.write_text(_page(parts))

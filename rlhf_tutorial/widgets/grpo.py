@@ -3,7 +3,7 @@
 - :func:`group_viewer`: per prompt, its G completions with their rewards and advantages, each token
   of a completion outlined where the ratio pi_theta / pi_old is clipped (hover a token for its
   ratio). In Jupyter it is a dropdown over the groups (ipywidgets); elsewhere, or with
-  ``static=True``, a :class:`GroupTable` that renders as HTML (notebook, report) or as text (terminal).
+  ``static=True``, a :func:`group_table` that renders as HTML (notebook, report) or as text (terminal).
   Its input is ``grpo.group_record(policy, rollout, args)``.
 - :func:`grpo_curves`: reward, fraction of all-equal groups, KL and clip fraction per phase.
 - :func:`comparison_figure`: PPO vs GRPO in one figure: reward per phase, wall time, peak memory.
@@ -20,7 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.checks.core import in_notebook
+from rlhf_tutorial.display import HTMLText, widgets_available
 
 COLOURS = {"PPO": "#1f77b4", "GRPO": "#d62728"}
 
@@ -84,34 +84,27 @@ def group_text(group: dict[str, Any], index: int | None = None) -> str:
     return "\n".join(lines)
 
 
-class GroupTable:
+def group_table(groups: Sequence[dict[str, Any]], max_groups: int | None = None) -> HTMLText:
     """The static group viewer: every group (or the first ``max_groups``) as HTML or text."""
-
-    def __init__(self, groups: Sequence[dict[str, Any]], max_groups: int | None = None):
-        self.groups = list(groups)[:max_groups] if max_groups else list(groups)
-
-    def _repr_html_(self) -> str:
-        legend = ("<div style='font-family:sans-serif;font-size:90%;color:#57606a'>Rows sorted by advantage; "
-                  "advantage cell green (A > 0) or red (A < 0); a token outlined in orange has its ratio "
-                  "pi_theta / pi_old outside the clip range on the side of its advantage: its gradient is "
-                  "zero.</div>")
-        return legend + "".join(group_html(g, i) for i, g in enumerate(self.groups))
-
-    def __str__(self) -> str:
-        return "\n\n".join(group_text(g, i) for i, g in enumerate(self.groups)) + "\n([token]: ratio clipped)"
-
-    def __repr__(self) -> str:
-        return str(self)
+    groups = list(groups)[:max_groups] if max_groups else list(groups)
+    legend = ("<div style='font-family:sans-serif;font-size:90%;color:#57606a'>Rows sorted by advantage; "
+              "advantage cell green (A > 0) or red (A < 0); a token outlined in orange has its ratio "
+              "pi_theta / pi_old outside the clip range on the side of its advantage: its gradient is "
+              "zero.</div>")
+    return HTMLText(
+        legend + "".join(group_html(g, i) for i, g in enumerate(groups)),
+        "\n\n".join(group_text(g, i) for i, g in enumerate(groups)) + "\n([token]: ratio clipped)",
+    )
 
 
 def group_viewer(groups: Sequence[dict[str, Any]], static: bool | None = None):
     """The group viewer of ``grpo.group_record(...)``: a dropdown over the groups in Jupyter (ipywidgets),
-    a :class:`GroupTable` elsewhere or with ``static=True``."""
+    a :func:`group_table` elsewhere or with ``static=True``."""
     groups = list(groups)
     if static is None:
-        static = not in_notebook()
+        static = not widgets_available()
     if static or not groups:
-        return GroupTable(groups)
+        return group_table(groups)
     import ipywidgets as widgets
 
     options = [(f"{i}: {g['prompt']!r}  (mean r {sum(c['reward'] for c in g['completions']) / len(g['completions']):.2f})", i)
@@ -134,7 +127,7 @@ def group_viewer(groups: Sequence[dict[str, Any]], static: bool | None = None):
 def grpo_curves(history: Sequence[dict[str, Any]], title: str = "GRPO") -> go.Figure:
     """Reward, fraction of all-equal groups, KL to the reference and clip fraction, per phase."""
     panels = [("reward", "mean reward"), ("frac_reward_zero_std", "frac_reward_zero_std"),
-              ("kl", "KL(policy || ref), k3 per token"), ("clipfrac", "clip fraction")]
+              ("kl", "KL(policy || ref), k3 per token"), ("clip_active_frac", "clipped tokens (zero gradient)")]
     fig = make_subplots(rows=1, cols=4, subplot_titles=[t for _, t in panels])
     phases = [r["phase"] for r in history]
     for col, (key, _) in enumerate(panels, start=1):
@@ -192,7 +185,7 @@ def write_report(path: str | Path, summary: dict[str, Any], groups: Sequence[dic
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     history = [
-        {"phase": i, "reward": r, "kl": k, "frac_reward_zero_std": z, "clipfrac": None}
+        {"phase": i, "reward": r, "kl": k, "frac_reward_zero_std": z, "clip_active_frac": None}
         for i, (r, k, z) in enumerate(zip(summary["reward_per_phase"], summary["kl_per_phase"],
                                           summary["frac_reward_zero_std_per_phase"]))
     ]
@@ -204,6 +197,6 @@ def write_report(path: str | Path, summary: dict[str, Any], groups: Sequence[dic
     if ppo_summary is not None:
         fig = comparison_figure({"PPO": ppo_summary, "GRPO": summary})
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
-    parts.append("<h2>The groups of the last phase</h2>" + GroupTable(groups)._repr_html_())
+    parts.append("<h2>The groups of the last phase</h2>" + group_table(groups).html)
     path.write_text("<html><head><meta charset='utf-8'></head><body>" + "".join(parts) + "</body></html>")
     return path

@@ -25,8 +25,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.widgets.live import widgets_available
-from rlhf_tutorial.widgets.rlhf import HTMLText, _samples_html, _samples_text
+from rlhf_tutorial.display import HTMLText, widgets_available
+from rlhf_tutorial.widgets.rlhf import _samples_html, _samples_text
 
 LENSES = {"logit": "logit lens: ln_pre(resid) @ direction", "value": "value lens: value_head(ln_pre(resid))"}
 

@@ -23,35 +23,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-
-def in_kernel() -> bool:
-    """True inside a Jupyter (IPython) kernel, False in a terminal, a plain script or IPython shell."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
-
-
-def widgets_available() -> bool:
-    """Whether a live ``FigureWidget`` can be shown: in a kernel, not forced static, anywidget present."""
-    if os.environ.get("RLHF_TUTORIAL_STATIC") == "1" or os.environ.get("RLHF_TUTORIAL_STRICT") == "1":
-        return False
-    if not in_kernel():
-        return False
-    try:
-        import anywidget  # noqa: F401  (plotly's FigureWidget needs it)
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _display(obj) -> None:
-    from IPython.display import display
-
-    display(obj)
+from rlhf_tutorial import display
 
 
 class LiveDashboard:
@@ -134,7 +106,7 @@ class LiveDashboard:
         for annotation in fig.layout.annotations:  # smaller subplot titles
             annotation.font.size = 13
 
-        self.static = (not widgets_available()) if static is None else static
+        self.static = (not display.widgets_available()) if static is None else static
         self._note_widget = None
         if not self.static:
             try:
@@ -147,7 +119,7 @@ class LiveDashboard:
             import ipywidgets
 
             self._note_widget = ipywidgets.HTML()
-            _display(ipywidgets.VBox([self.fig, self._note_widget]))
+            display.show_object(ipywidgets.VBox([self.fig, self._note_widget]))
 
     # ------------------------------------------------------------------------------------------
     def update(self, step: float, **metrics: float | None) -> None:
@@ -210,10 +182,10 @@ class LiveDashboard:
         if not self.static:
             self._draw()
             return
-        if not self._finished and in_kernel():
-            _display(self.to_figure())
+        if not self._finished and display.in_kernel():
+            display.show_object(self.to_figure())
             if self.notes:
                 from IPython.display import HTML
 
-                _display(HTML(f"<pre style='white-space:pre-wrap'>{html.escape(self.notes[-1])}</pre>"))
+                display.show_object(HTML(f"<pre style='white-space:pre-wrap'>{html.escape(self.notes[-1])}</pre>"))
         self._finished = True

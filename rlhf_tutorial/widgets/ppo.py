@@ -6,7 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.widgets.live import LiveDashboard, widgets_available
+from rlhf_tutorial.display import widgets_available
+from rlhf_tutorial.widgets.live import LiveDashboard
 
 # ---------------------------------------------------------------------------------------------------
 # The clipped surrogate, one sample at a time
@@ -130,6 +131,6 @@ PPO_TITLES = {
 
 
 def ppo_dashboard(title: str = "PPO", static: bool | None = None, smooth: int = 20) -> LiveDashboard:
-    """The chapter-01 dashboard; pass its ``update`` as ``ppo.train(..., callback=dash.update)``."""
+    """The chapter-01 dashboard; pass its ``update`` as ``trainers.ppo.train(..., callback=dash.update)``."""
     return LiveDashboard(PPO_PANELS, title=title, titles=PPO_TITLES, smooth={"episodic_return": smooth},
                          x_title="env steps", static=static)

@@ -17,6 +17,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from rlhf_tutorial import rewards
+from rlhf_tutorial.display import HTMLText
+from rlhf_tutorial.widgets.live import LiveDashboard
 
 COLUMNS = ("sentiment", "repetition", "shaped", "reward_model")
 LABELS = {
@@ -79,27 +81,19 @@ def _table_html(rows: list[dict]) -> str:
     )
 
 
-class _HTMLText:
-    """An object that shows as HTML in Jupyter and as aligned text elsewhere."""
-
-    def __init__(self, rows: list[dict]):
-        self.rows = rows
-
-    def _repr_html_(self) -> str:
-        return _table_html(self.rows)
-
-    def __repr__(self) -> str:
-        present = [c for c in COLUMNS if any(c in r for r in self.rows)]
-        lines = ["  ".join(f"{c:>12}" for c in present) + "  text"]
-        for row in self.rows:
-            values = "  ".join(f"{row[c]:>+12.3f}" if c in row else " " * 12 for c in present)
-            lines.append(f"{values}  {row['text'][:80]}")
-        return "\n".join(lines)
+def _table_text(rows: list[dict]) -> str:
+    present = [c for c in COLUMNS if any(c in r for r in rows)]
+    lines = ["  ".join(f"{c:>12}" for c in present) + "  text"]
+    for row in rows:
+        values = "  ".join(f"{row[c]:>+12.3f}" if c in row else " " * 12 for c in present)
+        lines.append(f"{values}  {row['text'][:80]}")
+    return "\n".join(lines)
 
 
-def reward_table(texts: Sequence[str], classifier=None, tokenizer=None, reward_model=None, **kwargs) -> _HTMLText:
+def reward_table(texts: Sequence[str], classifier=None, tokenizer=None, reward_model=None, **kwargs) -> HTMLText:
     """The static reward explorer: a table of every reward for each text (HTML in Jupyter, text elsewhere)."""
-    return _HTMLText(score_rows(texts, classifier, tokenizer, reward_model, **kwargs))
+    rows = score_rows(texts, classifier, tokenizer, reward_model, **kwargs)
+    return HTMLText(_table_html(rows), _table_text(rows))
 
 
 def reward_bars(rows: list[dict]) -> go.Figure:
@@ -165,8 +159,6 @@ class LiveRewardModelCurve:
     """
 
     def __init__(self, static: bool | None = None, smooth: int = 10):
-        from rlhf_tutorial.widgets.live import LiveDashboard
-
         self.dashboard = LiveDashboard(
             [("loss", "heldout_loss"), ("accuracy", "heldout_accuracy")],
             title="reward model training",

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 import torch
-import torch.nn.functional as F
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.widgets.live import LiveDashboard, _display, widgets_available
+from rlhf_tutorial import rlhf
+from rlhf_tutorial.display import HTMLText, in_kernel, show_object, widgets_available
+from rlhf_tutorial.widgets.live import LiveDashboard
 
 if TYPE_CHECKING:
-    from rlhf_tutorial.rlhf import RLHFTrainer
+    from rlhf_tutorial.trainers.rlhf import RLHFTrainer
 
 PANELS = ["reward", "kl", "entropy", "value_loss", "clipfrac", "kl_coef", "lr"]
 TITLES = {
@@ -42,19 +43,6 @@ TITLES = {
     "kl_coef": "KL coefficient beta (per token)",
     "lr": "learning rate (transformer)",
 }
-
-
-class HTMLText:
-    """HTML in a notebook, plain text in a terminal."""
-
-    def __init__(self, html_text: str, plain: str):
-        self.html, self.plain = html_text, plain
-
-    def _repr_html_(self) -> str:
-        return self.html
-
-    def __repr__(self) -> str:
-        return self.plain
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -113,7 +101,7 @@ class RLHFDashboard:
             self._slider = ipywidgets.IntSlider(value=0, min=0, max=0, description="phase", disabled=True)
             self._table = ipywidgets.HTML()
             self._slider.observe(lambda change: self._show_phase(change["new"]), names="value")
-            _display(ipywidgets.VBox([self._slider, self._table]))
+            show_object(ipywidgets.VBox([self._slider, self._table]))
 
     @property
     def static(self) -> bool:
@@ -147,10 +135,8 @@ class RLHFDashboard:
         was_static = self.live.static
         self.live.finish()
         if was_static and self.records:
-            from rlhf_tutorial.widgets.live import in_kernel
-
             if in_kernel():
-                _display(self.phase_samples(-1))
+                show_object(self.phase_samples(-1))
 
 
 def rlhf_dashboard(title: str = "RLHF", static: bool | None = None) -> RLHFDashboard:
@@ -177,47 +163,6 @@ def runs_figure(histories: dict[str, Sequence[dict[str, Any]]], title: str = "")
 # ----------------------------------------------------------------------------------------------------
 # Token-level explorer
 # ----------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def token_records(trainer: RLHFTrainer, tokens: torch.Tensor, texts: Sequence[str]) -> list[dict[str, Any]]:
-    """Per sample: its reward and, per generated token, the value of the state that chose it, the KL to
-    the reference at that position (full distributions, temperature-scaled), and its advantage as the
-    trainer computes it (one-step or GAE) from the scores of these samples whitened together, as a
-    rollout's are (``whiten_rewards``; a single sample is not whitened), so that advantages and values
-    are in the units the value head was trained on."""
-    from rlhf_tutorial import rlhf
-
-    args, p = trainer.args, trainer.prefix_len
-    logits, values = trainer.model(tokens)
-    ref_logits = trainer.ref_model(tokens)
-    logp = (logits[:, p - 1 : -1] / args.temperature).log_softmax(-1)
-    ref_logp = (ref_logits[:, p - 1 : -1] / args.temperature).log_softmax(-1)
-    kl = F.kl_div(ref_logp, logp, log_target=True, reduction="none").sum(-1)  # [n g]: KL(policy || ref)
-    logprobs = logp.gather(-1, tokens[:, p:, None]).squeeze(-1)
-    ref_logprobs = ref_logp.gather(-1, tokens[:, p:, None]).squeeze(-1)
-    rewards = trainer.reward_fn(list(texts))
-    scores = rlhf.whiten(rewards) if args.whiten_rewards and len(rewards) > 1 else rewards
-    if args.advantage_estimator == "gae":
-        per_token = rlhf.compute_per_token_rewards(scores, logprobs, ref_logprobs, trainer.kl_coef)
-        advantages = rlhf.compute_gae_advantages(per_token, values[:, p - 1 : -1], args.gamma, args.gae_lambda)
-    else:
-        advantages = rlhf.compute_advantages(values, scores, p)
-    model = trainer.model.base_model
-    out = []
-    for i in range(tokens.shape[0]):
-        out.append({
-            "text": texts[i],
-            "reward": rewards[i].item(),
-            "prompt": model.to_string(tokens[i, :p]),
-            "tokens": [model.to_string(tokens[i, j : j + 1]) for j in range(p, tokens.shape[1])],
-            "value": values[i, p - 1 : -1].tolist(),
-            "kl": kl[i].tolist(),
-            "advantage": advantages[i].tolist(),
-            "logprob": logprobs[i].tolist(),
-            "ref_logprob": ref_logprobs[i].tolist(),
-        })
-    return out
-
-
 _QUANTITIES = {"value": "value V(s) of the state that chose the token", "kl": "KL(policy || ref) at the token",
                "advantage": "advantage of the token"}
 
@@ -270,14 +215,12 @@ def token_explorer(trainer: RLHFTrainer, n_samples: int = 4, seed: int = 0, stat
     Live: a dropdown picks the sample and buttons pick what colours the tokens (value, KL, advantage).
     Static: every sample, coloured by value, with its table (HTML in a notebook, text in a terminal).
     """
-    from rlhf_tutorial import rlhf
-
     args = trainer.args
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, n_samples, args.gen_len,
                                          args.temperature, args.top_k, args.prepend_bos)
-    records = token_records(trainer, tokens, texts)
+    records = rlhf.token_records(trainer, tokens, texts)
     if (not widgets_available()) if static is None else static:
         return HTMLText("".join(sample_html(r) for r in records), "\n\n".join(sample_text(r) for r in records))
     import ipywidgets as widgets
@@ -299,8 +242,6 @@ def token_explorer(trainer: RLHFTrainer, n_samples: int = 4, seed: int = 0, stat
 # Base vs tuned
 # ----------------------------------------------------------------------------------------------------
 def _compare(trainer: RLHFTrainer, prompt: str, n: int, seed: int) -> dict[str, list[tuple[str, float]]]:
-    from rlhf_tutorial import rlhf
-
     args = trainer.args
     out = {}
     for name, model in [("base (reference)", trainer.ref_model), ("tuned", trainer.model.base_model)]:

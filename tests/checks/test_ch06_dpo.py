@@ -6,27 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlhf_tutorial import dpo
 from rlhf_tutorial.checks import run_check
-from rlhf_tutorial.notebooks import load_stub
 from tests.checks.helpers import assert_fails_with
-
-CHAPTER = "06_dpo_and_frontier"
-EXERCISES = ["sequence_logprobs", "dpo_loss", "implicit_reward", "simpo_loss", "best_worst_pairs",
-             "rloo_advantages", "gspo_sequence_ratio"]
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_reference_passes(name):
-    result = run_check(name, getattr(dpo, name))
-    assert result.passed, result.message
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_stub_fails(name):
-    result = run_check(name, load_stub(CHAPTER, name))
-    assert not result.passed
-    assert "not implemented" in result.message
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -43,6 +43,8 @@ from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from rlhf_tutorial.worlds import PROMPT
+
 VALUE_HEAD_FILE, VALUE_HEAD_CONFIG = "value_head.safetensors", "value_head.json"
 
 
@@ -210,7 +212,7 @@ def load_checkpoint(checkpoint: str | None, world: str | None) -> tuple[HookedTr
     if checkpoint is None:
         name = resolve_world(world)
         return load_policy(name, device="cpu"), None, f"base policy of the {name!r} world"
-    from rlhf_tutorial.rlhf import CONFIG_FILE, load_tuned_policy
+    from rlhf_tutorial.trainers.checkpoint import CONFIG_FILE, load_tuned_policy
 
     if not (Path(checkpoint) / CONFIG_FILE).exists():
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint saved by `train-rlhf --save` (no {CONFIG_FILE})")
@@ -234,7 +236,7 @@ def main(argv: list[str]) -> dict:
     folder = export_hf(policy, ns.out, value_head)
     model, _ = load_hf_policy(folder)
     torch.manual_seed(ns.seed)
-    prompt = policy.to_tokens("This movie was really")
+    prompt = policy.to_tokens(PROMPT)
     with torch.no_grad():
         tokens = policy.generate(prompt.expand(8, -1), max_new_tokens=24, verbose=False, stop_at_eos=False)
     return {

@@ -27,7 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -37,9 +37,12 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import dpo
-from rlhf_tutorial.grpo import COURSE_PROMPT, PeakMemory, decode_completions, eos_id, sample_group
-from rlhf_tutorial.policy_eval import evaluate_policy
-from rlhf_tutorial.trainer_args import add_flags, arg, learner_functions_for
+from rlhf_tutorial.grpo import decode_completions, eos_id, sample_group
+from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
+from rlhf_tutorial.trainers.plug import bind, learner_functions_for
+from rlhf_tutorial.trainers.policy_eval import evaluate_policy
+from rlhf_tutorial.trainers.runtime import PeakMemory
+from rlhf_tutorial.worlds import PROMPT
 
 # ----------------------------------------------------------------------------------------------------
 # Arguments
@@ -57,7 +60,7 @@ class DPOArgs:
     world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
     seed: int = arg(0, "seeds sampling, the pair order and the evaluations")
     direction: str = arg("neg", "sentiment the classifier labels as preferred: 'neg' or 'pos'")
-    prompts: tuple[str, ...] = arg((COURSE_PROMPT,), "prompts the pairs (reference) and evaluations cycle through")
+    prompts: tuple[str, ...] = arg((PROMPT,), "prompts the pairs (reference) and evaluations cycle through")
     prepend_bos: bool = arg(True, "put the BOS token before each prompt")
     # pairs
     pairs: str = arg("reference", "'reference' (best/worst of G samples, classifier-labelled) or 'preferences' (chapter 02)")
@@ -74,7 +77,7 @@ class DPOArgs:
     learning_rate: float = arg(2e-4, "AdamW learning rate (constant, no weight decay)")
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
     # loss
-    beta: float = arg(0.1, "beta: the KL strength of DPO's implied objective")
+    kl_coef: float = arg(0.1, "beta: the KL strength of DPO's implied objective (dpo_loss's beta)")
     loss_type: str = arg("sigmoid", "'sigmoid' (DPO), 'ipo' or 'hinge'")
     label_smoothing: float = arg(0.0, "probability that a pair's label is wrong (cDPO; sigmoid only)")
     # evaluation and logging
@@ -243,14 +246,14 @@ def dpo_step(
     logps = fns["sequence_logprobs"](policy(tokens), tokens, mask)  # [2n]
     chosen_logps, rejected_logps = logps.split(len(batch))
     loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
-                           beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
+                           beta=args.kl_coef, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
     optimizer.zero_grad()
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
     optimizer.step()
     with torch.no_grad():
-        margin = (fns["implicit_reward"](chosen_logps, batch.ref_chosen_logps, args.beta)
-                  - fns["implicit_reward"](rejected_logps, batch.ref_rejected_logps, args.beta))
+        margin = (fns["implicit_reward"](chosen_logps, batch.ref_chosen_logps, args.kl_coef)
+                  - fns["implicit_reward"](rejected_logps, batch.ref_rejected_logps, args.kl_coef))
     return {"loss": loss.item(), "margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item(),
             "grad_norm": float(grad_norm)}
 
@@ -297,14 +300,11 @@ def train(
     frontier shares one set between its runs). ``evaluate=False`` skips the evaluations before, during
     and after training (then ``eval_initial`` / ``eval_final`` are None). Wall time and peak memory
     cover everything after the models are loaded."""
-    unknown = set(overrides) - set(PLUGGABLE)
-    if unknown:
-        raise TypeError(f"train() cannot replace {sorted(unknown)}; replaceable: {PLUGGABLE}")
+    fns = bind(dpo, PLUGGABLE, overrides)
     if pairs is not None and args.online:
         raise ValueError("pairs given to an online run: online runs draw their own pairs every round")
     if args.pairs not in ("reference", "preferences"):
         raise ValueError(f"pairs must be 'reference' or 'preferences', got {args.pairs!r}")
-    fns = {name: overrides.get(name, getattr(dpo, name)) for name in PLUGGABLE}
     if policy is None:
         from rlhf_tutorial.worlds import load_policy
 
@@ -313,9 +313,9 @@ def train(
         reference = copy.deepcopy(policy)
     reference.eval().requires_grad_(False)
     if reward_fn is None:
-        from rlhf_tutorial.rlhf import make_reward_fn
+        from rlhf_tutorial.rewards import sentiment_reward_fn
 
-        reward_fn = make_reward_fn(args.world, args.direction)
+        reward_fn = sentiment_reward_fn(args.world, args.direction)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
@@ -386,9 +386,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def args_from_namespace(ns: argparse.Namespace, world: str) -> DPOArgs:
     """The preset of ``world`` with every flag that was given."""
-    given = {f.name: getattr(ns, f.name) for f in fields(DPOArgs) if getattr(ns, f.name) is not None and f.name != "world"}
-    if "prompts" in given:
-        given["prompts"] = tuple(given["prompts"])
+    given = given_flags(DPOArgs, ns)
+    given.pop("world", None)
     return DPOArgs.preset(world, **given)
 
 
@@ -396,7 +395,7 @@ def main(argv: list[str]) -> dict:
     """Train, evaluate before and after on ``eval_samples`` fresh samples, summarise as a dict:
     mean classifier reward before/after (with standard errors), sequence KL to the reference after,
     the pair accuracy and margin of the last round, wall time and peak memory."""
-    from rlhf_tutorial.rlhf import peak_memory_mb
+    from rlhf_tutorial.trainers.runtime import peak_memory_mb
     from rlhf_tutorial.worlds import resolve_world
 
     ns = _parser().parse_args(argv)
@@ -414,7 +413,7 @@ def main(argv: list[str]) -> dict:
         "pairs": args.pairs,
         "online": args.online,
         "loss_type": args.loss_type,
-        "beta": args.beta,
+        "kl_coef": args.kl_coef,
         "mean_reward_initial": round(before["reward"], 4),
         "mean_reward_final": round(after["reward"], 4),
         "reward_se_final": round(after["reward_se"], 4),

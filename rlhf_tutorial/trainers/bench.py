@@ -57,7 +57,7 @@ def word_level_tokenizer(vocab_size: int, folder: str):
 
 
 def _peak_mb() -> float:
-    from rlhf_tutorial.rlhf import peak_memory_mb
+    from rlhf_tutorial.trainers.runtime import peak_memory_mb
 
     return peak_memory_mb()
 
@@ -69,6 +69,7 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     from rlhf_tutorial import rlhf
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
     torch.set_num_threads(config["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,10 +83,10 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
         return torch.tensor([sum(w[1:].isdigit() and int(w[1:]) % 2 == 0 for w in t.split()) / max(len(t.split()), 1)
                              for t in texts])
 
-    args = rlhf.RLHFArgs(batch_size=config["batch_size"], gen_len=config["gen_len"], num_minibatches=config["num_minibatches"],
-                         batches_per_learning_phase=1, total_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
+    args = RLHFArgs(batch_size=config["batch_size"], gen_len=config["gen_len"], num_minibatches=config["num_minibatches"],
+                         update_epochs=1, num_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
                          advantage_estimator="one_step", early_stopping=False)
-    trainer = rlhf.RLHFTrainer(args, policy, ref, reward_fn)
+    trainer = RLHFTrainer(args, policy, ref, reward_fn)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     setup_mb = _peak_mb()
@@ -133,7 +134,7 @@ def main(argv: list[str]) -> dict:
     for mode in ns.modes.split(","):
         config = dict(shape, mode=mode, batch_size=ns.batch_size, gen_len=ns.gen_len, num_minibatches=ns.num_minibatches,
                       kl_estimator=ns.kl_estimator, threads=ns.threads)
-        code = f"import json; from rlhf_tutorial.bench import run_child; print(json.dumps(run_child({config!r})))"
+        code = f"import json; from rlhf_tutorial.trainers.bench import run_child; print(json.dumps(run_child({config!r})))"
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
         if proc.returncode != 0:
             raise RuntimeError(f"bench child ({mode}) failed:\n{proc.stderr[-3000:]}")

@@ -1,19 +1,18 @@
-"""What the trainers (``ppo``, ``rlhf``, ``grpo``) share about their arguments.
+"""One way to define a trainer's arguments: a dataclass whose fields document themselves, and
+command-line flags generated from those fields.
 
-- ``arg(default, help)``: a dataclass field that documents itself;
-- ``add_flags(parser, Args, ...)``: one command-line flag per field, with that help;
-- ``learner_functions_for(names)``: picks a learner's versions of the pluggable exercises out of a
-  notebook's ``globals()``, so a trainer can run the learner's code.
+- ``arg(default, help)``: a dataclass field with its help string;
+- ``add_flags(parser, Args, ...)``: one ``--field-name`` flag per field (``--x/--no-x`` for a bool);
+- ``given_flags(Args, namespace)``: the fields given on the command line, to build the dataclass.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from dataclasses import field, fields
 from typing import Any
 
-_KINDS = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int, "float | None": float}
+_KINDS = {"int": int, "float": float, "str": str}
 
 
 def arg(default: Any, help: str) -> Any:
@@ -31,29 +30,31 @@ def add_flags(
     """Add ``--field-name`` for every field of the dataclass ``args_cls``.
 
     With ``from_preset`` every flag defaults to None, meaning "keep the world's preset"; otherwise to
-    the field's own default. ``aliases`` maps a field name to extra flags (e.g. ``--env``).
+    the field's own default. ``aliases`` maps a field name to extra flags (e.g. ``--env``). A bool
+    field gets ``--x`` and ``--no-x``; a tuple field takes one or more values.
     """
     for f in fields(args_cls):
         flags = ["--" + f.name.replace("_", "-"), *(aliases or {}).get(f.name, [])]
         default = None if from_preset else f.default
-        if f.type in ("bool", bool):
+        kind = str(f.type).replace(" | None", "")
+        if kind == "bool":
             parser.add_argument(*flags, default=default, action=argparse.BooleanOptionalAction, help=f.metadata["help"])
             continue
         help_text = f"{f.metadata['help']} (default: {'preset' if from_preset else f.default})"
-        if str(f.type).startswith("tuple"):
+        if kind.startswith("tuple"):
             parser.add_argument(*flags, nargs="+", default=default, help=help_text)
         else:
-            parser.add_argument(*flags, type=_KINDS[str(f.type)], default=default, help=help_text)
+            parser.add_argument(*flags, type=_KINDS[kind], default=default, help=help_text)
 
 
-def learner_functions_for(names: tuple[str, ...]) -> Callable[[dict], dict[str, Callable]]:
-    """The ``learner_functions(namespace)`` of a trainer whose pluggable exercises are ``names``."""
-
-    def learner_functions(namespace: dict) -> dict[str, Callable]:
-        """Pick the pluggable exercises out of a namespace: ``train(args, **learner_functions(globals()))``."""
-        return {name: namespace[name] for name in names if callable(namespace.get(name))}
-
-    return learner_functions
+def given_flags(args_cls: type, namespace: argparse.Namespace) -> dict[str, Any]:
+    """The fields of ``args_cls`` given on the command line (not None), tuples as tuples."""
+    given = {}
+    for f in fields(args_cls):
+        value = getattr(namespace, f.name)
+        if value is not None:
+            given[f.name] = tuple(value) if str(f.type).startswith("tuple") else value
+    return given
 
 
 #: How a trainer's GPT-2 preset changes with the model's size (``RLHF_TUTORIAL_GPT2``). The directions

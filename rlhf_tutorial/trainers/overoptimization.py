@@ -20,7 +20,8 @@ keeps rising while the gold reward rises, peaks and falls: Goodhart's law with n
 are noisy per phase (a mean over ``batch_size`` samples), so the summary also gives ``smooth``-phase
 moving averages, and the peak is taken on those.
 
-``python -m rlhf_tutorial overoptimization --world tiny --seed 0`` prints a JSON summary.
+``python -m rlhf_tutorial overoptimization --world tiny --seed 0`` prints a JSON summary. Chapter 03's
+exercises (the trainer, the reward model) are the package's reference versions here.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlhf_tutorial.trainer_args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg
 
 
 @dataclass
@@ -49,10 +50,10 @@ class OveroptimizationArgs:
     rm_train_pairs: int = arg(1000, "preference pairs the proxy reward model is trained on (a quarter: an imperfect proxy)")
     rm_epochs: int = arg(1, "passes of the proxy reward model over its pairs")
     rm_test_pairs: int = arg(400, "held-out pairs to measure the proxy's accuracy on")
-    total_phases: int = arg(50, "PPO phases against the proxy")
+    num_phases: int = arg(50, "PPO phases against the proxy")
     batch_size: int = arg(64, "completions per phase (the gold and proxy means of a phase are over these)")
     kl_coef: float = arg(0.02, "beta of the PPO run, per token (small: little to stop the over-optimisation)")
-    base_lr: float = arg(7e-4, "learning rate of the transformer (the tiny preset's)")
+    learning_rate: float = arg(7e-4, "learning rate of the transformer (the tiny preset's)")
     head_lr: float = arg(3e-3, "learning rate of the value head")
     smooth: int = arg(5, "phases in the moving average the summary's peak is taken on")
 
@@ -64,35 +65,36 @@ def moving_average(xs: list[float], window: int) -> list[float]:
 
 def run_overoptimization(args: OveroptimizationArgs, progress: bool = True) -> dict[str, Any]:
     """Train the proxy reward model, run PPO against it, and record proxy, gold and KL per phase."""
-    from rlhf_tutorial import rewards
-    from rlhf_tutorial.rlhf import RLHFArgs, RLHFTrainer, make_reward_fn
+    from rlhf_tutorial.rewards import score_texts, sentiment_reward_fn
+    from rlhf_tutorial.trainers.rewards import RewardModelArgs, train_reward_model
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
     from rlhf_tutorial.worlds import load_preference_pairs, resolve_world
 
     world = resolve_world(args.world)
     start = time.perf_counter()
-    rm_args = rewards.RewardModelArgs(
+    rm_args = RewardModelArgs(
         world=world, seed=args.seed, epochs=args.rm_epochs, max_train_pairs=args.rm_train_pairs,
         max_test_pairs=args.rm_test_pairs, progress=progress, threads=None,
     )
     train_pairs = load_preference_pairs(world, "train")[: args.rm_train_pairs]
     test_pairs = load_preference_pairs(world, "test")[: args.rm_test_pairs]
-    proxy_model, rm_history = rewards.train_reward_model(rm_args, train_pairs=train_pairs, test_pairs=test_pairs)
+    proxy_model, rm_history = train_reward_model(rm_args, train_pairs=train_pairs, test_pairs=test_pairs)
     proxy_model.eval().requires_grad_(False)
     rm_seconds = time.perf_counter() - start
-    gold_fn = make_reward_fn(world, "pos")
+    gold_fn = sentiment_reward_fn(world, "pos")
 
     log: list[dict[str, float]] = []
     recording = {"on": False}
 
     def proxy_fn(texts: list[str]) -> Float[Tensor, "batch"]:
-        proxy = rewards.score_texts(proxy_model, texts)
+        proxy = score_texts(proxy_model, texts)
         if recording["on"]:  # the rollout of a phase: measure the gold reward on the same texts
             log.append({"proxy": proxy.mean().item(), "gold": gold_fn(texts).float().mean().item()})
         return proxy
 
     ppo_args = RLHFArgs.preset(
-        world, direction="pos", seed=args.seed, total_phases=args.total_phases, batch_size=args.batch_size,
-        kl_coef=args.kl_coef, base_lr=args.base_lr, head_lr=args.head_lr, early_stopping=False,
+        world, direction="pos", seed=args.seed, num_phases=args.num_phases, batch_size=args.batch_size,
+        kl_coef=args.kl_coef, learning_rate=args.learning_rate, head_lr=args.head_lr, early_stopping=False,
     )
     trainer = RLHFTrainer(ppo_args, reward_fn=proxy_fn)
     recording["on"] = True

@@ -10,9 +10,9 @@ its standard error).
 | method | trainer | KL strength swept |
 |---|---|---|
 | ``ppo``  | chapter 03's ``RLHFTrainer`` (value head, GAE, KL in the reward) | ``kl_coef`` |
-| ``grpo`` | chapter 04's ``grpo.train`` | ``beta`` (k3 KL in the loss) |
-| ``rloo`` | the same, ``advantage_estimator="rloo"`` | ``beta`` |
-| ``gspo`` | the same, ``importance_level="sequence"`` | ``beta`` |
+| ``grpo`` | chapter 04's ``grpo.train`` | ``kl_coef`` (beta of the k3 KL in the loss) |
+| ``rloo`` | the same, ``advantage_estimator="rloo"`` | ``kl_coef`` |
+| ``gspo`` | the same, ``importance_level="sequence"`` | ``kl_coef`` |
 | ``dpo``  | ``dpo_trainer.train`` (offline pairs from the reference), ``loss_type="sigmoid"`` | ``beta`` |
 | ``ipo``  | the same, ``loss_type="ipo"`` | ``beta`` |
 
@@ -39,10 +39,13 @@ import torch
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from rlhf_tutorial import dpo_trainer, grpo, rlhf
-from rlhf_tutorial.grpo import COURSE_PROMPT, PeakMemory
-from rlhf_tutorial.policy_eval import evaluate_policy
-from rlhf_tutorial.trainer_args import add_flags, arg
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.trainers import dpo as dpo_trainer
+from rlhf_tutorial.trainers import grpo, rlhf
+from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.policy_eval import evaluate_policy
+from rlhf_tutorial.trainers.runtime import PeakMemory
+from rlhf_tutorial.worlds import PROMPT
 
 METHODS = ("ppo", "grpo", "rloo", "gspo", "dpo", "ipo")
 
@@ -101,19 +104,19 @@ def train_one(
     policy = copy.deepcopy(base).train()
     if method == "ppo":
         run_args = rlhf.RLHFArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
-                                        total_phases=args.rl_phases, early_stopping=False)
+                                        num_phases=args.rl_phases, early_stopping=False)
         trainer = rlhf.RLHFTrainer(run_args, model=policy, ref_model=reference, reward_fn=reward_fn)
         trainer.train(progress=False)
         tuned = trainer.model.base_model
     elif method in ("grpo", "rloo", "gspo"):
         extra = {"rloo": {"advantage_estimator": "rloo"}, "gspo": {"importance_level": "sequence"}}.get(method, {})
-        run_args = grpo.GRPOArgs.preset(world, direction=args.direction, seed=args.seed, beta=strength,
+        run_args = grpo.GRPOArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
                                         num_phases=args.rl_phases, **extra)
         grpo.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, evaluate_before_after=False,
                    progress=False)
         tuned = policy
     else:
-        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, beta=strength,
+        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
                                               loss_type="sigmoid" if method == "dpo" else "ipo",
                                               rounds=args.dpo_rounds, num_pairs=args.dpo_pairs)
         dpo_trainer.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=pairs,
@@ -135,10 +138,10 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
         strengths(args, method)  # fail early on an unknown method
     base = load_policy(world).eval()
     reference = copy.deepcopy(base).requires_grad_(False)
-    reward_fn = rlhf.make_reward_fn(world, args.direction)
+    reward_fn = sentiment_reward_fn(world, args.direction)
 
     def measure(policy: HookedTransformer) -> dict[str, Any]:
-        return evaluate_policy(policy, reference, reward_fn, (COURSE_PROMPT,), args.eval_samples,
+        return evaluate_policy(policy, reference, reward_fn, (PROMPT,), args.eval_samples,
                                args.max_new_tokens, seed=args.seed + 1)
 
     base_eval = measure(base)
@@ -162,7 +165,7 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
         point = {
             "method": method,
             "strength": strength,
-            "strength_name": "kl_coef" if method == "ppo" else "beta",
+            "strength_name": "kl_coef",
             "reward": stats["reward"], "reward_se": stats["reward_se"],
             "kl": stats["kl"], "kl_se": stats["kl_se"], "kl_per_token": stats["kl_per_token"],
             "repetition": stats["repetition"], "completion_len": stats["completion_len"],
@@ -267,7 +270,7 @@ def main(argv: list[str]) -> dict:
         result = run_isolated(args, ns.threads, progress=not ns.no_progress)
     else:
         result = run_frontier(args, progress=not ns.no_progress)
-        from rlhf_tutorial.rlhf import peak_memory_mb
+        from rlhf_tutorial.trainers.runtime import peak_memory_mb
 
         for summary in result["methods"].values():
             summary["process_peak_memory_mb"] = peak_memory_mb()

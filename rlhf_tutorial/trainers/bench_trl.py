@@ -1,7 +1,7 @@
 """Race our GRPO trainer against TRL's ``GRPOTrainer`` on the same model, reward and settings.
 
 ``python -m rlhf_tutorial bench-trl --algo grpo`` exports the tiny world's base policy to a
-transformers folder (``export.export_hf``: the same logits), then for each seed runs our ``grpo.train``
+transformers folder (``trainers.export.export_hf``: the same logits), then for each seed runs our ``grpo.train``
 and TRL's ``GRPOTrainer`` one after the other (alternating, so both see the same machine load), and
 prints a JSON summary: per phase seconds (split into sampling, scoring, old and reference log-probs,
 optimisation), the time and phases until a sampled batch has mean reward >= 0.9, the final reward,
@@ -14,7 +14,7 @@ is the mean over the last ``final_window`` phases' batches.
 
 The settings map one to one (``trl_config``): p * G = 64 completions a phase (``num_generations =
 G``, ``per_device_train_batch_size * steps_per_generation = p * G``), ``num_minibatches`` optimizer
-steps of ``p * G / num_minibatches`` completions per pass, ``updates_per_phase`` passes
+steps of ``p * G / num_minibatches`` completions per pass, ``update_epochs`` passes
 (``num_iterations``), the same learning rate (constant), gradient clipping, clip range, beta, loss
 aggregation, advantage scaling, temperature and completion length. What TRL cannot express, or does
 differently (``TRL_DIFFERENCES``), goes into the summary.
@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
-from rlhf_tutorial import grpo
 from rlhf_tutorial.speed import REWARD_TARGET, SECTIONS, PhaseClock
+from rlhf_tutorial.trainers import grpo
+from rlhf_tutorial.trainers.runtime import PeakMemory
 
 #: Where TRL's GRPOTrainer differs from ours with the settings mapped as closely as it allows.
 TRL_DIFFERENCES = [
@@ -96,19 +97,19 @@ def trl_config(args: grpo.GRPOArgs, seed: int, out: str):
         disable_tqdm=True, dataloader_num_workers=0,
         num_generations=args.group_size, per_device_train_batch_size=minibatch,
         steps_per_generation=args.num_minibatches, gradient_accumulation_steps=1,
-        num_iterations=args.updates_per_phase,
-        max_steps=args.num_phases * args.num_minibatches * args.updates_per_phase,
+        num_iterations=args.update_epochs,
+        max_steps=args.num_phases * args.num_minibatches * args.update_epochs,
         max_completion_length=args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k or 0, top_p=1.0,
         learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.max_grad_norm,
-        beta=args.beta, epsilon=args.clip_eps, epsilon_high=args.clip_eps_high or args.clip_eps,
+        beta=args.kl_coef, epsilon=args.clip_coef, epsilon_high=args.clip_coef_high or args.clip_coef,
         loss_type=args.loss_type, scale_rewards=args.scale,
     )
 
 
 def _peak():
-    return grpo.PeakMemory()
+    return PeakMemory()
 
 
 def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def run_trl(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_windo
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    import rlhf_tutorial.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
+    import rlhf_tutorial.trainers.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
 
     recorder = RewardRecorder(reward_fn)
 
@@ -211,7 +212,7 @@ def main(argv: list[str]) -> dict:
         overrides["num_phases"] = ns.num_phases
     args = grpo.GRPOArgs.preset("tiny", **overrides)
 
-    from rlhf_tutorial.export import export_hf
+    from rlhf_tutorial.trainers.export import export_hf
     from rlhf_tutorial.worlds import load_policy
 
     reward_fn = grpo.make_reward_fn(args)

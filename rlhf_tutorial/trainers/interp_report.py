@@ -36,15 +36,17 @@ from rlhf_tutorial.interp import (
     sentiment_setup,
     steered_samples,
 )
-from rlhf_tutorial.rlhf import TransformerWithValueHead, load_tuned_policy, make_reward_fn
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.rlhf import TransformerWithValueHead
+from rlhf_tutorial.trainers.rlhf import load_tuned_policy
 
 
 def train_tuned(world: str, out: str | Path, smoke: bool = False) -> Path:
     """Run chapter 03's trainer towards negative sentiment with the world's preset (a few tiny phases when
     ``smoke``) and save the policy with its value head to ``out``."""
-    from rlhf_tutorial.rlhf import RLHFArgs, RLHFTrainer, save_tuned_policy
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer, save_tuned_policy
 
-    small = dict(total_phases=2, batch_size=8, num_minibatches=2, gen_len=8, eval_samples=8) if smoke else {}
+    small = dict(num_phases=2, batch_size=8, num_minibatches=2, gen_len=8, eval_samples=8) if smoke else {}
     args = RLHFArgs.preset(world, direction="neg", **small)
     trainer = RLHFTrainer(args)
     trainer.train()
@@ -122,7 +124,7 @@ def analyse(base: HookedTransformer, tuned: TransformerWithValueHead, world: str
     delta_sentiment = {"cosine_with_direction": round(float(torch.cosine_similarity(delta, direction, dim=0)), 4),
                        "negative_words_mean_rank": round(float(ranks[setup["neg_ids"]].mean()), 4),
                        "positive_words_mean_rank": round(float(ranks[setup["pos_ids"]].mean()), 4)}
-    reward_fn = make_reward_fn(world, "neg")
+    reward_fn = sentiment_reward_fn(world, "neg")
     steer = {c: steered_samples(base, delta, lens_layer, c, reward_fn, n_samples, gen_len, seed + 1) for c in (0.0, steer_coef)}
 
     base_params = dict(base.named_parameters())

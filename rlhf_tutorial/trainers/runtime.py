@@ -1,0 +1,92 @@
+"""What the trainers measure and control about the machine: peak memory and torch's CPU threads."""
+
+from __future__ import annotations
+
+import re
+import resource
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+def peak_memory_mb() -> float:
+    """Peak memory of this process: CUDA's max allocated when on a GPU, else the peak resident set
+    (``ru_maxrss``, which cannot be reset: it covers the whole process so far)."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class PeakMemory:
+    """Peak memory used while a ``with`` block runs, above what was in use when it started, in MB.
+
+    On a GPU: ``torch.cuda.max_memory_allocated`` (reset on entry). On Linux CPUs: the process's
+    peak resident set (VmHWM), reset on entry by writing 5 to ``/proc/self/clear_refs``; where that
+    is not allowed, a thread samples the resident set every 20 ms. Measured this way, two trainers
+    run one after the other in the same process can be compared (``ru_maxrss`` cannot be reset).
+    """
+
+    def __init__(self) -> None:
+        self.peak_mb = float("nan")
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _rss_kb(field: str = "VmRSS") -> int:
+        with open("/proc/self/status") as f:
+            match = re.search(rf"{field}:\s+(\d+)", f.read())
+        return int(match.group(1)) if match else 0
+
+    def __enter__(self) -> PeakMemory:
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return self
+        self.base = self._rss_kb()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.mode = "hwm"
+        except OSError:
+            self.mode = "poll"
+            self._max, self._stop = self.base, threading.Event()
+
+            def poll() -> None:
+                while not self._stop.wait(0.02):
+                    self._max = max(self._max, self._rss_kb())
+
+            self._thread = threading.Thread(target=poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.peak_mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
+        elif self.mode == "hwm":
+            self.peak_mb = (self._rss_kb("VmHWM") - self.base) / 1024
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak_mb = (max(self._max, self._rss_kb()) - self.base) / 1024
+
+
+def default_threads(world: str) -> int:
+    """torch CPU threads for a run in ``world``: 1 in the tiny world (its small matrices gain nothing
+    from more on a shared CPU, and one thread makes runs reproducible across machines), torch's
+    default otherwise."""
+    return 1 if world == "tiny" else torch.get_num_threads()
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(threads)`` (None or 0: leave torch's setting), and
+    restore the previous setting afterwards."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,126 @@
+"""What every trainer shares: the plugging rule, the argument dataclasses and their flags, the clip
+diagnostics, the schedules, the display helper."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import types
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from rlhf_tutorial import display
+from rlhf_tutorial.ppo import clip_diagnostics
+from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
+from rlhf_tutorial.trainers.plug import bind, learner_functions_for
+from rlhf_tutorial.trainers.schedules import warmup_then_cosine, warmup_then_linear_to_zero
+
+
+def make_module() -> types.ModuleType:
+    """A small exercise module: ``outer`` calls ``inner``; ``Box`` is a class."""
+    module = types.ModuleType("fake_exercises")
+    exec(
+        "def inner(x):\n    return x + 1\n\n"
+        "def outer(x):\n    return inner(x) * 10\n\n"
+        "def helper(x):\n    return inner(x)\n\n"
+        "class Box:\n    pass\n",
+        module.__dict__,
+    )
+    return module
+
+
+def test_bind_reference_calls_the_override():
+    module = make_module()
+    fns = bind(module, ("inner", "outer", "Box"), {"inner": lambda x: x - 1})
+    assert fns["outer"](5) == 40  # the reference outer calls the override of inner
+    assert fns["inner"](5) == 4
+    assert fns["Box"] is module.Box
+    assert module.outer(5) == 60  # the module itself is untouched
+
+
+def test_bind_a_reference_handed_back_is_no_override():
+    module = make_module()
+    calls = []
+
+    def my_inner(x):
+        calls.append(x)
+        return x
+
+    # outer handed back (as learner_functions does when the notebook imported it) still calls my_inner
+    fns = bind(module, ("inner", "outer"), {"outer": module.outer, "inner": my_inner})
+    assert fns["outer"](3) == 30 and calls == [3]
+    assert fns["outer"] is not module.outer
+
+
+def test_bind_overrides_keep_their_own_globals_and_unknown_names_fail():
+    module = make_module()
+    namespace = {"inner": lambda x: 100}
+    exec("def outer(x):\n    return inner(x)\n", namespace)
+    fns = bind(module, ("inner", "outer"), {"outer": namespace["outer"]})
+    assert fns["outer"](1) == 100  # the learner's outer calls the learner's inner, not the module's
+    with pytest.raises(TypeError, match="cannot replace"):
+        bind(module, ("inner",), {"helper": print})
+
+
+def test_bind_aliases_point_a_name_at_another_pluggable():
+    module = make_module()
+    exec("def other(x):\n    return -x\n", module.__dict__)
+    fns = bind(module, ("inner", "outer", "other"), {}, aliases={"inner": "other"})
+    assert fns["outer"](2) == -20
+
+
+def test_learner_functions_picks_only_callables_of_the_pluggable_names():
+    pick = learner_functions_for(("a", "b", "c"))
+    assert sorted(pick({"a": print, "b": 3, "d": print})) == ["a"]
+
+
+@dataclass
+class DemoArgs:
+    rate: float = arg(0.5, "a rate")
+    name: str | None = arg(None, "a name")
+    flag: bool = arg(True, "a switch")
+    items: tuple[str, ...] = arg(("x",), "some items")
+
+
+def test_flags_are_generated_from_the_fields():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, DemoArgs, from_preset=False)
+    ns = parser.parse_args(["--rate", "0.25", "--no-flag", "--items", "p", "q"])
+    assert (ns.rate, ns.name, ns.flag, ns.items) == (0.25, None, False, ["p", "q"])
+    assert "a rate (default: 0.5)" in parser.format_help()
+    preset = argparse.ArgumentParser()
+    add_flags(preset, DemoArgs, from_preset=True)
+    assert given_flags(DemoArgs, preset.parse_args(["--items", "p"])) == {"items": ("p",)}
+
+
+def test_clip_diagnostics_definitions_and_mask():
+    logprobs = torch.tensor([0.0, math.log(1.5), math.log(0.5), math.log(1.1)])
+    old = torch.zeros(4)
+    ratio = logprobs.exp()
+    stats = clip_diagnostics(logprobs, old, clip_coef=0.2)
+    assert stats["clipfrac"] == pytest.approx(0.5)  # 1.5 and 0.5 lie outside [0.8, 1.2]
+    assert stats["approx_kl"] == pytest.approx(((ratio - 1) - logprobs).mean().item())
+    assert stats["approx_kl"] >= 0
+    masked = clip_diagnostics(logprobs, old, 0.2, mask=torch.tensor([True, False, False, True]))
+    assert masked["clipfrac"] == 0.0
+    assert masked["approx_kl"] == pytest.approx((ratio[3] - 1 - logprobs[3]).item() / 2)
+
+
+def test_schedules():
+    assert warmup_then_linear_to_zero(0, 100, 10) == pytest.approx(0.1)
+    assert warmup_then_linear_to_zero(10, 100, 10) == pytest.approx(1.0)
+    assert warmup_then_linear_to_zero(55, 100, 10) == pytest.approx(0.5)
+    assert warmup_then_linear_to_zero(55, 100, 10, decay=False) == 1.0
+    assert warmup_then_cosine(10, 110, 10) == pytest.approx(1.0)
+    assert warmup_then_cosine(60, 110, 10) == pytest.approx(0.55)  # half way down the cosine
+    assert warmup_then_cosine(110, 110, 10, final_scale=0.2) == pytest.approx(0.2)
+
+
+def test_html_text_and_show_outside_a_kernel(capsys):
+    shown = display.HTMLText("<b>x</b>", "x")
+    assert shown._repr_html_() == "<b>x</b>" and repr(shown) == str(shown) == "x"
+    assert not display.in_kernel()
+    display.show(shown)
+    assert capsys.readouterr().out == "x\n"
