@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "overoptimization": ("rlhf_tutorial.trainers.overoptimization:main",
                          "chapter 03: PPO against chapter 02's proxy reward model, gold reward vs KL"),
     "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
-    "build-tuned": ("rlhf_tutorial.tiny.tuned:main", "chapter 05: train and ship the tiny world's tuned policy"),
+    "build-tuned": ("rlhf_tutorial.trainers.interp_report:build_tuned_main", "chapter 05: train and ship the tiny world's tuned policy"),
     "interp-report": ("rlhf_tutorial.trainers.interp_report:main", "chapter 05: what RLHF changed inside the model (HTML)"),
     "train-dpo": ("rlhf_tutorial.trainers.dpo:main", "chapter 06: DPO / IPO on preference pairs"),
     "frontier": ("rlhf_tutorial.trainers.frontier:main", "chapter 06: every method on one reward-KL frontier"),
