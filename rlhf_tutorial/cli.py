@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-reward-model": ("rlhf_tutorial.trainers.rewards:main", "chapter 02: train a Bradley-Terry reward model"),
     "train-rlhf": ("rlhf_tutorial.trainers.rlhf:main", "chapter 03: RLHF with PPO on a HookedTransformer"),
     "bench-memory": ("rlhf_tutorial.trainers.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
+    "overoptimization": ("rlhf_tutorial.trainers.overoptimization:main",
+                         "chapter 03: PPO against chapter 02's proxy reward model, gold reward vs KL"),
     "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
     "build-tuned": ("rlhf_tutorial.trainers.interp_report:build_tuned_main", "chapter 05: train and ship the tiny world's tuned policy"),
     "interp-report": ("rlhf_tutorial.trainers.interp_report:main", "chapter 05: what RLHF changed inside the model (HTML)"),
