@@ -353,8 +353,8 @@ print(f"{len(train_pairs)} training pairs, {len(test_pairs)} held-out pairs. One
 print({k: train_pairs[0][k] for k in ("prompt", "chosen", "rejected")})
 
 # %%
-args = RewardModelArgs(
-    world=world,
+args = RewardModelArgs.preset(  # the world's learning rates (GPT-2: fine-tuning rates), these sizes
+    world,
     seed=0,
     pooling="last",
     epochs=1,

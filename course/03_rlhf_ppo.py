@@ -37,7 +37,7 @@
 # %% imports
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -50,6 +50,7 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import check, hint, progress
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
+    calc_clipped_value_loss,
     calc_entropy_bonus,
     calc_value_function_loss,
     clip_diagnostics,
@@ -63,6 +64,8 @@ from rlhf_tutorial.rewards import (
     whiten,
 )
 from rlhf_tutorial.rlhf import ReplayMinibatch, compute_gae_advantages
+from rlhf_tutorial.trainers.overoptimization import OveroptimizationArgs, run_overoptimization
+from rlhf_tutorial.trainers.overoptimization import figure as overoptimization_figure
 from rlhf_tutorial.trainers.rlhf import (
     RLHFArgs,
     RLHFTrainer,
@@ -496,7 +499,7 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # and the one-step estimate can only pass the score back one value at a time, through 16 tokens. Measured
 # with the command line (`train-rlhf --world tiny --seed 0 --num-phases 20 --batch-size 32
 # --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step moved the policy
-# (KL 0.22 per token) but hardly the reward (0.29 -> 0.32); GAE took it from 0.29 to 0.86.
+# (KL 0.24 per token) but hardly the reward (0.29 -> 0.35); GAE took it from 0.29 to 0.86.
 #
 # `rollout_advantages` (not an exercise: read it) makes that choice in one place, from the settings'
 # `advantage_estimator`; your `rollout_phase` below calls it, and so does the token explorer at the end
@@ -550,7 +553,27 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # Which KL is in here depends on the advantage estimator. With one-step advantages the rewards hold no
 # KL, and this term (with the trainer's $\beta$) is the only tether to the reference. With GAE (the tiny
 # world's default) the KL is already in the per-token rewards, and the trainer passes `kl_coef = 0`
-# here: the term is computed for the logs but adds nothing, and `kl_estimator` changes only the cost.
+# here. A term multiplied by 0 still costs a reference forward pass and a `[minibatch, gen, vocab]` KL
+# graph to back-propagate through, so when `kl_coef == 0` skip it: no reference forward, and `kl` (for
+# the logs only) is the k3 estimate from the stored reference log-probs. (The checker accepts either.)
+#
+# **Value clipping (optional).** PPO limits how far the policy moves from the rollout's; some
+# implementations (CleanRL's `clip_vloss`, TRL's `cliprange_value`) limit the critic the same way. With
+# the rollout's values $V_\text{old}$ (here `minibatch.returns - minibatch.advantages`, since the memory
+# stored `returns = advantages + values`) and a range $\epsilon_V$ = `args.cliprange_value`:
+#
+# $$V^\text{clip}_t = V_\text{old}(s_t) + \mathrm{clip}\big(V_\theta(s_t) - V_\text{old}(s_t), -\epsilon_V, \epsilon_V\big), \qquad
+# L^{VF} = \tfrac12\, \mathrm{mean}_t \max\big((V_\theta(s_t) - \hat R_t)^2,\ (V^\text{clip}_t - \hat R_t)^2\big)$$
+#
+# The max is pessimistic, like the clipped surrogate's min: once a value has moved more than $\epsilon_V$
+# towards its target the gradient stops, and a value moving *away* from its target is never
+# protected. Chapter 01's `calc_clipped_value_loss(values, old_values, returns, vf_coef, clip)` computes it
+# (with $c_1$ inside, like `calc_value_function_loss`). It matters most when the value head shares its body
+# with the policy, as here: a large value update also reshapes the features the policy reads. Studies
+# of PPO's implementation details (Engstrom et al. 2020, Andrychowicz et al. 2021) found it does not
+# help and can hurt, and $\epsilon_V$ is in the units of the returns (one more reason to whiten the
+# scores); it is off by default
+# (`cliprange_value=None`), and `--cliprange-value 0.2` turns it on.
 #
 # ### Exercise: `compute_rlhf_objective`
 
@@ -566,6 +589,12 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # linear **decay** to `final_scale`:
 #
 # $$\text{lr}(t) = \text{lr}_0 \times \begin{cases} t / t_w & t < t_w \\ 1 + (s_f - 1)\,\frac{t - t_w}{t_\text{tot} - t_w} & t_w \le t < t_\text{tot} \\ s_f & t \ge t_\text{tot} \end{cases}$$
+#
+# AdamW's default `weight_decay=0.01` would shrink every weight towards **zero** a little at each step.
+# For a freshly initialised network that is a mild regulariser; for a pretrained transformer it is a
+# pull away from everything pretraining learned, in no direction the task asks for. What should hold
+# the policy is the KL penalty, which pulls towards the **reference**. So `get_optimizer` sets
+# `weight_decay=0` for both groups (chapter 04's GRPO does the same).
 #
 # ### Exercises: `get_optimizer` and `lr_schedule`
 
@@ -620,6 +649,22 @@ for kl in [0.05] * 10 + [0.6] * 10:
 print("beta while KL is below target, then above:", trace)
 
 # %% [markdown]
+# In a real run: `train-rlhf --world tiny --direction neg --seed 0 --adaptive-kl` (the tiny preset with
+# the controller on: $\beta$ starts at 0.1, target 0.2 nats per token, horizon 640 samples, so at most 2% a
+# phase). From the JSON summary's `kl_coef_per_phase` and `kl_per_phase` (the rollout's k3 KL per
+# token):
+#
+# | phase | 0 | 3 | 9 | 15 | 21 | 27 | 33 | 39 | 45 | 49 |
+# |---|---|---|---|---|---|---|---|---|---|---|
+# | $\beta$ | 0.100 | 0.098 | 0.106 | 0.119 | 0.134 | 0.151 | 0.171 | 0.191 | 0.205 | 0.212 |
+# | KL / token | 0.00 | 0.15 | 0.50 | 0.56 | 0.39 | 0.31 | 0.33 | 0.19 | 0.29 | 0.28 |
+#
+# While the KL is below target (the first phases) $\beta$ drops; once it passes 0.2, $\beta$ climbs by the
+# most the clip allows, and the KL comes down from about 0.5 towards the target. The run ends at
+# reward 0.95 and KL 0.28 per token (128 fresh samples), $\beta = 0.216$. With the old horizon of 2,000
+# samples, $\beta$ could have moved by at most 0.64% a phase, 37% over the whole run; with TRL's 10,000 at
+# batch 64, 0.13% a phase and 6% over the run.
+#
 # ## Early stopping
 #
 # Reward over-optimisation creeps in late: the reward keeps rising while the text gets worse. A
@@ -715,11 +760,11 @@ samples_table(after["texts"][:8], torch.tensor(after["rewards"][:8]), title="tun
 
 # %% [markdown]
 # With `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0` (the same run) we
-# measured, on 128 samples: reward 0.27 -> 0.95, KL 0.29 per token, 3-gram repetition 0.003 -> 0.003,
-# word repetition 0.10 -> 0.14, reference log-prob per token -1.74 -> -2.06. The repetition metrics
+# measured, on 128 samples: reward 0.27 -> 0.96, KL 0.31 per token, 3-gram repetition 0.003 -> 0.002,
+# word repetition 0.10 -> 0.12, reference log-prob per token -1.74 -> -2.02. The repetition metrics
 # barely move and the text is only a little less likely under the base model: these are still review
 # sentences, now negative ones. Compare the hacked runs below, whose reference log-prob per token
-# falls to -7.5 and -13.7.
+# falls to -4.6 and -12.9.
 
 # %% [markdown]
 # ## Looking inside one sample
@@ -795,29 +840,89 @@ for name, result in hack_results.items():
 # | run | reward | KL / token | ref. log-prob / token | word repetition | 3-gram repetition |
 # |---|---|---|---|---|---|
 # | base model | 0.27 | 0 | -1.74 | 0.10 | 0.00 |
-# | main run above | 0.95 | 0.29 | -2.06 | 0.14 | 0.00 |
-# | tiny $\beta$ | 1.00 | 5.4 | -7.5 | 0.16 | 0.01 |
-# | tiny $\beta$ + repetition penalty | 1.00 | 9.4 | -13.7 | 0.22 | 0.00 |
-# | repetition penalty + adaptive KL | 0.80 | 0.29 | -1.98 | 0.16 | 0.01 |
+# | main run above | 0.96 | 0.31 | -2.02 | 0.12 | 0.00 |
+# | tiny $\beta$ | 0.99 | 2.8 | -4.6 | 0.24 | 0.03 |
+# | tiny $\beta$ + repetition penalty | 1.00 | 8.4 | -12.9 | 0.14 | 0.00 |
+# | repetition penalty + adaptive KL | 0.72 | 0.33 | -2.21 | 0.21 | 0.00 |
 #
-# - **tiny beta**: the reward saturates and the text stops being a review: negative words and names
-#   strung together, the same sentiment word again and again ("atrocious Ivanova Jensen plays were
-#   extremely atrocious performance as the the was absolutely atrocious"). The base model finds it
-#   very unlikely (reference log-prob per token from -1.74 to -7.5) and the KL per token is about 20
-#   times the main run's.
+# - **tiny beta**: the reward saturates and the text stops being a review: broken sentences and the same
+#   sentiment word again and again ("This movie was really muddled. The incredibly bad. It was love gives
+#   a The atrocious. The director"). The base model finds it very unlikely (reference log-prob per token
+#   from -1.74 to -4.6), the KL per token is about 9 times the main run's, and a quarter of the words
+#   repeat an earlier one.
 # - **tiny beta + repetition penalty**: the 3-gram penalty rules out repeated phrases, and the policy
-#   finds the next hole: lists of negative adjectives ("muddled lazy weak tedious predictable sloppy
-#   stiff stiff lazy stiff ..."). Reward 1.00 and 3-gram repetition 0, yet single words repeat more than
-#   ever and the text is the least natural of all. A shaping term closes one loophole, not all of them.
+#   finds the next hole: lists of negative adjectives ("This movie was really tiresome jarring weak tedious
+#   tiresome tiresome atrocious stiff sloppy ..."). Reward 1.00 and 3-gram repetition 0, yet single words
+#   still repeat and the text is by far the least natural of all (reference log-prob -12.9 per token). A
+#   shaping term closes one loophole, not all of them.
 # - **repetition penalty + adaptive KL**: a real KL coefficient, which the controller raises whenever the
-#   KL passes its target. The reward climbs more slowly (0.80 after these 40 aggressive phases), and the
-#   samples stay reviews ("This movie was really dull. The screenplay was utterly warm. I did not admire
-#   the final act."). The main run above, with gentler steps and a fixed $\beta$, gets both: a reward
-#   above 0.9 and natural text.
+#   KL passes its target (here $\beta$ ends at 0.58). The reward climbs more slowly (0.72 after these 40
+#   aggressive phases), and the samples stay reviews ("This movie was really dull. The screenplay was
+#   utterly warm. The editing was appalling."). The main run above, with gentler steps and a fixed
+#   $\beta$, gets both: a reward above 0.9 and natural text.
 #
 # The KL penalty is what keeps "high reward" meaning "a negative review" rather than "whatever string
 # the classifier scores highest". The reward model cannot tell the difference; only the tether to the
 # reference can.
+#
+# ## Reward over-optimisation as a curve
+#
+# Above, the reward we optimised was the thing we measured. In real RLHF the reward is a **learned
+# proxy**: a reward model (chapter 02) trained on a limited number of human preferences. Gao, Schulman &
+# Hilton (2022) optimised such proxies against a "gold" reward model that played the human, and found
+# the same shape every time: as the policy moves away from the reference, the proxy reward keeps
+# rising, while the gold reward rises, peaks and then **falls**. Plotted against
+# $\sqrt{\mathrm{KL}}$ (nats per sequence), the gold curve is roughly $d(\alpha - \beta_\text{G} d)$ with
+# $d = \sqrt{\mathrm{KL}}$: a hump, which a larger reward model or more preference data moves further out.
+#
+# The same experiment in the tiny world, `python -m rlhf_tutorial overoptimization --world tiny --seed 0`:
+#
+# - the **proxy** is chapter 02's `RewardModel` trained on 1,000 of the world's 4,000 preference pairs
+#   (one epoch), so it agrees with the rater on only part of the held-out pairs;
+# - PPO (this chapter's trainer, towards **positive** reviews, the direction the preferences favour) climbs
+#   the proxy with a small $\beta$ = 0.02 per token, 50 phases of 64 samples;
+# - the **gold** reward, never seen by the policy, is the world's sentiment classifier's P(POSITIVE) on
+#   the same samples; the x-axis is the k1 KL per sequence of each rollout.
+#
+# The cell runs a shorter version (fewer phases, smaller batches), enough to see the proxy pull away;
+# the full run's numbers follow it.
+
+# %%
+over_args = OveroptimizationArgs(world=world, seed=0)
+if is_tiny():  # about a third of the CLI's run: 24 phases of 32
+    over_args = replace(over_args, num_phases=24, batch_size=32)
+over_args = replace(over_args, **smoke_sizes(rm_train_pairs=32, rm_test_pairs=32, num_phases=2, batch_size=8))
+over = run_overoptimization(over_args, progress=False)
+print(f"proxy held-out accuracy {over['proxy_heldout_accuracy']:.3f}; gold {over['gold_initial']:.3f} -> "
+      f"peak {over['gold_peak_smoothed']:.3f} (phase {over['gold_peak_phase']}) -> {over['gold_final_smoothed']:.3f}; "
+      f"proxy {over['proxy_initial']:.2f} -> {over['proxy_final_smoothed']:.2f}; {over['wall_seconds']:.0f} s")
+overoptimization_figure(over)
+
+# %% [markdown]
+# The full CLI run, `overoptimization --world tiny --seed 0`, took 4 minutes on the reference machine
+# while other jobs shared its two cores (210 s inside the process). The proxy trained in 27 s and agrees
+# with the rater on 75% of 400 held-out pairs (50% before training). Five-phase moving averages, KL in
+# nats per sequence (k1):
+#
+# | phase | KL / sequence | $\sqrt{\mathrm{KL}}$ | proxy (RM score) | gold P(POSITIVE) |
+# |---|---|---|---|---|
+# | 0 (single phase) | 0 | 0 | 0.09 | 0.69 |
+# | 9 | 10.6 | 3.3 | 1.44 | 0.73 |
+# | 19 | 18.3 | 4.3 | 2.56 | 0.76 |
+# | 29 | 19.2 | 4.4 | 2.89 | 0.87 |
+# | 36 (gold's peak) | 23.3 | 4.8 | 3.02 | **0.99** |
+# | 44 | 79.3 | 8.9 | 3.32 | 0.83 |
+# | 49 | 88.2 | 9.4 | 3.43 | 0.83 |
+#
+# The proxy rises in every stretch of the run. The gold reward first barely moves (the proxy's early
+# gains come from features the classifier does not share), then rises to 0.99 at about 23 nats, and
+# then, while the proxy keeps climbing and the KL quadruples, falls back to 0.83. The last samples show
+# what the proxy pays for: "This movie was really moving. I did not regret I did I did It plays plays
+# plays." The reward model has learned that "did not regret" and "plays" go with preferred reviews; it
+# never saw text like this, so nothing told it that such text is not a review. Early stopping on the proxy
+# would not catch it (the proxy never turns); a KL budget (stop, or raise $\beta$, past ~25 nats here) or a
+# held-out gold check would. The location of the peak belongs to this proxy, seed and $\beta$; the
+# hump is the general lesson. The numbers are one seed's: read the shape, not the decimals.
 #
 # ## Saving the tuned policy
 #

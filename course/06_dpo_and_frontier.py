@@ -1,40 +1,409 @@
 # %% [markdown]
 # # 06. DPO and friends, and every method of the course on one reward-KL frontier
 #
-# Chapters 03 and 04 tuned the policy with reinforcement learning: sample, score, push up what
-# scored well, with a KL penalty that keeps the policy near a reference. This chapter starts from
-# the objective those methods share and shows that, for preference data, the RL loop can be
-# replaced by a **classification loss on pairs** (DPO), then adds two critic-free RL estimators
-# beside GRPO (RLOO and GSPO), and ends by placing every method of the course on one figure: mean
-# reward against KL to the reference.
+# Chapters 03 and 04 tuned the policy with reinforcement learning: sample, score, push up what scored
+# well, with a KL penalty that keeps the policy near a reference. This chapter starts from the
+# objective those methods share and shows that, given **preference pairs**, the RL loop can be
+# replaced by a logistic loss on pairs: **DPO** (Direct Preference Optimization, Rafailov et al. 2023)
+# and its relatives IPO, SLiC's hinge, conservative DPO and SimPO. Then two critic-free RL estimators
+# join GRPO in chapter 04's trainer (**RLOO** and **GSPO**), and the chapter ends by rebuilding the DPO
+# paper's best-known figure: every method of the course, at several KL strengths, on the plane of
+# mean reward against KL(policy || reference).
+#
+# | | PPO (03) | GRPO / RLOO / GSPO (04, here) | DPO / IPO (here) |
+# |---|---|---|---|
+# | data | samples of the policy, scored | groups of samples of the policy, scored | pairs (chosen, rejected), labelled once |
+# | reward model at training time | yes | yes | **no** (the labels are in the pairs) |
+# | sampling during training | every phase | every phase | none (offline) / once a round (online) |
+# | critic | value head | none (group baseline) | none |
+# | KL to the reference | in the reward | in the loss (k3) | implicit, through beta |
 
 # %% imports
+import copy
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.rewards import sentiment_reward_fn
+from rlhf_tutorial.trainers.dpo import DPOArgs, pairs_from_samples
+from rlhf_tutorial.trainers.dpo import learner_functions as dpo_learner_functions
+from rlhf_tutorial.trainers.dpo import train as train_dpo
+from rlhf_tutorial.trainers.frontier import FrontierArgs, run_frontier
+from rlhf_tutorial.trainers.grpo import GRPOArgs
+from rlhf_tutorial.trainers.grpo import learner_functions as grpo_learner_functions
+from rlhf_tutorial.trainers.grpo import train as train_grpo
+from rlhf_tutorial.widgets.dpo import FrontierTable, cost_figure, dpo_curves, dpo_dashboard, frontier_figure
+from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world, smoke_sizes
+
+# %%
+torch.manual_seed(0)
+world = resolve_world(None)
+if is_tiny():
+    torch.set_num_threads(1)  # the tiny model runs fastest on one thread
+policy = load_policy(world)
+prompt = default_prompt()
+direction = "neg"
+sentiment_reward = sentiment_reward_fn(world, direction)  # texts -> P(NEGATIVE | text), chapter 02
+print(f"world: {world}, prompt: {prompt!r}")
 
 # %% [markdown]
-# ## 1. Log-probabilities of whole completions
+# ## 1. From RLHF to DPO: the math
+#
+# For a prompt $x$, RLHF looks for the policy that maximises the reward minus a KL penalty to the
+# reference $\pi_\text{ref}$ (chapter 03's objective, $\beta$ = `kl_coef`):
+#
+# $$\max_\pi\; \mathbb{E}_{y \sim \pi(\cdot \mid x)}\big[r(x, y)\big] \;-\; \beta\, \mathrm{KL}\big(\pi(\cdot \mid x)\,\|\,\pi_\text{ref}(\cdot \mid x)\big).$$
+#
+# **The optimal KL-regularised policy.** Write the objective as
+# $-\beta\, \mathrm{KL}\big(\pi \,\|\, \pi_\text{ref}\, e^{r/\beta} / Z(x)\big) + \beta \log Z(x)$ with
+# $Z(x) = \sum_y \pi_\text{ref}(y \mid x)\, e^{r(x, y)/\beta}$ (expand the KL to check it). The second term does not
+# depend on $\pi$ and a KL is smallest (zero) when its two arguments agree, so the optimum is
+#
+# $$\pi^*(y \mid x) = \frac{1}{Z(x)}\, \pi_\text{ref}(y \mid x)\, \exp\!\big(r(x, y) / \beta\big):$$
+#
+# the reference, reweighted by the exponentiated reward. Small $\beta$: chase the reward; large $\beta$:
+# stay with the reference. $Z(x)$ sums over every possible completion, so we cannot compute $\pi^*$.
+#
+# **The implicit reward.** Solve the same equation for $r$:
+#
+# $$r(x, y) = \beta \log \frac{\pi^*(y \mid x)}{\pi_\text{ref}(y \mid x)} + \beta \log Z(x).$$
+#
+# Any policy $\pi$ defines the reward $\hat r(x, y) = \beta \log \pi(y \mid x) / \pi_\text{ref}(y \mid x)$ for which
+# it is optimal, up to $\beta \log Z(x)$, a term in $x$ alone.
+#
+# **The Bradley-Terry likelihood of a pair.** Chapter 02's reward model was fitted to pairs with
+# $P(y_w \succ y_l \mid x) = \sigma\big(r(x, y_w) - r(x, y_l)\big)$. Only the *difference* of two rewards
+# of the same prompt enters, so $\beta \log Z(x)$ cancels, and with the implicit reward the likelihood
+# of the preference data is a function of the policy alone:
+#
+# $$\mathcal{L}_\text{DPO}(\pi) = -\mathbb{E}_{(x, y_w, y_l)}\Big[\log \sigma\big(\beta h\big)\Big], \qquad
+# h = \log \frac{\pi(y_w \mid x)}{\pi_\text{ref}(y_w \mid x)} - \log \frac{\pi(y_l \mid x)}{\pi_\text{ref}(y_l \mid x)}.$$
+#
+# Minimising it fits a reward model whose parameters *are* the policy: no separate reward model, no
+# sampling, no value head. What it needs is $\log \pi(y \mid x)$ of whole completions, under the policy
+# (with gradients) and the reference (without).
+
+# %% [markdown]
+# ## 2. Log-probabilities of whole completions
+#
+# $\log \pi(y \mid x) = \sum_t \log \pi(y_t \mid x, y_{<t})$ over the completion's tokens only. Prompt and
+# completion sit in one row of `tokens` with a `mask` True on the completion (padding and prompt
+# False). Logits are shifted by one against the tokens: `logits[:, t - 1]` predicts `tokens[:, t]`, so
+# the first token has no prediction and `mask[:, 0]` is ignored. Use `log_softmax` (stable for large
+# logits), `gather` the token's log-prob, zero the masked positions, sum. (Chapter 04's
+# `group_token_logprobs` returned the per-token log-probs of generated tokens; this is the sum over a
+# completion, with an explicit mask.)
 
 # %% exercise rlhf_tutorial.dpo:sequence_logprobs | 15 min | difficulty 3 | importance 4
 
 # %% [markdown]
-# ## 2. The DPO loss
+# ## 3. The DPO loss and its variants
+#
+# With $h$ as above (four sequence log-probs per pair), the variants differ in what they do with $h$:
+#
+# | `loss_type` | per pair | from |
+# |---|---|---|
+# | `"sigmoid"` | $-(1 - \epsilon)\log\sigma(\beta h) - \epsilon \log\sigma(-\beta h)$ | DPO; $\epsilon$ = `label_smoothing` (conservative DPO: each label is wrong with probability $\epsilon$) |
+# | `"ipo"` | $\big(h - \tfrac{1}{2\beta}\big)^2$ | IPO (Azar et al. 2023): regress $h$ onto a finite target |
+# | `"hinge"` | $\max(0,\, 1 - \beta h)$ | SLiC (Zhao et al. 2023) |
+#
+# DPO's loss keeps falling as $h \to \infty$: on pairs that are easy to separate it pushes $h$ without
+# limit (the reference is then only a starting point: the KL can grow large). IPO stops at
+# $h = 1/(2\beta)$, so $\beta$ sets how far the policy moves; the hinge stops at $\beta h = 1$.
+#
+# `log(sigmoid(x))` underflows to $\log 0 = -\infty$ for very negative $x$: use `F.logsigmoid`. Any other
+# `loss_type` must raise `ValueError` (a typo should not train with another loss).
 
 # %% exercise rlhf_tutorial.dpo:dpo_loss | 15 min | difficulty 2 | importance 5
 
+# %% [markdown]
+# The reward the policy implicitly assigns, $\hat r = \beta (\log \pi - \log \pi_\text{ref})$. On a pair,
+# $\hat r_w - \hat r_l = \beta h$: its mean is the **reward margin** a DPO run logs, and the fraction of
+# pairs where it is positive the **reward accuracy**.
+
 # %% exercise rlhf_tutorial.dpo:implicit_reward | 10 min | difficulty 2 | importance 4
+
+# %% [markdown]
+# **SimPO** (Meng et al. 2024) drops the reference model altogether. Its reward is the policy's *mean*
+# log-prob per token, $\frac{\beta}{|y|} \log \pi(y \mid x)$ (length-normalised, so a long completion is not
+# penalised for having more tokens), and the chosen side must win by a margin $\gamma$:
+#
+# $$\mathcal{L}_\text{SimPO} = -\log\sigma\Big(\beta \Big(\tfrac{\log \pi(y_w)}{|y_w|} - \tfrac{\log \pi(y_l)}{|y_l|}\Big) - \gamma\Big).$$
 
 # %% exercise rlhf_tutorial.dpo:simpo_loss | 15 min | difficulty 3 | importance 4
 
+# %% [markdown]
+# How the three losses react to $h$ (with $\beta = 0.1$): DPO's gradient fades but never vanishes as
+# $h$ grows, IPO's changes sign at $h = 1/(2\beta) = 5$, the hinge's is exactly zero past $\beta h = 1$:
+
+# %%
+hs = torch.tensor([-20.0, -5.0, 0.0, 5.0, 10.0, 20.0, 50.0])
+zeros = torch.zeros_like(hs)
+for loss_type in ["sigmoid", "ipo", "hinge"]:
+    grads = []
+    for h in hs:
+        h = h.clone().requires_grad_(True)
+        dpo_loss(h[None], zeros[:1], zeros[:1], zeros[:1], beta=0.1, loss_type=loss_type).backward()
+        grads.append(f"{h.grad.item():+.3f}")
+    print(f"{loss_type:>8}: dloss/dh at h = {hs.tolist()}: {grads}")
+
+# %% [markdown]
+# ## 4. Pairs from the reference model
+#
+# Chapter 02's pairs were labelled by a rule. Here the pairs come from the task itself, as in the DPO
+# paper's IMDb experiment: sample $G$ completions of the course prompt from the **reference** policy,
+# score them with the sentiment classifier (the ground-truth reward, towards negative as in chapter
+# 03), and keep each group's best and worst as a (chosen, rejected) pair. The classifier is asked once,
+# when the pairs are made; training never calls it.
+
 # %% exercise rlhf_tutorial.dpo:best_worst_pairs | 15 min | difficulty 2 | importance 3
+
+# %%
+tiny_args = DPOArgs.preset(world, direction=direction, num_pairs=3, group_size=8, min_reward_gap=0.0)
+torch.manual_seed(0)
+pairs, stats = pairs_from_samples(policy, sentiment_reward, tiny_args, best_worst_pairs)
+print(f"mean reward of the {stats['groups'] * 8} samples: {stats['sample_reward']:.3f}")
+for *_, chosen, rejected, gap in pairs:
+    print(f"gap {gap:.2f}\n  chosen:   {chosen!r}\n  rejected: {rejected!r}")
+
+# %% [markdown]
+# ## 5. Training with DPO
+#
+# `rlhf_tutorial.trainers.dpo.train` runs your `sequence_logprobs`, `dpo_loss`, `implicit_reward` and
+# `best_worst_pairs` (`dpo_learner_functions(globals())` hands them over). Offline (the default), the
+# pairs are drawn once from the reference (`num_pairs` groups of `group_size`), the reference's
+# sequence log-probs are computed once, and the policy makes `rounds` passes over them in minibatches
+# of `batch_size` pairs. After every round the policy is measured on fresh samples of its own: the
+# held-out classifier reward and the **sequence KL** to the reference (`evaluate_policy`,
+# the same measurement the frontier uses for every method, in `rlhf_tutorial.trainers.policy_eval`).
+#
+# The tiny world runs a shortened version of the CLI's run (`python -m rlhf_tutorial train-dpo --world
+# tiny --seed 0`: 384 pairs of the best and worst of 16, 5 rounds); `DPOArgs` documents every knob.
+
+# %%
+# (smoke runs use random stand-in models whose rewards barely differ: keep every pair there)
+dpo_args = DPOArgs.preset(world, direction=direction, seed=0,
+                          **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16, min_reward_gap=0.0))
+if is_tiny():
+    dpo_args.num_pairs, dpo_args.rounds, dpo_args.eval_samples, dpo_args.eval_samples_per_round = 192, 3, 96, 48
+dash, callback = dpo_dashboard(title=f"DPO on the {world} world, towards {direction}")
+dpo_result = train_dpo(dpo_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, callback=callback,
+                       **dpo_learner_functions(globals()))
+dash.finish()
+before, after = dpo_result.eval_initial, dpo_result.eval_final
+print(f"reward {before['reward']:.3f} -> {after['reward']:.3f} (± {after['reward_se']:.3f}), sequence KL "
+      f"{after['kl']:.2f} ± {after['kl_se']:.2f} nats ({after['kl_per_token']:.3f} per token), "
+      f"pair accuracy {dpo_result.history[-1]['accuracy']:.2f}, {dpo_result.wall_seconds:.0f} s")
+for text, r in list(zip(after["texts"], after["rewards"]))[:4]:
+    print(f"  {r:.2f}  {text!r}")
+
+# %% [markdown]
+# Read the curves together. The **loss** falls and the **pair accuracy** climbs towards 1 on the
+# training pairs: the policy separates chosen from rejected. The **implicit reward margin** keeps
+# growing: nothing in the sigmoid loss tells it to stop. The **held-out classifier reward** (fresh
+# samples, a reward the training never queried) rises with it; in this shortened run (3 passes over
+# 192 pairs: about 0.61 at 1.9 nats when this notebook was written) it is still climbing. The CLI's
+# longer run (5 passes over 384 pairs) shows what comes next: the held-out reward levels off
+# (0.46, 0.74, 0.74, 0.83, 0.84 after each pass) while the KL keeps growing (0.6, 4.5, 8.4, 13.3,
+# 17.8 nats): offline DPO on a fixed set of pairs keeps moving away from the reference after the pairs
+# have stopped teaching it anything about the classifier, and its text gets rougher: words that the
+# rejected completions used and the chosen ones did not are pushed down wherever they appear.
+#
+# **Chapter 02's pairs instead.** `pairs="preferences"` trains on the tiny world's preference pairs of
+# chapter 02 (flipped for `direction="neg"`: they prefer positive reviews, and reviews without
+# repetition). Their prompts are not the course prompt and their completions were written by the
+# corpus, not sampled from the policy: the policy learns from text it would not itself produce.
+
+# %%
+pref_sizes = {**dict(num_pairs=384, rounds=2, eval_samples=96, eval_samples_per_round=32),
+              **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16)}
+pref_args = DPOArgs.preset(world, direction=direction, seed=0, pairs="preferences", **pref_sizes)
+pref_result = train_dpo(pref_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, progress=False,
+                        **dpo_learner_functions(globals()))
+for name, result in [("pairs from the reference's samples", dpo_result), ("chapter 02's preference pairs", pref_result)]:
+    print(f"{name:>36}: reward {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
+          f"KL {result.eval_final['kl']:.2f} nats, pair accuracy {result.history[-1]['accuracy']:.2f}")
+dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
+
+# %% [markdown]
+# When this notebook was written, the pair accuracy on chapter 02's pairs climbed (0.66, then 0.86 after
+# two passes) but the classifier's reward on the course prompt barely moved: 0.29 -> 0.33 at 2.3 nats,
+# against 0.61 at 1.9 nats with pairs sampled from the reference. The pairs teach what distinguishes
+# *those* texts, on *those* prompts, and the policy drifts (look for repeated words in its samples)
+# without learning what the classifier wants from the course prompt. This is the
+# distribution-shift problem of offline preference data, and the reason for the **online** option:
+# `online=True` draws fresh pairs from the *current* policy at the start of every round (the reference
+# in the loss stays the frozen start). Measured with the CLI (`train-dpo --world tiny --seed 0
+# --online --group-size 8 --num-pairs 256`), online DPO reached a reward of 0.77 at a sequence KL of
+# 3.4 nats with clean samples, where the offline default (`train-dpo --world tiny --seed 0`: 384 pairs
+# of the best and worst of 16) reached 0.83 at 18 nats, with rougher text like the samples above.
+
+# %% [markdown]
+# ## 6. Critic-free RL beside GRPO: RLOO and GSPO
+#
+# **RLOO** (REINFORCE Leave-One-Out; Kool et al. 2019, Ahmadian et al. 2024). GRPO's baseline for sample
+# $i$ is its group's mean, which includes $r_i$ itself; that correlates the baseline with the sample and
+# biases the gradient by a factor $(G-1)/G$. RLOO leaves it out:
+#
+# $$A_i = r_i - \frac{1}{G - 1} \sum_{j \ne i} r_j = \frac{G}{G-1}\big(r_i - \bar r\big),$$
+#
+# unbiased, and without GRPO's division by the std. `G >= 2` (one sample has no siblings).
 
 # %% exercise rlhf_tutorial.dpo:rloo_advantages | 10 min | difficulty 2 | importance 4
 
+# %% [markdown]
+# **GSPO** (Group Sequence Policy Optimization, Qwen 2025). GRPO clips every token's ratio
+# $\pi_\theta / \pi_\text{old}$, but the reward belongs to the whole sequence; a few tokens with extreme ratios
+# make the token-level objective noisy (the GSPO paper reports it destabilising large mixture-of-experts
+# models). GSPO uses one ratio per sequence, length-normalised so that it does not explode with the
+# length, and clips that:
+#
+# $$s_i = \Big(\frac{\pi_\theta(y_i \mid x)}{\pi_\text{old}(y_i \mid x)}\Big)^{1/|y_i|} = \exp\Big(\frac{1}{|y_i|} \sum_t \big(\log \pi_\theta(y_{i,t} \mid \cdot) - \log \pi_\text{old}(y_{i,t} \mid \cdot)\big)\Big),$$
+#
+# the geometric mean of the token ratios.
+
 # %% exercise rlhf_tutorial.dpo:gspo_sequence_ratio | 15 min | difficulty 3 | importance 4
+
+# %% [markdown]
+# Both plug into chapter 04's trainer as options: `GRPOArgs(advantage_estimator="rloo")` computes the
+# advantages with your `rloo_advantages`, `GRPOArgs(importance_level="sequence")` makes the training
+# step optimise `calc_gspo_objective` (your `gspo_sequence_ratio`, clipped once per sequence, with the
+# k3 KL averaged over each sequence). From the command line: `train-grpo --advantage-estimator rloo`,
+# `train-grpo --importance-level sequence`. Short runs of each (the frontier below runs them longer):
+
+# %%
+short = dict(num_phases=12, eval_samples=64) if is_tiny() else dict(num_phases=40)
+short.update(smoke_sizes(num_phases=2, eval_samples=16))
+rl_runs = {}
+for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("GSPO", {"importance_level": "sequence"})]:
+    run_args = GRPOArgs.preset(world, direction=direction, seed=0, **short, **extra)
+    rl_runs[name] = train_grpo(run_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, progress=False,
+                               **grpo_learner_functions(globals()))
+    r = rl_runs[name]
+    print(f"{name}: reward {r.eval_initial['reward']:.3f} -> {r.eval_final['reward']:.3f}, "
+          f"KL per token (k3) {r.eval_final['kl']:.3f}, {r.wall_seconds:.0f} s")
+
+# %% [markdown]
+# RLOO's advantages are GRPO's without the division by the group's std (and scaled by $G/(G-1)$): with
+# rewards in $[0, 1]$ they are several times smaller, so at the same learning rate RLOO climbs more
+# slowly, as Dr. GRPO's `scale="none"` did in chapter 04. GSPO with the token-level clip range
+# (`clip_eps=0.2`) should clip far less often than GRPO does (a geometric mean of token ratios moves
+# much less than its most extreme token); the GSPO paper uses ranges of a few times $10^{-4}$.
+
+# %% [markdown]
+# ## 7. Every method on one reward-KL frontier
+#
+# The DPO paper's IMDb figure places each method, at several KL strengths, on the plane of mean reward
+# against KL(policy || reference). We rebuild it with every method of the course: PPO (chapter 03's
+# trainer), GRPO, RLOO and GSPO (chapter 04's), DPO and IPO (this chapter's). Every point is a run from
+# the same starting policy and seed, and every point is measured **the same way**: 128 (here fewer)
+# samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
+# reference,
+#
+# $$\mathrm{KL}(\pi \,\|\, \pi_\text{ref}) = \mathbb{E}_{y \sim \pi}\Big[\sum_t \mathrm{KL}\big(\pi(\cdot \mid x, y_{<t}) \,\|\, \pi_\text{ref}(\cdot \mid x, y_{<t})\big)\Big],$$
+#
+# the exact KL of the next-token distributions summed along each sample's own path (an unbiased
+# estimate of the sequence KL with less variance than $\log \pi(y) - \log \pi_\text{ref}(y)$), each with its
+# standard error. Per-token KLs (chapter 03's and 04's logs) would favour methods that write shorter
+# completions; the sequence KL is what the KL-regularised objective penalises.
+#
+# **The notebook runs a smaller grid than the CLI**: 2 strengths per method instead of 3, 8 phases per
+# RL run instead of 20, 2 DPO rounds over 128 pairs instead of 4 over 256, 64 evaluation samples per
+# point instead of 128 (about a minute of CPU time). The full grid is `python -m rlhf_tutorial frontier
+# --world tiny` (about 5 minutes of CPU; HTML report and JSON with every point).
+
+# %%
+frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.03, 0.3),
+                             grpo_betas=(0.01, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
+                             rl_phases=8, dpo_rounds=2, dpo_pairs=128, eval_samples=64)
+if not is_tiny():
+    frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
+if is_smoke():
+    frontier_args.rl_phases, frontier_args.dpo_rounds, frontier_args.dpo_pairs, frontier_args.eval_samples = 1, 1, 4, 8
+    frontier_args.dpo_min_reward_gap = 0.0
+frontier = run_frontier(frontier_args, progress=False)
+frontier_figure(frontier, title=f"Reward against sequence KL, {world} world (the notebook's small grid)")
+
+# %%
+FrontierTable(frontier)
+
+# %%
+cost_figure(frontier)
+
+# %% [markdown]
+# Hover a point for its settings and samples; click a method in the legend to hide it (double-click:
+# only it), or use the buttons. Memory here is measured inside one kernel, where a run reuses memory
+# an earlier run freed: the CLI runs each method in its own process for that reason.
+#
+# The same figure from the CLI's full grid (`frontier --world tiny`: 3 strengths per method, 20 phases
+# per RL run, 4 DPO rounds over 256 pairs, 128 evaluation samples per point; the JSON is in the
+# README), and what to read in it. Base policy: reward 0.286.
+#
+# | method | strength: reward at sequence KL (nats) |
+# |---|---|
+# | PPO | kl_coef 0.3: 0.675 at 2.1; 0.1: 0.875 at 4.5; 0.03: 0.873 at 9.2 |
+# | GRPO | beta 0.5: 0.691 at 1.2; 0.1: 0.871 at 5.2; 0.01: 0.904 at 9.9 |
+# | RLOO | beta 0.5: 0.580 at 0.7; 0.1: 0.831 at 2.8; 0.01: 0.921 at 8.5 |
+# | GSPO | beta 0.5: 0.677 at 2.0; 0.1: 0.859 at 7.3; 0.01: 0.998 at 49.9 |
+# | DPO | beta 0.5: 0.742 at 4.5; 0.1: 0.773 at 8.1; 0.03: 0.763 at 9.4 |
+# | IPO | beta 0.5: 0.359 at 0.06; 0.1: 0.664 at 1.6; 0.02: 0.773 at 8.7 |
+#
+# (standard errors: about 0.03 on the reward, 0.02 to 0.7 nats on the KL.)
+#
+# - **The on-policy RL methods** (PPO, GRPO, RLOO, GSPO) share one curve: about 0.87 at 5 nats and
+#   0.9 at 9; the KL strength moves a point along it. RLOO sits a little to the left of GRPO (less KL
+#   for the same reward at beta 0.1), within about two standard errors.
+# - **Offline DPO and IPO**, trained on pairs drawn once from the reference, sit below that curve: about
+#   0.77 at 8 to 9 nats, where the RL methods reach about 0.9, and more passes over the pairs add KL
+#   faster than reward (`train-dpo`'s 5 passes over 384 pairs: 0.83 at 18 nats). IPO's beta controls
+#   the KL directly (its target $h = 1/(2\beta)$: 0.06, 1.6 and 8.7 nats); DPO's beta only through
+#   where its loss saturates (4.5 to 9.4 nats).
+# - **GSPO with beta = 0.01** ran away: reward 0.998 at 50 nats (3 nats per token), where GRPO with the
+#   same beta stopped at 10. A likely reason: with the token-level clip range (0.2) a length-normalised
+#   sequence ratio almost never leaves it, so GSPO's updates here are in effect unclipped, and a
+#   KL weight of 0.01 does not hold the policy back.
+# - The DPO paper found DPO's frontier *above* PPO's on IMDb with GPT-2-large. Here, with a 2-layer
+#   model, a classifier that is easy to please and RL methods that sample 64 fresh completions of
+#   their current policy every phase, the on-policy methods are more KL-efficient, as later studies
+#   comparing online and offline preference optimisation also report; section 5's online DPO moves
+#   DPO towards them.
+# - **Cost**: a DPO or IPO point trained in about 13 s against 13 to 33 s for an RL point (the machine
+#   was loaded: compare them with each other), plus the shared pairs (4096 samples from the reference
+#   and one classifier pass, 23 to 43 s); peak memory above the start of a run was 50 to 110 MB for
+#   DPO (a forward and backward pass over 64 full rows) and 10 to 75 MB for the RL runs.
+#
+# The cell below compares the methods of *this* run at their largest reward:
+
+# %%
+best = {}
+for point in frontier["points"]:
+    if point["method"] not in best or point["reward"] > best[point["method"]]["reward"]:
+        best[point["method"]] = point
+print(f"base policy: reward {frontier['base']['reward']:.3f}")
+for method, point in sorted(best.items(), key=lambda kv: kv[1]["kl"]):
+    per_nat = (point["reward"] - frontier["base"]["reward"]) / max(point["kl"], 1e-6)
+    print(f"{method:>5} ({point['strength_name']} {point['strength']:g}): reward {point['reward']:.3f} ± {point['reward_se']:.3f} "
+          f"at KL {point['kl']:.2f} ± {point['kl_se']:.2f} nats: {per_nat:.3f} reward per nat; "
+          f"{frontier['methods'][method]['train_seconds']:.0f} s of training for its points")
 
 # %%
 progress("06")
+
+# %% [markdown]
+# ## What to try next
+#
+# - `train-dpo --online`: pairs from the current policy every round. Where does online DPO land on the
+#   frontier? (`frontier` runs offline DPO; add a point by hand with `trainers.policy_eval.evaluate_policy`.)
+# - `loss_type="hinge"` and `label_smoothing=0.1` in `DPOArgs`: does a loss that saturates, or one
+#   that doubts its labels, keep the KL down?
+# - SimPO in the trainer: `simpo_loss` needs no reference log-probs. Pass a `dpo_loss` replacement to
+#   `train_dpo` that ignores the reference arguments and calls `simpo_loss` with the completion
+#   lengths, and compare its samples' lengths with DPO's.
+# - GSPO with its paper's clip range: `GRPOArgs(importance_level="sequence", clip_eps=3e-4,
+#   clip_eps_high=4e-4)`, and watch how many sequences are clipped.
+# - More points: `frontier --dpo-betas 0.01 0.03 0.1 0.3 1.0 --rl-phases 40`, or one method at a time
+#   (`--methods ipo`).
+# - The GPT-2 world: the same commands with `--world gpt2` on a GPU.

@@ -182,6 +182,26 @@ def calc_value_function_loss(
     # <<< exercise
 
 
+def calc_clipped_value_loss(
+    values: Float[Tensor, "*b"],
+    old_values: Float[Tensor, "*b"],
+    returns: Float[Tensor, "*b"],
+    vf_coef: float,
+    clip: float,
+) -> Float[Tensor, ""]:
+    """The value loss with PPO-style clipping of the value update (TRL's ``cliprange_value``).
+
+        values_clipped = old_values + clamp(values - old_values, -clip, clip)
+        L_value = 0.5 * vf_coef * mean(max((values - returns) ** 2, (values_clipped - returns) ** 2))
+
+    The max makes it pessimistic, as the clipped surrogate is: a value may move towards its target by
+    at most ``clip`` from where it was at rollout time before the gradient stops helping. With
+    ``clip = inf`` it is ``calc_value_function_loss``.
+    """
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * vf_coef * torch.maximum((values - returns).pow(2), (clipped - returns).pow(2)).mean()
+
+
 def calc_entropy_bonus(logits: Float[Tensor, "*b n"], ent_coef: float) -> Float[Tensor, ""]:
     """The entropy bonus (to maximise): ``ent_coef * mean(H(softmax(logits)))``.
 

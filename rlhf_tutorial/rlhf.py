@@ -45,6 +45,7 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
+    calc_clipped_value_loss,
     calc_entropy_bonus,
     calc_value_function_loss,
     clip_diagnostics,
@@ -368,6 +369,13 @@ def compute_rlhf_objective(
     ``args.temperature`` as the policy's) when ``args.kl_estimator`` is "full", else the mean of
     ``approx_kl`` with that estimator on the stored reference log-probs (taken at that temperature by
     the rollout). ``kl_coef`` is the argument (the trainer's choice), not ``args.kl_coef``.
+    When ``kl_coef`` is 0 (GAE: the KL is already in the per-token rewards) the term would add
+    nothing: no reference forward and no KL graph, and ``kl`` is the k3 estimate from the stored
+    reference log-probs, for the logs only.
+
+    With ``args.cliprange_value`` set, the value loss is ``calc_clipped_value_loss`` (chapter 01)
+    with the rollout's values ``minibatch.returns - minibatch.advantages`` (the memory stored
+    ``returns = advantages + values``).
 
     Diagnostics: ``kl`` (the KL itself), ``approx_kl`` (k3 estimate of KL(old policy || policy): how
     far this update has moved), ``clipfrac`` (fraction of ratios outside 1 +- clip_coef). They are
@@ -384,9 +392,18 @@ def compute_rlhf_objective(
     clipped_surrogate = calc_clipped_surrogate_objective(
         logprobs, minibatch.logprobs, minibatch.advantages, args.clip_coef
     )
-    value_loss = calc_value_function_loss(values[:, gen], minibatch.returns, args.vf_coef)
+    if args.cliprange_value is None:
+        value_loss = calc_value_function_loss(values[:, gen], minibatch.returns, args.vf_coef)
+    else:
+        old_values = minibatch.returns - minibatch.advantages  # the rollout's values
+        value_loss = calc_clipped_value_loss(
+            values[:, gen], old_values, minibatch.returns, args.vf_coef, args.cliprange_value
+        )
     entropy = calc_entropy_bonus(logits[:, gen], 1.0)
-    if args.kl_estimator == "full":
+    if kl_coef == 0:  # nothing to weigh: skip the reference forward and the KL graph, log k3
+        with torch.no_grad():
+            kl = approx_kl(logprobs, minibatch.ref_logprobs, "k3").mean()
+    elif args.kl_estimator == "full":
         with torch.no_grad():
             ref_logits = ref_model(minibatch.tokens) / args.temperature
         kl = calc_kl_penalty(logits[:, gen], ref_logits[:, gen], 1.0)
@@ -414,7 +431,9 @@ def compute_rlhf_objective(
 
 def get_optimizer(model: TransformerWithValueHead, base_lr: float, head_lr: float) -> torch.optim.AdamW:
     """AdamW with two parameter groups, ``maximize=True`` (we climb the objective):
-    the pretrained transformer at ``base_lr``, the freshly initialised value head at ``head_lr``."""
+    the pretrained transformer at ``base_lr``, the freshly initialised value head at ``head_lr``;
+    ``weight_decay=0`` (AdamW's default 0.01 would pull the pretrained weights towards zero, not
+    towards the reference: the KL penalty is the tether)."""
     # >>> exercise
     return torch.optim.AdamW(
         [
@@ -422,6 +441,7 @@ def get_optimizer(model: TransformerWithValueHead, base_lr: float, head_lr: floa
             {"params": model.value_head.parameters(), "lr": head_lr},
         ],
         maximize=True,
+        weight_decay=0.0,
     )
     # <<< exercise
 

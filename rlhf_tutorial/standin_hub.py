@@ -164,8 +164,16 @@ def train_distilbert_tokenizer(texts: list[str], vocab_size: int, folder: Path) 
 # --- models -----------------------------------------------------------------------------------------------
 def _save_weights(model, folder: Path) -> None:
     """``model.safetensors`` as ``save_pretrained`` writes it (tied weights stored once)."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # one bar per tiny file is noise
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+        finally:
+            if shown:
+                logging.enable_progress_bar()
         shutil.copy(Path(tmp) / "model.safetensors", folder / "model.safetensors")
 
 

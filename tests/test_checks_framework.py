@@ -177,3 +177,13 @@ def test_a_mistake_that_equals_the_reference_on_the_case_is_never_named():
     with pytest.raises(CheckFailure) as matched:  # a real match: the nudge in the message, the hint apart
         compare_to_reference(lambda x: x + 1, reference, cases, mistakes=[same_here, named])
     assert matched.value.hint == "Off by one: you added 1." and "Off by one." in matched.value.message
+
+
+def test_a_targeted_hint_puts_its_nudge_in_the_verdict_and_keeps_the_full_hint_apart():
+    def first_position(model, tokens):
+        return model(tokens)[:, 0].softmax(-1)
+
+    result = run_check("next_token_probs", first_position)
+    assert not result.passed
+    assert "You read the first position." in result.message  # the nudge: what is wrong
+    assert "logits[:, -1]" in result.hint and "logits[:, -1]" not in result.message  # the fix: only when asked

@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 from rlhf_tutorial import cli, rlhf, standin_hub, worlds
 from rlhf_tutorial.trainers import args as trainer_args
 from rlhf_tutorial.trainers import grpo
+from rlhf_tutorial.trainers import rewards as reward_trainer
 from rlhf_tutorial.trainers import rlhf as rlhf_trainer
 
 
@@ -114,6 +115,7 @@ def test_every_gpt2_size_loads_with_its_preset(gpt2_world, monkeypatch, size):
     assert worlds.preset_key("gpt2") == size and worlds.preset_key("tiny") == "tiny"
     assert rlhf_trainer.RLHFArgs.preset("gpt2").learning_rate == rlhf_trainer.PRESETS[size]["learning_rate"]
     assert grpo.GRPOArgs.preset("gpt2").learning_rate == grpo.PRESETS[size]["learning_rate"]
+    assert reward_trainer.RewardModelArgs.preset("gpt2").learning_rate == reward_trainer.PRESETS[size]["learning_rate"]
 
 
 def test_unknown_gpt2_size_is_rejected(monkeypatch):
@@ -134,6 +136,8 @@ def test_presets_follow_the_seed_blogs_scaling_directions():
     assert warmups == sorted(warmups) and warmups[-1] > warmups[0]
     assert thresholds == sorted(thresholds) and thresholds[-1] > thresholds[0]
     assert rlhf_trainer.PRESETS["gpt2"]["learning_rate"] == 8e-6, "gpt2 keeps the seed blog's own settings"
+    rm_rates = [reward_trainer.PRESETS[s]["learning_rate"] for s in sizes]
+    assert rm_rates == sorted(rm_rates, reverse=True) and rm_rates[-1] < rm_rates[0] < reward_trainer.RewardModelArgs.learning_rate
     assert set(trainer_args.GPT2_SCALING) == set(sizes) == set(worlds.GPT2_MODELS)
 
 
@@ -182,6 +186,8 @@ def test_train_reward_model_in_the_gpt2_world(gpt2_world, capsys):
                        "--max-test-pairs", "16", "--batch-size", "8", "--no-progress"], capsys)
     assert summary["world"] == "gpt2" and summary["steps"] == 4 and summary["n_test_pairs"] == 16
     assert list(summary["stand_ins"]) == ["gpt2"]
+    for key in ("learning_rate", "head_lr", "warmup_steps"):
+        assert summary["args"][key] == reward_trainer.PRESETS["gpt2"][key], f"{key}: the GPT-2 preset applies"
 
 
 def test_bench_memory_runs_scaled_down(capsys):

@@ -90,7 +90,7 @@ def test_colab_path_keeps_the_installed_torch_and_runs_chapter_00(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    pip = [py, "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check"]
+    pip = [py, "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check", "--no-compile"]
     subprocess.run([*pip, "torch==2.13.0"], check=True, capture_output=True, text=True)
     probe = "import torch, pathlib; print(torch.__version__, pathlib.Path(torch.__file__).stat().st_mtime_ns)"
     before = subprocess.run([py, "-c", probe], check=True, capture_output=True, text=True).stdout

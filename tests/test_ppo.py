@@ -53,6 +53,23 @@ def test_value_loss_and_entropy_by_hand():
     assert torch.isfinite(peaked) and abs(peaked.item()) < 1e-6
 
 
+def test_clipped_value_loss_by_hand():
+    returns, old = torch.tensor([2.0, 2.0, 2.0]), torch.zeros(3)
+    values = torch.tensor([1.0, 0.1, -1.0], requires_grad=True)
+    loss = ppo.calc_clipped_value_loss(values, old, returns, vf_coef=0.5, clip=0.2)
+    # per element: max((v - R)^2, (clip(v) - R)^2) = max(1, 3.24), max(3.61, 3.61), max(9, 4.84)
+    assert loss.item() == pytest.approx(0.5 * 0.5 * (3.24 + 3.61 + 9.0) / 3)
+    loss.backward()
+    # the first value moved past the clip range towards its target: the clipped branch wins, no gradient;
+    # the third moved away from its target: the unclipped branch wins, full gradient
+    assert values.grad.tolist() == pytest.approx([0.0, 0.5 * 0.5 * 2 * (0.1 - 2) / 3, 0.5 * 0.5 * 2 * (-1 - 2) / 3])
+    # an infinite range is the plain value loss
+    v = torch.randn(4, 5)
+    r = torch.randn(4, 5)
+    assert ppo.calc_clipped_value_loss(v, torch.randn(4, 5), r, 0.3, math.inf).item() == pytest.approx(
+        ppo.calc_value_function_loss(v, r, 0.3).item())
+
+
 def test_layer_init_is_orthogonal_and_in_place():
     layer = torch.nn.Linear(5, 3)
     assert ppo.layer_init(layer, std=2.0, bias_const=0.1) is layer

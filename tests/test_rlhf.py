@@ -76,6 +76,87 @@ def test_objective_kl_coef_is_zero_with_gae(tokenizer):
     assert make(tokenizer, advantage_estimator="one_step", kl_coef=0.3).objective_kl_coef == 0.3
 
 
+def count_forwards(module) -> list[int]:
+    """Record the batch size of every forward pass of ``module`` from now on."""
+    rows, original = [], module.forward
+
+    def wrapped(tokens, *a, **k):
+        rows.append(tokens.shape[0])
+        return original(tokens, *a, **k)
+
+    module.forward = wrapped
+    return rows
+
+
+@pytest.mark.parametrize("estimator, coef, ref_forwards", [("gae", 0.1, 0), ("one_step", 0.1, 8), ("one_step", 0.0, 0)])
+def test_no_reference_forward_when_the_objective_holds_no_kl(tokenizer, estimator, coef, ref_forwards):
+    """With the objective's KL coefficient 0 (GAE, or beta = 0) the learning phase never runs the reference
+    (8 = 4 minibatches x 2 passes otherwise), and its logged kl is the k3 of the stored log-probs."""
+    trainer = make(tokenizer, advantage_estimator=estimator, kl_estimator="full", kl_coef=coef)
+    memory = rlhf.rollout_phase(trainer)
+    rows = count_forwards(trainer.ref_model)
+    stats = rlhf.learning_phase(trainer, memory)
+    assert len(rows) == ref_forwards
+    assert math.isfinite(stats["kl"]) and stats["kl"] >= 0
+
+
+def test_skipping_the_zero_kl_term_leaves_the_objective_and_gradients_unchanged(tokenizer):
+    trainer = make(tokenizer, kl_estimator="full")
+    memory = rlhf.rollout_phase(trainer)
+    mb = memory.get_minibatches(4, 1, torch.Generator().manual_seed(0))[0]
+    args = trainer.args
+    grads, values = [], []
+    for kl_coef in (0.0, 1e-30):  # 1e-30: the full-KL path, numerically a zero coefficient
+        trainer.model.zero_grad()
+        objective, _ = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
+                                                   kl_coef, args)
+        objective.backward()
+        values.append(objective.item())
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+    assert values[0] == pytest.approx(values[1], abs=1e-7)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-7, rtol=1e-6)
+
+
+def test_optimizer_has_no_weight_decay(tokenizer):
+    trainer = make(tokenizer)
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.0, 0.0]
+
+
+def test_value_clipping_option(tokenizer):
+    """cliprange_value changes the value loss (and only it) once values have moved; training stays finite."""
+    plain, clipped = make(tokenizer), make(tokenizer, cliprange_value=0.01)
+    for trainer in (plain, clipped):
+        trainer.train(progress=False)
+    assert all(math.isfinite(r["value_loss"]) for r in clipped.history)
+    assert [r["value_loss"] for r in plain.history] != [r["value_loss"] for r in clipped.history]
+    # on the first rollout, before any update, values equal their rollout values: clipping changes nothing
+    a = make(tokenizer)
+    mem_a = rlhf.rollout_phase(a)
+    b = make(tokenizer, cliprange_value=0.01)  # seeded again in its constructor: the same samples
+    mem_b = rlhf.rollout_phase(b)
+    torch.testing.assert_close(mem_a.tokens, mem_b.tokens)
+    mb_a = mem_a.get_minibatches(4, 1, torch.Generator().manual_seed(0))[0]
+    mb_b = mem_b.get_minibatches(4, 1, torch.Generator().manual_seed(0))[0]
+    out_a = rlhf.compute_rlhf_objective(a.model, a.ref_model, mb_a, a.prefix_len, 0.0, a.args)[1]
+    out_b = rlhf.compute_rlhf_objective(b.model, b.ref_model, mb_b, b.prefix_len, 0.0, b.args)[1]
+    assert out_a["value_loss"] == pytest.approx(out_b["value_loss"], rel=1e-5)
+
+
+def test_adaptive_kl_controller_moves_beta_both_ways_with_the_default_horizon():
+    """With the default horizon (640 samples) and batch 64, beta moves up to 2% a phase: it controls."""
+    args = rlhf_trainer.RLHFArgs()
+    ctl = rlhf.AdaptiveKLController(0.1, args.kl_target, args.kl_horizon)
+    for _ in range(20):
+        ctl.update(0.0, args.batch_size)  # KL far below target
+    assert ctl.value == pytest.approx(0.1 * (1 - 0.2 * 64 / 640) ** 20)  # ~0.67x
+    low = ctl.value
+    for _ in range(20):
+        ctl.update(10 * args.kl_target, args.batch_size)
+    assert ctl.value > 1.4 * low
+    gpt2 = rlhf_trainer.RLHFArgs.preset("gpt2")
+    assert 0.2 * gpt2.batch_size / gpt2.kl_horizon >= 0.01  # at least 1% a phase in the GPT-2 preset
+
+
 def test_same_seed_same_curve(tokenizer):
     curves = []
     for _ in range(2):

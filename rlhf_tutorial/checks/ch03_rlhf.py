@@ -789,8 +789,9 @@ class _HookReturns:
     "get_optimizer",
     chapter=CHAPTER,
     hint="torch.optim.AdamW([{'params': model.base_model.parameters(), 'lr': base_lr}, "
-    "{'params': model.value_head.parameters(), 'lr': head_lr}], maximize=True): two parameter groups, and "
-    "maximize=True because the objective is climbed.",
+    "{'params': model.value_head.parameters(), 'lr': head_lr}], maximize=True, weight_decay=0.0): two "
+    "parameter groups, maximize=True because the objective is climbed, and no weight decay (it would pull the "
+    "pretrained weights towards zero, not towards the reference).",
 )
 def check_get_optimizer(candidate) -> str:
     model = rlhf.TransformerWithValueHead(small_model(seed=4))
@@ -821,7 +822,14 @@ def check_get_optimizer(candidate) -> str:
     if not all(g.get("maximize", False) for g in groups):
         raise CheckFailure("the optimizer minimises: the RLHF objective is climbed.",
                            hint="Pass maximize=True to AdamW: the objective is something to maximise.")
-    return "AdamW, two groups with the right parameters and learning rates, maximize=True."
+    decays = [g.get("weight_decay", 0.0) for g in groups]
+    if any(d != 0 for d in decays):
+        raise CheckFailure(
+            f"weight decay {decays}: expected 0 in both groups.",
+            hint="Pass weight_decay=0.0: AdamW's default (0.01) pulls every weight towards zero, and the "
+            "pretrained transformer should stay near the reference model, not near zero (the KL penalty is the "
+            "tether).")
+    return "AdamW, two groups with the right parameters and learning rates, maximize=True, no weight decay."
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1015,7 +1023,7 @@ def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.Re
 def _objective_variant(model, ref_model, mb, prefix_len, kl_coef, args, *, kl_sign=-1.0, value_sign=-1.0,
                        temperature=True, value_shift=0, logit_shift=0, ref_is_policy=False, always_full=False,
                        entropy_coef_twice=False, ref_temperature=True, entropy_all=False, args_kl_coef=False,
-                       no_coef=None):
+                       no_coef=None, value_clip=True):
     """The reference objective with one thing changed (for targeted hints)."""
     logits, values = model(mb.tokens)
     t = args.temperature if temperature else 1.0
@@ -1027,7 +1035,11 @@ def _objective_variant(model, ref_model, mb, prefix_len, kl_coef, args, *, kl_si
     gen_l = slice(prefix_len - 1 + logit_shift, s - 1 + logit_shift)
     logprobs = rlhf.get_logprobs(logits, mb.tokens, prefix_len)
     clipped = rlhf.calc_clipped_surrogate_objective(logprobs, mb.logprobs, mb.advantages, args.clip_coef)
-    value_loss = rlhf.calc_value_function_loss(values[:, gen_v], mb.returns, args.vf_coef)
+    if args.cliprange_value is not None and value_clip:
+        value_loss = rlhf.calc_clipped_value_loss(values[:, gen_v], mb.returns - mb.advantages, mb.returns,
+                                                  args.vf_coef, args.cliprange_value)
+    else:
+        value_loss = rlhf.calc_value_function_loss(values[:, gen_v], mb.returns, args.vf_coef)
     if no_coef is not None:  # one coefficient left out of the objective
         args = dataclasses.replace(args, **{no_coef: 1.0}) if no_coef != "kl_coef" else args
         kl_coef = 1.0 if no_coef == "kl_coef" else kl_coef
@@ -1070,6 +1082,9 @@ _OBJECTIVE_MISTAKES = [
     ("The KL is not multiplied by kl_coef: the objective subtracts kl_coef * KL.", dict(no_coef="kl_coef")),
     ("You used the full KL although args.kl_estimator is a sampled estimator: with 'k1'/'k2'/'k3' use "
      "approx_kl(logprobs, minibatch.ref_logprobs, estimator).mean().", dict(always_full=True)),
+    ("args.cliprange_value is ignored: when it is set, the value loss is calc_clipped_value_loss(values[:, gen], "
+     "minibatch.returns - minibatch.advantages, minibatch.returns, vf_coef, cliprange_value) (the rollout's "
+     "values are returns - advantages).", dict(value_clip=False)),
 ]
 
 
@@ -1082,7 +1097,9 @@ _OBJECTIVE_MISTAKES = [
     "minibatch.returns, vf_coef) + ent_coef * entropy of logits[:, gen] - kl_coef * KL, where KL is "
     "calc_kl_penalty(logits[:, gen], ref_logits[:, gen], 1.0) with ref_logits = ref_model(tokens) / temperature "
     "under no_grad when args.kl_estimator == 'full', else approx_kl(logprobs, minibatch.ref_logprobs, "
-    "estimator).mean().",
+    "estimator).mean(). With args.cliprange_value set, the value loss is calc_clipped_value_loss(values[:, gen], "
+    "minibatch.returns - minibatch.advantages, minibatch.returns, vf_coef, cliprange_value). When kl_coef is 0 "
+    "you may skip the KL (the reference does: no reference forward).",
 )
 def check_compute_rlhf_objective(candidate) -> str:
     model, ref, prefix_len, mb = _objective_setup()
@@ -1106,6 +1123,10 @@ def check_compute_rlhf_objective(candidate) -> str:
         ("k3 KL, temperature 0.7", None, mb, RLHFArgs(kl_estimator="k3", temperature=0.7, ent_coef=0.05), 0.8),
         ("full KL, temperature 1.3, other coefficients", None, mb,
          RLHFArgs(kl_estimator="full", temperature=1.3, clip_coef=0.1, vf_coef=0.5, ent_coef=0.1), 2.0),
+        ("value clipping 0.2, k2 KL", None, mb,
+         RLHFArgs(kl_estimator="k2", temperature=0.7, cliprange_value=0.2, vf_coef=0.5), 0.3),
+        ("KL coefficient 0 (as with GAE), value clipping 0.5", None, mb,
+         RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.5, vf_coef=0.5), 0.0),
     ]
     ref_calls: list[bool] = []
     handle = ref.register_forward_pre_hook(lambda module, inputs: ref_calls.append(torch.is_grad_enabled()))

@@ -483,8 +483,11 @@ def run_check(name: str, candidate: Any) -> CheckResult:
             torch.manual_seed(0)
             detail = entry.fn(candidate)
         result = CheckResult(name, True, detail or "all checks passed.")
-    except CheckFailure as failure:
-        result = CheckResult(name, False, failure.message, failure.hint or entry.hint)
+    except CheckFailure as failed:
+        message = failed.message
+        if failed.hint and nudge(failed.hint) not in message:  # what is wrong, in the verdict itself
+            message = f"{message}\n  {nudge(failed.hint)}"
+        result = CheckResult(name, False, message, failed.hint or entry.hint)
     except RecursionError:
         result = CheckResult(name, False, "your code recursed without end (RecursionError).", entry.hint)
     except Exception as exc:  # noqa: BLE001 - never show a traceback of the checker itself

@@ -14,6 +14,9 @@ JSON summary on the last line:
 - ``fraction_changed_fp32`` / ``fraction_changed_bf16``: how sparse the update is, and in which precision.
 
 Everything is seeded (``--seed``); with one torch thread the same seed gives the same summary.
+
+``python -m rlhf_tutorial build-tuned --world tiny`` (``build_tuned_main``) trains the tiny world's tuned
+policy with chapter 03's trainer and ships it in the package (``tiny/artifacts/tuned_neg``).
 """
 
 from __future__ import annotations
@@ -38,19 +41,55 @@ from rlhf_tutorial.interp import (
 )
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.rlhf import TransformerWithValueHead
-from rlhf_tutorial.trainers.rlhf import load_tuned_policy
+from rlhf_tutorial.trainers.checkpoint import load_tuned_policy, save_tuned_policy
 
 
-def train_tuned(world: str, out: str | Path, smoke: bool = False) -> Path:
+def train_tuned(world: str, out: str | Path, smoke: bool = False, seed: int = 0, progress: bool = True,
+                **extra: Any) -> dict[str, Any]:
     """Run chapter 03's trainer towards negative sentiment with the world's preset (a few tiny phases when
-    ``smoke``) and save the policy with its value head to ``out``."""
-    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer, save_tuned_policy
+    ``smoke``), evaluate it before and after, and save the policy with its value head to ``out`` (the
+    run's numbers and ``extra`` go into its ``rlhf_config.json``). Returns those numbers."""
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
     small = dict(num_phases=2, batch_size=8, num_minibatches=2, gen_len=8, eval_samples=8) if smoke else {}
-    args = RLHFArgs.preset(world, direction="neg", **small)
+    args = RLHFArgs.preset(world, direction="neg", seed=seed, **small)
     trainer = RLHFTrainer(args)
-    trainer.train()
-    return save_tuned_policy(trainer.model, out, args)
+    before = trainer.evaluate(args.eval_samples, seed=seed + 1)
+    history = trainer.train(progress=progress)
+    after = trainer.evaluate(args.eval_samples, seed=seed + 1)
+    stats = {"mean_reward_initial": round(before["reward"], 4), "mean_reward_final": round(after["reward"], 4),
+             "kl_final": round(after["kl"], 4), "phases": len(history)}
+    save_tuned_policy(trainer.model, out, args, **extra, **stats)
+    return stats
+
+
+def build_tuned_main(argv: list[str]) -> dict:
+    """``python -m rlhf_tutorial build-tuned --world tiny [--seed 0] [--out DIR]``: train the tiny world's
+    tuned policy (about 30-60 s on one thread; the same seed gives the same weights on CPU) and ship it in
+    the package's artifacts (``tiny/artifacts/tuned_neg``, manifest rewritten), or write it to ``--out``.
+    Its config records the sha256 of the base policy it was tuned from: after ``build-tiny``, run it again."""
+    from rlhf_tutorial.tiny.build import sha256, write_manifest
+    from rlhf_tutorial.tiny.tuned import TUNED_NAME
+    from rlhf_tutorial.worlds import tiny_dir
+
+    p = argparse.ArgumentParser(prog="python -m rlhf_tutorial build-tuned",
+                                description="train and ship the tiny world's tuned policy (chapter 05 reads it)")
+    p.add_argument("--world", default="tiny", choices=["tiny"], help="only the tiny world ships a tuned policy")
+    p.add_argument("--seed", type=int, default=0, help="seed of the RLHF run (default 0: the shipped one)")
+    p.add_argument("--out", default=None, help="write here instead of the package's artifacts")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    ns = p.parse_args(argv)
+    torch.set_num_threads(1)  # determinism and speed: the tiny matrices gain nothing from more threads
+    start = time.perf_counter()
+    base_dir = tiny_dir()
+    folder = Path(ns.out) if ns.out else base_dir / TUNED_NAME
+    stats = train_tuned("tiny", folder, seed=ns.seed, progress=not ns.no_progress,
+                        base_policy_sha256=sha256(base_dir / "policy" / "model.safetensors"))
+    if not ns.out:
+        write_manifest(base_dir)
+    return {"saved_to": str(folder), "seed": ns.seed, **stats,
+            "size_bytes": sum(f.stat().st_size for f in folder.iterdir()),
+            "wall_seconds": round(time.perf_counter() - start, 1)}
 
 
 def load_pair(world: str | None = None, checkpoint: str | Path | None = None) -> tuple[HookedTransformer, TransformerWithValueHead]:

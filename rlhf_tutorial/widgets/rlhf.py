@@ -36,11 +36,11 @@ if TYPE_CHECKING:
 PANELS = ["reward", "kl", "entropy", "value_loss", "clipfrac", "kl_coef", "lr"]
 TITLES = {
     "reward": "mean reward (task)",
-    "kl": "KL(policy || ref) per token",
+    "kl": "KL(policy || ref), nats per token (k3)",
     "entropy": "entropy of the policy",
     "value_loss": "value loss",
     "clipfrac": "clip fraction",
-    "kl_coef": "KL coefficient beta",
+    "kl_coef": "KL coefficient beta (per token)",
     "lr": "learning rate (transformer)",
 }
 

@@ -484,6 +484,17 @@ def optimizer_minimising(model, base_lr, head_lr):
                               {"params": model.value_head.parameters(), "lr": head_lr}])
 
 
+def optimizer_default_decay(model, base_lr, head_lr):  # the version before the contract said weight_decay=0
+    return torch.optim.AdamW([{"params": model.base_model.parameters(), "lr": base_lr},
+                              {"params": model.value_head.parameters(), "lr": head_lr}], maximize=True)
+
+
+def optimizer_decay_on_head_only(model, base_lr, head_lr):
+    return torch.optim.AdamW([{"params": model.base_model.parameters(), "lr": base_lr, "weight_decay": 0.0},
+                              {"params": model.value_head.parameters(), "lr": head_lr, "weight_decay": 0.1}],
+                             maximize=True)
+
+
 def optimizer_swapped(model, base_lr, head_lr):
     return torch.optim.AdamW([{"params": model.base_model.parameters(), "lr": head_lr},
                               {"params": model.value_head.parameters(), "lr": base_lr}], maximize=True)
@@ -505,6 +516,8 @@ def optimizer_adam(model, base_lr, head_lr):
         (optimizer_swapped, "swapped"),
         (optimizer_one_group, "two dicts"),
         (optimizer_adam, "AdamW"),
+        (optimizer_default_decay, "weight_decay=0.0"),
+        (optimizer_decay_on_head_only, "weight decay [0.0, 0.1]"),
     ],
 )
 def test_get_optimizer_mistakes(wrong, fragment):
@@ -675,7 +688,7 @@ def test_replay_memory_written_differently():
 # ----------------------------------------------------------------------------------------------------
 # compute_rlhf_objective
 # ----------------------------------------------------------------------------------------------------
-def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_policy=False):
+def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_policy=False, value_clip=True):
     def objective(model, ref_model, minibatch, prefix_len, kl_coef, args):
         logits, values = model(minibatch.tokens)
         if temperature:
@@ -685,7 +698,12 @@ def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_
         logprobs = rlhf.get_logprobs(logits, minibatch.tokens, prefix_len)
         obj = rlhf.calc_clipped_surrogate_objective(logprobs, minibatch.logprobs, minibatch.advantages,
                                                     args.clip_coef)
-        obj = obj - rlhf.calc_value_function_loss(values[:, vgen], minibatch.returns, args.vf_coef)
+        if args.cliprange_value is not None and value_clip:
+            old = minibatch.returns - minibatch.advantages
+            obj = obj - rlhf.calc_clipped_value_loss(values[:, vgen], old, minibatch.returns, args.vf_coef,
+                                                     args.cliprange_value)
+        else:
+            obj = obj - rlhf.calc_value_function_loss(values[:, vgen], minibatch.returns, args.vf_coef)
         obj = obj + rlhf.calc_entropy_bonus(logits[:, gen], args.ent_coef)
         if args.kl_estimator == "full":
             ref_logits = logits.detach() if ref_is_policy else ref_model(minibatch.tokens) / args.temperature
@@ -705,6 +723,7 @@ def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_
         (objective_variant(temperature=False), "temperature is missing"),
         (objective_variant(value_offset=1), "values use the wrong slice"),
         (objective_variant(ref_is_policy=True), "Your KL is 0"),
+        (objective_variant(value_clip=False), "cliprange_value is ignored"),
     ],
 )
 def test_compute_rlhf_objective_mistakes(wrong, fragment):
@@ -730,7 +749,14 @@ def test_compute_rlhf_objective_written_differently():
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         ratio = (logprobs - minibatch.logprobs).exp()
         surrogate = torch.min(ratio * adv, ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef) * adv).mean()
-        value_loss = args.vf_coef / 2 * ((values[:, prefix_len - 1 : -1] - minibatch.returns) ** 2).mean()
+        v = values[:, prefix_len - 1 : -1]
+        err = (v - minibatch.returns) ** 2
+        if args.cliprange_value is not None:  # the clipped value: old + (v - old) limited to +- the range
+            old = minibatch.returns - minibatch.advantages
+            lo, hi = old - args.cliprange_value, old + args.cliprange_value
+            v_clipped = torch.where(v < lo, lo, torch.where(v > hi, hi, v))
+            err = torch.where(err > (v_clipped - minibatch.returns) ** 2, err, (v_clipped - minibatch.returns) ** 2)
+        value_loss = args.vf_coef / 2 * err.mean()
         return -kl_coef * kl + args.ent_coef * entropy - value_loss + surrogate, {"kl": kl.item()}
 
     assert run_check("compute_rlhf_objective", by_hand).passed
@@ -1038,7 +1064,11 @@ def objective_terms(*, entropy_temperature=True, stats_with_ent_coef=False, ref_
         logprobs = rlhf.get_logprobs(scaled, minibatch.tokens, prefix_len)
         clipped_surrogate = rlhf.calc_clipped_surrogate_objective(logprobs, minibatch.logprobs,
                                                                   minibatch.advantages, args.clip_coef)
-        value_loss = rlhf.calc_value_function_loss(values[:, gen], minibatch.returns, args.vf_coef)
+        if args.cliprange_value is None:
+            value_loss = rlhf.calc_value_function_loss(values[:, gen], minibatch.returns, args.vf_coef)
+        else:
+            value_loss = rlhf.calc_clipped_value_loss(values[:, gen], minibatch.returns - minibatch.advantages,
+                                                      minibatch.returns, args.vf_coef, args.cliprange_value)
         ent_logits = (scaled if entropy_temperature else logits)
         ent_logits = ent_logits if entropy_everywhere else ent_logits[:, gen]
         if stats_with_ent_coef:  # the objective is right; the logged entropy is not

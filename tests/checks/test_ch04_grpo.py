@@ -580,3 +580,14 @@ def test_grpo_step_each_mistake_has_its_own_message(wrong, nudge):
     """The nudge (what is wrong) is in the message itself, not only in the full hint."""
     result = run_check("grpo_step", wrong)
     assert not result.passed and nudge in result.message, result.message
+
+
+def mask_by_argmax_forgetting_rows_without_eos(completions, eos_token_id):
+    # only a row with no EOS at all exposes it: argmax of an all-False row is 0, so only the first token counts
+    first = (completions == eos_token_id).int().argmax(-1)
+    return torch.arange(completions.shape[1])[None, :] <= first[:, None]
+
+
+def test_completion_mask_edge_only_mistake():
+    result = run_check("completion_mask", mask_by_argmax_forgetting_rows_without_eos)
+    assert not result.passed and "no EOS" in result.message, result.message

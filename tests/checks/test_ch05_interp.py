@@ -1,6 +1,6 @@
-"""Checkers of chapter 05: the reference passes, the stub fails, realistic wrong versions (written here,
-not taken from the checker's catalogue) fail with their hint, and correct versions written differently
-pass."""
+"""Checkers of chapter 05 (the reference passing and the stub failing are in test_exercise_manifest):
+realistic wrong versions, written here and not taken from the checker's catalogue, fail with their hint,
+and correct versions written differently pass."""
 
 from __future__ import annotations
 
@@ -10,27 +10,7 @@ import torch.nn.functional as F
 
 from rlhf_tutorial import interp
 from rlhf_tutorial.checks import run_check
-from rlhf_tutorial.notebooks import load_stub
 from tests.checks.helpers import assert_fails_with
-
-CHAPTER = "05_interpretability"
-EXERCISES = [
-    "sentiment_direction", "ln_pre", "logit_lens_score", "value_lens", "head_attribution", "patch_activation",
-    "restored_fraction", "activation_difference", "param_change", "fraction_changed",
-]
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_reference_passes(name):
-    result = run_check(name, getattr(interp, name))
-    assert result.passed, result
-
-
-@pytest.mark.parametrize("name", EXERCISES)
-def test_stub_fails(name):
-    result = run_check(name, load_stub(CHAPTER, name))
-    assert not result.passed
-    assert "not implemented" in result.message
 
 
 # ----------------------------------------------------------------------------------------------------
