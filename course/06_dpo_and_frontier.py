@@ -184,7 +184,9 @@ for *_, chosen, rejected, gap in pairs:
 # tiny --seed 0`: 384 pairs of the best and worst of 16, 5 rounds); `DPOArgs` documents every knob.
 
 # %%
-dpo_args = DPOArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16))
+# (smoke runs use random stand-in models whose rewards barely differ: keep every pair there)
+dpo_args = DPOArgs.preset(world, direction=direction, seed=0,
+                          **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16, min_reward_gap=0.0))
 if is_tiny():
     dpo_args.num_pairs, dpo_args.rounds, dpo_args.eval_samples, dpo_args.eval_samples_per_round = 192, 3, 96, 48
 dash, callback = dpo_dashboard(title=f"DPO on the {world} world, towards {direction}")
@@ -216,8 +218,9 @@ for text, r in list(zip(after["texts"], after["rewards"]))[:4]:
 # corpus, not sampled from the policy: the policy learns from text it would not itself produce.
 
 # %%
-pref_args = DPOArgs.preset(world, direction=direction, seed=0, pairs="preferences", num_pairs=384, rounds=2,
-                           eval_samples=96, eval_samples_per_round=32, **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16))
+pref_sizes = {**dict(num_pairs=384, rounds=2, eval_samples=96, eval_samples_per_round=32),
+              **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16)}
+pref_args = DPOArgs.preset(world, direction=direction, seed=0, pairs="preferences", **pref_sizes)
 pref_result = train_dpo(pref_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, progress=False,
                         **dpo_learner_functions(globals()))
 for name, result in [("pairs from the reference's samples", dpo_result), ("chapter 02's preference pairs", pref_result)]:
@@ -320,6 +323,7 @@ if not is_tiny():
     frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
 if is_smoke():
     frontier_args.rl_phases, frontier_args.dpo_rounds, frontier_args.dpo_pairs, frontier_args.eval_samples = 1, 1, 4, 8
+    frontier_args.dpo_min_reward_gap = 0.0
 frontier = run_frontier(frontier_args, progress=False)
 frontier_figure(frontier, title=f"Reward against sequence KL, {world} world (the notebook's small grid)")
 

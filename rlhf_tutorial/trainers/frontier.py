@@ -69,6 +69,7 @@ class FrontierArgs:
     rl_phases: int = arg(20, "phases of each PPO / GRPO / RLOO / GSPO run (64 samples each)")
     dpo_rounds: int = arg(4, "rounds (passes over the pairs) of each DPO / IPO run")
     dpo_pairs: int = arg(256, "pairs sampled (once) from the reference for DPO and IPO")
+    dpo_min_reward_gap: float = arg(0.05, "DPO / IPO pairs: drop groups whose best and worst differ by less")
     eval_samples: int = arg(128, "samples each point is measured on")
     max_new_tokens: int = arg(16, "most tokens of an evaluation sample")
     n_samples_shown: int = arg(3, "samples kept per point for the report's hover")
@@ -149,7 +150,8 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
     if {"dpo", "ipo"} & set(args.methods):
         start = time.perf_counter()
         torch.manual_seed(args.seed)
-        pair_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, num_pairs=args.dpo_pairs)
+        pair_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, num_pairs=args.dpo_pairs,
+                                               min_reward_gap=args.dpo_min_reward_gap)
         raw, _ = dpo_trainer.pairs_from_samples(reference, reward_fn, pair_args)
         pairs = dpo_trainer.to_batch(raw, reference)
         pairs_seconds = time.perf_counter() - start
