@@ -91,7 +91,7 @@ class GRPOArgs:
     # objective
     clip_coef: float = arg(0.2, "epsilon (clip_eps): the ratio is clipped to [1 - clip_coef, 1 + clip_coef_high]")
     clip_coef_high: float | None = arg(None, "upper clip (DAPO's clip-higher uses 0.28); None: clip_coef")
-    kl_coef: float = arg(0.1, "beta: weight of the k3 KL to the reference inside the loss (DeepSeekMath: 0.04)")
+    kl_coef: float = arg(0.1, "beta: weight of the per-token k3 KL to the reference inside the loss (DeepSeekMath: 0.04)")
     loss_type: str = arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
     scale: str = arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
     adv_eps: float = arg(1e-4, "eps added to the std of the advantage scaling")
