@@ -184,8 +184,7 @@ def stub_source(obj: Any, name: str) -> str:
 
 
 def hint_markdown(name: str) -> str:
-    from rlhf_tutorial.checks import load_all
-    from rlhf_tutorial.checks.core import REGISTRY
+    from rlhf_tutorial.checks.core import REGISTRY, load_all
 
     load_all()
     if name not in REGISTRY:

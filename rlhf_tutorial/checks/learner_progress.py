@@ -119,8 +119,7 @@ class Progress:
 def progress(chapter: str | None = None) -> Progress:
     """Every exercise of ``chapter`` (a prefix such as "03"), or of the whole course, with its status:
     passed, failed or not tried, as last checked (remembered across kernel restarts), in notebook order."""
-    from rlhf_tutorial.checks import load_all
-    from rlhf_tutorial.checks.core import REGISTRY
+    from rlhf_tutorial.checks.core import REGISTRY, load_all
     from rlhf_tutorial.notebooks import exercises
 
     load_all()
