@@ -434,8 +434,11 @@ param_change_figure(changes, fraction)
 
 # %% [markdown]
 # Which matrices moved most, relative to their size: the unembedding (section 1 said the readout
-# itself moved), the MLPs (section 3), attention? In float32 nearly every entry moves (Adam updates
-# every weight a little). How many of those moves survive rounding to bfloat16?
+# itself moved), the MLPs (section 3), attention? In float32 most entries move: Adam moves every weight
+# whose gradient was ever non-zero. The ones that stay exactly put are embedding rows of tokens that never
+# appeared in a rollout and positions past the longest sequence: they get no gradient, and with no weight
+# decay (chapter 03's `get_optimizer`) nothing else moves them. How many of the moves survive rounding to
+# bfloat16?
 
 # %%
 progress("05")

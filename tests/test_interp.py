@@ -20,11 +20,11 @@ CLOSURE_TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def pair():
-    torch.set_grad_enabled(False)
+    # No global grad switch here: a module-scoped torch.set_grad_enabled(False) leaked into every later
+    # test of the module (build-tuned then trained with gradients off).
     base, tuned = load_pair("tiny")
     setup = interp.sentiment_setup(base)
-    yield base, tuned, setup["direction"], interp.prompt_tokens(base)
-    torch.set_grad_enabled(True)
+    return base, tuned, setup["direction"], interp.prompt_tokens(base)
 
 
 def test_tuned_checkpoint_is_shipped_in_the_manifest():
