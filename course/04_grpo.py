@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
@@ -412,9 +413,14 @@ def run_cli(command: str, *flags: str) -> dict:
 
 COMPARE_PHASES = 10 if is_tiny() else (2 if is_smoke() else 60)
 short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() or is_smoke() else []
-ppo_summary = run_cli("train-rlhf", "--num-phases", str(COMPARE_PHASES), "--no-early-stopping", *short)
+runs = {"PPO": ("train-rlhf", "--no-early-stopping"), "GRPO": ("train-grpo",)}
+summaries = {}
+bar = tqdm(runs.items(), desc="PPO vs GRPO", total=len(runs))  # each run takes about 10-30 s here
+for name, (command, *extra) in bar:
+    bar.set_postfix_str(f"running {command} ({COMPARE_PHASES} phases)")
+    summaries[name] = run_cli(command, "--num-phases", str(COMPARE_PHASES), *extra, *short)
+ppo_summary, grpo_summary = summaries["PPO"], summaries["GRPO"]
 ppo_summary["samples_per_phase"] = ppo_summary["args"]["batch_size"]
-grpo_summary = run_cli("train-grpo", "--num-phases", str(COMPARE_PHASES), *short)
 for name, summary in [("PPO", ppo_summary), ("GRPO", grpo_summary)]:
     print(f"{name:>4}: reward {summary['mean_reward_initial']:.3f} -> {summary['mean_reward_final']:.3f}, "
           f"KL {summary['kl_final']:.3f}, {summary['phases']} phases x {summary['samples_per_phase']} samples, "

@@ -344,25 +344,26 @@ cost_figure(frontier)
 #
 # | method | strength: reward at sequence KL (nats) |
 # |---|---|
-# | PPO | kl_coef 0.3: 0.675 at 2.1; 0.1: 0.875 at 4.5; 0.03: 0.873 at 9.2 |
-# | GRPO | beta 0.5: 0.691 at 1.2; 0.1: 0.871 at 5.2; 0.01: 0.904 at 9.9 |
-# | RLOO | beta 0.5: 0.580 at 0.7; 0.1: 0.831 at 2.8; 0.01: 0.921 at 8.5 |
-# | GSPO | beta 0.5: 0.677 at 2.0; 0.1: 0.859 at 7.3; 0.01: 0.998 at 49.9 |
+# | PPO | kl_coef 0.3: 0.688 at 2.3; 0.1: 0.897 at 4.7; 0.03: 0.905 at 8.8 |
+# | GRPO | beta 0.5: 0.684 at 1.4; 0.1: 0.853 at 4.1; 0.01: 0.921 at 17.6 |
+# | RLOO | beta 0.5: 0.547 at 0.7; 0.1: 0.820 at 2.5; 0.01: 0.881 at 5.0 |
+# | GSPO | beta 0.5: 0.672 at 1.8; 0.1: 0.887 at 8.6; 0.01: 0.991 at 36.4 |
 # | DPO | beta 0.5: 0.742 at 4.5; 0.1: 0.773 at 8.1; 0.03: 0.763 at 9.4 |
 # | IPO | beta 0.5: 0.359 at 0.06; 0.1: 0.664 at 1.6; 0.02: 0.773 at 8.7 |
 #
 # (standard errors: about 0.03 on the reward, 0.02 to 0.7 nats on the KL.)
 #
-# - **The on-policy RL methods** (PPO, GRPO, RLOO, GSPO) share one curve: about 0.87 at 5 nats and
-#   0.9 at 9; the KL strength moves a point along it. RLOO sits a little to the left of GRPO (less KL
-#   for the same reward at beta 0.1), within about two standard errors.
+# - **The on-policy RL methods** (PPO, GRPO, RLOO, GSPO) lie close to one curve: about 0.85 to 0.9 at
+#   4 to 5 nats and 0.9 at 9; the KL strength moves a point along it. RLOO sits to the left of GRPO
+#   (less KL for about the same reward: 0.82 at 2.5 against 0.85 at 4.1 at beta 0.1, and 0.88 at 5.0
+#   against 0.92 at 17.6 at beta 0.01).
 # - **Offline DPO and IPO**, trained on pairs drawn once from the reference, sit below that curve: about
 #   0.77 at 8 to 9 nats, where the RL methods reach about 0.9, and more passes over the pairs add KL
 #   faster than reward (`train-dpo`'s 5 passes over 384 pairs: 0.83 at 18 nats). IPO's beta controls
 #   the KL directly (its target $h = 1/(2\beta)$: 0.06, 1.6 and 8.7 nats); DPO's beta only through
 #   where its loss saturates (4.5 to 9.4 nats).
-# - **GSPO with beta = 0.01** ran away: reward 0.998 at 50 nats (3 nats per token), where GRPO with the
-#   same beta stopped at 10. A likely reason: with the token-level clip range (0.2) a length-normalised
+# - **GSPO with beta = 0.01** ran away: reward 0.991 at 36 nats (more than 2 nats per token), twice
+#   the KL of GRPO with the same beta (18 nats). A likely reason: with the token-level clip range (0.2) a length-normalised
 #   sequence ratio almost never leaves it, so GSPO's updates here are in effect unclipped, and a
 #   KL weight of 0.01 does not hold the policy back.
 # - The DPO paper found DPO's frontier *above* PPO's on IMDb with GPT-2-large. Here, with a 2-layer

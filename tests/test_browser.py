@@ -90,6 +90,9 @@ SPECS = [
         Visual("clipped_objective_explorer(", interact="slider"),
         Visual("dashboard = ppo_dashboard("),
     ]),
+    Spec("solutions/02_rewards.ipynb", [
+        Visual("reward_explorer(explorer_texts", plots=0, interact="dropdown"),
+    ]),
     Spec("solutions/03_rlhf_ppo.ipynb", [
         Visual("dashboard = rlhf_dashboard(", interact="slider"),
         Visual("token_explorer(trainer", plots=0, interact="dropdown"),
@@ -100,6 +103,9 @@ SPECS = [
         Visual("rule_curves = grpo_dashboard("),
         Visual("comparison_figure("),
         Visual("group_viewer(groups", plots=0, interact="dropdown"),
+    ]),
+    Spec("solutions/05_interpretability.ipynb", [
+        Visual("lens_explorer(records)", interact="dropdown"),
     ]),
 ]
 
