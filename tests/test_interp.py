@@ -12,6 +12,7 @@ import torch
 from rlhf_tutorial import interp
 from rlhf_tutorial.tiny.tuned import TUNED_NAME
 from rlhf_tutorial.trainers.interp_report import load_pair, main
+from rlhf_tutorial.widgets.live import PLOTLY_MIME
 from rlhf_tutorial.worlds import tiny_dir
 
 #: Float32 round-off of a sum of ~20 terms of size ~1: far below any attribution we interpret.
@@ -100,14 +101,18 @@ def test_widgets_live_and_static(pair):
     static = w.lens_explorer(records, static=True)
     assert all(isinstance(f, go.Figure) for f in static.figures) and len(static.figures) == 2
     assert len(static.figures[0].layout.updatemenus[0].buttons) == 2  # the sample picker works with no kernel
-    live = w.lens_explorer(records, static=False)
-    pick, lens = live.children[0].children
-    fig = live.children[1]
-    before = [list(row) for row in fig.data[0].z]
+    box = w.lens_explorer(records, static=False).widget()
+    pick, lens = box.children[0].children
+    view = box.children[1]  # an Output widget: its saved state is what a reopened notebook shows
+
+    def shown() -> dict:
+        return view.outputs[0]["data"][PLOTLY_MIME]
+
+    before = [list(row) for row in shown()["data"][0]["z"]]
     pick.value = 1
     lens.value = "value"
-    assert [list(row) for row in fig.data[0].z] == records[1]["value_base"] != before
-    assert fig.layout.title.text.startswith("value lens")
+    assert [list(row) for row in shown()["data"][0]["z"]] == records[1]["value_base"] != before
+    assert shown()["layout"]["title"]["text"].startswith("value lens")
 
     calls = []
 

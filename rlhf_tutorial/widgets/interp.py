@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from rlhf_tutorial.display import HTMLText, widgets_available
+from rlhf_tutorial.widgets.live import Explorer
 from rlhf_tutorial.widgets.rlhf import _samples_html, _samples_text
 
 LENSES = {"logit": "logit lens: ln_pre(resid) @ direction", "value": "value lens: value_head(ln_pre(resid))"}
@@ -35,12 +36,19 @@ def _static(static: bool | None) -> bool:
     return (not widgets_available()) if static is None else static
 
 
+#: Where the two colour bars stand: base and tuned share the one right of the tuned panel, the difference
+#: has its own. With the panels' spacing below, neither touches the next panel's tick labels.
+_SHARED_SCALE_X, _DIFF_SCALE_X = 0.63, 1.01
+
+
 def _three_panels(title: str, x_title: str, y_title: str, height: int = 320) -> go.Figure:
-    fig = make_subplots(rows=1, cols=3, subplot_titles=["base", "tuned", "tuned - base"], horizontal_spacing=0.09)
-    fig.update_layout(title=title, height=height, template="plotly_white", margin=dict(l=60, r=20, t=80, b=50))
+    """base | tuned | tuned - base, one row. The three panels share their y axis (layers or heads), so
+    only the first carries its title and tick labels: repeated ones would sit on the colour bars."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["base", "tuned", "tuned - base"], horizontal_spacing=0.14)
+    fig.update_layout(title=title, height=height, template="plotly_white", margin=dict(l=60, r=40, t=80, b=50))
     for col in (1, 2, 3):
         fig.update_xaxes(title_text=x_title, row=1, col=col)
-        fig.update_yaxes(title_text=y_title, row=1, col=col)
+        fig.update_yaxes(title_text=y_title if col == 1 else None, showticklabels=col == 1, row=1, col=col)
     return fig
 
 
@@ -60,8 +68,8 @@ def _lens_traces(record: dict[str, Any], lens: str) -> list[go.Heatmap]:
     zmax = max(1e-6, max(abs(v) for row in base + tuned for v in row))
     dmax = max(1e-6, max(abs(v) for row in diff for v in row))
     hover = "layer %{y}<br>token %{x}<br>%{z:.4f}<extra></extra>"
-    return [_heat(base, x, y, zmax, 0.29, hover, False), _heat(tuned, x, y, zmax, 0.64, hover, True),
-            _heat(diff, x, y, dmax, 1.0, hover, True)]
+    return [_heat(base, x, y, zmax, _SHARED_SCALE_X, hover, False),
+            _heat(tuned, x, y, zmax, _SHARED_SCALE_X, hover, True), _heat(diff, x, y, dmax, _DIFF_SCALE_X, hover, True)]
 
 
 def lens_figure(records: Sequence[dict[str, Any]], lens: str = "logit") -> go.Figure:
@@ -77,34 +85,25 @@ def lens_figure(records: Sequence[dict[str, Any]], lens: str = "logit") -> go.Fi
         buttons = [dict(label=f"{i}: {r['text'][:40]}", method="update",
                         args=[{"visible": [j // 3 == i for j in range(3 * len(records))]}])
                    for i, r in enumerate(records)]
-        fig.update_layout(updatemenus=[dict(buttons=buttons, x=0.0, y=1.32, xanchor="left", showactive=True)],
-                          margin=dict(t=110))
+        # top right, above the subplot titles (at the top left it sat on the "base" title)
+        fig.update_layout(updatemenus=[dict(buttons=buttons, x=1.0, y=1.4, xanchor="right", yanchor="bottom",
+                                            showactive=True)], margin=dict(t=120))
     return fig
 
 
 def lens_explorer(records: Sequence[dict[str, Any]], static: bool | None = None):
     """The logit lens and the value lens side by side for base and tuned, a sample at a time. Live:
-    a sample dropdown and lens buttons redraw one figure. Static: both lens figures (with their own
-    sample dropdowns)."""
+    a sample dropdown and lens buttons redraw the figure (an :class:`Explorer`, so a reopened notebook
+    shows the last view from its saved widget state). Static: both lens figures (with their own sample
+    dropdowns)."""
     if _static(static):
         return StaticFigures([lens_figure(records, "logit"), lens_figure(records, "value")])
     import ipywidgets as widgets
 
-    fig = go.FigureWidget(lens_figure(records[:1], "logit"))
     pick = widgets.Dropdown(options=[(f"{i}: {r['text'][:60]}", i) for i, r in enumerate(records)], value=0,
                             description="sample", layout=widgets.Layout(width="70%"))
     lens = widgets.ToggleButtons(options=[("logit lens", "logit"), ("value lens", "value")], value="logit")
-
-    def redraw(*_) -> None:
-        traces = _lens_traces(records[pick.value], lens.value)
-        with fig.batch_update():
-            for old, new in zip(fig.data, traces):
-                old.z, old.x, old.y, old.zmin, old.zmax = new.z, new.x, new.y, new.zmin, new.zmax
-            fig.layout.title.text = LENSES[lens.value]
-
-    pick.observe(redraw, names="value")
-    lens.observe(redraw, names="value")
-    return widgets.VBox([widgets.HBox([pick, lens]), fig])
+    return Explorer([pick, lens], lambda: lens_figure([records[pick.value]], lens.value))
 
 
 class StaticFigures:
@@ -141,9 +140,9 @@ def attribution_figure(base: dict[str, Any], tuned: dict[str, Any]) -> go.Figure
     zmax = max(1e-6, max(abs(v) for row in heads_b + heads_t for v in row))
     dmax = max(1e-6, max(abs(v) for row in diff for v in row))
     hover = "%{y}.%{x}: %{z:.4f}<extra></extra>"
-    fig.add_trace(_heat(heads_b, x, y, zmax, 0.29, hover, False), row=1, col=1)
-    fig.add_trace(_heat(heads_t, x, y, zmax, 0.64, hover, True), row=1, col=2)
-    fig.add_trace(_heat(diff, x, y, dmax, 1.0, hover, True), row=1, col=3)
+    fig.add_trace(_heat(heads_b, x, y, zmax, _SHARED_SCALE_X, hover, False), row=1, col=1)
+    fig.add_trace(_heat(heads_t, x, y, zmax, _SHARED_SCALE_X, hover, True), row=1, col=2)
+    fig.add_trace(_heat(diff, x, y, dmax, _DIFF_SCALE_X, hover, True), row=1, col=3)
     for trace in fig.data:
         trace.colorbar.update(len=0.45, y=0.78)
     names = [f"attn bias L{la}" for la in range(n_layers)] + [f"MLP L{la}" for la in range(n_layers)] + ["embed"]
