@@ -173,6 +173,8 @@ def test_dpo_loss_written_differently():
         (lambda p, r, beta: p - r, "beta is missing"),
         (lambda p, r, beta: (p - r) / beta, "divided by beta"),
         (lambda p, r, beta: (p - r) * beta + beta, "Wrong values"),  # no catalogued mistake: a plain mismatch
+        # only sequence log-probs below about -104 expose it: exp underflows to 0, the ratio is inf
+        (lambda p, r, beta: beta * torch.log(p.exp() / r.exp()), "underflows"),
     ],
 )
 def test_implicit_reward_mistakes(wrong, fragment):
