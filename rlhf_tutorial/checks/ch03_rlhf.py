@@ -12,8 +12,8 @@ Regimes probed (where plausible implementations differ):
 - calc_kl_penalty: logits x 50, identical logits (KL exactly 0), a single position;
 - approx_kl: |logr| < 3 of both signs, logr = 0, a single token, then |logr| up to 30 for k1, k2 and k3
   (a clamp of the log-ratio or of the estimate shows only there);
-- compute_advantages / compute_per_token_rewards: one generated token (first == last), a batch of 1,
-  all-equal values; for the rewards also reference log-probs down to -250, where a ratio of
+- compute_advantages / compute_per_token_rewards: one generated token (first == last), a batch of 1
+  (a squeeze() of values or rewards drops the batch dimension there), all-equal values; for the rewards also reference log-probs down to -250, where a ratio of
   probabilities (exp of each log-prob) underflows to 0 / 0 or x / 0;
 - lr_schedule: step 0, the end of warmup, no warmup, steps past total_steps (the clamp), final_scale 0;
 - AdaptiveKLController: a mixed script (the error clip, n_steps), 30 updates far above target (x ~240)
@@ -325,6 +325,18 @@ def _adv_reward_everywhere(values, rewards, prefix_len):
     "token): torch.cat([values[:, prefix_len:-1], rewards[:, None]], dim=-1). Subtract.",
 )
 def check_compute_advantages(candidate) -> str:
+    # Edge: the batch of 1 is where a squeeze() (of values shaped [b, s, 1] elsewhere) drops the batch
+    # dimension and the slicing that follows raises: name the case and the squeeze.
+    for case in _adv_cases():
+        try:
+            call(candidate, *case.args, _arg_names=["values", "rewards", "prefix_len"])
+        except CheckFailure as exc:
+            if not exc.message.startswith("your code raised"):
+                raise
+            hint = ("A squeeze() without a dim dropped the batch dimension of a batch of 1: values is already "
+                    "[batch, seq] and rewards [batch]; squeeze only a named dim, if any.") \
+                if case.label == "a batch of 1" else exc.hint
+            raise failure(f"On {case.label}, {exc.message}", hint) from None
     return compare_to_reference(
         candidate,
         rlhf.compute_advantages,

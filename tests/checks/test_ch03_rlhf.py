@@ -173,9 +173,15 @@ def advantages_reward_everywhere(values, rewards, prefix_len):
     return rewards[:, None] - values[:, prefix_len - 1 : -1]
 
 
+def advantages_squeezed(values, rewards, prefix_len):  # only a batch of 1 exposes it: [1, s] becomes [s]
+    values, rewards = values.squeeze(), rewards.squeeze()
+    return torch.cat([values[:, prefix_len:-1], rewards[:, None]], -1) - values[:, prefix_len - 1 : -1]
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (advantages_squeezed, "squeeze() without a dim dropped the batch dimension"),
         (advantages_baseline_shifted, "baseline uses the wrong slice"),
         (advantages_without_reward, "reward is missing"),
         (advantages_reward_everywhere, "reward as the Q estimate at every position"),
