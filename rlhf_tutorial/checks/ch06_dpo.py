@@ -4,7 +4,9 @@ Every exercise is a pure tensor function, so each is compared with the reference
 include the regimes where plausible implementations part ways: large magnitudes (an unstable
 ``log(sigmoid(x))`` or ``log(softmax(x))`` gives -inf there), ties, a group of two, single-token
 completions, rows whose mask is all True or has one True, junk in masked positions, sequence
-log-probs in the hundreds for implicit_reward (a ratio of probabilities underflows). On a mismatch the
+log-probs in the hundreds for implicit_reward (a ratio of probabilities underflows), and for
+gspo_sequence_ratio one True per row at the end, the start and the middle (a mean over the first
+mask.sum() positions is right only while the True positions start at 0). On a mismatch the
 catalogued mistakes name what went wrong. ``dpo_loss`` is also checked to raise ``ValueError`` on an
 unknown ``loss_type``.
 """
@@ -421,4 +423,14 @@ def check_gspo_sequence_ratio(candidate) -> str:
         Mistake("The ratio is upside down: pi_theta / pi_old, exp(logprobs - old_logprobs).", _gspo_variant(invert=True)),
         Mistake("Masked positions were counted: only the completion's tokens (mask True) enter the mean.",
                 _gspo_variant(use_mask=False)),
+        Mistake("You averaged the first mask.sum(-1) positions, as if the True positions always started at 0: "
+                "they need not (a completion after a prompt). Select with the mask itself, "
+                "torch.where(mask, logprobs - old_logprobs, 0).", _gspo_leading_positions),
     ], arg_names=["logprobs", "old_logprobs", "mask"])
+
+
+def _gspo_leading_positions(logprobs, old_logprobs, mask):
+    """Right only while every row's True positions start at 0 (the one-True-per-row case shows it)."""
+    n = mask.sum(-1)
+    leading = torch.arange(mask.shape[-1])[None, :] < n[:, None]
+    return torch.exp(torch.where(leading, logprobs - old_logprobs, 0.0).sum(-1) / n)

@@ -322,9 +322,16 @@ def gspo_ignores_mask(lp, old, mask):
     return (lp - old).mean(-1).exp()
 
 
+def gspo_first_n_positions(lp, old, mask):  # only a True position away from the start exposes it
+    n = mask.sum(-1, keepdim=True)
+    leading = torch.arange(mask.shape[-1]) < n
+    return ((lp - old) * leading).sum(-1).div(n.squeeze(-1)).exp()
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (gspo_first_n_positions, "as if the True positions always started at 0"),
         (gspo_arithmetic, "arithmetic mean"),
         (gspo_product, "summed, not averaged"),
         (gspo_padded_mean, "padded length"),
