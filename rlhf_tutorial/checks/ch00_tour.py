@@ -5,7 +5,8 @@ Regimes probed (where plausible implementations differ):
   last), and logits in the hundreds (an unembedding x 2000), where a hand-written exp / sum softmax
   overflows;
 - final_normalized_residual: the same token cases, against the neighbouring activations (the residual
-  before the final LayerNorm, the last block's ln2, the logits).
+  before the final LayerNorm, the last block's ln2, the logits); the batch of 1 and the one-token rows
+  are where a squeeze() of the [batch, pos, d_model] activation drops a dimension.
 """
 
 from __future__ import annotations
@@ -98,5 +99,8 @@ def check_final_normalized_residual(candidate) -> str:
                     "want is the final LayerNorm, 'ln_final.hook_normalized'.", last_block_ln2),
             Mistake("Those are the logits, not the residual stream: read the activation in a hook.",
                     lambda m, t: m(t)),
+            Mistake("squeeze() dropped a dimension of size 1 (the batch of a single row, or the position of "
+                    "one-token rows): return the activation as stored, [batch, pos, d_model].",
+                    lambda m, t: m.run_with_cache(t)[1]["ln_final.hook_normalized"].squeeze()),
         ],
     )

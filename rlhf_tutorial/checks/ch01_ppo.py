@@ -9,7 +9,8 @@ Regimes probed (where plausible implementations differ):
   all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation);
 - calc_value_function_loss: 1-d and 2-d batches (len() is the number of rows), values == returns;
 - calc_entropy_bonus: ties (all logits equal: log n), logits x 1e4 (log(softmax) underflows), a batch of 1;
-- get_minibatch_indices: minibatch == batch, minibatches of 1, 512 indices (order, seeding);
+- get_minibatch_indices: minibatch == batch, minibatches of 1 (a squeeze() drops the size-1 dimension
+  there), 512 indices (order, seeding);
 - rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation; one
   setting with the gradient clip inactive and one where it clips every step.
 """
@@ -387,6 +388,14 @@ def check_get_minibatch_indices(candidate) -> str:
             mbs = list(out)
         except TypeError:
             raise CheckFailure(f"On {label}, expected a list of index tensors, got {fmt(out)}.") from None
+        if any(isinstance(mb, torch.Tensor) and mb.ndim == 0 for mb in mbs):
+            # Edge: one minibatch (minibatch == batch) or minibatches of 1 make a [n, m] tensor with a
+            # dimension of size 1, which a squeeze() drops: the list then holds single numbers.
+            raise CheckFailure(
+                f"On {label}, your minibatches are single numbers (0-d tensors), not index tensors of "
+                f"{minibatch_size}.",
+                hint="A squeeze() dropped a dimension of size 1 (one minibatch, or minibatches of 1): keep the "
+                "[num_minibatches, minibatch_size] shape, e.g. list(perm.reshape(-1, minibatch_size)).")
         n_expected = batch_size // minibatch_size
         if len(mbs) != n_expected:
             hint = ("You made minibatch_size minibatches of batch_size // minibatch_size each: the arguments are "

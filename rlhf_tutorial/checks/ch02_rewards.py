@@ -11,9 +11,13 @@ Regimes probed (where plausible implementations differ):
   than n words and exactly n words, n = 1, 2, 3, 4, n-grams differing only by case or punctuation;
 - bradley_terry_loss: ties (all differences 0), differences up to +-12, then -300 .. +220 (exp overflows
   and sigmoid underflows there; an eps or clamp saturates);
-- pool_last_token / pool_mean: right and left padding, a boolean mask, no padding, a row with one real token;
-- RewardModel / reward_model_train_step: the three poolings with right and left padding, a batch of 1,
-  no mask given; two SGD steps (zero_grad, the step, the masks).
+- pool_last_token / pool_mean: right and left padding, a boolean mask, no padding, a row with one real token,
+  inf at every padding position (a mask multiplied in, or a one-hot product, gives 0 * inf = NaN there;
+  torch.where and indexing do not);
+- RewardModel / reward_model_train_step: the three poolings with right and left padding, a batch of 1
+  (a squeeze() without a dim drops the batch dimension there), no mask given; two SGD steps (zero_grad,
+  the step, the masks) on four pairs, one of them a tie (identical texts: r_c - r_r exactly 0, where
+  r_c >= r_r miscounts the accuracy).
 """
 
 from __future__ import annotations
@@ -511,7 +515,34 @@ def _pool_cases() -> list[Case]:
         Case("no padding", (torch.randn(2, 5, 3, generator=g), m["full"])),
         Case("a batch of 1", (torch.randn(1, 5, 2, generator=g), m["one"])),
         Case("left padding", (torch.randn(3, 5, 4, generator=g), m["left"])),
+        Case("inf at the padding positions", (_inf_at_padding(torch.randn(3, 5, 4, generator=g), m["right"]),
+                                               m["right"])),
     ]
+
+
+def _inf_at_padding(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Saturation: what padding positions hold is arbitrary (here inf); a pooling must not read it,
+    not even multiplied by 0 (0 * inf = NaN)."""
+    return torch.where(mask.bool()[..., None], x, torch.inf)
+
+
+_PADDING_LEAK = ("Your output is not finite where the padding holds inf: padding values reached the arithmetic (x * mask, "
+                 "or a product with a one-hot, gives 0 * inf = NaN). Exclude padding without reading it: "
+                 "torch.where(mask, x, 0) or indexing x[rows, index].")
+
+
+def _compare_pooling(candidate, reference, mistakes: list[Mistake]) -> str:
+    """compare_to_reference on the pooling cases; a NaN on the inf-at-padding case (the only case where
+    a correct value could come with padding read arithmetically) gets the padding-leak hint."""
+    try:
+        return compare_to_reference(candidate, reference, _pool_cases(), arg_names=["x", "attention_mask"],
+                                    mistakes=mistakes)
+    except CheckFailure as exc:
+        first = exc.message.split("\n")[0]
+        if first.startswith("On inf at the padding positions") and "NaN or inf" in first:
+            # The generic NaN hint (exp / log of large values) does not apply: padding was read.
+            raise failure(first, _PADDING_LEAK) from None
+        raise
 
 
 def _take(x, idx):
@@ -526,12 +557,10 @@ def _take(x, idx):
     "mask.sum(1) - 1 is that index only when padding is on the right.",
 )
 def check_pool_last_token(candidate) -> str:
-    return compare_to_reference(
+    return _compare_pooling(
         candidate,
         rewards.pool_last_token,
-        _pool_cases(),
-        arg_names=["x", "attention_mask"],
-        mistakes=[
+        [
             Mistake("x[:, -1] is padding for the shorter rows: take the last position where the mask is 1.",
                     lambda x, m: x[:, -1]),
             Mistake("mask.sum(1) - 1 is the last real position only with right padding; here the padding "
@@ -557,12 +586,10 @@ def _mask_like(x, m):
     "feature dimensions), sum over seq, and divide by the number of REAL tokens of each row, mask.sum(1).",
 )
 def check_pool_mean(candidate) -> str:
-    return compare_to_reference(
+    return _compare_pooling(
         candidate,
         rewards.pool_mean,
-        _pool_cases(),
-        arg_names=["x", "attention_mask"],
-        mistakes=[
+        [
             Mistake("x.mean(1) averages the padding too: average over the real positions only.",
                     lambda x, m: x.mean(1)),
             Mistake("You zeroed the padding but divided by the full length: divide by the number of real "
@@ -605,6 +632,9 @@ def _rm_mistakes(base: HookedTransformer, head: torch.nn.Module, pooling: str) -
 
     resid = f"blocks.{base.cfg.n_layers - 1}.hook_resid_post"
     wrong = [
+        Mistake("squeeze() without a dim also drops the batch dimension when the batch has one row: "
+                "squeeze(-1) removes only the head's output dimension.",
+                lambda t, m=None: reduce(hidden(t, m), m, pooling).squeeze()),
         Mistake("The backbone ran without the attention mask: pass attention_mask to the model (real "
                 "tokens must not attend to padding, and positions start at the first real token).",
                 lambda t, m=None: reduce(hidden(t, m, use_mask=False), m, pooling)),
@@ -691,11 +721,14 @@ def check_reward_model(candidate) -> str:
 # reward_model_train_step
 # ----------------------------------------------------------------------------------------------------
 def _pair_batch(d_vocab: int):
+    """Four pairs; the last is a tie (rejected == chosen, so r_c - r_r is exactly 0): it counts as NOT
+    correct in the accuracy (r_c > r_r), which only a tie separates from r_c >= r_r."""
     g = seeded(7)
     chosen = torch.randint(1, d_vocab, (4, 6), generator=g)
-    rejected = torch.randint(1, d_vocab, (4, 5), generator=g)
+    rejected = torch.randint(1, d_vocab, (4, 6), generator=g)
     chosen_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 6, [1] * 3 + [0] * 3])
-    rejected_mask = torch.tensor([[1] * 2 + [0] * 3, [1] * 5, [1] * 4 + [0], [1] * 5])
+    rejected_mask = torch.tensor([[1] * 2 + [0] * 4, [1] * 5 + [0], [1] * 4 + [0] * 2, [1] * 3 + [0] * 3])
+    rejected[3] = chosen[3]
     return chosen, chosen_mask, rejected, rejected_mask
 
 
@@ -734,7 +767,7 @@ def _two_steps(step_fn: Callable, *, learner: bool) -> tuple:
     return tuple(metrics), params
 
 
-def _step_variant(*, swap=False, step=True, zero_grad=True, masks=True):
+def _step_variant(*, swap=False, step=True, zero_grad=True, masks=True, ties_correct=False):
     def fn(model, optimizer, ct, cm, rt, rm):
         rc = model(ct, cm) if masks else model(ct)
         rr = model(rt, rm) if masks else model(rt)
@@ -745,7 +778,8 @@ def _step_variant(*, swap=False, step=True, zero_grad=True, masks=True):
         if step:
             optimizer.step()
         margin = (rc - rr).detach()
-        return {"loss": loss.item(), "accuracy": (margin > 0).float().mean().item(), "margin": margin.mean().item()}
+        correct = margin >= 0 if ties_correct else margin > 0
+        return {"loss": loss.item(), "accuracy": correct.float().mean().item(), "margin": margin.mean().item()}
 
     return fn
 
@@ -769,6 +803,8 @@ def check_reward_model_train_step(candidate) -> str:
          "loss.backward() (gradients accumulate in .grad).", _step_variant(zero_grad=False)),
         ("The masks were not passed to the model: model(chosen_tokens, chosen_mask) (padding is not text).",
          _step_variant(masks=False)),
+        ("A tie (r_chosen == r_rejected, the last pair here) counted as correct: the accuracy is the fraction "
+         "of pairs with r_chosen > r_rejected, strictly.", _step_variant(ties_correct=True)),
     ]
 
     def close(a, b) -> bool:

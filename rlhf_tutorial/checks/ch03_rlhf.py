@@ -12,12 +12,18 @@ Regimes probed (where plausible implementations differ):
 - calc_kl_penalty: logits x 50, identical logits (KL exactly 0), a single position;
 - approx_kl: |logr| < 3 of both signs, logr = 0, a single token, then |logr| up to 30 for k1, k2 and k3
   (a clamp of the log-ratio or of the estimate shows only there);
-- compute_advantages / compute_per_token_rewards: one generated token (first == last), a batch of 1,
-  all-equal values;
+- compute_advantages / compute_per_token_rewards: one generated token (first == last), a batch of 1
+  (a squeeze() of values or rewards drops the batch dimension there), all-equal values; for the rewards also reference log-probs down to -250, where a ratio of
+  probabilities (exp of each log-prob) underflows to 0 / 0 or x / 0;
 - lr_schedule: step 0, the end of warmup, no warmup, steps past total_steps (the clamp), final_scale 0;
 - AdaptiveKLController: a mixed script (the error clip, n_steps), 30 updates far above target (x ~240)
   and 45 at KL = 0 (/ ~23000): a clamp or floor on the coefficient shows only on these runaways;
 - EarlyStopping: values exactly at the thresholds, the reward threshold on and off, resets;
+- get_optimizer: base_lr = 0 (a learning rate of 0 taken for a missing one: a group dropped, `lr or default`);
+- get_samples: prepend_bos=False (no BOS: the texts must keep the prompt's first token, which a decoding
+  that always drops position 0 loses);
+- ReplayMemory: 16 rows in 4 minibatches (where split(4) and reshape(4, -1) agree), then in ONE
+  minibatch of all the rows (where they do not);
 - TransformerWithValueHead: the hook's return value (replacing the activation), the initialisation,
   gradients into the trunk (a detached residual);
 - compute_rlhf_objective: each term alone (coefficients and advantages set to 0 for the others), then
@@ -319,6 +325,18 @@ def _adv_reward_everywhere(values, rewards, prefix_len):
     "token): torch.cat([values[:, prefix_len:-1], rewards[:, None]], dim=-1). Subtract.",
 )
 def check_compute_advantages(candidate) -> str:
+    # Edge: the batch of 1 is where a squeeze() (of values shaped [b, s, 1] elsewhere) drops the batch
+    # dimension and the slicing that follows raises: name the case and the squeeze.
+    for case in _adv_cases():
+        try:
+            call(candidate, *case.args, _arg_names=["values", "rewards", "prefix_len"])
+        except CheckFailure as exc:
+            if not exc.message.startswith("your code raised"):
+                raise
+            hint = ("A squeeze() without a dim dropped the batch dimension of a batch of 1: values is already "
+                    "[batch, seq] and rewards [batch]; squeeze only a named dim, if any.") \
+                if case.label == "a batch of 1" else exc.hint
+            raise failure(f"On {case.label}, {exc.message}", hint) from None
     return compare_to_reference(
         candidate,
         rlhf.compute_advantages,
@@ -347,7 +365,19 @@ def _ptr_cases() -> list[Case]:
                                 ("one token", (2, 1), 0.5)]:
         lp, ref = -torch.rand(b, n, generator=g) * 3, -torch.rand(b, n, generator=g) * 3
         cases.append(Case(label, (torch.randn(b, generator=g), lp, ref, coef)))
+    # Saturation: tokens the reference finds nearly impossible (log-probs -150 .. -250, both below
+    # float32's smallest exp): only a difference of log-probs stays finite, a ratio of probabilities does not.
+    lp, ref = -torch.rand(2, 3, generator=g) * 3, -150 - torch.rand(2, 3, generator=g) * 100
+    cases.append(Case("reference log-probs down to -250 (exp underflows)", (torch.randn(2, generator=g), lp, ref, 0.1)))
     return cases
+
+
+def _ptr_from_probabilities(scores, lp, ref, coef):
+    """log(pi / pi_ref) from the probabilities: right until exp(ref_logprobs) underflows to 0."""
+    rewards = -coef * torch.log(lp.exp() / ref.exp())
+    bonus = torch.zeros_like(rewards)
+    bonus[:, -1] = scores
+    return rewards + bonus
 
 
 def _ptr_with(scores, lp, ref, coef, sign=-1.0, where="last", use_coef=True):
@@ -384,6 +414,9 @@ def check_compute_per_token_rewards(candidate) -> str:
             Mistake("You added the score at every token: it is added once, at the last position.",
                     functools.partial(_ptr_with, where="all")),
             Mistake("kl_coef is missing from the KL term.", functools.partial(_ptr_with, use_coef=False)),
+            Mistake("You took log(p / p_ref) from probabilities: exp of a log-prob below about -104 underflows "
+                    "to 0 in float32, so the ratio is inf or NaN. Subtract the log-probs: logprobs - ref_logprobs.",
+                    _ptr_from_probabilities),
         ],
     )
 
@@ -829,7 +862,19 @@ def check_get_optimizer(candidate) -> str:
             hint="Pass weight_decay=0.0: AdamW's default (0.01) pulls every weight towards zero, and the "
             "pretrained transformer should stay near the reference model, not near zero (the KL penalty is the "
             "tether).")
-    return "AdamW, two groups with the right parameters and learning rates, maximize=True, no weight decay."
+    # Edge: a learning rate of 0 (a frozen backbone while the value head warms up) is a value, not a
+    # missing setting: a group left out when its lr is 0, or `lr or default`, shows only here.
+    frozen = call(candidate, model, 0.0, 3e-4)
+    lrs = [g["lr"] for g in getattr(frozen, "param_groups", [])]
+    if len(lrs) != 2 or sorted(lrs) != [0.0, 3e-4]:
+        raise CheckFailure(
+            f"with base_lr=0.0 and head_lr=0.0003, the learning rates of your groups are {lrs}; expected "
+            "[0.0, 0.0003].",
+            hint="A learning rate of 0 is a value (the backbone frozen, e.g. while the value head warms up), not "
+            "a missing setting: keep both groups and give the base group lr=base_lr as it is (no `if base_lr`, "
+            "no `base_lr or default`).")
+    return "AdamW, two groups with the right parameters and learning rates (0 included), maximize=True, no " \
+           "weight decay."
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -887,6 +932,16 @@ def check_get_samples(candidate) -> str:
     out = call(candidate, model, prompt, 3, 4, prepend_bos=False)
     p_nobos = model.to_tokens(prompt, prepend_bos=False).shape[1]
     expect_tensor(out[0], shape=(3, p_nobos + 4), what="with prepend_bos=False, the tokens", allow_nan=True)
+    # Edge: no BOS, so position 0 is the prompt's first word: a decoding that always drops it loses text.
+    skip, as_is = _decodings(model, out[0], 0)
+    if out[1] != skip and out[1] != as_is:
+        hint = None
+        if out[1] == [model.to_string(row[1:]) for row in out[0]]:
+            hint = ("You drop position 0 as if it were always BOS: with prepend_bos=False it is the prompt's first "
+                    "token. Let the tokenizer leave out special tokens instead (batch_decode(tokens, "
+                    "skip_special_tokens=True)).")
+        raise CheckFailure(f"with prepend_bos=False, texts[0] = {out[1][0]!r} is not the decoding of tokens[0] "
+                           f"({skip[0]!r}).", hint)
 
     greedy = model.generate(prompt_tokens, max_new_tokens=5, do_sample=False, verbose=False, stop_at_eos=False)
     tokens, _ = call(candidate, model, prompt, 4, 5, top_k=1)
@@ -989,7 +1044,20 @@ def check_replay_memory(candidate) -> str:
     if rows_again != passes:
         raise CheckFailure("two calls with identically seeded generators gave different minibatches.",
                            hint="Use the generator passed in: torch.randperm(batch, generator=generator).")
-    return "12 minibatches, rows aligned across fields, returns = advantages + values, each pass a fresh permutation."
+    # Edge: one minibatch of all 16 rows. With 16 rows and 4 minibatches, perm.split(4) (pieces of 4
+    # rows) and perm.reshape(4, -1) (4 pieces) agree; with 1 minibatch they do not.
+    whole = call(get_attr(call(candidate, **{k: v.clone() for k, v in fields.items()}), "get_minibatches"),
+                 1, 2, seeded(12))
+    sizes = [len(get_attr(mb, "tokens")) for mb in whole] if isinstance(whole, list) else None
+    if sizes != [16, 16]:
+        raise CheckFailure(
+            f"with num_minibatches=1 and update_epochs=2, expected 2 minibatches of all 16 rows, got "
+            f"{fmt(whole) if sizes is None else f'{len(sizes)} minibatches of sizes {sizes[:8]}'}.",
+            hint="num_minibatches is how MANY pieces, not how many rows per piece: perm.reshape(num_minibatches, "
+            "-1) or perm.chunk(num_minibatches); perm.split(k) cuts pieces of k rows (the same only when "
+            "k * k == batch).")
+    return "12 minibatches, rows aligned across fields, returns = advantages + values, each pass a fresh " \
+           "permutation; one minibatch of every row when num_minibatches=1."
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ directions or activations whose mean over ``d`` is not zero (where forgetting to
 hook and the weight statistics get hand-written checks: ``patch_activation`` must leave its source
 alone and honour ``[]`` and ``[-1]``; ``value_lens`` must leave the head's parameters and gradients as
 they were; ``param_change`` and ``fraction_changed`` return Python numbers over the names in both dicts.
+Two edge cases in particular: restored_fraction's [2, 3] batch (where averaging over dim 0 only gives
+one ratio per column) and activation_difference's texts shorter than n_positions (where dividing a sum
+by n_positions rather than by the positions that exist shows).
 """
 
 from __future__ import annotations
@@ -419,6 +422,9 @@ def check_restored_fraction(candidate) -> str:
                     lambda p, b, t: (p.mean() - b.mean()) / (b.mean() - t.mean())),
             Mistake("You divided by mean(tuned): divide by the SHIFT, mean(tuned) - mean(base).",
                     lambda p, b, t: (p.mean() - b.mean()) / t.mean()),
+            Mistake("You averaged over dim 0 only: right for a 1-d batch of prompts, but a [2, 3] batch then "
+                    "gives one ratio per column. Average over every element, .mean() with no dim.",
+                    lambda p, b, t: (p.mean(0) - b.mean(0)) / (t.mean(0) - b.mean(0))),
         ],
     )
 
@@ -461,6 +467,9 @@ def check_activation_difference(candidate) -> str:
                     lambda b, t, n=5: (t[:n] - b[:n]).mean((0, 1))),
             Mistake("You summed over positions: average over the batch and the positions.",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0)),
+            Mistake("You divided the sum by n_positions: when the texts are shorter than n_positions, fewer "
+                    "positions exist. Average over the positions you sliced, .mean(dim=(0, 1)).",
+                    lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0) / n),
         ],
     )
 

@@ -3,7 +3,10 @@
 Every exercise is a pure tensor function, so each is compared with the reference on seeded cases that
 include the regimes where plausible implementations part ways: large magnitudes (an unstable
 ``log(sigmoid(x))`` or ``log(softmax(x))`` gives -inf there), ties, a group of two, single-token
-completions, rows whose mask is all True or has one True, junk in masked positions. On a mismatch the
+completions, rows whose mask is all True or has one True, junk in masked positions, sequence
+log-probs in the hundreds for implicit_reward (a ratio of probabilities underflows), and for
+gspo_sequence_ratio one True per row at the end, the start and the middle (a mean over the first
+mask.sum() positions is right only while the True positions start at 0). On a mismatch the
 catalogued mistakes name what went wrong. ``dpo_loss`` is also checked to raise ``ValueError`` on an
 unknown ``loss_type``.
 """
@@ -216,6 +219,10 @@ def _implicit_cases() -> list[Case]:
         Case("beta=2.0", (policy, ref), {"beta": 2.0}),
         Case("policy equal to the reference (a tie: reward 0)", (ref, ref), {"beta": 0.5}),
         Case("a batch of 1, beta=0.3", (policy[:1], ref[:1]), {"beta": 0.3}),
+        # Saturation: sequence log-probs are sums over tokens, in the hundreds for long completions; exp of
+        # one below about -104 underflows to 0 in float32, so a ratio of probabilities is inf there.
+        Case("sequence log-probs in the hundreds (exp underflows)",
+             (torch.tensor([-20.0, -60.0, -95.0]), torch.tensor([-150.0, -300.0, -420.0])), {"beta": 0.1}),
     ]
 
 
@@ -232,6 +239,9 @@ def check_implicit_reward(candidate) -> str:
         Mistake("You divided by beta: multiply.", lambda p, r, beta: (p - r) / beta),
         Mistake("You exponentiated: the implicit reward is the log-ratio itself times beta, not a ratio of "
                 "probabilities.", lambda p, r, beta: beta * torch.exp(p - r)),
+        Mistake("You took log(p / p_ref) from probabilities: exp of a sequence log-prob below about -104 "
+                "underflows to 0 in float32, so the ratio is inf. Subtract the log-probs: "
+                "beta * (policy_logps - ref_logps).", lambda p, r, beta: beta * torch.log(p.exp() / r.exp())),
     ], arg_names=["policy_logps", "ref_logps"])
 
 
@@ -413,4 +423,14 @@ def check_gspo_sequence_ratio(candidate) -> str:
         Mistake("The ratio is upside down: pi_theta / pi_old, exp(logprobs - old_logprobs).", _gspo_variant(invert=True)),
         Mistake("Masked positions were counted: only the completion's tokens (mask True) enter the mean.",
                 _gspo_variant(use_mask=False)),
+        Mistake("You averaged the first mask.sum(-1) positions, as if the True positions always started at 0: "
+                "they need not (a completion after a prompt). Select with the mask itself, "
+                "torch.where(mask, logprobs - old_logprobs, 0).", _gspo_leading_positions),
     ], arg_names=["logprobs", "old_logprobs", "mask"])
+
+
+def _gspo_leading_positions(logprobs, old_logprobs, mask):
+    """Right only while every row's True positions start at 0 (the one-True-per-row case shows it)."""
+    n = mask.sum(-1)
+    leading = torch.arange(mask.shape[-1])[None, :] < n[:, None]
+    return torch.exp(torch.where(leading, logprobs - old_logprobs, 0.0).sum(-1) / n)

@@ -61,9 +61,15 @@ def logits_instead(model, tokens):
     return model(tokens)
 
 
+def normalized_squeezed(model, tokens):  # only a batch of 1 (or one-token rows) exposes it
+    _, cache = model.run_with_cache(tokens)
+    return cache["ln_final.hook_normalized"].squeeze()
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (normalized_squeezed, "squeeze() dropped a dimension"),
         (resid_post_of_last_block, "BEFORE the final LayerNorm"),
         (mlp_layernorm_of_last_block, "MLP LayerNorm"),
         (logits_instead, "logits"),

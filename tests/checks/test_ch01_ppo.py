@@ -349,6 +349,11 @@ def minibatches_ignore_generator(batch_size, minibatch_size, generator=None):
     return list(torch.randperm(batch_size).split(minibatch_size))
 
 
+def minibatches_squeezed(batch_size, minibatch_size, generator=None):
+    # Only one minibatch (minibatch == batch) or minibatches of 1 expose it: squeeze drops that dimension.
+    return list(torch.randperm(batch_size, generator=generator).reshape(-1, minibatch_size).squeeze())
+
+
 def minibatches_swapped_sizes(batch_size, minibatch_size, generator=None):
     return list(torch.randperm(batch_size, generator=generator).split(batch_size // minibatch_size))
 
@@ -358,6 +363,7 @@ def minibatches_swapped_sizes(batch_size, minibatch_size, generator=None):
     (minibatches_with_replacement, "without replacement"),
     (minibatches_ignore_generator, "generator=generator"),
     (minibatches_swapped_sizes, "ONE minibatch"),
+    (minibatches_squeezed, "squeeze()"),
 ])
 def test_minibatch_mistakes(fn, fragment):
     assert_fails_with("get_minibatch_indices", fn, fragment)

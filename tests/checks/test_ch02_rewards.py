@@ -343,9 +343,16 @@ def first_real_by_argmax(x, attention_mask):
     return x[torch.arange(x.shape[0]), attention_mask.long().argmax(dim=1)]
 
 
+def last_by_one_hot(x, attention_mask):  # only inf at a padding position exposes it: 0 * inf = NaN
+    positions = torch.where(attention_mask.bool(), torch.arange(x.shape[1]), -1)
+    one_hot = F.one_hot(positions.max(dim=1).values, x.shape[1]).to(x.dtype)
+    return (x * one_hot.reshape(*one_hot.shape, *([1] * (x.ndim - 2)))).sum(1)
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (last_by_one_hot, "0 * inf = NaN"),
         (last_position, "padding for the shorter rows"),
         (last_by_count, "only with right padding"),
         (first_real_by_argmax, "FIRST real position"),
@@ -387,9 +394,15 @@ def masked_sum(x, attention_mask):
     return (x * m).sum(1)
 
 
+def mean_by_multiplying_the_mask(x, attention_mask):  # only inf at a padding position exposes it
+    m = attention_mask.to(x.dtype).reshape(*attention_mask.shape, *([1] * (x.ndim - 2)))
+    return (x * m).sum(1) / m.sum(1)
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (mean_by_multiplying_the_mask, "0 * inf = NaN"),
         (mean_with_padding, "averages the padding"),
         (mean_over_full_length, "divided by the full length"),
         (masked_sum, "That is a sum"),
@@ -484,9 +497,16 @@ class RMNoSqueeze(rewards.RewardModel):
         return _pool(self, _hidden(self, tokens, mask), mask).unsqueeze(-1)
 
 
+class RMSqueezeEverything(rewards.RewardModel):  # only a batch of 1 exposes it: the output is 0-d there
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        return _pool(self, _hidden(self, tokens, mask), mask).unsqueeze(-1).squeeze()
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (RMSqueezeEverything, "squeeze() without a dim"),
         (RMLastPosition, "padding for the shorter rows"),
         (RMBackboneWithoutMask, "without the attention mask"),
         (RMBeforeLayerNorm, "BEFORE the final LayerNorm"),
@@ -575,9 +595,20 @@ def step_returns_loss_only(model, optimizer, ct, cm, rt, rm):
     return loss.item()
 
 
+def step_ties_count_as_correct(model, optimizer, ct, cm, rt, rm):  # only a tied pair exposes it
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    d = (rc - rr).detach()
+    return {"loss": loss.item(), "accuracy": (d >= 0).float().mean().item(), "margin": d.mean().item()}
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (step_ties_count_as_correct, "A tie"),
         (step_swapped, "swapped"),
         (step_no_zero_grad, "zero_grad"),
         (step_no_step, "optimizer.step()"),

@@ -173,9 +173,15 @@ def advantages_reward_everywhere(values, rewards, prefix_len):
     return rewards[:, None] - values[:, prefix_len - 1 : -1]
 
 
+def advantages_squeezed(values, rewards, prefix_len):  # only a batch of 1 exposes it: [1, s] becomes [s]
+    values, rewards = values.squeeze(), rewards.squeeze()
+    return torch.cat([values[:, prefix_len:-1], rewards[:, None]], -1) - values[:, prefix_len - 1 : -1]
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (advantages_squeezed, "squeeze() without a dim dropped the batch dimension"),
         (advantages_baseline_shifted, "baseline uses the wrong slice"),
         (advantages_without_reward, "reward is missing"),
         (advantages_reward_everywhere, "reward as the Q estimate at every position"),
@@ -223,9 +229,17 @@ def per_token_in_place(scores, logprobs, ref_logprobs, kl_coef):
     return rewards
 
 
+def per_token_from_probabilities(scores, logprobs, ref_logprobs, kl_coef):
+    # Only reference log-probs below about -104 expose it: exp underflows to 0 and the ratio to inf.
+    rewards = -kl_coef * torch.log(logprobs.exp() / ref_logprobs.exp())
+    rewards[:, -1] += scores
+    return rewards
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (per_token_from_probabilities, "underflows"),
         (per_token_plus_kl, "wrong sign"),
         (per_token_score_first, "LAST token"),
         (per_token_score_everywhere, "every token"),
@@ -509,9 +523,16 @@ def optimizer_adam(model, base_lr, head_lr):
                              {"params": model.value_head.parameters(), "lr": head_lr}], maximize=True)
 
 
+def optimizer_skips_frozen_group(model, base_lr, head_lr):  # only base_lr = 0 exposes it
+    groups = [{"params": model.base_model.parameters(), "lr": base_lr},
+              {"params": model.value_head.parameters(), "lr": head_lr}]
+    return torch.optim.AdamW([g for g in groups if g["lr"] > 0], maximize=True, weight_decay=0.0)
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (optimizer_skips_frozen_group, "learning rate of 0 is a value"),
         (optimizer_minimising, "maximize=True"),
         (optimizer_swapped, "swapped"),
         (optimizer_one_group, "two dicts"),
@@ -562,9 +583,18 @@ def samples_greedy(model, prompt, batch_size, gen_len, temperature=1.0, top_k=No
     return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
+def samples_always_drop_first(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    # Only prepend_bos=False exposes it: position 0 is then the prompt's first word, not BOS.
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, top_k=top_k,
+                         verbose=False).clone()
+    return out, [model.to_string(row[1:]) for row in out]
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (samples_always_drop_first, "prepend_bos=False"),
         (samples_not_cloned, "clone"),
         (samples_without_temperature, "temperature is ignored"),
         (samples_with_bos_text, "BOS"),
@@ -653,9 +683,18 @@ def mb_global_rng(self, num_minibatches, update_epochs=1, generator=None):
             for idx in torch.randperm(n).reshape(num_minibatches, -1)]
 
 
+def mb_split_by_count(self, num_minibatches, update_epochs=1, generator=None):
+    # split takes the piece SIZE: right only when num_minibatches ** 2 == batch (16 rows, 4 minibatches).
+    n = self.tokens.shape[0]
+    returns = self.advantages + self.values
+    return [_mb(self, idx, returns) for _ in range(update_epochs)
+            for idx in torch.randperm(n, generator=generator).split(num_minibatches)]
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (mb_split_by_count, "how MANY pieces"),
         (mb_returns_are_advantages, "add the values"),
         (mb_same_order_every_pass, "fresh permutation"),
         (mb_fields_shuffled_apart, "SAME indices"),

@@ -289,7 +289,12 @@ def restored_over_tuned(patched, base, tuned):
     return (patched.mean() - base.mean()) / tuned.mean()
 
 
+def restored_mean_over_dim0(patched, base, tuned):  # only the 2-d batch exposes it (and 0-d: one example)
+    return (patched.mean(0) - base.mean(0)) / (tuned.mean(0) - base.mean(0))
+
+
 @pytest.mark.parametrize("wrong, fragment", [
+    (restored_mean_over_dim0, "averaged over dim 0 only"),
     (restored_remaining, "1 - restored"),
     (restored_mean_of_ratios, "mean of per-example ratios"),
     (restored_over_tuned, "divided by mean(tuned)"),
@@ -330,7 +335,12 @@ def diff_sum_positions(base_resid, tuned_resid, n_positions=5):  # n_positions=1
     return (tuned_resid - base_resid)[:, :n_positions].sum(1).mean(0)
 
 
+def diff_sum_over_n_positions(base_resid, tuned_resid, n_positions=5):  # only texts shorter than n expose it
+    return (tuned_resid - base_resid)[:, :n_positions].sum(1).mean(0) / n_positions
+
+
 @pytest.mark.parametrize("wrong, fragment", [
+    (diff_sum_over_n_positions, "divided the sum by n_positions"),
     (diff_base_minus_tuned, "sign is flipped"),
     (diff_all_positions, "averaged over every position"),
     (diff_batch_sliced, "sliced the batch dim"),

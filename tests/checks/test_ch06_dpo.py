@@ -173,6 +173,8 @@ def test_dpo_loss_written_differently():
         (lambda p, r, beta: p - r, "beta is missing"),
         (lambda p, r, beta: (p - r) / beta, "divided by beta"),
         (lambda p, r, beta: (p - r) * beta + beta, "Wrong values"),  # no catalogued mistake: a plain mismatch
+        # only sequence log-probs below about -104 expose it: exp underflows to 0, the ratio is inf
+        (lambda p, r, beta: beta * torch.log(p.exp() / r.exp()), "underflows"),
     ],
 )
 def test_implicit_reward_mistakes(wrong, fragment):
@@ -320,9 +322,16 @@ def gspo_ignores_mask(lp, old, mask):
     return (lp - old).mean(-1).exp()
 
 
+def gspo_first_n_positions(lp, old, mask):  # only a True position away from the start exposes it
+    n = mask.sum(-1, keepdim=True)
+    leading = torch.arange(mask.shape[-1]) < n
+    return ((lp - old) * leading).sum(-1).div(n.squeeze(-1)).exp()
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (gspo_first_n_positions, "as if the True positions always started at 0"),
         (gspo_arithmetic, "arithmetic mean"),
         (gspo_product, "summed, not averaged"),
         (gspo_padded_mean, "padded length"),
