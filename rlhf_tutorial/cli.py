@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-dpo": ("rlhf_tutorial.trainers.dpo:main", "chapter 06: DPO / IPO on preference pairs"),
     "frontier": ("rlhf_tutorial.trainers.frontier:main", "chapter 06: every method on one reward-KL frontier"),
     "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
-    "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO trainer against TRL's on the same model and settings"),
+    "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO, PPO or DPO trainer against TRL's on the same model and settings"),
 }
 
 

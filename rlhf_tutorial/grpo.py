@@ -44,8 +44,8 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial.dpo import gspo_sequence_ratio, rloo_advantages
 from rlhf_tutorial.ppo import clip_diagnostics
-from rlhf_tutorial.rlhf import approx_kl, get_logprobs
-from rlhf_tutorial.speed import PhaseClock, can_fast_sample, fast_sample, forward_logits
+from rlhf_tutorial.rlhf import approx_kl
+from rlhf_tutorial.speed import PhaseClock, can_fast_sample, fast_sample, token_logprobs
 
 if TYPE_CHECKING:
     from rlhf_tutorial.trainers.grpo import GRPOArgs
@@ -231,10 +231,9 @@ def group_token_logprobs(
     Groups whose rows have the same prompt length are stacked into one forward pass (no padding is
     ever needed), in chunks of at most ``max_rows`` rows (None: no limit) so that the
     ``[rows, seq, vocab]`` logits stay small. Log-probs are of ``logits / temperature`` (the
-    distribution the tokens were sampled from), from chapter 03's ``get_logprobs`` with
-    ``prefix_len`` = the prompt length. Gradients flow if enabled. The forward is
-    ``speed.forward_logits`` (the model's own function, without hook points when it can), and only
-    the positions that predict generated tokens are unembedded.
+    distribution the tokens were sampled from), chapter 03's ``get_logprobs`` with ``prefix_len`` =
+    the prompt length, computed by ``speed.token_logprobs`` (the model's own function; without hook
+    points, and only where a generated token is predicted, when it can). Gradients flow if enabled.
     """
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i, (group_tokens, prefix_len) in enumerate(zip(tokens, prefix_lens)):
@@ -243,11 +242,8 @@ def group_token_logprobs(
     for (_, prefix_len), groups in by_shape.items():
         stacked = torch.cat([tokens[i] for i in groups])  # [rows s]
         chunks = stacked.split(max_rows) if max_rows else [stacked]
-        # Only the positions that predict generated tokens are needed: logits from prefix_len - 1 on,
-        # whose log-probs are those of tokens[:, prefix_len - 1:] from their second token (prefix 1).
-        keep = prefix_len - 1
         logprobs = torch.cat([
-            get_logprobs(forward_logits(model, chunk, keep) / temperature, chunk[:, keep:], 1)  # [rows g]
+            token_logprobs(model, chunk, prefix_len, temperature)  # [rows g]
             for chunk in chunks
         ])
         for i, part in zip(groups, logprobs.split([tokens[i].shape[0] for i in groups])):

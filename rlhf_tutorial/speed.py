@@ -196,32 +196,50 @@ class _Cache:
         self.length = 0
 
 
-def _residual(model: HookedTransformer, tokens: Int[Tensor, "b n"], cache: _Cache | None) -> Float[Tensor, "b n d"]:
+def _packed_layers(model: HookedTransformer) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Per layer, the attention weights as 2-D matrices, so that a layer is four plain matmuls:
+    ``W_QKV`` [d_model, 3 * n_heads * d_head] (Q, K, V side by side), its bias, and ``W_O`` as
+    [n_heads * d_head, d_model]. Built from the parameters by differentiable ops (a copy of a few
+    d_model^2 numbers), so gradients reach ``W_Q``, ``W_K``, ``W_V`` as usual."""
+    packed = []
+    for block in model.blocks:
+        attn = block.attn
+        W_QKV = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).permute(1, 0, 2).flatten(1)  # [3h m e] -> [m 3he]
+        b_QKV = torch.cat([attn.b_Q, attn.b_K, attn.b_V]).flatten()  # [3he]
+        packed.append((W_QKV, b_QKV, attn.W_O.flatten(0, 1)))  # W_O: [h e m] -> [he m]
+    return packed
+
+
+def _residual(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "b n"],
+    cache: _Cache | None,
+    packed: list[tuple[Tensor, Tensor, Tensor]] | None = None,
+) -> Float[Tensor, "b n d"]:
     """The final normalised residual (``ln_final.hook_normalized``) of ``tokens``, which continue the
     cached ones when a cache is given (and are added to it). The computation of
-    ``HookedTransformer.forward`` for a GPT-2-shaped model, in a few plain-torch ops per layer."""
+    ``HookedTransformer.forward`` for a GPT-2-shaped model, in a few plain-torch ops per layer
+    (``packed``: ``_packed_layers(model)``, built here when not given)."""
     cfg = model.cfg
-    start, n = (cache.length if cache is not None else 0), tokens.shape[1]
+    start, (b, n) = (cache.length if cache is not None else 0), tokens.shape
     act = _ACTIVATIONS[cfg.act_fn]
-    x = model.W_E[tokens] + model.W_pos[start : start + n]  # [b n d]
-    for i, block in enumerate(model.blocks):
-        attn = block.attn
+    x = (model.W_E[tokens] + model.W_pos[start : start + n]).flatten(0, 1)  # [(b n) d]
+    for i, (block, (W_QKV, b_QKV, W_O)) in enumerate(zip(model.blocks, packed or _packed_layers(model))):
         h = _layer_norm(x, block.ln1, cfg.eps)
-        q = torch.einsum("bnm,hmd->bhnd", h, attn.W_Q) + attn.b_Q[:, None]  # [b heads n d_head]
-        k = torch.einsum("bnm,hmd->bhnd", h, attn.W_K) + attn.b_K[:, None]
-        v = torch.einsum("bnm,hmd->bhnd", h, attn.W_V) + attn.b_V[:, None]
+        qkv = torch.addmm(b_QKV, h, W_QKV).view(b, n, 3, cfg.n_heads, cfg.d_head).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each [b heads n d_head]
         if cache is not None:
             cache.k[i, :, :, start : start + n] = k
             cache.v[i, :, :, start : start + n] = v
             k, v = cache.k[i, :, :, : start + n], cache.v[i, :, :, : start + n]
         # A sequence attends causally; one new token attends to everything cached before it.
         z = F.scaled_dot_product_attention(q, k, v, is_causal=n > 1 and start == 0)  # [b heads n d_head]
-        x = x + torch.einsum("bhnd,hdm->bnm", z, attn.W_O) + attn.b_O
+        x = x + torch.addmm(block.attn.b_O, z.transpose(1, 2).reshape(b * n, -1), W_O)  # [(b n) d]
         h = _layer_norm(x, block.ln2, cfg.eps)
-        x = x + act(h @ block.mlp.W_in + block.mlp.b_in) @ block.mlp.W_out + block.mlp.b_out
+        x = x + torch.addmm(block.mlp.b_out, act(torch.addmm(block.mlp.b_in, h, block.mlp.W_in)), block.mlp.W_out)
     if cache is not None:
         cache.length = start + n
-    return _layer_norm(x, model.ln_final, cfg.eps)
+    return _layer_norm(x, model.ln_final, cfg.eps).view(b, n, -1)
 
 
 def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
@@ -230,6 +248,61 @@ def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from:
     parameters. Only the kept positions are unembedded (the unembedding is a third of this model's
     forward)."""
     return _residual(model, tokens, None)[:, keep_from:] @ model.W_U + model.b_U
+
+
+class _UnembedTokenLogprobs(torch.autograd.Function):
+    """``log_softmax((resid @ W_U + b_U) / temperature)[target]`` per row, in one step: the backward
+    builds one ``[N, v]`` tensor (``softmax`` minus the one-hot of the target) where autograd through
+    ``log_softmax`` and ``gather`` builds several. Gradients:
+
+        d logp / d logits = (onehot(target) - softmax(logits / T)) / T
+    """
+
+    @staticmethod
+    def forward(ctx, resid, W_U, b_U, targets, temperature):  # [N d], [d v], [v], [N], float
+        logits = torch.addmm(b_U, resid, W_U)  # [N v]
+        if temperature != 1.0:
+            logits.div_(temperature)
+        lse = torch.logsumexp(logits, dim=-1)  # [N]
+        logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # [N]
+        ctx.save_for_backward(resid, W_U, logits, lse, targets)
+        ctx.temperature = temperature
+        return logprobs
+
+    @staticmethod
+    def backward(ctx, grad):  # [N]
+        resid, W_U, logits, lse, targets = ctx.saved_tensors
+        d_logits = (logits - lse[:, None]).exp_().mul_(-grad[:, None])  # -softmax * grad, [N v]
+        d_logits.scatter_add_(-1, targets[:, None], grad[:, None])  # + onehot * grad
+        if ctx.temperature != 1.0:
+            d_logits.div_(ctx.temperature)
+        d_resid = d_logits @ W_U.T if ctx.needs_input_grad[0] else None
+        d_W_U = resid.T @ d_logits if ctx.needs_input_grad[1] else None
+        d_b_U = d_logits.sum(0) if ctx.needs_input_grad[2] else None
+        return d_resid, d_W_U, d_b_U, None, None
+
+
+def token_logprobs(
+    model: HookedTransformer, tokens: Int[Tensor, "b s"], prefix_len: int, temperature: float = 1.0
+) -> Float[Tensor, "b g"]:
+    """Log-probs of the tokens after ``prefix_len`` (g = s - prefix_len) under ``model`` at ``temperature``:
+
+        logprobs[b, t] = log_softmax(logits[b, prefix_len + t - 1] / temperature)[tokens[b, prefix_len + t]]
+
+    chapter 03's ``get_logprobs(model(tokens) / temperature, tokens, prefix_len)``. With the speed-ups
+    on and a GPT-2-shaped model, only the positions that predict a kept token are unembedded, and the
+    unembedding, the softmax and the pick are one autograd step (``_UnembedTokenLogprobs``): the same
+    numbers and gradients to float rounding (tests/test_speed.py)."""
+    if not (_enabled and can_fast_sample(model)):
+        from rlhf_tutorial.rlhf import get_logprobs
+
+        keep = prefix_len - 1
+        return get_logprobs(forward_logits(model, tokens, keep) / temperature, tokens[:, keep:], 1)
+    resid = _residual(model, tokens[:, :-1], None)[:, prefix_len - 1 :]  # [b g d]: predicts tokens[:, prefix_len:]
+    b, g, d = resid.shape
+    targets = tokens[:, prefix_len:].reshape(b * g)
+    flat = _UnembedTokenLogprobs.apply(resid.reshape(b * g, d), model.W_U, model.b_U, targets, float(temperature))
+    return flat.view(b, g)
 
 
 def _draw(probs: Float[Tensor, "b v"], generator: torch.Generator | None) -> Int[Tensor, "b"]:
@@ -270,7 +343,8 @@ def fast_sample(
     logprobs = torch.zeros(batch, max_new_tokens, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     cache = _Cache(model, batch, prompt_len + max_new_tokens)
-    logits = _residual(model, out[:, :prompt_len], cache)[:, -1] @ model.W_U + model.b_U  # [b v]
+    packed = _packed_layers(model)
+    logits = torch.addmm(model.b_U, _residual(model, out[:, :prompt_len], cache, packed)[:, -1], model.W_U)  # [b v]
     for t in range(max_new_tokens):
         logp = (logits.float() / temperature).log_softmax(dim=-1)  # [b v]
         if top_k is not None:
@@ -286,5 +360,5 @@ def fast_sample(
         logprobs[:, t] = logp.gather(-1, token[:, None]).squeeze(-1)
         if t + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
             break
-        logits = _residual(model, token[:, None], cache)[:, -1] @ model.W_U + model.b_U
+        logits = torch.addmm(model.b_U, _residual(model, token[:, None], cache, packed)[:, -1], model.W_U)
     return out, logprobs

@@ -191,14 +191,34 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b not in (None, 0) else None
 
 
-def main(argv: list[str]) -> dict:
-    p = argparse.ArgumentParser(prog="python -m rlhf_tutorial bench-trl", description=__doc__.split("\n")[0])
-    p.add_argument("--algo", default="grpo", choices=["grpo"], help="which trainer to race (grpo; dpo once chapter 06 exists)")
+#: The races other than GRPO's, each in its own module ``rlhf_tutorial.trainers.bench_trl_<algo>`` with a
+#: ``main(argv) -> dict`` taking the same common flags (``common_flags``).
+OTHER_RACES = ("ppo", "dpo")
+
+
+def common_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every race takes (besides its own)."""
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides)")
+    p.add_argument("--smoke", action="store_true", help="a smoke-sized race (a few tiny phases)")
+
+
+def main(argv: list[str]) -> dict:
+    algo = argparse.ArgumentParser(add_help=False)
+    algo.add_argument("--algo", default="grpo", choices=["grpo", *OTHER_RACES])
+    known, rest = algo.parse_known_args(argv)
+    if known.algo != "grpo":
+        import importlib
+
+        return importlib.import_module(f"rlhf_tutorial.trainers.bench_trl_{known.algo}").main(rest)
+    return race_grpo(rest)
+
+
+def race_grpo(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog="python -m rlhf_tutorial bench-trl --algo grpo", description=__doc__.split("\n")[0])
+    common_flags(p)
     p.add_argument("--num-phases", type=int, default=None, help="default: the tiny GRPO preset's (40)")
     p.add_argument("--final-window", type=int, default=5, help="final reward: mean of the last this many phases")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides)")
-    p.add_argument("--smoke", action="store_true", help="a smoke-sized race (2 phases of 2 groups of 4, 8 tokens)")
     ns = p.parse_args(argv)
     try:
         import trl
@@ -234,7 +254,7 @@ def main(argv: list[str]) -> dict:
     split_median = {name: {s: round(statistics.median(r["seconds_per_phase_split"][s] for r in runs[name]), 4)
                            for s in SECTIONS} for name in runs}
     return {
-        "algo": ns.algo,
+        "algo": "grpo",
         "trl_version": trl.__version__,
         "torch_threads": ns.threads,
         "seeds": ns.seeds,
