@@ -15,6 +15,11 @@ only where they run the reference code:
   tests/test_speed.py checks 1e-5), so the trainer needs no second forward for the old policy.
   ``top_k`` restricts the draw, not the log-prob (as ``grpo.group_token_logprobs`` has it: the log-prob is of
   the full tempered distribution).
+- ``token_logprobs``: the log-probs of given tokens for training, by the same plain-torch forward
+  (attention as one packed Q/K/V matmul per layer), unembedding only the positions that predict a
+  kept token, with the unembedding, softmax and pick as one autograd step whose backward is
+  ``(onehot - softmax) / temperature``: the same values and gradients as chapter 03's
+  ``get_logprobs`` on the model's own forward, to float rounding (tested).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import grpo, speed
+from rlhf_tutorial.rlhf import get_logprobs
 from rlhf_tutorial.trainers import grpo as grpo_trainer
 from rlhf_tutorial.trainers.bench import word_level_tokenizer
 from rlhf_tutorial.trainers.plug import bind
@@ -92,6 +93,34 @@ def test_fast_logits_match_the_model_and_its_gradients(policy, prompt):
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
     policy.zero_grad()
     assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_match_get_logprobs_on_the_model_and_their_gradients(policy, prompt, temperature):
+    """The fused unembedding + log-prob (values and parameter gradients) against chapter 03's
+    get_logprobs on TransformerLens's own forward, with a weighting that differs per token."""
+    torch.manual_seed(2)
+    tokens = speed.fast_sample(policy, prompt.expand(6, -1), 12, None)[0]
+    prefix_len = prompt.shape[1]
+    weights = torch.randn(6, 12)
+    results = []
+    for enabled in (True, False):
+        policy.zero_grad()
+        with speed.harness_speedups(enabled):
+            logprobs = speed.token_logprobs(policy, tokens, prefix_len, temperature)  # [6 12]
+        (logprobs * weights).sum().backward()
+        grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+        results.append((logprobs.detach(), grads))
+    policy.zero_grad()
+    (fast, fast_grads), (slow, slow_grads) = results
+    with torch.no_grad():
+        expected = get_logprobs(policy(tokens) / temperature, tokens, prefix_len)
+    assert torch.equal(slow, expected) and (fast - expected).abs().max() < 1e-5
+    assert fast_grads.keys() == slow_grads.keys() and "W_U" in " ".join(fast_grads)
+    for name, grad in slow_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
+    with torch.no_grad(), speed.harness_speedups(True):  # no graph: the same numbers
+        assert (speed.token_logprobs(policy, tokens, prefix_len, temperature) - fast).abs().max() == 0
 
 
 def test_hooks_or_other_architectures_fall_back_to_the_model(policy, tmp_path):

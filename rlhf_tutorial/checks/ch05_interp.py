@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from rlhf_tutorial import interp
-from rlhf_tutorial.checks.ch00_tour import small_model
 from rlhf_tutorial.checks.core import (
     Case,
     CheckFailure,
@@ -33,6 +32,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
     seeded,
 )
+from rlhf_tutorial.checks.fixtures import small_model
 
 CHAPTER = "05_interpretability"
 
