@@ -345,25 +345,26 @@ cost_figure(frontier)
 # | method | strength: reward at sequence KL (nats) |
 # |---|---|
 # | PPO | kl_coef 0.3: 0.688 at 2.3; 0.1: 0.897 at 4.7; 0.03: 0.905 at 8.8 |
-# | GRPO | beta 0.5: 0.684 at 1.4; 0.1: 0.853 at 4.1; 0.01: 0.921 at 17.6 |
-# | RLOO | beta 0.5: 0.547 at 0.7; 0.1: 0.820 at 2.5; 0.01: 0.881 at 5.0 |
-# | GSPO | beta 0.5: 0.672 at 1.8; 0.1: 0.887 at 8.6; 0.01: 0.991 at 36.4 |
+# | GRPO | beta 0.5: 0.679 at 1.6; 0.1: 0.817 at 4.0; 0.01: 0.926 at 13.2 |
+# | RLOO | beta 0.5: 0.549 at 0.9; 0.1: 0.770 at 2.5; 0.01: 0.908 at 7.7 |
+# | GSPO | beta 0.5: 0.662 at 1.6; 0.1: 0.850 at 10.0; 0.01: 0.996 at 50.1 |
 # | DPO | beta 0.5: 0.742 at 4.5; 0.1: 0.773 at 8.1; 0.03: 0.763 at 9.4 |
 # | IPO | beta 0.5: 0.359 at 0.06; 0.1: 0.664 at 1.6; 0.02: 0.773 at 8.7 |
 #
 # (standard errors: about 0.03 on the reward, 0.02 to 0.7 nats on the KL.)
 #
-# - **The on-policy RL methods** (PPO, GRPO, RLOO, GSPO) lie close to one curve: about 0.85 to 0.9 at
-#   4 to 5 nats and 0.9 at 9; the KL strength moves a point along it. RLOO sits to the left of GRPO
-#   (less KL for about the same reward: 0.82 at 2.5 against 0.85 at 4.1 at beta 0.1, and 0.88 at 5.0
-#   against 0.92 at 17.6 at beta 0.01).
+# - **The on-policy RL methods** (PPO, GRPO, RLOO, GSPO) lie close to one curve: about 0.8 to 0.9 at
+#   4 to 5 nats and 0.9 at 8 to 9; the KL strength moves a point along it. At the same beta, RLOO
+#   spends less KL than GRPO for a little less reward (0.77 at 2.5 against 0.82 at 4.0 nats at beta
+#   0.1, and 0.91 at 7.7 against 0.93 at 13.2 at beta 0.01): a point further down the same curve.
 # - **Offline DPO and IPO**, trained on pairs drawn once from the reference, sit below that curve: about
 #   0.77 at 8 to 9 nats, where the RL methods reach about 0.9, and more passes over the pairs add KL
 #   faster than reward (`train-dpo`'s 5 passes over 384 pairs: 0.83 at 18 nats). IPO's beta controls
 #   the KL directly (its target $h = 1/(2\beta)$: 0.06, 1.6 and 8.7 nats); DPO's beta only through
 #   where its loss saturates (4.5 to 9.4 nats).
-# - **GSPO with beta = 0.01** ran away: reward 0.991 at 36 nats (more than 2 nats per token), twice
-#   the KL of GRPO with the same beta (18 nats). A likely reason: with the token-level clip range (0.2) a length-normalised
+# - **GSPO with beta = 0.01** ran away: reward 0.996 at 50 nats (more than 3 nats per token), almost
+#   four times the KL of GRPO with the same beta (13 nats), and its samples degenerate into repeated
+#   phrases ("waste your time"). A likely reason: with the token-level clip range (0.2) a length-normalised
 #   sequence ratio almost never leaves it, so GSPO's updates here are in effect unclipped, and a
 #   KL weight of 0.01 does not hold the policy back.
 # - The DPO paper found DPO's frontier *above* PPO's on IMDb with GPT-2-large. Here, with a 2-layer
@@ -371,10 +372,10 @@ cost_figure(frontier)
 #   their current policy every phase, the on-policy methods are more KL-efficient, as later studies
 #   comparing online and offline preference optimisation also report; section 5's online DPO moves
 #   DPO towards them.
-# - **Cost**: a DPO or IPO point trained in about 13 s against 13 to 33 s for an RL point (the machine
-#   was loaded: compare them with each other), plus the shared pairs (4096 samples from the reference
-#   and one classifier pass, 23 to 43 s); peak memory above the start of a run was 50 to 110 MB for
-#   DPO (a forward and backward pass over 64 full rows) and 10 to 75 MB for the RL runs.
+# - **Cost**: a DPO or IPO point trained in 3 to 4.5 s against 4 to 5 s for a GRPO, RLOO or GSPO point
+#   and 11 to 15 s for a PPO point (the machine was loaded: compare them with each other), plus the shared pairs (4096 samples from the reference
+#   and one classifier pass, 23 to 43 s); peak memory above the start of a run was 9 to 115 MB for
+#   DPO and IPO (a forward and backward pass over 64 full rows) and up to 44 MB for the RL runs.
 #
 # The cell below compares the methods of *this* run at their largest reward:
 
