@@ -105,6 +105,28 @@ def test_dpo_trl_reads_the_same_token_ids_as_ours(tmp_path):
     assert bench_trl_dpo.token_mismatches([(chosen, mask, *pairs[0][2:])], trainer) == 1
 
 
+def test_dpo_pairs_whose_text_does_not_tokenize_back_are_found():
+    import torch
+
+    from rlhf_tutorial.trainers import bench_trl_dpo, dpo
+    from rlhf_tutorial.worlds import load_policy
+
+    base = load_policy("tiny", device="cpu")
+    args = dpo.DPOArgs.preset("tiny")
+    prompt = base.to_tokens(args.prompts[0])[0]
+    eos = base.tokenizer.eos_token_id
+
+    def row(completion: list[int]):
+        tokens = torch.cat([prompt, torch.tensor(completion)])
+        mask = torch.arange(len(tokens)) >= len(prompt)
+        return tokens, mask, base.to_string(tokens[1:][tokens[1:] != eos])
+
+    good, byte = row([*base.to_tokens(" good.", prepend_bos=False)[0].tolist(), eos]), row([131, eos])
+    assert "\ufffd" in byte[2]  # a lone byte of a multi-byte character
+    assert bench_trl_dpo.text_round_trips((good[0], good[1], good[0], good[1], good[2], good[2], 1.0), base, args)
+    assert not bench_trl_dpo.text_round_trips((good[0], good[1], byte[0], byte[1], good[2], byte[2], 1.0), base, args)
+
+
 def test_dpo_trl_weights_read_back_exactly():
     import torch
 
@@ -128,6 +150,7 @@ def test_dpo_smoke_race_reports_both_sides():
     assert summary["algo"] == "dpo" and summary["trl_version"] == trl.__version__
     assert summary["token_mismatches"] == 0
     (pairs,) = summary["pairs_per_seed"]
+    assert summary["pairs_dropped_per_seed"][0] >= 0
     for side in ("ours", "trl"):
         (run,) = summary["runs"][side]
         assert run["pairs"] == pairs and run["passes"] == 2 and len(run["reward_per_pass"]) == 2

@@ -15,7 +15,8 @@ same pairs, one side after the other (alternating, so both see the same machine 
 Both read the same token ids (``token_mismatches`` checks every pair: the tokenizer puts BOS before
 the prompt as ``prepend_bos=True`` does; TRL appends EOS to every completion, ours has EOS only on the
 completions that stopped, so ``max_length`` = prompt + ``max_new_tokens`` tokens cuts the extra EOS off
-the ones that ran to the limit). The settings map one to one (``trl_config``): beta, learning rate
+the ones that ran to the limit; the rare pair whose text does not tokenize back to its ids is dropped
+for both, ``text_round_trips``). The settings map one to one (``trl_config``): beta, learning rate
 (constant, no warmup, no weight decay), batch size, passes over the pairs, gradient clipping, the
 sigmoid loss. The export's LayerNorms are the identity (our policy's are folded, ``LNPre``, with no
 parameters) and are frozen on TRL's side, so both sides train the same parameters.
@@ -71,6 +72,9 @@ TRL_DPO_DIFFERENCES = [
     "0 in the preset",
     "rounds x epochs: offline, ours makes rounds * epochs passes over the same pairs; TRL num_train_epochs = "
     "rounds * epochs (the same passes)",
+    "tokens: TRL's dataset is strings; a sampled pair whose text does not tokenize back to its ids (a token "
+    "that is part of a multi-byte character decodes to U+FFFD) cannot be given to it, so such pairs (about 1 in "
+    "1000) are dropped for both sides (pairs_dropped_per_seed)",
     "online DPO, pairs='preferences', min_reward_gap and the pair drawing itself have no DPOConfig field: both "
     "sides train on the pairs drawn once by ours",
 ]
@@ -324,10 +328,27 @@ KEYS = ("prepare_seconds", "train_seconds", "wall_seconds", "seconds_per_step", 
         "pair_accuracy", "reward_margin")
 
 
+def text_round_trips(pair: tuple, policy: HookedTransformer, args: dpo.DPOArgs) -> bool:
+    """Whether both texts of ``pair`` tokenize back to the pair's token ids (an EOS after them aside).
+    Not always so: a sampled token that is part of a multi-byte character decodes to U+FFFD, which
+    encodes to other tokens; a string dataset (TRL's) cannot carry such a completion."""
+    eos = policy.tokenizer.eos_token_id
+    for tokens, mask, text in ((pair[0], pair[1], pair[4]), (pair[2], pair[3], pair[5])):
+        ids, _ = our_ids(tokens, mask)
+        again = policy.to_tokens(text, prepend_bos=args.prepend_bos)[0].tolist()
+        if ids[: len(again)] != again or ids[len(again):] not in ([], [eos]):
+            return False
+    return True
+
+
 def draw_pairs(args: dpo.DPOArgs, base: HookedTransformer, reward_fn, seed: int) -> tuple[list[tuple], dict]:
-    """The pairs of one seed, drawn by our trainer's code from the base policy (as ``dpo.train`` does)."""
+    """The pairs of one seed, drawn by our trainer's code from the base policy (as ``dpo.train`` does),
+    less those whose texts do not tokenize back to their ids (``text_round_trips``: about 1 in 1000;
+    counted as ``pairs_dropped``): both sides then train on the same token ids."""
     torch.manual_seed(seed)
-    return dpo.pairs_from_samples(base.eval(), reward_fn, dpo.DPOArgs(**{**asdict(args), "seed": seed}))
+    pairs, stats = dpo.pairs_from_samples(base.eval(), reward_fn, dpo.DPOArgs(**{**asdict(args), "seed": seed}))
+    kept = [pair for pair in pairs if text_round_trips(pair, base, args)]
+    return kept, {**stats, "pairs_dropped": len(pairs) - len(kept)}
 
 
 def main(argv: list[str]) -> dict:
@@ -356,12 +377,13 @@ def main(argv: list[str]) -> dict:
     reward_fn = sentiment_reward_fn("tiny", args.direction)
     base = load_policy("tiny", device="cpu").eval()
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
-    pair_counts = []
+    pair_counts, dropped = [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = export_hf(base, Path(tmp) / "policy")
         for seed in ns.seeds:
             pairs, stats = draw_pairs(args, base, reward_fn, seed)
             pair_counts.append(len(pairs))
+            dropped.append(stats["pairs_dropped"])
             print(f"[bench-trl dpo] seed {seed}: {len(pairs)} pairs (sample reward {stats['sample_reward']:.3f})",
                   file=sys.stderr)
             order = ("ours", "trl") if seed % 2 == 0 else ("trl", "ours")  # alternate who goes first
@@ -394,6 +416,7 @@ def main(argv: list[str]) -> dict:
         "common_target": "per seed, the lower of the two sides' last-pass rewards (both reach it): "
                          "seconds_to_common_target is the training time until a pass ends at or above it",
         "pairs_per_seed": pair_counts,
+        "pairs_dropped_per_seed": dropped,
         "median": medians,
         "ratio_ours_over_trl": {k: _ratio(medians["ours"][k], medians["trl"][k]) for k in ratio_keys},
         "final_reward_difference": round(medians["ours"]["final_reward"] - medians["trl"]["final_reward"], 4),
