@@ -41,3 +41,132 @@ def test_smoke_race_reports_both_sides():
     assert summary["runs"]["trl"][0]["seconds_per_phase_split"]["old_logprobs"] > 0.0
     assert set(summary["ratio_ours_over_trl"]) == {"seconds_to_target", "seconds_per_phase", "peak_memory_mb"}
     assert summary["trl_differences"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# --algo dpo: our DPO trainer (chapter 06) against TRL's DPOTrainer
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_dpo_settings_map_onto_a_dpo_config(tmp_path):
+    from rlhf_tutorial.trainers import bench_trl_dpo, dpo
+
+    args = dpo.DPOArgs.preset("tiny", epochs=2)
+    config = bench_trl_dpo.trl_config(args, seed=3, out=str(tmp_path), max_prompt_tokens=5)
+    assert (config.beta, config.learning_rate, config.per_device_train_batch_size, config.max_grad_norm) == (
+        args.kl_coef, args.learning_rate, args.batch_size, args.max_grad_norm)
+    assert config.num_train_epochs == args.rounds * args.epochs and config.gradient_accumulation_steps == 1
+    assert config.loss_type == ["sigmoid"] and config.lr_scheduler_type == "constant"
+    assert config.warmup_steps == 0 and config.weight_decay == 0.0
+    assert config.precompute_ref_log_probs and not config.bf16 and not config.gradient_checkpointing
+    assert config.max_length == 5 + args.max_new_tokens  # cuts TRL's extra EOS off completions at the limit
+    assert config.seed == 3 and config.report_to == [] and config.save_strategy == "no"
+
+
+def test_dpo_trl_reads_the_same_token_ids_as_ours(tmp_path):
+    """TRL tokenizes our pairs' strings to our token ids, for completions that stopped at EOS and for
+    those cut off at max_new_tokens (TRL appends an EOS that max_length cuts off again)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOTrainer
+
+    from rlhf_tutorial.rewards import sentiment_reward_fn
+    from rlhf_tutorial.trainers import bench_trl_dpo, dpo
+    from rlhf_tutorial.trainers.export import export_hf, load_hf_policy
+    from rlhf_tutorial.worlds import load_policy
+
+    args = dpo.DPOArgs.preset("tiny", **bench_trl_dpo.SMOKE)
+    base = load_policy("tiny", device="cpu")
+    pairs, _ = bench_trl_dpo.draw_pairs(args, base, sentiment_reward_fn("tiny", args.direction), seed=0)
+    eos = base.tokenizer.eos_token_id
+    # a completion that stopped at EOS (8 sampled tokens rarely do), padded as sample_group pads
+    text = args.prompts[0] + " bad"
+    ids = torch.cat([base.to_tokens(text)[0], torch.tensor([eos])])
+    plen = base.to_tokens(args.prompts[0]).shape[1]
+    width = plen + args.max_new_tokens
+    tokens = torch.nn.functional.pad(ids, (0, width - len(ids)), value=eos)
+    mask = (torch.arange(width) >= plen) & (torch.arange(width) < len(ids))
+    pairs = [(tokens, mask, *pairs[0][2:4], text, pairs[0][5], 1.0), *pairs]
+    rows = [(p[0], p[1]) for p in pairs] + [(p[2], p[3]) for p in pairs]
+    stopped = [bool((t[m] == eos).any()) for t, m in rows]
+    assert any(stopped) and not all(stopped)  # both kinds are checked
+    assert all(t[0] == base.tokenizer.bos_token_id for t, _ in rows)  # ours: BOS, then the prompt
+    folder = export_hf(base, tmp_path / "policy")
+    model, _ = load_hf_policy(folder)
+    max_prompt = max(bench_trl_dpo.prompt_lengths(base, args).values())
+    trainer = DPOTrainer(model=model, args=bench_trl_dpo.trl_config(args, 0, str(tmp_path / "out"), max_prompt),
+                         train_dataset=Dataset.from_dict(bench_trl_dpo.trl_dataset_rows(pairs, args.prompts)),
+                         processing_class=AutoTokenizer.from_pretrained(str(folder)))
+    assert bench_trl_dpo.token_mismatches(pairs, trainer) == 0
+    # and the check does catch a difference: a pair whose chosen completion lost a token
+    chosen, mask = pairs[0][0].clone(), pairs[0][1].clone()
+    mask[int(mask.nonzero().max())] = False
+    assert bench_trl_dpo.token_mismatches([(chosen, mask, *pairs[0][2:])], trainer) == 1
+
+
+def test_dpo_pairs_whose_text_does_not_tokenize_back_are_found():
+    import torch
+
+    from rlhf_tutorial.trainers import bench_trl_dpo, dpo
+    from rlhf_tutorial.worlds import load_policy
+
+    base = load_policy("tiny", device="cpu")
+    args = dpo.DPOArgs.preset("tiny")
+    prompt = base.to_tokens(args.prompts[0])[0]
+    eos = base.tokenizer.eos_token_id
+
+    def row(completion: list[int]):
+        tokens = torch.cat([prompt, torch.tensor(completion)])
+        mask = torch.arange(len(tokens)) >= len(prompt)
+        return tokens, mask, base.to_string(tokens[1:][tokens[1:] != eos])
+
+    good, byte = row([*base.to_tokens(" good.", prepend_bos=False)[0].tolist(), eos]), row([131, eos])
+    assert "\ufffd" in byte[2]  # a lone byte of a multi-byte character
+    assert bench_trl_dpo.text_round_trips((good[0], good[1], good[0], good[1], good[2], good[2], 1.0), base, args)
+    assert not bench_trl_dpo.text_round_trips((good[0], good[1], byte[0], byte[1], good[2], byte[2], 1.0), base, args)
+
+
+def test_dpo_trl_weights_read_back_exactly():
+    import torch
+
+    from rlhf_tutorial.trainers import bench_trl_dpo
+    from rlhf_tutorial.trainers.export import to_hf
+    from rlhf_tutorial.worlds import load_policy
+
+    base = load_policy("tiny", device="cpu")
+    back = bench_trl_dpo.tl_from_hf(to_hf(base), base)
+    for name, value in base.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+    hf = to_hf(base)
+    with torch.no_grad():
+        hf.transformer.ln_f.weight.add_(0.1)
+    with pytest.raises(ValueError, match="identity"):
+        bench_trl_dpo.tl_from_hf(hf, base)
+
+
+def test_dpo_smoke_race_reports_both_sides():
+    summary = bench_trl.main(["--algo", "dpo", "--smoke", "--seeds", "0"])
+    assert summary["algo"] == "dpo" and summary["trl_version"] == trl.__version__
+    assert summary["token_mismatches"] == 0
+    (pairs,) = summary["pairs_per_seed"]
+    assert summary["pairs_dropped_per_seed"][0] >= 0
+    for side in ("ours", "trl"):
+        (run,) = summary["runs"][side]
+        assert run["pairs"] == pairs and run["passes"] == 2 and len(run["reward_per_pass"]) == 2
+        assert run["steps"] == 2 * -(-pairs // 4)  # batch size 4, the last batch partial
+        assert run["seconds_per_step"] > 0 and run["train_seconds"] > 0 and run["prepare_seconds"] > 0
+        assert run["peak_memory_mb"] == run["peak_memory_mb"]  # not NaN
+        assert 0.0 <= run["final_reward"] <= 1.0 and run["final_kl"] >= 0.0
+        assert 0.0 <= run["pair_accuracy"] <= 1.0
+        assert run["seconds_to_common_target"] is not None
+    assert summary["runs"]["trl"][0]["trl_optim"]
+    assert {"train_seconds", "seconds_per_step", "seconds_to_common_target", "peak_memory_mb"} <= set(
+        summary["ratio_ours_over_trl"])
+    assert summary["trl_differences"] == bench_trl_dpo_differences()
+
+
+def bench_trl_dpo_differences():
+    from rlhf_tutorial.trainers.bench_trl_dpo import TRL_DPO_DIFFERENCES
+
+    return TRL_DPO_DIFFERENCES

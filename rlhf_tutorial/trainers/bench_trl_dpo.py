@@ -1,0 +1,428 @@
+"""Race our DPO trainer (chapter 06) against TRL's ``DPOTrainer`` on the same pairs, model and settings.
+
+``python -m rlhf_tutorial bench-trl --algo dpo`` exports the tiny world's base policy to a transformers
+folder (``trainers.export.export_hf``: the same logits). For each seed it draws the preference pairs
+*once*, with our trainer's own code (``trainers.dpo.pairs_from_samples``: G samples per prompt from the
+base policy, scored by the sentiment classifier, best and worst of each group), then trains on those
+same pairs, one side after the other (alternating, so both see the same machine load):
+
+- ours: ``trainers.dpo.train`` offline on the pairs (``to_batch`` computes the reference log-probs
+  first, timed as the "prepare" phase);
+- TRL: ``DPOTrainer`` on the exported folder, its dataset the pairs as strings (columns "prompt",
+  "chosen", "rejected"); its constructor tokenizes them and, with ``precompute_ref_log_probs`` (ours
+  computes the reference log-probs once too), runs the reference over them ("prepare" phase).
+
+Both read the same token ids (``token_mismatches`` checks every pair: the tokenizer puts BOS before
+the prompt as ``prepend_bos=True`` does; TRL appends EOS to every completion, ours has EOS only on the
+completions that stopped, so ``max_length`` = prompt + ``max_new_tokens`` tokens cuts the extra EOS off
+the ones that ran to the limit; the rare pair whose text does not tokenize back to its ids is dropped
+for both, ``text_round_trips``). The settings map one to one (``trl_config``): beta, learning rate
+(constant, no warmup, no weight decay), batch size, passes over the pairs, gradient clipping, the
+sigmoid loss. The export's LayerNorms are the identity (our policy's are folded, ``LNPre``, with no
+parameters) and are frozen on TRL's side, so both sides train the same parameters.
+
+Both trained policies are measured the same way: TRL's weights are read back into a copy of our
+``HookedTransformer`` (``tl_from_hf``, exact) and both are evaluated with ``policy_eval.evaluate_policy``
+(the same seed: the same random stream) after every pass over the pairs (``eval_samples_per_round``
+samples; this time is left out of the training time) and at the end (``eval_samples``). The summary
+gives, per side: seconds per optimizer step and per pass, the prepare / train split, the training
+wall time, the peak memory, the pair accuracy and implicit reward margin over all pairs at the end
+(our ``sequence_logprobs`` on both policies), the final sampled reward and KL, and the training
+seconds until a pass ends with sampled reward >= 0.9, with the ratios ours / TRL (medians over seeds).
+Offline DPO on the tiny world levels off near 0.8, below 0.9, so the summary also gives the time to a
+*common target* that both reach: per seed, the lower of the two sides' last-pass rewards
+(``seconds_to_common_target``, labelled as such). What TRL cannot express goes into
+``TRL_DPO_DIFFERENCES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import einops
+import torch
+from transformer_lens import HookedTransformer
+
+from rlhf_tutorial import dpo as dpo_fns
+from rlhf_tutorial.speed import REWARD_TARGET
+from rlhf_tutorial.trainers import dpo
+from rlhf_tutorial.trainers.bench_trl import _loadavg, _median, _peak, _ratio, common_flags
+from rlhf_tutorial.trainers.policy_eval import evaluate_policy
+
+#: Where TRL's DPOTrainer differs from ours with the settings mapped as closely as it allows.
+TRL_DPO_DIFFERENCES = [
+    "pair order: TRL shuffles with its own sampler (seeded by `seed`), ours with torch.randperm on a generator "
+    "seeded the same; the same pairs, a different order each pass",
+    "optimizer: TRL's default for TrainingArguments (reported as trl_optim); ours torch.optim.AdamW, both "
+    "betas (0.9, 0.999), eps 1e-8, no weight decay, constant learning rate, no warmup",
+    "parameters: the export's LayerNorm weights and biases (the identity; ours are folded into the next "
+    "linear maps and have no parameters) are frozen on TRL's side, so both train the same parameters",
+    "EOS: TRL appends EOS to every completion; ours has it only where sampling stopped. max_length = prompt + "
+    "max_new_tokens tokens cuts it off again (exact for prompts of the longest length; token_mismatches counts "
+    "the pairs whose token ids differ)",
+    "padding: TRL pads a batch to its longest row, ours to prompt + max_new_tokens (masked: no effect on the loss)",
+    "label_smoothing: TRL's 'sigmoid' loss ignores it (its 'robust' loss is a different correction); "
+    "0 in the preset",
+    "rounds x epochs: offline, ours makes rounds * epochs passes over the same pairs; TRL num_train_epochs = "
+    "rounds * epochs (the same passes)",
+    "tokens: TRL's dataset is strings; a sampled pair whose text does not tokenize back to its ids (a token "
+    "that is part of a multi-byte character decodes to U+FFFD) cannot be given to it, so such pairs (about 1 in "
+    "1000) are dropped for both sides (pairs_dropped_per_seed)",
+    "online DPO, pairs='preferences', min_reward_gap and the pair drawing itself have no DPOConfig field: both "
+    "sides train on the pairs drawn once by ours",
+]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Settings and data for TRL
+# ----------------------------------------------------------------------------------------------------
+
+
+def prompt_lengths(policy: HookedTransformer, args: dpo.DPOArgs) -> dict[str, int]:
+    """Tokens of each prompt as our trainer feeds it (BOS included with ``prepend_bos``)."""
+    return {p: policy.to_tokens(p, prepend_bos=args.prepend_bos).shape[1] for p in args.prompts}
+
+
+def trl_config(args: dpo.DPOArgs, seed: int, out: str, max_prompt_tokens: int):
+    """``args`` as a TRL ``DPOConfig`` (CPU, float32, no checkpoints, no logging to services)."""
+    from trl import DPOConfig
+
+    return DPOConfig(
+        output_dir=out, seed=seed, data_seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=10**6,
+        disable_tqdm=True, dataloader_num_workers=0, dataloader_drop_last=False,
+        per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=1,
+        num_train_epochs=args.rounds * args.epochs, max_steps=-1,
+        learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.max_grad_norm,
+        beta=args.kl_coef, loss_type=[args.loss_type], label_smoothing=args.label_smoothing,
+        max_length=max_prompt_tokens + args.max_new_tokens, truncation_mode="keep_start",
+        precompute_ref_log_probs=True, precompute_ref_batch_size=64, disable_dropout=True,
+    )
+
+
+def prompt_of(text: str, prompts: tuple[str, ...]) -> str:
+    """The (longest) prompt ``text`` starts with: the texts of our pairs are prompt + completion."""
+    return max((p for p in prompts if text.startswith(p)), key=len)
+
+
+def trl_dataset_rows(pairs: list[tuple], prompts: tuple[str, ...]) -> dict[str, list[str]]:
+    """Our pairs as TRL's string columns. The prompt goes without BOS (the tokenizer adds it) and the
+    completions without EOS (TRL appends it)."""
+    rows: dict[str, list[str]] = {"prompt": [], "chosen": [], "rejected": []}
+    for pair in pairs:
+        chosen_text, rejected_text = pair[4], pair[5]
+        prompt = prompt_of(chosen_text, prompts)
+        rows["prompt"].append(prompt)
+        rows["chosen"].append(chosen_text[len(prompt):])
+        rows["rejected"].append(rejected_text[len(prompt):])
+    return rows
+
+
+def our_ids(tokens: torch.Tensor, mask: torch.Tensor) -> tuple[list[int], list[int]]:
+    """A pair row as our loss reads it: (the ids up to the last completion token, completion mask)."""
+    end = int(mask.nonzero().max()) + 1
+    return tokens[:end].tolist(), mask[:end].long().tolist()
+
+
+def token_mismatches(pairs: list[tuple], trainer) -> int:
+    """How many pairs TRL's trainer reads with token ids (or completion masks) other than ours."""
+    bad = 0
+    for k, pair in enumerate(pairs):
+        batch = trainer.data_collator([trainer.train_dataset[k]])
+        theirs = []
+        for row in range(2):  # chosen, rejected
+            n = int(batch["attention_mask"][row].sum())
+            theirs.append((batch["input_ids"][row, :n].tolist(), batch["completion_mask"][row, :n].tolist()))
+        bad += theirs != [our_ids(pair[0], pair[1]), our_ids(pair[2], pair[3])]
+    return bad
+
+
+def tl_from_hf(model, template: HookedTransformer) -> HookedTransformer:
+    """The inverse of ``export.hf_state_dict``: a copy of ``template`` holding ``model``'s weights (a
+    ``GPT2WithUnembedBias`` whose LayerNorms are still the identity). Exact: only reshapes."""
+    cfg = template.cfg
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    for k, v in sd.items():
+        if ".ln_" in k:
+            want = torch.ones_like(v) if k.endswith("weight") else torch.zeros_like(v)
+            if not torch.equal(v, want):
+                raise ValueError(f"{k} is not the identity: the LayerNorm was trained (our policy has none)")
+    out = {"embed.W_E": sd["transformer.wte.weight"], "pos_embed.W_pos": sd["transformer.wpe.weight"],
+           "unembed.W_U": sd["lm_head.weight"].T, "unembed.b_U": sd["lm_head.bias"]}
+    for i in range(cfg.n_layers):
+        p, b = f"transformer.h.{i}", f"blocks.{i}"
+        ws = sd[f"{p}.attn.c_attn.weight"].chunk(3, dim=1)
+        bs = sd[f"{p}.attn.c_attn.bias"].chunk(3)
+        for name, w, bias in zip("QKV", ws, bs):
+            out[f"{b}.attn.W_{name}"] = einops.rearrange(w, "m (n h) -> n m h", n=cfg.n_heads)
+            out[f"{b}.attn.b_{name}"] = einops.rearrange(bias, "(n h) -> n h", n=cfg.n_heads)
+        out[f"{b}.attn.W_O"] = einops.rearrange(sd[f"{p}.attn.c_proj.weight"], "(n h) m -> n h m", n=cfg.n_heads)
+        out[f"{b}.attn.b_O"] = sd[f"{p}.attn.c_proj.bias"]
+        out.update({f"{b}.mlp.W_in": sd[f"{p}.mlp.c_fc.weight"], f"{b}.mlp.b_in": sd[f"{p}.mlp.c_fc.bias"],
+                    f"{b}.mlp.W_out": sd[f"{p}.mlp.c_proj.weight"], f"{b}.mlp.b_out": sd[f"{p}.mlp.c_proj.bias"]})
+    policy = copy.deepcopy(template)
+    missing, unexpected = policy.load_state_dict(out, strict=False)
+    missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
+    if missing or unexpected:
+        raise RuntimeError(f"HF -> TransformerLens mapping incomplete: missing {missing}, unexpected {unexpected}")
+    return policy.eval()
+
+
+def freeze_layernorms(model) -> int:
+    """Freeze the export's LayerNorm parameters (ours has none to train); returns how many tensors."""
+    frozen = 0
+    for name, param in model.named_parameters():
+        if ".ln_" in name or name.startswith("transformer.ln_f"):
+            param.requires_grad_(False)
+            frozen += 1
+    return frozen
+
+
+# ----------------------------------------------------------------------------------------------------
+# The two sides
+# ----------------------------------------------------------------------------------------------------
+
+
+class EvalClock:
+    """Evaluates a policy after every pass, notes (training seconds so far, reward); the seconds spent
+    evaluating are left out of the training time."""
+
+    def __init__(self, reference: HookedTransformer, reward_fn, args: dpo.DPOArgs, seed: int):
+        self.reference, self.reward_fn, self.args, self.seed = reference, reward_fn, args, seed
+        self.curve: list[tuple[float, float]] = []
+        self.eval_seconds = 0.0
+        self.t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self.curve, self.eval_seconds, self.t0 = [], 0.0, time.perf_counter()
+
+    def train_seconds(self) -> float:
+        return time.perf_counter() - self.t0 - self.eval_seconds
+
+    def evaluate(self, policy: HookedTransformer, n: int) -> dict[str, Any]:
+        a = self.args
+        return evaluate_policy(policy, self.reference, self.reward_fn, a.prompts, n, a.max_new_tokens,
+                               seed=self.seed + 1, temperature=a.temperature, prepend_bos=a.prepend_bos)
+
+    def after_pass(self, policy: HookedTransformer) -> None:
+        trained = self.train_seconds()
+        begin = time.perf_counter()
+        result = self.evaluate(policy, self.args.eval_samples_per_round)
+        self.eval_seconds += time.perf_counter() - begin
+        self.curve.append((trained, result["reward"]))
+
+
+@torch.no_grad()
+def pair_stats(policy: HookedTransformer, batch: dpo.PairBatch, beta: float) -> dict[str, float]:
+    """Accuracy and mean implicit reward margin of ``policy`` over all pairs (our log-probs, both sides)."""
+    def logps(tokens, mask):
+        return torch.cat([dpo_fns.sequence_logprobs(policy(t), t, m)
+                          for t, m in zip(tokens.split(64), mask.split(64))])
+
+    margin = (dpo_fns.implicit_reward(logps(batch.chosen, batch.chosen_mask), batch.ref_chosen_logps, beta)
+              - dpo_fns.implicit_reward(logps(batch.rejected, batch.rejected_mask), batch.ref_rejected_logps, beta))
+    return {"pair_accuracy": round((margin > 0).float().mean().item(), 4), "reward_margin": round(margin.mean().item(), 4)}
+
+
+def _side(clock: EvalClock, policy: HookedTransformer, batch: dpo.PairBatch, prepare: float, train: float,
+          steps: int, passes: int, peak: float) -> dict[str, Any]:
+    final = clock.evaluate(policy, clock.args.eval_samples)
+    first = next((k for k, (_, r) in enumerate(clock.curve) if r >= REWARD_TARGET), None)
+    return {
+        "steps": steps,
+        "passes": passes,
+        "prepare_seconds": round(prepare, 3),
+        "train_seconds": round(train, 3),
+        "wall_seconds": round(prepare + train, 3),
+        "seconds_per_step": round(train / steps, 5),
+        "seconds_per_pass": round(train / passes, 4),
+        "peak_memory_mb": round(peak, 1),
+        **pair_stats(policy, batch, clock.args.kl_coef),
+        "final_reward": round(final["reward"], 4),
+        "final_reward_se": round(final["reward_se"], 4),
+        "final_kl": round(final["kl"], 4),
+        "reward_per_pass": [round(r, 4) for _, r in clock.curve],
+        "train_seconds_per_pass": [round(t, 3) for t, _ in clock.curve],
+        "passes_to_target": None if first is None else first + 1,
+        "seconds_to_target": None if first is None else round(clock.curve[first][0], 3),
+        "eval_seconds_left_out": round(clock.eval_seconds, 2),
+    }
+
+
+def run_ours(args: dpo.DPOArgs, base: HookedTransformer, pairs: list[tuple], reward_fn, seed: int) -> tuple:
+    """Our trainer, offline, on the drawn pairs (rounds x epochs passes as rounds of one epoch: the same
+    sequence of shuffles)."""
+    policy, reference = copy.deepcopy(base), copy.deepcopy(base)
+    reference.eval().requires_grad_(False)
+    passes = args.rounds * args.epochs
+    run_args = dpo.DPOArgs(**{**asdict(args), "seed": seed, "rounds": passes, "epochs": 1})
+    clock = EvalClock(reference, reward_fn, args, seed)
+    clock.start()
+    with _peak() as memory:
+        batch = dpo.to_batch(pairs, reference)
+        prepare = clock.train_seconds()
+        result = dpo.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=batch,
+                           evaluate=False, progress=False, callback=lambda record: clock.after_pass(policy))
+        train = clock.train_seconds() - prepare
+    steps = passes * -(-len(batch) // args.batch_size)
+    clock.curve = [(t - prepare, r) for t, r in clock.curve]
+    return _side(clock, result.policy.eval(), batch, prepare, train, steps, passes, memory.peak_mb), batch
+
+
+def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer, pairs: list[tuple], batch: dpo.PairBatch,
+            reward_fn, seed: int) -> dict[str, Any]:
+    """TRL's DPOTrainer on the exported folder, its dataset the same pairs as strings."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import DPOTrainer
+
+    import rlhf_tutorial.trainers.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
+
+    reference = copy.deepcopy(base).eval().requires_grad_(False)
+    clock = EvalClock(reference, reward_fn, args, seed)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
+    assert type(model).__name__ == "GPT2WithUnembedBias", type(model)
+    freeze_layernorms(model)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    dataset = Dataset.from_dict(trl_dataset_rows(pairs, args.prompts))
+    max_prompt = max(prompt_lengths(base, args).values())
+
+    class AfterPass(TrainerCallback):
+        def on_epoch_end(self, _args, state, control, **kwargs):
+            clock.after_pass(tl_from_hf(kwargs["model"], base))
+
+    with tempfile.TemporaryDirectory() as out:
+        clock.start()
+        with _peak() as memory:
+            trainer = DPOTrainer(model=model, args=trl_config(args, seed, out, max_prompt), train_dataset=dataset,
+                                 processing_class=tokenizer, callbacks=[AfterPass()])
+            prepare = clock.train_seconds()
+            trainer.train()
+            train = clock.train_seconds() - prepare
+        clock.curve = [(t - prepare, r) for t, r in clock.curve]
+        mismatches = token_mismatches(pairs, trainer)
+        optim, steps = str(trainer.args.optim), trainer.state.global_step
+    side = _side(clock, tl_from_hf(trainer.model, base), batch, prepare, train, steps, args.rounds * args.epochs,
+                 memory.peak_mb)
+    side.update(trl_optim=optim, token_mismatches=mismatches)
+    return side
+
+
+# ----------------------------------------------------------------------------------------------------
+# The race
+# ----------------------------------------------------------------------------------------------------
+
+SMOKE = dict(num_pairs=16, group_size=4, max_new_tokens=8, rounds=2, batch_size=4, eval_samples=16,
+             eval_samples_per_round=8)
+
+KEYS = ("prepare_seconds", "train_seconds", "wall_seconds", "seconds_per_step", "seconds_per_pass",
+        "seconds_to_target", "seconds_to_common_target", "peak_memory_mb", "final_reward", "final_kl",
+        "pair_accuracy", "reward_margin")
+
+
+def text_round_trips(pair: tuple, policy: HookedTransformer, args: dpo.DPOArgs) -> bool:
+    """Whether both texts of ``pair`` tokenize back to the pair's token ids (an EOS after them aside).
+    Not always so: a sampled token that is part of a multi-byte character decodes to U+FFFD, which
+    encodes to other tokens; a string dataset (TRL's) cannot carry such a completion."""
+    eos = policy.tokenizer.eos_token_id
+    for tokens, mask, text in ((pair[0], pair[1], pair[4]), (pair[2], pair[3], pair[5])):
+        ids, _ = our_ids(tokens, mask)
+        again = policy.to_tokens(text, prepend_bos=args.prepend_bos)[0].tolist()
+        if ids[: len(again)] != again or ids[len(again):] not in ([], [eos]):
+            return False
+    return True
+
+
+def draw_pairs(args: dpo.DPOArgs, base: HookedTransformer, reward_fn, seed: int) -> tuple[list[tuple], dict]:
+    """The pairs of one seed, drawn by our trainer's code from the base policy (as ``dpo.train`` does),
+    less those whose texts do not tokenize back to their ids (``text_round_trips``: about 1 in 1000;
+    counted as ``pairs_dropped``): both sides then train on the same token ids."""
+    torch.manual_seed(seed)
+    pairs, stats = dpo.pairs_from_samples(base.eval(), reward_fn, dpo.DPOArgs(**{**asdict(args), "seed": seed}))
+    kept = [pair for pair in pairs if text_round_trips(pair, base, args)]
+    return kept, {**stats, "pairs_dropped": len(pairs) - len(kept)}
+
+
+def main(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog="python -m rlhf_tutorial bench-trl --algo dpo",
+                                description=__doc__.split("\n")[0])
+    common_flags(p)
+    p.add_argument("--rounds", type=int, default=None, help="passes over the pairs (default: the tiny preset's, 5)")
+    p.add_argument("--num-pairs", type=int, default=None, help="groups sampled for pairs (default: the preset's, 384)")
+    ns = p.parse_args(argv)
+    try:
+        import trl
+    except ImportError:
+        return {"error": "TRL is not installed: pip install 'rlhf-tutorial[trl]' (or make test, which installs it)"}
+    torch.set_num_threads(ns.threads)
+    overrides: dict[str, Any] = dict(SMOKE) if ns.smoke else {}
+    if ns.rounds is not None:
+        overrides["rounds"] = ns.rounds
+    if ns.num_pairs is not None:
+        overrides["num_pairs"] = ns.num_pairs
+    args = dpo.DPOArgs.preset("tiny", **overrides)
+
+    from rlhf_tutorial.rewards import sentiment_reward_fn
+    from rlhf_tutorial.trainers.export import export_hf
+    from rlhf_tutorial.worlds import load_policy
+
+    reward_fn = sentiment_reward_fn("tiny", args.direction)
+    base = load_policy("tiny", device="cpu").eval()
+    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    pair_counts, dropped = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = export_hf(base, Path(tmp) / "policy")
+        for seed in ns.seeds:
+            pairs, stats = draw_pairs(args, base, reward_fn, seed)
+            pair_counts.append(len(pairs))
+            dropped.append(stats["pairs_dropped"])
+            print(f"[bench-trl dpo] seed {seed}: {len(pairs)} pairs (sample reward {stats['sample_reward']:.3f})",
+                  file=sys.stderr)
+            order = ("ours", "trl") if seed % 2 == 0 else ("trl", "ours")  # alternate who goes first
+            batch = dpo.to_batch(pairs, base)  # for the pair statistics (the same numbers ours computes)
+            for name in order:
+                if name == "ours":
+                    side, _ = run_ours(args, base, pairs, reward_fn, seed)
+                else:
+                    side = run_trl(args, folder, base, pairs, batch, reward_fn, seed)
+                runs[name].append({"seed": seed, "pairs": len(pairs), **side})
+                print(f"[bench-trl dpo]   {name}: train {side['train_seconds']} s, reward {side['final_reward']}",
+                      file=sys.stderr)
+            ours, theirs = runs["ours"][-1], runs["trl"][-1]
+            common = min(ours["reward_per_pass"][-1], theirs["reward_per_pass"][-1])
+            for run in (ours, theirs):
+                k = next(k for k, r in enumerate(run["reward_per_pass"]) if r >= common)
+                run["common_target"] = common
+                run["seconds_to_common_target"] = run["train_seconds_per_pass"][k]
+
+    medians = {name: {k: _median([r[k] for r in runs[name]]) for k in KEYS} for name in runs}
+    ratio_keys = ("prepare_seconds", "train_seconds", "wall_seconds", "seconds_per_step", "seconds_per_pass",
+                  "seconds_to_target", "seconds_to_common_target", "peak_memory_mb")
+    return {
+        "algo": "dpo",
+        "trl_version": trl.__version__,
+        "torch_threads": ns.threads,
+        "seeds": ns.seeds,
+        "smoke": ns.smoke,
+        "reward_target": REWARD_TARGET,
+        "common_target": "per seed, the lower of the two sides' last-pass rewards (both reach it): "
+                         "seconds_to_common_target is the training time until a pass ends at or above it",
+        "pairs_per_seed": pair_counts,
+        "pairs_dropped_per_seed": dropped,
+        "median": medians,
+        "ratio_ours_over_trl": {k: _ratio(medians["ours"][k], medians["trl"][k]) for k in ratio_keys},
+        "final_reward_difference": round(medians["ours"]["final_reward"] - medians["trl"]["final_reward"], 4),
+        "token_mismatches": sum(r["token_mismatches"] for r in runs["trl"]),
+        "runs": runs,
+        "settings": {k: v for k, v in asdict(args).items() if k != "world"},
+        "trl_differences": TRL_DPO_DIFFERENCES,
+        "load": _loadavg(),
+    }
