@@ -11,7 +11,8 @@ TRL (medians over the seeds). Times count from the start of training; building t
 apart (``setup_seconds``), its memory is in the peak. TRL's split: ``generate`` is sampling, the reward
 shim's calls scoring, the critic's forwards without gradients (the rollout's values) old log-probs, the
 reference model's forwards reference log-probs, and the rest of the phase (advantages, the minibatch
-forwards and backwards, the steps, TRL's per-phase ``gc.collect``) optimisation.
+forwards and backwards, the steps, TRL's per-phase ``gc.collect``, also reported alone as
+``gc_collect_seconds_per_phase``) optimisation.
 
 TRL dropped PPO after 1.12 (1.16, the ``trl`` extra of the GRPO race, has none), and 1.12 cannot share
 the virtual environment's ``trl`` package, so it lives beside it: ``pip install --no-deps --target
@@ -251,6 +252,8 @@ def run_trl(args: RLHFArgs, folder: Path, seed: int, final_window: int, threads:
 
 def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int) -> dict[str, Any]:
     """TRL 1.12's PPOTrainer on the exported folder, with the same reward; runs in the subprocess."""
+    import gc
+
     import transformers
     import trl
     from datasets import Dataset
@@ -290,6 +293,7 @@ def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int) -> dict
                 return None if torch.is_grad_enabled() else "old_logprobs"
 
             with clock.method(policy, "generate", "sampling"), clock.module(ref, "ref_logprobs"), \
+                    clock.method(gc, "collect", "gc_collect"), \
                     clock.method(value_model.transformer, "forward", rollout_forward), \
                     contextlib.redirect_stdout(sys.stderr):  # TRL's printer callback logs every phase
                 recorder.start()
@@ -302,6 +306,7 @@ def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int) -> dict
     split["optimisation"] = wall / phases - sum(split.values())  # the rest: advantages, forward, backward, step
     side = _side(recorder, final_window, wall, phases, split, memory.peak_mb)
     side["setup_seconds"] = round(setup, 3)
+    side["gc_collect_seconds_per_phase"] = round(seconds.get("seconds_gc_collect", 0.0) / phases, 4)  # in optimisation
     side["trl_version"] = trl.__version__
     return side
 
