@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
 STAND_IN_HF ?= .stand-in-hf
 
-.PHONY: lab test lint unit nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
+.PHONY: lab test lint unit trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
 
 help:
 	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make clean"
@@ -40,6 +40,16 @@ TRL_STAMP := $(VENV)/.trl-stamp
 $(TRL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --progress-bar on -e ".[dev,trl]"
 	@touch $(TRL_STAMP)
+# TRL 1.12.0, the last release with PPOTrainer, for `bench-trl --algo ppo` only: it cannot share the venv
+# with the extra's TRL (the same package), so it goes beside it, without dependencies (the pinned stack
+# already meets them: pip installs nothing else); the race imports it in a subprocess.
+TRL_PPO_DIR   := $(VENV)/trl-1.12
+TRL_PPO_STAMP := $(TRL_PPO_DIR)/.installed-stamp
+$(TRL_PPO_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --progress-bar on --no-deps --upgrade --target $(TRL_PPO_DIR) trl==1.12.0
+	@touch $(TRL_PPO_STAMP)
+
+trl-ppo: $(TRL_PPO_STAMP)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
@@ -47,7 +57,7 @@ lab: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check --no-cache rlhf_tutorial tests course scripts
 
-unit: $(STAMP) $(TRL_STAMP)
+unit: $(STAMP) $(TRL_STAMP) $(TRL_PPO_STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests -m "not browser" $(PYTEST_ARGS)
 
 # RLHF_TUTORIAL_PROGRESS_FILE=off: running the solutions must not mark a learner's exercises as passed.

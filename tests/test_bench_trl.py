@@ -170,3 +170,104 @@ def bench_trl_dpo_differences():
     from rlhf_tutorial.trainers.bench_trl_dpo import TRL_DPO_DIFFERENCES
 
     return TRL_DPO_DIFFERENCES
+# --- PPO: our chapter-03 trainer against TRL 1.12.0's PPOTrainer, installed beside the venv (make trl-ppo) ---
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from rlhf_tutorial.trainers import bench_trl_ppo  # noqa: E402
+from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer  # noqa: E402
+
+needs_trl_ppo = pytest.mark.skipif(not (bench_trl_ppo.TRL_PPO_DIR / "trl").is_dir(), reason=bench_trl_ppo.INSTALL_HINT)
+
+_CONFIG_FIELDS = """
+import json
+from rlhf_tutorial.trainers.bench_trl_ppo import tiny_args, trl_ppo_config
+import trl
+c = trl_ppo_config(tiny_args(), seed=3, out="unused")
+print(json.dumps({"trl": trl.__version__, **{k: getattr(c, k) for k in (
+    "seed", "per_device_train_batch_size", "gradient_accumulation_steps", "local_rollout_forward_batch_size",
+    "num_mini_batches", "num_ppo_epochs", "total_episodes", "response_length", "temperature", "stop_token",
+    "stop_token_id", "missing_eos_penalty", "kl_coef", "kl_estimator", "cliprange", "cliprange_value", "vf_coef",
+    "gamma", "lam", "whiten_rewards", "num_sample_generations")}}))
+"""
+
+
+@needs_trl_ppo
+def test_settings_map_onto_a_ppo_config():
+    repo = Path(bench_trl_ppo.__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bench_trl_ppo.TRL_PPO_DIR), str(repo)])}
+    done = subprocess.run([sys.executable, "-c", _CONFIG_FIELDS], env=env, capture_output=True, text=True, check=True)
+    c = json.loads(done.stdout.strip().splitlines()[-1])
+    args = RLHFArgs.preset("tiny")
+    assert c["trl"] == "1.12.0" and c["seed"] == 3
+    # one phase = one PPO batch of batch_size rollouts, generated in one call, num_minibatches steps per pass
+    assert c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] == args.batch_size
+    assert c["gradient_accumulation_steps"] == 1 and c["local_rollout_forward_batch_size"] == args.batch_size
+    assert (c["num_mini_batches"], c["num_ppo_epochs"]) == (args.num_minibatches, args.update_epochs)
+    assert c["total_episodes"] == args.num_phases * args.batch_size
+    assert (c["response_length"], c["temperature"]) == (args.gen_len, args.temperature)
+    assert c["stop_token"] is None and c["stop_token_id"] is None and c["missing_eos_penalty"] is None
+    # GAE over per-token rewards with the k1 KL (ours: compute_per_token_rewards), the same coefficients
+    assert args.advantage_estimator == "gae" and (c["kl_coef"], c["kl_estimator"]) == (args.kl_coef, "k1")
+    assert (c["cliprange"], c["vf_coef"], c["gamma"], c["lam"], c["whiten_rewards"]) == (
+        args.clip_coef, args.vf_coef, args.gamma, args.gae_lambda, args.whiten_rewards)
+    assert args.cliprange_value is None and c["cliprange_value"] >= 1e6  # ours does not clip values: TRL's never binds
+    assert c["num_sample_generations"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
+def test_optimizer_schedule_and_value_head_match_ours():
+    from rlhf_tutorial.trainers.export import to_hf
+    from rlhf_tutorial.worlds import load_policy
+
+    args = RLHFArgs.preset("tiny", seed=5)
+    policy = load_policy("tiny", device="cpu")
+    ours = RLHFTrainer(args, model=policy, ref_model=load_policy("tiny", device="cpu"),
+                       reward_fn=lambda texts: torch.zeros(len(texts)))
+    head = bench_trl_ppo.value_head(policy.cfg.d_model, seed=5)
+    for theirs, mine in zip(ours.model.value_head.state_dict().values(), head.state_dict().values()):
+        assert torch.equal(theirs, mine)  # the same initial value head for the same seed
+    hf = to_hf(policy)
+    value_model = bench_trl_ppo.ValueModel(hf, head)
+    optimizer, scheduler = bench_trl_ppo.trl_optimizer(args, hf, value_model)
+    trunk, value = optimizer.param_groups
+    assert (trunk["lr"], value["lr"]) == (ours.optimizer.param_groups[0]["lr"], ours.optimizer.param_groups[1]["lr"])
+    assert trunk["weight_decay"] == value["weight_decay"] == ours.optimizer.param_groups[0]["weight_decay"] == 0.0
+    n_trunk = sum(p.numel() for p in trunk["params"])
+    assert n_trunk == sum(p.numel() for p in hf.parameters()) + sum(p.numel() for p in value_model.transformer.parameters())
+    lrs, ours_lrs = [], []
+    for _ in range(args.num_phases + 1):  # the same schedule, stepped once a phase
+        lrs.append(optimizer.param_groups[0]["lr"])
+        ours_lrs.append(ours.optimizer.param_groups[0]["lr"])
+        scheduler.step()
+        ours.scheduler.step()
+    assert lrs == pytest.approx(ours_lrs)
+
+
+@needs_trl_ppo
+def test_ppo_smoke_race_reports_both_sides():
+    summary = bench_trl.main(["--algo", "ppo", "--smoke", "--seeds", "0"])
+    assert summary["algo"] == "ppo" and summary["trl_version"] == "1.12.0"
+    for side in ("ours", "trl"):
+        (run,) = summary["runs"][side]
+        assert run["phases"] == 2 and len(run["reward_per_phase"]) == 2
+        assert all(0.0 <= r <= 1.0 for r in run["reward_per_phase"]) and 0.0 <= run["final_reward"] <= 1.0
+        assert set(run["seconds_per_phase_split"]) == set(SECTIONS)
+        assert run["seconds_per_phase"] > 0 and run["wall_seconds"] > 0
+        assert run["seconds_per_phase_split"]["sampling"] > 0 and run["seconds_per_phase_split"]["ref_logprobs"] > 0
+        assert run["peak_memory_mb"] == run["peak_memory_mb"]  # not NaN
+    assert summary["runs"]["trl"][0]["trl_version"] == "1.12.0"
+    assert set(summary["ratio_ours_over_trl"]) == {"seconds_to_target", "seconds_per_phase", "peak_memory_mb"}
+    assert summary["trl_differences"] == bench_trl_ppo.TRL_PPO_DIFFERENCES
+
+
+def test_ppo_race_without_the_side_install_says_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_trl_ppo, "TRL_PPO_DIR", tmp_path / "absent")
+    summary = bench_trl.main(["--algo", "ppo", "--smoke", "--seeds", "0"])
+    assert set(summary) == {"error"} and "make trl-ppo" in summary["error"]
