@@ -247,6 +247,12 @@ def _residual(
     return _layer_norm(x, model.ln_final, cfg.eps).view(b, n, -1)
 
 
+def fast_residual(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Float[Tensor, "b s d"]:
+    """``ln_final.hook_normalized`` of ``tokens`` for a GPT-2-shaped model (``can_fast_sample``), without
+    TransformerLens's hook points: the same numbers to float rounding, gradients flowing as usual."""
+    return _residual(model, tokens, None)
+
+
 def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
     """``model(tokens)[:, keep_from:]`` for a GPT-2-shaped model (``can_fast_sample``), without
     TransformerLens's hook points: the same logits to float rounding, gradients flowing to the same

@@ -189,3 +189,69 @@ def test_phase_clock_times_methods_and_modules():
     taken = clock.take()
     assert set(taken) == {"seconds_scoring", "seconds_ref_logprobs"} and all(v >= 0 for v in taken.values())
     assert clock.take() == {}
+
+
+def test_rlhf_fast_forward_matches_the_reference_values_logits_and_gradients(policy):
+    """RLHFArgs.fast: the reference TransformerWithValueHead runs hook-free, with the same logits, values
+    and parameter gradients; a learner's class is left alone."""
+    import copy
+
+    from rlhf_tutorial import rlhf
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
+
+    reward = lambda texts: torch.rand(len(texts))  # noqa: E731
+    fast = RLHFTrainer(RLHFArgs.preset("tiny", fast=True), model=copy.deepcopy(policy),
+                       ref_model=copy.deepcopy(policy), reward_fn=reward)
+    assert "forward" in vars(fast.model)  # the instance runs the hook-free forward
+    tokens = torch.randint(0, policy.cfg.d_vocab, (3, 14))
+    grads = []
+    for forward in (fast.model.forward, lambda t: rlhf.TransformerWithValueHead.forward(fast.model, t)):
+        fast.model.zero_grad()
+        logits, values = forward(tokens)
+        (logits.log_softmax(-1)[..., 5].sum() + values.sum()).backward()
+        grads.append((logits.detach(), values.detach(),
+                      {n: p.grad.clone() for n, p in fast.model.named_parameters() if p.grad is not None}))
+    (l1, v1, g1), (l2, v2, g2) = grads
+    assert (l1 - l2).abs().max() < 1e-4 and (v1 - v2).abs().max() < 1e-4
+    assert g1.keys() == g2.keys() and any("value_head" in n for n in g1)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], atol=1e-4, rtol=1e-3, msg=name)
+
+    class Mine(rlhf.TransformerWithValueHead):  # a learner's class: runs as written
+        pass
+
+    mine = RLHFTrainer(RLHFArgs.preset("tiny", fast=True), model=copy.deepcopy(policy),
+                       ref_model=copy.deepcopy(policy), reward_fn=reward, TransformerWithValueHead=Mine)
+    assert "forward" not in vars(mine.model)
+    slow = RLHFTrainer(RLHFArgs.preset("tiny"), model=copy.deepcopy(policy), ref_model=copy.deepcopy(policy),
+                       reward_fn=reward)
+    assert "forward" not in vars(slow.model)  # off by default
+
+
+def test_rlhf_fast_sampler_replaces_only_the_reference_get_samples(policy):
+    import copy
+
+    from rlhf_tutorial import rlhf
+    from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
+
+    reward = lambda texts: torch.rand(len(texts))  # noqa: E731
+    args = RLHFArgs.preset("tiny", fast=True, batch_size=8, num_minibatches=2, gen_len=6, num_phases=1)
+    trainer = RLHFTrainer(args, model=copy.deepcopy(policy), ref_model=copy.deepcopy(policy), reward_fn=reward)
+    tokens, texts = trainer.fns["rollout_phase"].__globals__["get_samples"](
+        trainer.model.base_model, args.prefix, 8, 6, 1.0, None, True)
+    prompt = policy.to_tokens(args.prefix)
+    assert tokens.shape == (8, prompt.shape[1] + 6) and (tokens[:, : prompt.shape[1]] == prompt).all()
+    assert texts == policy.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    record = trainer.train(progress=False)[0]
+    assert record["seconds_sampling"] > 0  # the fast sampler is timed as sampling
+
+    calls = []
+
+    def my_get_samples(*a, **kw):  # a learner's version: must be the one that runs
+        calls.append(1)
+        return rlhf.get_samples(*a, **kw)
+
+    mine = RLHFTrainer(args, model=copy.deepcopy(policy), ref_model=copy.deepcopy(policy), reward_fn=reward,
+                       get_samples=my_get_samples)
+    mine.train(progress=False)
+    assert calls

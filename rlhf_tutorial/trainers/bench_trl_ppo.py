@@ -2,7 +2,8 @@
 
 ``python -m rlhf_tutorial bench-trl --algo ppo`` exports the tiny world's base policy to a transformers
 folder (``trainers.export.export_hf``: the same logits), then for each seed runs our ``RLHFTrainer``
-(chapter 03, the tiny preset) and TRL's ``PPOTrainer`` one after the other (alternating, so both see
+(chapter 03, the tiny preset, with the harness speed-ups on: ``RLHFArgs.fast``, our own sampler and a
+hook-free forward; the exercise code is the same) and TRL's ``PPOTrainer`` one after the other (alternating, so both see
 the same machine load), and prints a JSON summary shaped like the GRPO race's (``bench_trl``): per
 phase seconds split into sampling, scoring, old log-probs (the rollout's policy/value forwards),
 reference log-probs and optimisation, the time and phases until a sampled batch has mean reward >= 0.9,
@@ -91,8 +92,10 @@ TRL_PPO_DIFFERENCES = [
     "(batch_size here: one generate call, as ours); ours runs the rollout forwards in chunks of minibatch_size",
     "old log-probs: TRL takes them from generate's scores; ours runs a policy+value forward (for the values "
     "too; TRL runs its critic's forward for those)",
-    "sampling: TRL samples with transformers' generate (temperature + 1e-7); ours with TransformerLens' "
-    "generate (the same distribution)",
+    "sampling: TRL samples with transformers' generate (temperature + 1e-7); ours with speed.fast_sample "
+    "(RLHFArgs.fast: the same distribution as TransformerLens' generate, which ours uses by default)",
+    "forward passes: ours with RLHFArgs.fast runs the policy + value head without TransformerLens' hook "
+    "points (speed.fast_residual: the same numbers to float rounding); the reference model runs its own forward",
     "pad token: the tiny tokenizer pads with its BOS/EOS token (id 0), which TRL would mask as padding (the "
     "prompt's BOS, and any sampled EOS would end a response); the TRL side's tokenizer gets a pad token of its "
     "own, outside the vocabulary, which never reaches the model (no row is padded: fixed-length completions)",
@@ -218,7 +221,7 @@ def run_ours(args: RLHFArgs, seed: int, reward_fn, final_window: int) -> dict[st
     """Our ``RLHFTrainer`` on the tiny policy (the exported folder's TransformerLens original)."""
     from rlhf_tutorial.worlds import load_policy
 
-    args = RLHFArgs(**{**asdict(args), "seed": seed})
+    args = RLHFArgs(**{**asdict(args), "seed": seed, "fast": True})  # with the harness speed-ups (RLHFArgs.fast)
     policy, ref = load_policy(args.world, device="cpu"), load_policy(args.world, device="cpu")
     recorder = RewardRecorder(reward_fn)
     with _peak() as memory:

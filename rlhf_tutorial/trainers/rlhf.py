@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,7 +29,15 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import rlhf
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn
 from rlhf_tutorial.rlhf import ReplayMemory, approx_kl, get_logprobs, get_samples
-from rlhf_tutorial.speed import REWARD_TARGET, PhaseClock, time_split, time_to_reward
+from rlhf_tutorial.speed import (
+    REWARD_TARGET,
+    PhaseClock,
+    can_fast_sample,
+    fast_residual,
+    fast_sample,
+    time_split,
+    time_to_reward,
+)
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_tuned_policy, save_tuned_policy  # noqa: F401
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
@@ -100,6 +109,11 @@ class RLHFArgs:
     # evaluation and logging
     eval_samples: int = arg(128, "samples drawn before and after training to measure the reward")
     n_logged_samples: int = arg(6, "samples kept per phase for the tables")
+    # harness speed (what a learner's functions compute is unchanged)
+    fast: bool = arg(False, "harness speed-ups (speed.py) where the reference pieces run: our own KV-cache sampler in "
+                     "place of the reference get_samples and a hook-free forward for the reference "
+                     "TransformerWithValueHead (the same distribution, the same numbers to float rounding). Off by "
+                     "default: the shipped tuned checkpoint and chapters 03-06's figures were measured without it")
 
     @property
     def minibatch_size(self) -> int:
@@ -158,6 +172,17 @@ PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
 # The trainer
 # ----------------------------------------------------------------------------------------------------
 
+def _fast_value_head_forward(self: rlhf.TransformerWithValueHead, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """The reference ``TransformerWithValueHead.forward`` (logits and values from one pass) by the
+    hook-free forward of ``speed.fast_residual``; the reference itself where that cannot run (hooks
+    attached, another architecture)."""
+    if not can_fast_sample(self.base_model):
+        return rlhf.TransformerWithValueHead.forward(self, tokens)
+    resid = fast_residual(self.base_model, tokens)  # [b s d]: ln_final.hook_normalized
+    logits = resid @ self.base_model.W_U + self.base_model.b_U  # [b s v]
+    return logits, self.value_head(resid).squeeze(-1)  # [b s v], [b s]
+
+
 #: What ``RLHFTrainer`` lets you replace by keyword (your own version from the notebook).
 PLUGGABLE = (
     "TransformerWithValueHead",
@@ -198,8 +223,11 @@ class RLHFTrainer:
         reward_fn: Callable[[list[str]], Float[Tensor, "batch"]] | None = None,
         **overrides: Callable,
     ):
-        self.fns = bind(rlhf, PLUGGABLE, overrides)
         self.args = args
+        self._clock = PhaseClock()  # train() times the fast sampler on its own clock
+        if args.fast and overrides.get("get_samples", rlhf.get_samples) is rlhf.get_samples:
+            overrides = {**overrides, "get_samples": self._fast_get_samples}
+        self.fns = bind(rlhf, PLUGGABLE, overrides)
         if model is None or ref_model is None:
             from rlhf_tutorial.worlds import load_policy
 
@@ -212,6 +240,8 @@ class RLHFTrainer:
         torch.manual_seed(args.seed)
         self.device = next(model.parameters()).device
         self.model = self.fns["TransformerWithValueHead"](model).to(self.device).train()
+        if args.fast and type(self.model) is rlhf.TransformerWithValueHead:
+            self.model.forward = types.MethodType(_fast_value_head_forward, self.model)
         self.ref_model = ref_model.eval().requires_grad_(False)
         self.prefix_len = model.to_tokens(args.prefix, prepend_bos=args.prepend_bos).shape[1]
         self.generator = torch.Generator().manual_seed(args.seed)
@@ -230,6 +260,19 @@ class RLHFTrainer:
         )
         self.phase = 0
         self.history: list[dict[str, Any]] = []
+
+    def _fast_get_samples(
+        self, model: HookedTransformer, prompt: str, batch_size: int, gen_len: int,
+        temperature: float = 1.0, top_k: int | None = None, prepend_bos: bool = True,
+    ) -> tuple[Tensor, list[str]]:
+        """The reference ``get_samples`` (same signature, same distribution: no stop at EOS, texts without
+        special tokens) by ``speed.fast_sample``; the reference itself where that cannot run."""
+        if not can_fast_sample(model):
+            return rlhf.get_samples(model, prompt, batch_size, gen_len, temperature, top_k, prepend_bos)
+        prompt_tokens = model.to_tokens(prompt, prepend_bos=prepend_bos)  # [1 prompt_len]
+        with self._clock("sampling"):
+            tokens, _ = fast_sample(model, prompt_tokens.expand(batch_size, -1), gen_len, None, temperature, top_k)
+        return tokens, model.tokenizer.batch_decode(tokens, skip_special_tokens=True)
 
     @property
     def kl_coef(self) -> float:
@@ -269,7 +312,7 @@ class RLHFTrainer:
         """Run ``num_phases`` phases (fewer if early stopping fires). ``callback(record)`` gets each
         phase's record (rollout stats, then learning stats) as soon as the phase is done."""
         bar = tqdm(range(self.args.num_phases), desc="RLHF phases", disable=not progress, file=sys.stderr)
-        clock = PhaseClock()
+        clock = self._clock = PhaseClock()
         for phase in bar:
             self.phase = phase
             phase_start = time.perf_counter()
