@@ -557,5 +557,7 @@ progress("04")
 # **How fast are ours?** `python -m rlhf_tutorial bench-trl --algo grpo` races our trainer against
 # TRL's on the exported tiny policy with the settings above, alternating runs over seeds 0-3, and
 # prints each side's time per phase (split into sampling, scoring, old and reference log-probs and
-# optimisation), time to a mean reward of 0.9, final reward and peak memory. The README lists the
-# figures measured here and every setting TRL expresses differently.
+# optimisation), time to a mean reward of 0.9, final reward and peak memory. `--algo ppo` races
+# chapter 03's trainer against TRL 1.12's `PPOTrainer` (the last TRL with PPO) and `--algo dpo`
+# chapter 06's against TRL's `DPOTrainer`. The README lists the figures measured here and every
+# setting TRL expresses differently.
