@@ -142,8 +142,8 @@ _enabled = True
 
 @contextmanager
 def harness_speedups(enabled: bool) -> Iterator[None]:
-    """Within the block, ``forward_logits`` uses ``fast_logits`` where it can (``enabled``) or always
-    the model's own forward (to measure what the speed-ups gain)."""
+    """Within the block, ``token_logprobs`` uses the hook-free forward where it can (``enabled``) or
+    always the model's own forward (to measure what the speed-ups gain)."""
     global _enabled
     saved, _enabled = _enabled, enabled
     try:
@@ -153,7 +153,7 @@ def harness_speedups(enabled: bool) -> Iterator[None]:
 
 
 def can_fast_sample(model: HookedTransformer) -> bool:
-    """Whether ``fast_sample`` / ``fast_logits`` compute ``model``'s function: a GPT-2-shaped model
+    """Whether ``fast_sample`` / ``fast_residual`` compute ``model``'s function: a GPT-2-shaped model
     (what ``export`` maps onto GPT-2) with a supported activation and no hooks attached (a hook
     would be skipped)."""
     from rlhf_tutorial.trainers.export import check_exportable
@@ -166,14 +166,6 @@ def can_fast_sample(model: HookedTransformer) -> bool:
         return False
     hooked = any(hp.fwd_hooks or hp.bwd_hooks for hp in model.hook_dict.values())
     return model.cfg.act_fn in _ACTIVATIONS and not hooked
-
-
-def forward_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
-    """``model(tokens)[:, keep_from:]``, by ``fast_logits`` when the speed-ups are on and the model
-    allows it."""
-    if _enabled and can_fast_sample(model):
-        return fast_logits(model, tokens, keep_from)
-    return model(tokens)[:, keep_from:]
 
 
 _ACTIVATIONS = {
@@ -253,14 +245,6 @@ def fast_residual(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Float
     return _residual(model, tokens, None)
 
 
-def fast_logits(model: HookedTransformer, tokens: Int[Tensor, "b s"], keep_from: int = 0) -> Float[Tensor, "b k v"]:
-    """``model(tokens)[:, keep_from:]`` for a GPT-2-shaped model (``can_fast_sample``), without
-    TransformerLens's hook points: the same logits to float rounding, gradients flowing to the same
-    parameters. Only the kept positions are unembedded (the unembedding is a third of this model's
-    forward)."""
-    return _residual(model, tokens, None)[:, keep_from:] @ model.W_U + model.b_U
-
-
 class _UnembedTokenLogprobs(torch.autograd.Function):
     """``log_softmax((resid @ W_U + b_U) / temperature)[target]`` per row, in one step: the backward
     builds one ``[N, v]`` tensor (``softmax`` minus the one-hot of the target) where autograd through
@@ -308,7 +292,7 @@ def token_logprobs(
         from rlhf_tutorial.rlhf import get_logprobs
 
         keep = prefix_len - 1
-        return get_logprobs(forward_logits(model, tokens, keep) / temperature, tokens[:, keep:], 1)
+        return get_logprobs(model(tokens)[:, keep:] / temperature, tokens[:, keep:], 1)
     resid = _residual(model, tokens[:, :-1], None)[:, prefix_len - 1 :]  # [b g d]: predicts tokens[:, prefix_len:]
     b, g, d = resid.shape
     targets = tokens[:, prefix_len:].reshape(b * g)
