@@ -239,23 +239,39 @@ def race_grpo(argv: list[str]) -> dict:
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
         folder = export_hf(load_policy("tiny", device="cpu"), Path(tmp) / "policy")
-        for seed in ns.seeds:  # alternating: ours, TRL, ours, TRL, ...
-            for name, run in (("ours", run_ours), ("trl", run_trl)):
-                print(f"[bench-trl] seed {seed}: {name}", file=sys.stderr)
-                runs[name].append({"seed": seed, **run(args, folder, seed, reward_fn, ns.final_window)})
-                print(f"[bench-trl]   {runs[name][-1]['wall_seconds']} s, reward {runs[name][-1]['final_reward']}",
-                      file=sys.stderr)
+        runs = alternate(ns.seeds, "bench-trl", {
+            "ours": lambda seed: run_ours(args, folder, seed, reward_fn, ns.final_window),
+            "trl": lambda seed: run_trl(args, folder, seed, reward_fn, ns.final_window),
+        })
+    return race_summary("grpo", trl.__version__, runs, ns, args, TRL_DIFFERENCES)
 
-    def med(name: str, key: str) -> float | None:
-        return _median([r[key] for r in runs[name]])
 
-    medians = {name: {k: med(name, k) for k in ("seconds_to_target", "phases_to_target", "seconds_per_phase",
-                                                  "final_reward", "peak_memory_mb")} for name in runs}
+def alternate(seeds: list[int], tag: str, sides: dict[str, Callable[[int], dict]]) -> dict[str, list[dict]]:
+    """Each side's run for every seed, alternating (ours, TRL, ours, TRL, ...) so that both see the
+    same machine load; progress on stderr."""
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for seed in seeds:
+        for name, run in sides.items():
+            print(f"[{tag}] seed {seed}: {name}", file=sys.stderr)
+            runs[name].append({"seed": seed, **run(seed)})
+            print(f"[{tag}]   {runs[name][-1]['wall_seconds']} s, reward {runs[name][-1]['final_reward']}",
+                  file=sys.stderr)
+    return runs
+
+
+def race_summary(algo: str, trl_version: str | None, runs: dict[str, list[dict]], ns: argparse.Namespace,
+                 args: Any, differences: list[str]) -> dict[str, Any]:
+    """The JSON summary of an RL race (GRPO, PPO): per side the medians over seeds of time and phases
+    to the target, seconds per phase (and per section), final reward and peak memory; the ratios
+    ours / TRL; every run; the settings and what TRL does differently."""
+    medians = {name: {k: _median([r[k] for r in runs[name]])
+                      for k in ("seconds_to_target", "phases_to_target", "seconds_per_phase", "final_reward",
+                                "peak_memory_mb")} for name in runs}
     split_median = {name: {s: round(statistics.median(r["seconds_per_phase_split"][s] for r in runs[name]), 4)
                            for s in SECTIONS} for name in runs}
     return {
-        "algo": "grpo",
-        "trl_version": trl.__version__,
+        "algo": algo,
+        "trl_version": trl_version,
         "torch_threads": ns.threads,
         "seeds": ns.seeds,
         "smoke": ns.smoke,
@@ -271,7 +287,7 @@ def race_grpo(argv: list[str]) -> dict:
                                     round(medians["ours"]["final_reward"] - medians["trl"]["final_reward"], 4)),
         "runs": runs,
         "settings": {k: v for k, v in asdict(args).items() if k not in ("world",)},
-        "trl_differences": TRL_DIFFERENCES,
+        "trl_differences": differences,
         "load": _loadavg(),
     }
 

@@ -52,15 +52,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_tutorial.speed import REWARD_TARGET, SECTIONS, PhaseClock
+from rlhf_tutorial.speed import SECTIONS, PhaseClock
 from rlhf_tutorial.trainers.bench_trl import (
     RewardRecorder,
-    _loadavg,
-    _median,
     _peak,
-    _ratio,
     _side,
+    alternate,
     common_flags,
+    race_summary,
 )
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
@@ -335,46 +334,14 @@ def main(argv: list[str]) -> dict:
     from rlhf_tutorial.worlds import load_policy
 
     reward_fn = sentiment_reward_fn(args.world, args.direction)
-    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
         folder = export_hf(load_policy(args.world, device="cpu"), Path(tmp) / "policy")
-        for seed in ns.seeds:  # alternating: ours, TRL, ours, TRL, ...
-            for name in ("ours", "trl"):
-                print(f"[bench-trl ppo] seed {seed}: {name}", file=sys.stderr)
-                side = (run_ours(args, seed, reward_fn, ns.final_window) if name == "ours"
-                        else run_trl(args, folder, seed, ns.final_window, ns.threads))
-                runs[name].append({"seed": seed, **side})
-                print(f"[bench-trl ppo]   {side['wall_seconds']} s, reward {side['final_reward']}", file=sys.stderr)
-
-    def med(name: str, key: str) -> float | None:
-        return _median([r[key] for r in runs[name]])
-
-    medians = {name: {k: med(name, k) for k in ("seconds_to_target", "phases_to_target", "seconds_per_phase",
-                                                  "final_reward", "peak_memory_mb")} for name in runs}
-    split_median = {name: {s: round(statistics.median(r["seconds_per_phase_split"][s] for r in runs[name]), 4)
-                           for s in SECTIONS} for name in runs}
-    return {
-        "algo": "ppo",
-        "trl_version": runs["trl"][0]["trl_version"] if runs["trl"] else None,
-        "trl_install": str(TRL_PPO_DIR),
-        "torch_threads": ns.threads,
-        "seeds": ns.seeds,
-        "smoke": ns.smoke,
-        "reward_target": REWARD_TARGET,
-        "median": medians,
-        "median_seconds_per_phase_split": split_median,
-        "ratio_ours_over_trl": {
-            "seconds_to_target": _ratio(medians["ours"]["seconds_to_target"], medians["trl"]["seconds_to_target"]),
-            "seconds_per_phase": _ratio(medians["ours"]["seconds_per_phase"], medians["trl"]["seconds_per_phase"]),
-            "peak_memory_mb": _ratio(medians["ours"]["peak_memory_mb"], medians["trl"]["peak_memory_mb"]),
-        },
-        "final_reward_difference": (None if medians["ours"]["final_reward"] is None else
-                                    round(medians["ours"]["final_reward"] - medians["trl"]["final_reward"], 4)),
-        "runs": runs,
-        "settings": {k: v for k, v in asdict(args).items() if k not in ("world",)},
-        "trl_differences": TRL_PPO_DIFFERENCES,
-        "load": _loadavg(),
-    }
+        runs = alternate(ns.seeds, "bench-trl ppo", {
+            "ours": lambda seed: run_ours(args, seed, reward_fn, ns.final_window),
+            "trl": lambda seed: run_trl(args, folder, seed, ns.final_window, ns.threads),
+        })
+    trl_version = runs["trl"][0]["trl_version"] if runs["trl"] else None
+    return {**race_summary("ppo", trl_version, runs, ns, args, TRL_PPO_DIFFERENCES), "trl_install": str(TRL_PPO_DIR)}
 
 
 def _trl_side_main(argv: list[str]) -> None:
