@@ -6,9 +6,15 @@ The names a learner needs are importable from here: the world loaders and the ch
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+if os.environ.get("RLHF_TUTORIAL_DEVICE", "").startswith("simgpu"):  # the simulated GPU (a test tool)
+    from rlhf_tutorial import simgpu as _simgpu
+
+    _simgpu.install()
 
 _LAZY = {
     "check": "rlhf_tutorial.checks",

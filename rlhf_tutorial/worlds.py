@@ -270,11 +270,10 @@ def _hub_access(repo_id: str, what: str) -> Iterator[None]:
 
 
 def _default_device(device: Any) -> Any:
-    if device is not None:
-        return device
-    import torch
+    """``device``, or the course's device rule (:func:`rlhf_tutorial.devices.course_device`)."""
+    from rlhf_tutorial.devices import resolve
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve(device)
 
 
 # --- the tiny world's files ---------------------------------------------------------------------------------
@@ -358,7 +357,7 @@ def load_policy(world: str | None = None, device: Any = None, gpt2_model_name: s
     # next linear map, centre the writing weights and the unembedding), so both worlds behave alike:
     # in both, logits = ln_final.hook_normalized @ W_U + b_U.
     state = _load_float32_safetensors(folder / "model.safetensors")
-    as_trained = HookedTransformer(HookedTransformerConfig(**config, init_weights=False))
+    as_trained = HookedTransformer(HookedTransformerConfig(**config, init_weights=False, device="cpu"))
     wanted = {k for k in as_trained.state_dict() if not k.endswith(("IGNORE", ".mask"))}
     if set(state) != wanted:
         raise WorldUnavailable(

@@ -371,8 +371,12 @@ def test_comparison_figure_has_reward_time_and_memory_for_both():
     assert fig.data[5].y == (30.0,) and "of training" in fig.layout.annotations[2].text
 
 
-def test_peak_memory_sees_an_allocation():
-    with runtime.PeakMemory() as memory:
-        block = torch.ones(50_000_000)  # 200 MB
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_peak_memory_sees_an_allocation(device):
+    """The probe measures the device it is given (on a GPU machine, CPU memory is still CPU memory)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (make test-gpu)")
+    with runtime.PeakMemory(device) as memory:
+        block = torch.ones(50_000_000, device=device)  # 200 MB
         block += 1
     assert memory.peak_mb > 150

@@ -13,6 +13,7 @@ import html
 import importlib
 import math
 import os
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -130,9 +131,16 @@ def checker(name: str, *, chapter: str, hint: str) -> Callable:
 # ----------------------------------------------------------------------------------------------------
 # Calling the learner's code
 # ----------------------------------------------------------------------------------------------------
+_LIBRARY_DIRS = tuple(os.path.abspath(p) for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                                                   sysconfig.get_paths()["stdlib"]})
+
+
 def _learner_frame(tb) -> str:
-    """The innermost traceback frame outside this package, as 'line N: code' (the learner's line)."""
-    frames = [f for f in traceback.extract_tb(tb) if not os.path.abspath(f.filename).startswith(PACKAGE_DIR)]
+    """The innermost traceback frame of the learner's code, as 'line N: code': outside this package
+    and outside installed libraries (torch's own Python frames are not the learner's line); failing
+    that, the innermost frame outside this package."""
+    outside = [f for f in traceback.extract_tb(tb) if not os.path.abspath(f.filename).startswith(PACKAGE_DIR)]
+    frames = [f for f in outside if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)] or outside
     if not frames:
         return ""
     f = frames[-1]
@@ -156,12 +164,90 @@ def _tensors_in(obj: Any, path: str = "") -> Iterable[tuple[str, torch.Tensor]]:
             yield from _tensors_in(x, f"{path}[{k!r}]")
 
 
+# ----------------------------------------------------------------------------------------------------
+# Devices: checkers run on the course's device (rlhf_tutorial.devices), and compare on one device
+# ----------------------------------------------------------------------------------------------------
+def check_device() -> torch.device:
+    """Where checkers build their cases and fixtures: the course's device (a GPU when there is one),
+    so that a learner's device bug shows here, with a message, rather than in training."""
+    from rlhf_tutorial.devices import course_device
+
+    return course_device()
+
+
+def to_device(obj: Any, device: torch.device | None = None) -> Any:
+    """``obj`` with every tensor (in tuples, lists, dicts, a :class:`Case`) moved to ``device``
+    (default :func:`check_device`); modules are moved in place."""
+    device = check_device() if device is None else device
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, torch.nn.Module):
+        return obj.to(device)
+    if isinstance(obj, Case):
+        return Case(obj.label, to_device(obj.args, device), to_device(obj.kwargs, device))
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(to_device(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+_DEVICE_MIX = ("Expected all tensors to be on the same device", "indices should be either on cpu",
+               "device type for generator", "can't convert cuda", "can't convert simgpu")
+
+
+def is_device_mix(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's complaint about tensors on two devices."""
+    return isinstance(exc, (RuntimeError, TypeError)) and any(text in str(exc) for text in _DEVICE_MIX)
+
+
+def _input_device(args: tuple, kwargs: dict) -> torch.device | None:
+    """The device of the inputs: of their first tensor of one or more dimensions, else of the first
+    module's parameters; None when there is neither."""
+    for _, t in _tensors_in((args, kwargs)):
+        if t.dim() > 0:
+            return t.device
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.nn.Module):
+            for p in x.parameters():
+                return p.device
+    return None
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+def device_problem(out: Any, want: torch.device | None) -> str | None:
+    """A learner-facing sentence when the output of their code is not on ``want`` (the inputs'
+    device): a tensor, or a module's parameter ("your value head is on cpu, the model on cuda:0")."""
+    if want is None:
+        return None
+    if isinstance(out, torch.nn.Module):
+        for name, p in out.named_parameters():
+            if not _same_device(p.device, want):
+                part = name.rsplit(".", 1)[0].replace("_", " ") if "." in name else name
+                return (f"your {part} is on {p.device}, the model on {want}: create new layers on the model's "
+                        "device (e.g. `nn.Linear(...).to(next(model.parameters()).device)`).")
+        return None
+    for path, t in _tensors_in(out):
+        if t.dim() > 0 and not _same_device(t.device, want):
+            what = f"output{path}" if path else "output"
+            return (f"your {what} is on {t.device}, the inputs on {want}: build new tensors on an input's "
+                    "device (`torch.zeros(..., device=x.device)`, `torch.tensor(..., device=x.device)`).")
+    return None
+
+
 def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None, **kwargs: Any) -> Any:
     """Call the learner's ``candidate``; every way it can go wrong becomes a :class:`CheckFailure`.
 
     - ``NotImplementedError`` -> "not implemented yet";
+    - a mix of devices inside their code (a tensor built on the CPU beside a model on the GPU) -> a
+      failure that says so, with their line;
     - any other exception -> a failure naming the exception and the learner's line;
-    - a tensor argument modified in place -> a failure naming the argument.
+    - a tensor argument modified in place -> a failure naming the argument;
+    - an output (a tensor, or a module's parameter) on another device than the inputs -> a failure
+      naming both devices.
     """
     if not callable(candidate):
         raise CheckFailure(f"expected a function or class, got {type(candidate).__name__}: {candidate!r}")
@@ -176,6 +262,14 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     except CheckFailure:
         raise
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
+        if is_device_mix(exc):
+            where = _input_device(args, kwargs)
+            raise CheckFailure(
+                f"your code mixed devices: {describe_exception(exc)}",
+                hint=f"The inputs are on {where}: build every new tensor on an input's device "
+                "(`device=x.device`) and every new layer with `.to(...)` that device; the same code must run "
+                "on a CPU and on a GPU.",
+            ) from None
         raise CheckFailure(f"your code raised {describe_exception(exc)}") from None
     for path, tensor, before in snapshot:
         same_shape = tensor.shape == before.shape
@@ -184,6 +278,10 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
                 f"your code modified an input tensor in place (argument {_pretty_path(path, _arg_names)}).",
                 hint="Use out-of-place operations (x = x - m, not x -= m or x.sub_(m)), or .clone() first.",
             )
+    problem = device_problem(out, _input_device(args, kwargs))
+    if problem:
+        raise CheckFailure(problem, hint="The same code must run on a CPU and on a GPU: create tensors and layers "
+                           "on the device of the inputs, never on the default device.")
     return out
 
 
@@ -272,7 +370,7 @@ def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
     if isinstance(b, torch.Tensor):
         if not isinstance(a, torch.Tensor) or a.shape != b.shape:
             return False
-        a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
+        a, b = a.detach().to(device=b.device, dtype=torch.float64), b.detach().to(torch.float64)
         return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=False))
     if isinstance(b, (tuple, list)):
         return isinstance(a, (tuple, list)) and len(a) == len(b) and all(
@@ -419,8 +517,10 @@ def compare_to_reference(
     mistake is run on the same case, and the first whose output the candidate matches (and that
     differs from the reference there) gives the hint; when none matches, ``diagnose(case, got,
     expected)`` may name a difference no fixed variant captures (a clamp at an unknown bound, a
-    saturation). Returns a one-line summary for the pass message.
+    saturation). Every case runs on :func:`check_device` (the course's device). Returns a one-line
+    summary for the pass message.
     """
+    cases = [to_device(case) for case in cases]
     for case in cases:
         expected = reference(*_clone(case.args), **_clone(case.kwargs))
         got = call(candidate, *_clone(case.args), _arg_names=arg_names, **_clone(case.kwargs))
@@ -491,6 +591,15 @@ def run_check(name: str, candidate: Any) -> CheckResult:
     except RecursionError:
         result = CheckResult(name, False, "your code recursed without end (RecursionError).", entry.hint)
     except Exception as exc:  # noqa: BLE001 - never show a traceback of the checker itself
+        if is_device_mix(exc):  # the learner's code ran on one device (call() checks that): ours mixed them
+            result = CheckResult(
+                name, False,
+                f"checking stopped on a device mix inside the checker, not in your code: {describe_exception(exc)}. "
+                "This is a bug in the checker: please report it with this message. (Your code may be right.)",
+                entry.hint,
+            )
+            RESULTS[name] = False
+            return result
         result = CheckResult(
             name,
             False,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from rlhf_tutorial.devices import course_device
+
 
 def small_model(
     seed: int = 0, d_vocab: int = 50, n_ctx: int = 32, normalization_type: str = "LN"
@@ -17,6 +19,6 @@ def small_model(
     weights folded into the next layer, as in both worlds' policies."""
     cfg = HookedTransformerConfig(
         n_layers=2, d_model=32, n_ctx=n_ctx, d_head=8, n_heads=4, d_vocab=d_vocab,
-        act_fn="gelu_new", normalization_type=normalization_type, seed=seed,
+        act_fn="gelu_new", normalization_type=normalization_type, seed=seed, device=str(course_device()),
     )
     return HookedTransformer(cfg).eval()

@@ -7,20 +7,30 @@ import resource
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
 
-def peak_memory_mb() -> float:
-    """Peak memory of this process: CUDA's max allocated when on a GPU, else the peak resident set
-    (``ru_maxrss``, which cannot be reset: it covers the whole process so far)."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
+def _on_cuda(device: Any) -> bool:
+    """Whether memory on ``device`` (default: the course's device) is CUDA memory."""
+    from rlhf_tutorial.devices import resolve
+
+    return resolve(device).type == "cuda"
+
+
+def peak_memory_mb(device: Any = None) -> float:
+    """Peak memory of this process on ``device`` (default: the course's device): CUDA's max allocated
+    on a GPU, else the peak resident set (``ru_maxrss``, which cannot be reset: it covers the whole
+    process so far)."""
+    if _on_cuda(device):
+        return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 class PeakMemory:
-    """Peak memory used while a ``with`` block runs, above what was in use when it started, in MB.
+    """Peak memory used while a ``with`` block runs on ``device`` (default: the course's device), above
+    what was in use when it started, in MB.
 
     On a GPU: ``torch.cuda.max_memory_allocated`` (reset on entry). On Linux CPUs: the process's
     peak resident set (VmHWM), reset on entry by writing 5 to ``/proc/self/clear_refs``; where that
@@ -28,7 +38,8 @@ class PeakMemory:
     run one after the other in the same process can be compared (``ru_maxrss`` cannot be reset).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: Any = None) -> None:
+        self.device = device
         self.peak_mb = float("nan")
         self._thread: threading.Thread | None = None
 
@@ -39,10 +50,10 @@ class PeakMemory:
         return int(match.group(1)) if match else 0
 
     def __enter__(self) -> PeakMemory:
-        self.cuda = torch.cuda.is_available()
+        self.cuda = _on_cuda(self.device)
         if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
             return self
         self.base = self._rss_kb()
         try:
@@ -63,7 +74,7 @@ class PeakMemory:
 
     def __exit__(self, *exc) -> None:
         if self.cuda:
-            self.peak_mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
+            self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
         elif self.mode == "hwm":
             self.peak_mb = (self._rss_kb("VmHWM") - self.base) / 1024
         else:

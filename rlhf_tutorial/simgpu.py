@@ -1,0 +1,258 @@
+"""A simulated GPU on the CPU: catches mixed-device bugs on a machine without one.
+
+On a CUDA machine ``cuda_tensor + cpu_tensor`` raises "Expected all tensors to be on the same device";
+on a CPU-only machine the same code runs, so a course developed and tested on CPUs ships device bugs
+that break every learner with a GPU. This module gives the CPU a second device, ``simgpu``: its
+tensors compute on the CPU (real values, real gradients, real optimizers) but report ``simgpu:0`` as
+their device, and every operation that mixes them with CPU tensors raises as CUDA would.
+
+Turn it on for a whole process with ``RLHF_TUTORIAL_DEVICE=simgpu`` (``import rlhf_tutorial`` calls
+:func:`install`; the course's device rule in :mod:`rlhf_tutorial.devices` then puts every model there),
+or call :func:`install` yourself. It is a test tool: Python runs every tensor operation, so it is many
+times slower than the CPU.
+
+What it reproduces of CUDA's rules (the ones the course's code can break):
+
+- every tensor argument of an operation on one device, except CPU tensors of zero dimensions (Python
+  scalars wrapped as tensors, allowed beside CUDA tensors), CPU index tensors of a simgpu tensor, and
+  copies between devices (``copy_``, ``.to``);
+- a random operation on the simgpu device needs a generator of that device
+  (``torch.Generator(device=...)``): a CPU generator raises, as on CUDA;
+- ``.numpy()`` of a simgpu tensor raises (``.cpu()`` first), as on CUDA.
+
+How: a tensor subclass wraps a CPU tensor and reports the ``privateuseone`` device renamed to
+``simgpu`` (torch's Python-backend registration gives autograd the device guard it needs); a
+``TorchDispatchMode`` runs every ATen operation on the wrapped CPU tensors after checking their
+devices (it holds the FAKE mode slot, which lets factory calls with a non-CPU device reach it); a
+``TorchFunctionMode`` handles the few Python-level entry points that check devices before dispatch
+(``Tensor.to``, ``torch.tensor``, ``torch.Generator``). ``torch.inference_mode`` runs as ``no_grad``
+(wrapper tensors cannot be inference tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+NAME = "simgpu"
+_installed = False
+_lock = threading.Lock()
+aten = torch.ops.aten
+
+
+def sim_device() -> torch.device:
+    """The simulated GPU (``simgpu:0``); :func:`install` must have run."""
+    return torch.device(NAME, 0)
+
+
+def _is_sim_device(dev: Any) -> bool:
+    return dev is not None and not isinstance(dev, int) and torch.device(dev).type == NAME
+
+
+class _SimTensorType(type(torch.Tensor)):
+    """``type(x) == torch.Tensor`` holds for a simgpu tensor as for a CUDA one (TransformerLens asserts
+    it in ``forward(..., start_at_layer=...)``)."""
+
+    def __eq__(cls, other: object) -> bool:
+        return cls is other or other is torch.Tensor
+
+    __hash__ = type.__hash__
+
+
+class SimTensor(torch.Tensor, metaclass=_SimTensorType):
+    """A CPU tensor (``.elem``) that reports the simulated GPU as its device."""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> SimTensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
+            layout=elem.layout, device=sim_device(), requires_grad=elem.requires_grad,
+        )
+        r.elem = elem
+        return r
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        text = repr(self.elem)
+        return text[:-1] + f", device='{sim_device()}')" if text.endswith(")") else text
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # Reached when the dispatch mode is not active in this thread (autograd's worker threads):
+        # run under it.
+        with _DispatchMode():
+            return func(*args, **(kwargs or {}))
+
+
+class SimGenerator(torch.Generator):
+    """``torch.Generator(device="simgpu")``: a CPU generator that the simulated device accepts."""
+
+    def __new__(cls, device: Any = "cpu"):
+        gen = super().__new__(cls)
+        gen._sim = _is_sim_device(device)
+        return gen
+
+    def __init__(self, device: Any = "cpu"):
+        super().__init__()
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return sim_device() if self._sim else torch.device("cpu")
+
+
+def _unwrap(x: Any) -> Any:
+    return x.elem if isinstance(x, SimTensor) else x
+
+
+def _wrap(x: Any) -> Any:
+    return SimTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) else x
+
+
+_CROSS_DEVICE_OPS = {aten.copy_.default, aten._to_copy.default, aten.lift_fresh.default}
+_INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
+_RANDOM_OP_NAMES = ("rand", "randn", "randint", "randperm", "multinomial", "bernoulli", "normal", "uniform",
+                    "exponential", "geometric", "cauchy", "log_normal", "random", "poisson", "dropout")
+
+
+def _device_name(t: torch.Tensor) -> str:
+    return str(sim_device()) if isinstance(t, SimTensor) else str(t.device)
+
+
+def _mixed_device_error(func, names: set[str]) -> RuntimeError:
+    a, b = sorted(names)[:2]
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
+        f"(in {func}; simulated GPU: on a CUDA machine this line fails the same way)"
+    )
+
+
+def _check_devices(func, args: tuple, kwargs: dict) -> bool:
+    """Raise as CUDA would on a device mix; return whether the result lives on the simulated GPU."""
+    if func in _INDEX_OPS:
+        self_ = args[0]
+        if not isinstance(self_, SimTensor):
+            indices = [t for t in tree_flatten(args[1])[0] if isinstance(t, SimTensor)]
+            if indices:
+                raise RuntimeError(
+                    "indices should be either on cpu or on the same device as the indexed tensor (cpu) "
+                    "(simulated GPU: on a CUDA machine this line fails the same way)"
+                )
+        # index tensors may stay on the CPU; values of index_put must be on self's device
+        rest = (args[0], *args[2:])
+        flat, _ = tree_flatten((rest, kwargs))
+    else:
+        flat, _ = tree_flatten((args, kwargs))
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    on_sim = any(isinstance(t, SimTensor) for t in tensors)
+    if func not in _CROSS_DEVICE_OPS:
+        # a CPU tensor of zero dimensions may sit beside a CUDA tensor (not the reverse)
+        names = {_device_name(t) for t in tensors if isinstance(t, SimTensor) or t.dim() > 0}
+        if len(names) > 1:
+            raise _mixed_device_error(func, names)
+    generator = kwargs.get("generator")
+    dev = kwargs.get("device")
+    result_on_sim = _is_sim_device(dev) if dev is not None else on_sim
+    if func is aten._to_copy.default and dev is None:
+        result_on_sim = isinstance(args[0], SimTensor)
+    if result_on_sim and isinstance(generator, torch.Generator) and not getattr(generator, "_sim", False):
+        raise RuntimeError(
+            f"Expected a '{NAME}' device type for generator but found 'cpu' (in {func}; simulated GPU: on a "
+            "CUDA machine a CPU generator cannot drive a random operation on the GPU either)"
+        )
+    return result_on_sim
+
+
+class _DispatchMode(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        # The FAKE slot: torch lets factory calls with an uninitialised device through to this mode.
+        self._mode_key = torch._C._TorchDispatchModeKey.FAKE
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result_on_sim = _check_devices(func, args, kwargs)
+        if "device" in kwargs and _is_sim_device(kwargs["device"]):
+            kwargs = dict(kwargs, device=torch.device("cpu"))
+        out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+        if func is aten.copy_.default:
+            return args[0]
+        if not result_on_sim:
+            return out
+        if isinstance(out, torch.Tensor) and args and isinstance(args[0], SimTensor) and out is args[0].elem:
+            return args[0]  # in place: the same wrapper
+        return tree_map(_wrap, out)
+
+
+def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    copy = kwargs.pop("copy", False)
+    dev, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    if not _is_sim_device(dev):
+        return None
+    if isinstance(self, SimTensor) and (dtype is None or dtype == self.dtype) and not copy:
+        return self
+    return aten._to_copy(self, dtype=dtype, device=sim_device())
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to:
+            moved = _to(*args, **kwargs)
+            if moved is not None:
+                return moved
+        elif func in (torch.tensor, torch.as_tensor) and _is_sim_device(kwargs.get("device")):
+            on_cpu = func(*args, **dict(kwargs, device="cpu"))
+            return on_cpu if isinstance(on_cpu, SimTensor) else aten._to_copy(on_cpu, device=sim_device())
+        elif func in (torch.Tensor.numpy, torch.Tensor.__array__) and isinstance(args[0], SimTensor):
+            raise TypeError(
+                f"can't convert {sim_device()} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                "to host memory first. (simulated GPU: on a CUDA machine this fails the same way)"
+            )
+        elif func is torch.Tensor.tolist and isinstance(args[0], SimTensor):
+            return args[0].elem.tolist()
+        elif func in (torch.Tensor.untyped_storage, torch.Tensor.data_ptr) and isinstance(args[0], SimTensor):
+            return func(args[0].elem, *args[1:], **kwargs)
+        return func(*args, **kwargs)
+
+
+def _inference_as_no_grad_enter(self) -> None:
+    self._inference_mode_context = torch.no_grad() if self.mode else contextlib.nullcontext()
+    self._inference_mode_context.__enter__()
+
+
+def _inference_as_no_grad_exit(self, *exc: Any) -> None:
+    self._inference_mode_context.__exit__(*exc)
+
+
+def install() -> torch.device:
+    """Register the simulated GPU and turn it on for this thread (idempotent). Returns its device."""
+    global _installed
+    with _lock:
+        if not _installed and torch._C._get_privateuse1_backend_name() != NAME:
+            from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+            _setup_privateuseone_for_python_backend(NAME)
+        if not _installed:
+            torch.Generator = SimGenerator  # type: ignore[misc]
+            # Wrapper tensors cannot be inference tensors: inference_mode runs as no_grad here.
+            torch.autograd.grad_mode.inference_mode.__enter__ = _inference_as_no_grad_enter
+            torch.autograd.grad_mode.inference_mode.__exit__ = _inference_as_no_grad_exit
+            _installed = True
+    stack = torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+    if not any(type(m).__name__ == "_DispatchMode" for m in stack):  # by name: survives a re-import
+        _DispatchMode().__enter__()
+        _FunctionMode().__enter__()
+    return sim_device()
+
+
+def is_installed() -> bool:
+    return torch._C._get_privateuse1_backend_name() == NAME
