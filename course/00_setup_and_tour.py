@@ -39,6 +39,15 @@
 # Choose with the environment variable `RLHF_TUTORIAL_WORLD=tiny` or `gpt2` (set it before starting
 # Jupyter), or pass `world="tiny"` to the loaders. With neither, GPT-2 is used when it can be loaded
 # and the tiny world otherwise; the loader says which it picked.
+#
+# ## One device
+#
+# The loaders put the models on a GPU when torch sees one (`cuda`), else on the CPU; set
+# `RLHF_TUTORIAL_DEVICE=cpu` (or `cuda:1`) before starting Jupyter to choose. Everything else follows
+# the model it is given, and so must your code: a tensor or a layer you create goes on the device of
+# the inputs (`torch.zeros(n, device=x.device)`, `nn.Linear(d, 1).to(next(model.parameters()).device)`).
+# Code that forgets runs on a CPU and fails on a GPU; the checks run your code on the course's device
+# and tell you which tensor is where.
 
 # %% imports
 import torch
@@ -47,11 +56,13 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.devices import describe
 from rlhf_tutorial.worlds import default_prompt, load_policy, load_sentiment_classifier, resolve_world
 
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 policy = load_policy(world)
 print(f"world: {world}")
 print(f"layers={policy.cfg.n_layers} d_model={policy.cfg.d_model} heads={policy.cfg.n_heads} vocab={policy.cfg.d_vocab}")

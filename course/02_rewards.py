@@ -28,6 +28,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.devices import describe
 from rlhf_tutorial.rewards import (
     POOLINGS,
     RewardModel,
@@ -61,6 +62,7 @@ from rlhf_tutorial.worlds import (
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 policy = load_policy(world)
 print(f"world: {world}")
 samples = policy.generate([default_prompt()] * 4, max_new_tokens=24, verbose=False, return_type="str")

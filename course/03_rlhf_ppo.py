@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.devices import describe
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_clipped_value_loss,
@@ -93,6 +94,7 @@ from rlhf_tutorial.worlds import (
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 if is_tiny():  # the tiny model's matrices are too small to gain from more threads; with one thread the
     torch.set_num_threads(1)  # runs below give the same numbers as `python -m rlhf_tutorial train-rlhf`
 policy = load_policy(world)

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.devices import describe
 from rlhf_tutorial.grpo import (
     GroupRollout,
     collect_rollout,
@@ -58,6 +59,7 @@ from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy,
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 if is_tiny():
     torch.set_num_threads(1)  # the tiny model runs fastest on one thread
 policy = load_policy(world)

@@ -43,6 +43,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.devices import describe
 from rlhf_tutorial.interp import (
     NEUTRAL_TEXTS,
     PATCH_COMPONENTS,
@@ -73,6 +74,7 @@ from rlhf_tutorial.worlds import is_smoke, is_tiny, resolve_world
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 if is_tiny():
     torch.set_num_threads(1)  # the tiny model's matrices gain nothing from more threads
 checkpoint = os.environ.get("RLHF_TUTORIAL_TUNED_DIR")

@@ -27,6 +27,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.devices import describe
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.trainers.dpo import DPOArgs, pairs_from_samples
 from rlhf_tutorial.trainers.dpo import learner_functions as dpo_learner_functions
@@ -41,6 +42,7 @@ from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy,
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 if is_tiny():
     torch.set_num_threads(1)  # the tiny model runs fastest on one thread
 policy = load_policy(world)
