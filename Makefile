@@ -1,7 +1,9 @@
 # Two commands do all set-up on a fresh machine with Python >= 3.10 and make:
 #   make lab    creates .venv, installs, starts JupyterLab at the repository, showing chapters/
-#   make test   the same environment, then the whole suite (ruff, unit and checker tests, nbval, and
-#               the browser test: JupyterLab driven by headless Chromium, installed by `make chromium`)
+#   make test   the same environment, then the whole suite (ruff, unit and checker tests, the unit suite
+#               again on a simulated GPU, nbval, and the browser test: JupyterLab driven by headless
+#               Chromium, installed by `make chromium`)
+#   make test-gpu  on a CUDA machine: the suites with the models on the GPU
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -14,7 +16,7 @@ PYTEST_ARGS ?=
 # HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
 STAND_IN_HF ?= .stand-in-hf
 
-.PHONY: lab test lint unit trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
+.PHONY: lab test lint unit unit-simgpu test-gpu trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
 
 help:
 	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make clean"
@@ -60,6 +62,22 @@ lint: $(STAMP)
 unit: $(STAMP) $(TRL_STAMP) $(TRL_PPO_STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests -m "not browser" $(PYTEST_ARGS)
 
+# The CPU-side guard against GPU bugs: the unit suite again with every model on a simulated GPU
+# (RLHF_TUTORIAL_DEVICE=simgpu, rlhf_tutorial/simgpu.py: tensors that compute on the CPU but raise on a
+# CPU/GPU mix exactly as CUDA does). Left out: what never touches a model's device (install, packaging,
+# the lab and CLI subprocesses, the browser) and the TRL races (TRL picks its own device).
+SIMGPU_IGNORE := --ignore=tests/test_install.py --ignore=tests/test_packaging.py --ignore=tests/test_lab_and_cli.py \
+	--ignore=tests/test_bench_trl.py --ignore=tests/test_browser.py --ignore=tests/test_notebooks.py
+unit-simgpu: $(STAMP)
+	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_DEVICE=simgpu \
+	  $(BIN)/python -m pytest tests -m "not browser and not cpu_only" $(SIMGPU_IGNORE) $(PYTEST_ARGS)
+
+# On a machine with a CUDA GPU, in the Python that has torch with CUDA (no .venv: it would install the CPU
+# wheel): the unit suite and nbval in both worlds with RLHF_TUTORIAL_DEVICE=cuda, in parallel, one line
+# of counts per suite (scripts/test_gpu.sh). The packages a CUDA image lacks: ../shared/gpu-wheels.txt.
+test-gpu:
+	PYTHON=$(PYTHON) scripts/test_gpu.sh
+
 # RLHF_TUTORIAL_PROGRESS_FILE=off: running the solutions must not mark a learner's exercises as passed.
 nbval: $(STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_STRICT=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
@@ -91,7 +109,7 @@ chromium:
 browser: $(STAMP) chromium
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
 
-test: lint unit nbval nbval-gpt2 browser
+test: lint unit unit-simgpu nbval nbval-gpt2 browser
 
 notebooks: $(STAMP)
 	$(BIN)/python -m rlhf_tutorial build-notebooks

@@ -162,7 +162,7 @@ for t in texts:
 classifier, clf_tokenizer = load_sentiment_classifier(world)
 print(classifier.config.id2label)
 with torch.no_grad():
-    inputs = clf_tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+    inputs = clf_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(classifier.device)
     p_positive = classifier(**inputs).logits.softmax(-1)[:, classifier.config.label2id["POSITIVE"]]
 for p, t in zip(p_positive, texts):
     print(f"P(POSITIVE)={p.item():.2f}  {t[:70]!r}")

@@ -4,12 +4,17 @@ Every command is a function ``main(argv: list[str]) -> dict`` somewhere in the p
 printed as one JSON object on the last line of output, so scripts can read the result with
 ``tail -n 1``. When a command loaded stand-in models (``build-stand-in-hub``), the summary says so under
 ``stand_ins``. Long runs show a tqdm progress bar on stderr.
+
+Every command takes ``--device DEVICE`` (``cpu``, ``cuda``, ``cuda:1``): it sets the course's device
+rule (``RLHF_TUTORIAL_DEVICE``, :mod:`rlhf_tutorial.devices`) for the run, so the models load there and
+everything else follows them; the summary reports it under ``device``.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,8 +43,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     lines = ["usage: python -m rlhf_tutorial <command> [args]", "", "commands:"]
     lines += [f"  {name:<20} {doc}" for name, (_, doc) in COMMANDS.items()]
-    lines.append("\n`python -m rlhf_tutorial <command> --help` for a command's options.")
+    lines.append("\n`python -m rlhf_tutorial <command> --help` for a command's options. Every command also takes")
+    lines.append("--device DEVICE (cpu, cuda, cuda:N; default: $RLHF_TUTORIAL_DEVICE, else cuda when present, else cpu).")
     return "\n".join(lines)
+
+
+def pop_device(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` without ``--device X`` / ``--device=X``, and X (None when absent)."""
+    rest, device, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == "--device" and i + 1 < len(argv):
+            device, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith("--device="):
+            device = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest, device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,10 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(usage())
         return 0
-    name, rest = argv[0], argv[1:]
+    name, (rest, device) = argv[0], pop_device(argv[1:])
     if name not in COMMANDS:
         print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    from rlhf_tutorial import devices
+
+    if device is not None:
+        try:
+            devices.resolve(device)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            print(json.dumps({"error": str(exc), "command": name}))
+            return 1
+        os.environ[devices.ENV_VAR] = device
     module_name, func_name = COMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     from rlhf_tutorial.worlds import WorldUnavailable, stand_ins_loaded
@@ -61,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         print(json.dumps({"error": str(exc), "command": name}))
         return 1
+    summary.setdefault("device", str(devices.course_device()))
     if stand_ins_loaded():  # say it in every output: stand-in models test the code path, not quality
         summary["stand_ins"] = stand_ins_loaded()
     print(json.dumps(summary, sort_keys=True, default=float))

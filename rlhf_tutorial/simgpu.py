@@ -119,9 +119,6 @@ def _wrap(x: Any) -> Any:
 
 _CROSS_DEVICE_OPS = {aten.copy_.default, aten._to_copy.default, aten.lift_fresh.default}
 _INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
-_RANDOM_OP_NAMES = ("rand", "randn", "randint", "randperm", "multinomial", "bernoulli", "normal", "uniform",
-                    "exponential", "geometric", "cauchy", "log_normal", "random", "poisson", "dropout")
-
 
 def _device_name(t: torch.Tensor) -> str:
     return str(sim_device()) if isinstance(t, SimTensor) else str(t.device)
@@ -158,16 +155,10 @@ def _check_devices(func, args: tuple, kwargs: dict) -> bool:
         names = {_device_name(t) for t in tensors if isinstance(t, SimTensor) or t.dim() > 0}
         if len(names) > 1:
             raise _mixed_device_error(func, names)
-    generator = kwargs.get("generator")
     dev = kwargs.get("device")
     result_on_sim = _is_sim_device(dev) if dev is not None else on_sim
     if func is aten._to_copy.default and dev is None:
         result_on_sim = isinstance(args[0], SimTensor)
-    if result_on_sim and isinstance(generator, torch.Generator) and not getattr(generator, "_sim", False):
-        raise RuntimeError(
-            f"Expected a '{NAME}' device type for generator but found 'cpu' (in {func}; simulated GPU: on a "
-            "CUDA machine a CPU generator cannot drive a random operation on the GPU either)"
-        )
     return result_on_sim
 
 
@@ -205,6 +196,14 @@ def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
 class _FunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        generator = kwargs.get("generator")
+        if generator is not None and not getattr(generator, "_sim", False) and (
+            _is_sim_device(kwargs.get("device")) or (args and isinstance(args[0], SimTensor))
+        ):  # checked here, where the generator is still the Python object that knows its device
+            raise RuntimeError(
+                f"Expected a '{NAME}' device type for generator but found 'cpu' (simulated GPU: on a CUDA "
+                "machine a CPU generator cannot drive a random operation on the GPU either)"
+            )
         if func is torch.Tensor.to:
             moved = _to(*args, **kwargs)
             if moved is not None:

@@ -88,3 +88,23 @@ def test_an_unavailable_world_is_a_message_and_a_json_error_not_a_traceback():
     assert "Traceback" not in result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert "tiny" in summary["error"]
+
+
+def test_every_command_takes_a_device_and_reports_it():
+    """``--device`` (the course's device rule for one run) works with any command and is reported;
+    a device this machine lacks is a message and a JSON error, not a traceback."""
+    from rlhf_tutorial.cli import pop_device
+
+    assert pop_device(["--world", "tiny", "--device", "cpu", "--x"]) == (["--world", "tiny", "--x"], "cpu")
+    assert pop_device(["--device=cuda:1"]) == ([], "cuda:1")
+    assert pop_device(["--world", "tiny"]) == (["--world", "tiny"], None)
+    result = _cli("world-info", "--world", "tiny", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["device"] == "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        result = _cli("world-info", "--world", "tiny", "--device", "cuda")
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert "no CUDA GPU" in json.loads(result.stdout.strip().splitlines()[-1])["error"]

@@ -226,7 +226,7 @@ def device_problem(out: Any, want: torch.device | None) -> str | None:
     if isinstance(out, torch.nn.Module):
         for name, p in out.named_parameters():
             if not _same_device(p.device, want):
-                part = name.rsplit(".", 1)[0].replace("_", " ") if "." in name else name
+                part = name.split(".")[0].replace("_", " ")  # value_head.0.weight -> value head
                 return (f"your {part} is on {p.device}, the model on {want}: create new layers on the model's "
                         "device (e.g. `nn.Linear(...).to(next(model.parameters()).device)`).")
         return None
