@@ -28,7 +28,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
-from rlhf_tutorial.devices import describe
+from rlhf_tutorial.devices import describe, device_of
 from rlhf_tutorial.rewards import (
     POOLINGS,
     RewardModel,
@@ -300,17 +300,21 @@ print("logsigmoid(z):  ", F.logsigmoid(z))
 # First the two pooling functions. `pool_last_token(x, attention_mask)` takes `x` of shape
 # `[batch, seq]` or `[batch, seq, d]` and returns, per row, the entry at the **last position where the
 # mask is 1**. Padding may be on the right (`[1, 1, 1, 0, 0]`) or on the left (`[0, 0, 1, 1, 1]`), so
-# `mask.sum(1) - 1` is not enough. `pool_mean` averages over the real positions only.
+# `mask.sum(1) - 1` is not enough. `pool_mean` averages over the real positions only. Both return a
+# tensor on `x`'s device: build any helper tensor (an `arange`, say) with `device=x.device`.
 
 # %% exercise rlhf_tutorial.rewards:pool_last_token | 10 min | difficulty 2 | importance 3
 
 # %% exercise rlhf_tutorial.rewards:pool_mean | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
-# Now the reward model. `__init__` is written for you; write `forward(tokens, attention_mask=None)`:
-# run the backbone with the mask, catch `ln_final.hook_normalized` with a hook (not `run_with_cache`:
-# it stores detached tensors, so no gradient would reach the backbone), and pool as `self.pooling`
-# says, returning a `[batch]` tensor.
+# Now the reward model. `__init__` is written for you: it creates the head on the base model's device
+# (`.to(device_of(base_model))`: a new layer starts on the CPU, and a GPU model cannot read a CPU
+# layer). Write `forward(tokens, attention_mask=None)`: run the backbone with the mask, catch
+# `ln_final.hook_normalized` with a hook (not `run_with_cache`: it stores detached tensors, so no
+# gradient would reach the backbone), and pool as `self.pooling` says, returning a `[batch]` tensor.
+# `tokens` and `attention_mask` arrive on the model's device; a default mask you build goes there too
+# (on the tokens' device), and so does the result.
 
 # %% exercise rlhf_tutorial.rewards:RewardModel | 15 min | difficulty 2 | importance 4
 
@@ -333,9 +337,10 @@ print("max difference:", (one_by_one - together).abs().max().item())
 #
 # `reward_model_train_step(model, optimizer, chosen_tokens, chosen_mask, rejected_tokens, rejected_mask)`
 # scores both sides of a batch of pairs, computes $\mathcal{L}$ with your `bradley_terry_loss`, clears
-# the old gradients, backpropagates and steps. It returns, from before the step, the loss, the
-# **pairwise accuracy** (the fraction of pairs with $r_c > r_r$) and the mean **margin** $r_c - r_r$,
-# as floats: the diagnostics to watch beside the loss.
+# the old gradients, backpropagates and steps. The token batches are already on the model's device.
+# It returns, from before the step, the loss, the **pairwise accuracy** (the fraction of pairs with
+# $r_c > r_r$) and the mean **margin** $r_c - r_r$, as Python floats: the diagnostics to watch beside
+# the loss.
 
 # %% exercise rlhf_tutorial.rewards:reward_model_train_step | 15 min | difficulty 2 | importance 4
 

@@ -29,6 +29,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from rlhf_tutorial.devices import device_of
+
 # ----------------------------------------------------------------------------------------------------
 # Rewards computed from text
 # ----------------------------------------------------------------------------------------------------
@@ -193,7 +195,8 @@ def pool_last_token(
 
     Works for right padding (real tokens first) and left padding (padding first) alike. Every row
     needs at least one real token. ``x`` may be per-token scores [batch, seq] or hidden states
-    [batch, seq, d_model].
+    [batch, seq, d_model]. ``x`` and the mask are on one device, and so is the result (any helper
+    tensor, an ``arange`` say, is built on ``x.device``).
     """
     positions = torch.arange(x.shape[1], device=x.device)  # [seq]
     # >>> exercise
@@ -210,7 +213,7 @@ def pool_mean(
     """out[b] = sum_t m[b, t] x[b, t] / sum_t m[b, t], the mean over real (unmasked) positions only.
 
     Padding positions are excluded with ``torch.where`` (not multiplied by 0), so that a NaN or inf
-    computed at a padding position cannot leak into the mean.
+    computed at a padding position cannot leak into the mean. The result is on ``x``'s device.
     """
     mask = attention_mask.bool()
     mask = mask.reshape(*mask.shape, *([1] * (x.ndim - 2)))  # [batch, seq, 1, ...] to broadcast
@@ -236,7 +239,8 @@ class RewardModel(nn.Module):
     - "mean_hidden": r = head(mean over real t of h[b, t]).
 
     With a linear head the last two are equal (a linear map commutes with a mean); they differ when
-    ``head_hidden`` makes the head a small MLP.
+    ``head_hidden`` makes the head a small MLP. The head is created on the base model's device (a GPU
+    when the model is on one), so the reward model lives on one device: the backbone's.
     """
 
     def __init__(self, base_model: HookedTransformer, pooling: str = "last", head_hidden: int | None = None):
@@ -250,11 +254,13 @@ class RewardModel(nn.Module):
             self.head = nn.Sequential(nn.Linear(d_model, head_hidden), nn.ReLU(), nn.Linear(head_hidden, 1))
         else:
             self.head = nn.Linear(d_model, 1)
+        self.head.to(device_of(base_model))  # new layers go where the model is
 
     def forward(
         self, tokens: Int[Tensor, "b s"], attention_mask: Int[Tensor, "b s"] | None = None
     ) -> Float[Tensor, "b"]:
-        """One reward per sequence. ``attention_mask`` (1 = real token, 0 = padding) defaults to all ones.
+        """One reward per sequence. ``attention_mask`` (1 = real token, 0 = padding) defaults to all ones
+        (on the tokens' device). ``tokens`` and the mask are on the model's device, and so is the result.
 
         Step 1: run the backbone with the attention mask (so that no real token attends to padding,
         and positions count from the first real token) and keep ``ln_final.hook_normalized`` from a
@@ -296,8 +302,9 @@ def reward_model_train_step(
     """One optimizer step on the Bradley-Terry loss of a batch of preference pairs.
 
     r_c = model(chosen), r_r = model(rejected), L = bradley_terry_loss(r_c, r_r); clear old gradients,
-    backpropagate L, step. Returns, measured on this batch before the step: ``loss`` (L),
-    ``accuracy`` (fraction of pairs with r_c > r_r) and ``margin`` (mean of r_c - r_r), as floats.
+    backpropagate L, step. The token batches and masks are on the model's device. Returns, measured
+    on this batch before the step: ``loss`` (L), ``accuracy`` (fraction of pairs with r_c > r_r) and
+    ``margin`` (mean of r_c - r_r), as Python floats.
     """
     chosen_rewards = model(chosen_tokens, chosen_mask)
     rejected_rewards = model(rejected_tokens, rejected_mask)
@@ -339,7 +346,9 @@ def pair_texts(pair: dict) -> tuple[str, str]:
 def tokenize_texts(
     model: HookedTransformer, texts: Sequence[str], max_len: int | None = None
 ) -> tuple[Int[Tensor, "n s"], Int[Tensor, "n s"]]:
-    """Tokenize with a BOS token, keep at most ``max_len`` tokens, right-pad; return (tokens, mask).
+    """Tokenize with a BOS token, keep at most ``max_len`` tokens, right-pad; return (tokens, mask),
+    on the CPU: a data set, kept in host memory; batches go to the model's device when they are used
+    (:meth:`PairBatch.select`).
 
     The mask is built from the lengths, not from the pad id: GPT-2's pad, BOS and EOS are one token.
     """
@@ -390,8 +399,9 @@ def tokenize_pairs(model: HookedTransformer, pairs: Sequence[dict], max_len: int
 def score_texts(
     model: RewardModel, texts: Sequence[str], batch_size: int = 64, max_len: int | None = None
 ) -> Float[Tensor, "n"]:
-    """The reward model's score of each text (no gradients), on CPU."""
-    device = next(model.parameters()).device
+    """The reward model's score of each text (no gradients), on CPU (the texts are scored on the
+    model's device)."""
+    device = device_of(model)
     tokens, mask = tokenize_texts(model.base_model, texts, max_len)
     scores = []
     for start in range(0, len(texts), batch_size):
@@ -403,8 +413,9 @@ def score_texts(
 
 @torch.no_grad()
 def evaluate_pairs(model: RewardModel, data: PairBatch, batch_size: int = 64) -> dict[str, float]:
-    """Held-out metrics: pairwise accuracy (fraction with r_c > r_r; ties count as wrong), BT loss, margin."""
-    device = next(model.parameters()).device
+    """Held-out metrics: pairwise accuracy (fraction with r_c > r_r; ties count as wrong), BT loss, margin.
+    ``data`` may stay on the CPU: each batch is moved to the model's device."""
+    device = device_of(model)
     length = torch.maximum(data.chosen_mask.sum(1), data.rejected_mask.sum(1))
     margins = []
     for idx in length.argsort(stable=True).split(batch_size):  # similar lengths together: less padding

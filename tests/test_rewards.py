@@ -7,7 +7,11 @@ import torch
 
 from rlhf_tutorial import rewards
 from rlhf_tutorial.checks.ch02_rewards import small_model, tiny_classifier
+from rlhf_tutorial.devices import course_device, device_of
 from rlhf_tutorial.trainers import rewards as rewards_trainer
+
+# small_model() and tiny_classifier() are on the course's device (the CPU, a GPU, or the simulated GPU
+# under RLHF_TUTORIAL_DEVICE=simgpu): tensors built here go to their model's device.
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -27,11 +31,12 @@ def test_sentiment_reads_the_label_index_and_ignores_padding():
         pos = rewards.reward_fn_sentiment(texts, clf, tok, "pos")
         neg = rewards.reward_fn_sentiment(texts, clf, tok, "neg")
         assert pos.shape == (3,) and pos.dtype == torch.float32 and not pos.requires_grad
-        torch.testing.assert_close(pos + neg, torch.ones(3))
+        assert pos.device == clf.device  # the reward is on the classifier's device
+        torch.testing.assert_close(pos + neg, torch.ones(3, device=clf.device))
         # one at a time (no padding) gives the same numbers as the padded batch
         alone = torch.cat([rewards.reward_fn_sentiment([t], clf, tok, "pos") for t in texts])
         torch.testing.assert_close(alone, pos, atol=1e-5, rtol=1e-5)
-        enc = tok(texts[:1], return_tensors="pt")
+        enc = tok(texts[:1], return_tensors="pt").to(clf.device)
         with torch.no_grad():
             p = clf(**enc).logits.softmax(-1)[0, clf.config.label2id["POSITIVE"]]
         assert math.isclose(pos[0].item(), p.item(), rel_tol=1e-5)
@@ -129,6 +134,10 @@ def _padded(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Te
     return tokens, mask
 
 
+def _on(model, *tensors):
+    return tuple(t.to(device_of(model)) for t in tensors)
+
+
 @pytest.mark.parametrize("pooling", rewards.POOLINGS)
 def test_reward_model_does_not_depend_on_padding(pooling):
     torch.manual_seed(0)
@@ -136,14 +145,14 @@ def test_reward_model_does_not_depend_on_padding(pooling):
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(1, 40, (n,), generator=g) for n in (7, 3, 5)]
     with torch.no_grad():
-        alone = torch.cat([rm(r[None]) for r in rows])
+        alone = torch.cat([rm(*_on(rm, r[None])) for r in rows])
         for side in ("right", "left"):
-            torch.testing.assert_close(rm(*_padded(rows, side)), alone, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(rm(*_on(rm, *_padded(rows, side))), alone, atol=1e-5, rtol=1e-5)
 
 
 def test_mean_poolings_agree_with_a_linear_head_and_differ_with_an_mlp():
-    tokens, mask = _padded([torch.tensor([1, 5, 7, 9]), torch.tensor([3, 4])], "right")
     base = small_model(seed=2)
+    tokens, mask = _on(base, *_padded([torch.tensor([1, 5, 7, 9]), torch.tensor([3, 4])], "right"))
     for head_hidden, same in ((None, True), (16, False)):
         torch.manual_seed(0)
         a = rewards.RewardModel(base, "mean_scores", head_hidden)
@@ -153,9 +162,20 @@ def test_mean_poolings_agree_with_a_linear_head_and_differ_with_an_mlp():
             assert torch.allclose(a(tokens, mask), b(tokens, mask), atol=1e-5) == same
 
 
+def test_reward_model_head_is_created_on_the_base_models_device():
+    """The head and the reward follow the backbone's device (only a GPU or RLHF_TUTORIAL_DEVICE=simgpu can
+    tell a head left on the CPU: on a CPU-only run every device is the CPU)."""
+    for head_hidden in (None, 8):
+        base = small_model(seed=3)
+        rm = rewards.RewardModel(base, head_hidden=head_hidden)
+        assert {p.device for p in rm.head.parameters()} == {device_of(base)} == {course_device()}
+        tokens, mask = _on(rm, *_padded([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], "right"))
+        assert rm(tokens, mask).device == device_of(base) == rm(tokens).device  # the default mask too
+
+
 def test_reward_model_gradient_reaches_the_backbone():
     rm = rewards.RewardModel(small_model(seed=3))
-    rm(*_padded([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], "right")).sum().backward()
+    rm(*_on(rm, *_padded([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], "right"))).sum().backward()
     assert rm.base_model.blocks[0].attn.W_Q.grad.abs().sum() > 0
     assert rm.head.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError):
@@ -183,7 +203,7 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch():
     torch.manual_seed(0)
     rm = rewards.RewardModel(small_model(seed=4))
     opt = torch.optim.AdamW(rm.parameters(), lr=1e-3)
-    batch = synthetic_pairs(8, seed=0).select(torch.arange(8))
+    batch = synthetic_pairs(8, seed=0).select(torch.arange(8), device_of(rm))
     losses = [rewards.reward_model_train_step(rm, opt, *batch)["loss"] for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0]
     assert set(rewards.reward_model_train_step(rm, opt, *batch)) == {"loss", "accuracy", "margin"}
@@ -238,9 +258,10 @@ def test_tokenize_texts_on_the_tiny_policy():
     policy = load_policy("tiny")
     texts = ["This movie was really good.", "Bad."]
     tokens, mask = rewards.tokenize_texts(policy, texts)
+    assert tokens.device == mask.device == torch.device("cpu")  # a data set: batches move when used
     for i, text in enumerate(texts):
         n = int(mask[i].sum())
-        assert torch.equal(tokens[i, :n], policy.to_tokens(text)[0])
+        assert torch.equal(tokens[i, :n], policy.to_tokens(text)[0].cpu())
         assert mask[i, n:].sum() == 0
     short_tokens, short_mask = rewards.tokenize_texts(policy, texts, max_len=3)
     assert short_tokens.shape == (2, 3)

@@ -38,6 +38,7 @@ from rlhf_tutorial.checks.core import (
     CheckFailure,
     Mistake,
     call,
+    check_device,
     checker,
     compare_to_reference,
     expect_tensor,
@@ -45,6 +46,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
     get_attr,
     seeded,
+    to_device,
 )
 
 CHAPTER = "02_rewards"
@@ -110,11 +112,13 @@ _WORDS = (
 
 
 
-def tiny_classifier(label_order: tuple[str, str] = ("POSITIVE", "NEGATIVE"), seed: int = 0):
+def tiny_classifier(label_order: tuple[str, str] = ("POSITIVE", "NEGATIVE"), seed: int = 0, device=None):
     """A seeded random 2-label DistilBERT and a word-level tokenizer, built in memory (no downloads).
 
     ``label_order`` is id2label: the default puts POSITIVE at index 0, the opposite of the usual
-    convention, so that an implementation that assumes index 1 is caught.
+    convention, so that an implementation that assumes index 1 is caught. The classifier is on
+    ``device`` (default: :func:`check_device`, where the course's models are), its weights the same
+    on every device.
     """
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -137,7 +141,7 @@ def tiny_classifier(label_order: tuple[str, str] = ("POSITIVE", "NEGATIVE"), see
         model = DistilBertForSequenceClassification(config).eval()
     with torch.no_grad():
         model.classifier.weight.mul_(150.0)  # decisive logits, so that wrong variants differ clearly
-    return model, tokenizer
+    return model.to(check_device() if device is None else device), tokenizer
 
 
 _REVIEWS = [
@@ -150,7 +154,7 @@ _REVIEWS = [
 
 
 def _label_probs(classifier, tokenizer, samples, *, mask: bool = True, dim: int = -1):
-    enc = tokenizer(samples, padding=True, return_tensors="pt")
+    enc = to_device(dict(tokenizer(samples, padding=True, return_tensors="pt")), classifier.device)
     kwargs = {"attention_mask": enc["attention_mask"]} if mask else {}
     with torch.no_grad():
         logits = classifier(input_ids=enc["input_ids"], **kwargs).logits.float()
@@ -408,7 +412,8 @@ def _bt_infinite_hint(candidate, underflow_hint: str) -> str:
         "x - log(1 + exp(x)) become infinite for large differences. Use F.logsigmoid(x), or -F.softplus(-x), "
         "which never compute exp of a large number."
     )
-    probe = call(candidate, torch.tensor([95.0]), torch.tensor([0.0]), _arg_names=["chosen_rewards", "rejected_rewards"])
+    probe = call(candidate, *to_device((torch.tensor([95.0]), torch.tensor([0.0]))),
+                 _arg_names=["chosen_rewards", "rejected_rewards"])
     if isinstance(probe, torch.Tensor) and probe.numel() == 1 and not math.isfinite(probe.float().item()):
         return exp_hint.replace("exp overflows:", "exp overflows (at x = +95 your loss is already infinite):")
     try:
@@ -472,9 +477,9 @@ def check_bradley_terry_loss(candidate) -> str:
     )
 
     # Moderate differences pass; now large ones, where log(sigmoid(x)) breaks down.
-    expected = rewards.bradley_terry_loss(_LARGE_CHOSEN, _LARGE_REJECTED).item()
-    big = call(candidate, _LARGE_CHOSEN.clone(), _LARGE_REJECTED.clone(),
-               _arg_names=["chosen_rewards", "rejected_rewards"])
+    large_chosen, large_rejected = to_device((_LARGE_CHOSEN, _LARGE_REJECTED))
+    expected = rewards.bradley_terry_loss(large_chosen, large_rejected).item()
+    big = call(candidate, large_chosen, large_rejected, _arg_names=["chosen_rewards", "rejected_rewards"])
     expect_tensor(big, shape=(), what="On large differences, your output", allow_nan=True)
     value = big.detach().float().item()
     unstable_hint = (
@@ -546,7 +551,7 @@ def _compare_pooling(candidate, reference, mistakes: list[Mistake]) -> str:
 
 
 def _take(x, idx):
-    return x[torch.arange(x.shape[0]), idx]
+    return x[torch.arange(x.shape[0], device=x.device), idx]
 
 
 @checker(
@@ -675,8 +680,8 @@ def _rm_mistakes(base: HookedTransformer, head: torch.nn.Module, pooling: str) -
     "self.head(pool_mean(h, mask)).squeeze(-1).",
 )
 def check_reward_model(candidate) -> str:
-    base = small_model(seed=6)
-    batches = _token_batches(base.cfg.d_vocab)
+    base = small_model(seed=6)  # on check_device(), the course's device, and so are the token batches
+    batches = to_device(_token_batches(base.cfg.d_vocab))
     for pooling, head_hidden in (("last", None), ("mean_scores", 8), ("mean_hidden", 8)):
         learner = call(candidate, base, pooling=pooling, head_hidden=head_hidden)
         head = get_attr(learner, "head")
@@ -747,7 +752,7 @@ def _two_steps(step_fn: Callable, *, learner: bool) -> tuple:
     steps and the parameters after them."""
     model = _fresh_rm()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    batch = _pair_batch(model.base_model.cfg.d_vocab)
+    batch = to_device(_pair_batch(model.base_model.cfg.d_vocab))  # where the model is: check_device()
     metrics = []
     for _ in range(2):
         out = call(step_fn, model, optimizer, *batch,

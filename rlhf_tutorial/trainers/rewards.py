@@ -21,6 +21,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from rlhf_tutorial import rewards
+from rlhf_tutorial.devices import device_of, resolve
 from rlhf_tutorial.rewards import PairBatch, RewardModel, evaluate_pairs, tokenize_pairs
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
@@ -140,8 +141,8 @@ def _train_reward_model(args, model, train_pairs, test_pairs, fns, on_eval):
         if test_pairs is None:
             test_pairs = worlds.load_preference_pairs(args.world, split="test")
     if args.device is not None:
-        model = model.to(args.device)
-    device = next(model.parameters()).device
+        model = model.to(resolve(args.device))
+    device = device_of(model)  # the model's device; the tokenized pairs stay on the CPU, batches move there
     train_step = fns["reward_model_train_step"]
 
     def prepare(pairs: Sequence[dict] | PairBatch, limit: int | None) -> PairBatch:

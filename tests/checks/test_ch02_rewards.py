@@ -6,11 +6,18 @@ from collections import Counter
 import einops
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from rlhf_tutorial import rewards
 from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.checks.core import check_device
 from tests.checks.helpers import assert_fails_with
+
+# A learner's own device bug (a tensor or a layer left on the CPU beside a model on the GPU) only shows
+# where the checkers run on another device than the CPU.
+needs_gpu = pytest.mark.skipif(check_device().type == "cpu", reason="needs a GPU or RLHF_TUTORIAL_DEVICE=simgpu")
+DEVICE_MIX = "your code mixed devices"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -65,33 +72,34 @@ def test_char_count_written_differently():
 # ----------------------------------------------------------------------------------------------------
 # reward_fn_sentiment
 # ----------------------------------------------------------------------------------------------------
-def _encode(tokenizer, samples):
-    return tokenizer(samples, padding=True, truncation=True, return_tensors="pt")
+def _encode(tokenizer, samples, classifier):
+    enc = tokenizer(samples, padding=True, truncation=True, return_tensors="pt")
+    return {k: v.to(classifier.device) for k, v in enc.items()}
 
 
 def sentiment_index_one(samples, classifier, tokenizer, direction="pos"):
-    enc = _encode(tokenizer, samples)
+    enc = _encode(tokenizer, samples, classifier)
     with torch.no_grad():
         probs = classifier(**enc).logits.softmax(-1)
     return probs[:, 1] if direction == "pos" else probs[:, 0]
 
 
 def sentiment_logits(samples, classifier, tokenizer, direction="pos"):
-    enc = _encode(tokenizer, samples)
+    enc = _encode(tokenizer, samples, classifier)
     label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
     with torch.no_grad():
         return classifier(**enc).logits[:, label]
 
 
 def sentiment_without_mask(samples, classifier, tokenizer, direction="pos"):
-    enc = _encode(tokenizer, samples)
+    enc = _encode(tokenizer, samples, classifier)
     label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
     with torch.no_grad():
         return classifier(enc["input_ids"]).logits.softmax(-1)[:, label]
 
 
 def sentiment_with_grad(samples, classifier, tokenizer, direction="pos"):
-    enc = _encode(tokenizer, samples)
+    enc = _encode(tokenizer, samples, classifier)
     label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
     return classifier(**enc).logits.softmax(-1)[:, label]
 
@@ -101,12 +109,12 @@ def sentiment_one_by_one(samples, classifier, tokenizer, direction="pos"):
     out = []
     with torch.no_grad():
         for s in samples:
-            out.append(classifier(**_encode(tokenizer, [s])).logits.softmax(-1)[0, label])
+            out.append(classifier(**_encode(tokenizer, [s], classifier)).logits.softmax(-1)[0, label])
     return torch.stack(out)
 
 
 def sentiment_ignores_direction(samples, classifier, tokenizer, direction="pos"):
-    enc = _encode(tokenizer, samples)
+    enc = _encode(tokenizer, samples, classifier)
     with torch.no_grad():
         return classifier(**enc).logits.softmax(-1)[:, classifier.config.label2id["POSITIVE"]]
 
@@ -124,6 +132,19 @@ def sentiment_ignores_direction(samples, classifier, tokenizer, direction="pos")
 )
 def test_sentiment_mistakes(wrong, fragment):
     assert_fails_with("reward_fn_sentiment", wrong, fragment)
+
+
+def sentiment_batch_left_on_the_cpu(samples, classifier, tokenizer, direction="pos"):
+    enc = tokenizer(samples, padding=True, truncation=True, return_tensors="pt")  # never moved
+    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(-1)[:, label]
+
+
+@needs_gpu
+def test_sentiment_batch_left_on_the_cpu_gets_the_device_message():
+    assert_fails_with("reward_fn_sentiment", sentiment_batch_left_on_the_cpu, DEVICE_MIX)
+    assert_fails_with("reward_fn_sentiment", sentiment_batch_left_on_the_cpu, "classifier(**enc)")  # their line
 
 
 def test_sentiment_written_differently():
@@ -344,7 +365,7 @@ def first_real_by_argmax(x, attention_mask):
 
 
 def last_by_one_hot(x, attention_mask):  # only inf at a padding position exposes it: 0 * inf = NaN
-    positions = torch.where(attention_mask.bool(), torch.arange(x.shape[1]), -1)
+    positions = torch.where(attention_mask.bool(), torch.arange(x.shape[1], device=x.device), -1)
     one_hot = F.one_hot(positions.max(dim=1).values, x.shape[1]).to(x.dtype)
     return (x * one_hot.reshape(*one_hot.shape, *([1] * (x.ndim - 2)))).sum(1)
 
@@ -360,6 +381,18 @@ def last_by_one_hot(x, attention_mask):  # only inf at a padding position expose
 )
 def test_pool_last_token_mistakes(wrong, fragment):
     assert_fails_with("pool_last_token", wrong, fragment)
+
+
+def last_with_positions_on_the_cpu(x, attention_mask):
+    positions = torch.arange(x.shape[1])  # no device=x.device: on the CPU
+    last = torch.where(attention_mask.bool(), positions, -1).max(dim=1).values
+    return x[torch.arange(x.shape[0]), last]
+
+
+@needs_gpu
+def test_pool_last_token_positions_on_the_cpu_get_the_device_message():
+    assert_fails_with("pool_last_token", last_with_positions_on_the_cpu, DEVICE_MIX)
+    assert_fails_with("pool_last_token", last_with_positions_on_the_cpu, "device=x.device")  # the fix
 
 
 def test_pool_last_token_written_differently():
@@ -527,12 +560,12 @@ def test_reward_model_written_differently():
 
         def forward(self, tokens, attention_mask=None):
             if attention_mask is None:
-                attention_mask = torch.ones(tokens.shape, dtype=torch.long)
+                attention_mask = torch.ones(tokens.shape, dtype=torch.long, device=tokens.device)
             resid = self.base_model(tokens, attention_mask=attention_mask, stop_at_layer=self.base_model.cfg.n_layers)
             h = self.base_model.ln_final(resid)
             m = attention_mask.float()
             if self.pooling == "last":
-                idx = (m * torch.arange(1, m.shape[1] + 1)).argmax(1)
+                idx = (m * torch.arange(1, m.shape[1] + 1, device=m.device)).argmax(1)
                 return self.head(h[torch.arange(h.shape[0]), idx])[:, 0]
             if self.pooling == "mean_scores":
                 s = self.head(h)[..., 0]
@@ -542,6 +575,40 @@ def test_reward_model_written_differently():
 
     result = run_check("RewardModel", ViaStopAtLayer)
     assert result.passed, result.message
+
+
+class RMHeadLeftOnTheCPU(rewards.RewardModel):
+    """A head built in __init__ with nn.Linear(d_model, 1) and never moved to the model's device."""
+
+    def __init__(self, base_model, pooling="last", head_hidden=None):
+        super().__init__(base_model, pooling, head_hidden)
+        d = base_model.cfg.d_model
+        if head_hidden:
+            self.head = nn.Sequential(nn.Linear(d, head_hidden), nn.ReLU(), nn.Linear(head_hidden, 1))
+        else:
+            self.head = nn.Linear(d, 1)
+
+
+class RMDefaultMaskOnTheCPU(rewards.RewardModel):
+    """Right everywhere, except the default mask: torch.ones(tokens.shape) with no device."""
+
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones(tokens.shape, dtype=torch.long) if attention_mask is None else attention_mask
+        return _pool(self, _hidden(self, tokens, mask), mask)
+
+
+@needs_gpu
+def test_reward_model_head_on_the_cpu_gets_the_device_message():
+    result = run_check("RewardModel", RMHeadLeftOnTheCPU)
+    assert not result.passed
+    assert f"your head is on cpu, the model on {check_device()}" in result.message, result.message
+
+
+@needs_gpu
+def test_reward_model_default_mask_on_the_cpu_gets_the_device_message():
+    result = run_check("RewardModel", RMDefaultMaskOnTheCPU)
+    assert not result.passed
+    assert DEVICE_MIX in result.message and "not in your code" not in result.message, result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -638,6 +705,35 @@ def test_train_step_written_differently():
     assert result.passed, result.message
 
 
+def step_bce_with_cpu_labels(model, optimizer, ct, cm, rt, rm):
+    """The Bradley-Terry loss as a binary cross-entropy with target 1, the targets built on the CPU."""
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = F.binary_cross_entropy_with_logits(rc - rr, torch.ones(rc.shape[0]))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return _metrics(rc, rr, loss)
+
+
+def step_bce_with_labels_on_the_device(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = F.binary_cross_entropy_with_logits(rc - rr, torch.ones_like(rc))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return _metrics(rc, rr, loss)
+
+
+@needs_gpu
+def test_train_step_targets_on_the_cpu_get_the_device_message():
+    result = run_check("reward_model_train_step", step_bce_with_cpu_labels)
+    assert not result.passed
+    assert DEVICE_MIX in result.message and "not in your code" not in result.message, result.message
+    # the same step with its targets on the model's device is right
+    fixed = run_check("reward_model_train_step", step_bce_with_labels_on_the_device)
+    assert fixed.passed, fixed.message
+
+
 # ----------------------------------------------------------------------------------------------------
 # Escapes only a variant or an edge case exposes (issue 15)
 # ----------------------------------------------------------------------------------------------------
@@ -668,7 +764,7 @@ def test_ngram_text_variants_are_rejected(wrong, fragment):
 def sentiment_index_one_and_no_mask(samples, classifier, tokenizer, direction="pos"):
     batch = tokenizer(samples, padding=True, return_tensors="pt")
     with torch.no_grad():
-        logits = classifier(batch["input_ids"]).logits
+        logits = classifier(batch["input_ids"].to(classifier.device)).logits
     return logits.softmax(-1)[:, 1 if direction == "pos" else 0]
 
 
