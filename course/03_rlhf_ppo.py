@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, hint, progress
-from rlhf_tutorial.devices import describe
+from rlhf_tutorial.devices import describe, device_of
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_clipped_value_loss,
@@ -132,6 +132,10 @@ print(f"policy: {policy.cfg.n_layers} layers, d_model={policy.cfg.d_model}, voca
 # 1), and in `forward` run the base model with a hook on `ln_final.hook_normalized` that computes and
 # stores `value_head(resid).squeeze(-1)`. Return `(logits, values)`: shapes `[b, s, vocab]` and
 # `[b, s]`. The hook must not return anything (a returned tensor would replace the activation).
+#
+# Where it lives: the value head sits on the base model's device (`device_of(base_model)`, a GPU when
+# the policy is on one). A new layer is created on the CPU, and the hook applies it to a residual on
+# the model's device: move it there when you build it, and the same code runs on a CPU and on a GPU.
 
 # %% exercise rlhf_tutorial.rlhf:TransformerWithValueHead | 20 min | difficulty 3 | importance 5
 
@@ -530,7 +534,8 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # `ReplayMinibatch` from the same rows of every tensor. Its fields, all indexed by the minibatch's
 # rows: `tokens` `[mb, s]`, `logprobs` `[mb, g]` (the rollout policy's, pi_old), `ref_logprobs`
 # `[mb, g]`, `advantages` `[mb, g]` and `returns` `[mb, g]` (there is no `values` field: the values
-# enter through `returns`).
+# enter through `returns`). The permutation stays on the CPU, where `generator` is: CPU indices select
+# rows of tensors on any device, so the minibatches are on the memory's device.
 
 # %% exercise rlhf_tutorial.rlhf:ReplayMemory | 15 min | difficulty 2 | importance 3
 
@@ -713,9 +718,11 @@ print("beta while KL is below target, then above:", trace)
 # `torch.no_grad()`, and only log-probs and values are kept. The KL coefficient of the per-token
 # rewards (GAE) is the trainer's **current** one, `trainer.kl_coef` (the adaptive controller's value
 # when `args.adaptive_kl` is on; `args.kl_coef` is only its start). Whiten the shaped rewards only when
-# `args.whiten_rewards` is True. In `learning_phase` the objective gets `trainer.objective_kl_coef`
-# (0 with GAE, whose rewards already hold the KL) and the minibatch order comes from
-# `trainer.generator`.
+# `args.whiten_rewards` is True. Everything the rollout keeps is on the policy's device, as
+# `trainer.reward_fn`'s rewards are; `ngram_repetition` reads texts and gives a CPU tensor, so move it
+# to the rewards' device before the shaping. In `learning_phase` the objective gets
+# `trainer.objective_kl_coef` (0 with GAE, whose rewards already hold the KL) and the minibatch order
+# comes from `trainer.generator`.
 #
 # ### Exercise: `rollout_phase`
 

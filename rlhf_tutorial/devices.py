@@ -63,6 +63,14 @@ def device_of(obj: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def rng_devices(device: Any = None) -> list[torch.device]:
+    """The devices whose random state ``torch.random.fork_rng(devices=...)`` must save and restore
+    around a seeded draw on ``device`` (default: the course's): a CUDA device samples from its own
+    generator; the CPU (and the simulated GPU) from the CPU's, which fork_rng always restores."""
+    dev = resolve(device) if not isinstance(device, torch.device) else device
+    return [dev] if dev.type == "cuda" else []
+
+
 def describe(device: Any = None) -> str:
     """One line for a notebook's first cell: the device and what it is."""
     dev = resolve(device)

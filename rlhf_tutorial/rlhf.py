@@ -43,6 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
+from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_clipped_value_loss,
@@ -70,6 +71,10 @@ class TransformerWithValueHead(nn.Module):
     same vector the unembedding turns into logits. One forward pass gives both::
 
         logits[b, t] = W_U(resid[b, t]),    values[b, t] = V(resid[b, t])  ~ the return expected from state t
+
+    The value head sits on the base model's device (``device_of(base_model)``: a GPU when the model is
+    on one), so that the hook applies it to the residual where the residual is; logits and values come
+    out on that device.
     """
 
     def __init__(self, base_model: HookedTransformer):
@@ -81,7 +86,7 @@ class TransformerWithValueHead(nn.Module):
             layer_init(nn.Linear(d_model, 4 * d_model), std=math.sqrt(2)),
             nn.ReLU(),
             layer_init(nn.Linear(4 * d_model, 1), std=1.0),
-        )
+        ).to(device_of(base_model))  # new layers go where the model is
         # <<< exercise
 
     def forward(self, tokens: Int[Tensor, "b s"]) -> tuple[Float[Tensor, "b s v"], Float[Tensor, "b s"]]:
@@ -318,6 +323,9 @@ class ReplayMemory:
 
         The value targets are ``returns = advantages + values``: with one-step advantages, the next
         state's value (or the score, after the last token).
+
+        The permutation is drawn on the CPU, from ``generator`` (a CPU generator, as the trainer's):
+        CPU indices select rows of tensors on any device, so the minibatches stay on the memory's device.
         """
         batch = self.tokens.shape[0]
         assert batch % num_minibatches == 0, "batch_size must be a multiple of num_minibatches"
@@ -520,7 +528,8 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
     """Sample a batch from the policy, score it, and store what the learning phase needs.
 
     1. ``get_samples`` from ``trainer.model.base_model`` with the args' prompt, sizes, temperature;
-    2. task rewards ``trainer.reward_fn(texts)``, minus ``repetition_coef * ngram_repetition`` (shaping);
+    2. task rewards ``trainer.reward_fn(texts)`` (on the policy's device), minus ``repetition_coef *
+       ngram_repetition`` (shaping; it reads texts and gives a CPU tensor: move it to the rewards' device);
     3. without gradients, one chunk of ``args.minibatch_size`` rows at a time
        (``tokens.split(args.minibatch_size)``; never ``[batch, seq, vocab]`` at once): policy logits
        and values, reference logits; keep only log-probs of the generated tokens (of logits /

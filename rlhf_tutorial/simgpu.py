@@ -216,6 +216,12 @@ class _FunctionMode(TorchFunctionMode):
                 f"can't convert {sim_device()} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
                 "to host memory first. (simulated GPU: on a CUDA machine this fails the same way)"
             )
+        elif func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and isinstance(args[0], SimTensor):
+            # a list index becomes an index tensor on the CPU (allowed beside a GPU tensor, as on CUDA)
+            index = args[1]
+            listed = (lambda i: torch.tensor(i) if isinstance(i, list) else i)
+            index = tuple(listed(i) for i in index) if isinstance(index, tuple) else listed(index)
+            return func(args[0], index, *args[2:], **kwargs)
         elif func is torch.Tensor.tolist and isinstance(args[0], SimTensor):
             return args[0].elem.tolist()
         elif func in (torch.Tensor.untyped_storage, torch.Tensor.data_ptr) and isinstance(args[0], SimTensor):

@@ -43,7 +43,7 @@ def test_base_policy_round_trips(tmp_path):
 
 
 def test_tuned_checkpoint_round_trips_with_value_head(tuned_checkpoint, tmp_path):
-    tuned = rlhf.load_tuned_policy(tuned_checkpoint)
+    tuned = rlhf.load_tuned_policy(tuned_checkpoint, device="cpu")  # the export and its comparison run on the CPU
     base = load_policy("tiny", device="cpu")
     assert (tuned.base_model.b_U - base.b_U).abs().max() > 1e-4, "the fixture should have moved b_U"
     summary = export.main(["--checkpoint", str(tuned_checkpoint), "--out", str(tmp_path / "hf")])

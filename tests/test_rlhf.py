@@ -15,6 +15,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import rlhf
+from rlhf_tutorial.devices import course_device
 from rlhf_tutorial.trainers import rlhf as rlhf_trainer
 from rlhf_tutorial.trainers.bench import word_level_tokenizer
 
@@ -25,8 +26,10 @@ def tokenizer(tmp_path_factory):
 
 
 def random_policy(tokenizer, seed: int = 0) -> HookedTransformer:
+    """On the course's device, as the worlds' policies (the trainer follows it; the toy reward stays on
+    the CPU, and the trainer moves it)."""
     cfg = HookedTransformerConfig(n_layers=1, d_model=32, n_ctx=64, d_head=8, n_heads=4, d_vocab=60,
-                                  act_fn="gelu_new", normalization_type="LN", seed=seed)
+                                  act_fn="gelu_new", normalization_type="LN", seed=seed, device=str(course_device()))
     return HookedTransformer(cfg, tokenizer=tokenizer)
 
 

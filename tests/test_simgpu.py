@@ -56,7 +56,7 @@ def test_it_raises_where_cuda_raises_and_allows_what_cuda_allows():
         out["gpu_index_of_cpu"] = outcome(lambda: torch.zeros(4)[torch.tensor([1], device=dev)])
         # allowed on CUDA: a CPU scalar tensor, CPU indices, copies and moves, a generator of the device
         out["cpu_scalar"] = outcome(lambda: x * torch.tensor(2.0))
-        out["cpu_index"] = outcome(lambda: x[torch.tensor([1])])
+        out["cpu_index"] = outcome(lambda: (x[torch.tensor([1])], x[[0, 1]], x[:, [0, 2]], x[0, [1]]))
         out["moves"] = outcome(lambda: (x.cpu().numpy(), torch.zeros(2).to(x), x.to("cpu").tolist(), x.tolist()))
         out["copy"] = outcome(lambda: x.copy_(torch.zeros(2, 4)))
         out["device_generator"] = outcome(lambda: torch.randn(3, device=dev, generator=torch.Generator(device=dev)))

@@ -62,7 +62,9 @@ from rlhf_tutorial.checks.core import (
     fmt,
     get_attr,
     seeded,
+    to_device,
 )
+from rlhf_tutorial.devices import device_of, mismatch
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 from rlhf_tutorial.worlds import PROMPT
@@ -118,7 +120,7 @@ def _lp_probs(logits, tokens, prefix_len=None):
 )
 def check_get_logprobs(candidate) -> str:
     cases = _logprob_cases()
-    logits, tokens, _ = cases[1].args
+    logits, tokens, _ = to_device(cases[1].args)
     out = call(candidate, logits, tokens, 3, _arg_names=["logits", "tokens", "prefix_len"])
     if isinstance(out, torch.Tensor) and tuple(out.shape) == (3, 6):
         raise CheckFailure(
@@ -193,7 +195,8 @@ def check_calc_kl_penalty(candidate) -> str:
     )
     g = seeded(2)
     for _ in range(3):
-        out = call(candidate, torch.randn(2, 4, 6, generator=g), torch.randn(2, 4, 6, generator=g), 1.0)
+        logits, ref_logits = to_device((torch.randn(2, 4, 6, generator=g), torch.randn(2, 4, 6, generator=g)))
+        out = call(candidate, logits, ref_logits, 1.0)
         if float(out) < -1e-6:
             raise CheckFailure(f"your KL is negative ({float(out):.4g}): a KL divergence is always >= 0.")
     return detail + " KL >= 0 on random inputs."
@@ -327,7 +330,7 @@ def _adv_reward_everywhere(values, rewards, prefix_len):
 def check_compute_advantages(candidate) -> str:
     # Edge: the batch of 1 is where a squeeze() (of values shaped [b, s, 1] elsewhere) drops the batch
     # dimension and the slicing that follows raises: name the case and the squeeze.
-    for case in _adv_cases():
+    for case in map(to_device, _adv_cases()):
         try:
             call(candidate, *case.args, _arg_names=["values", "rewards", "prefix_len"])
         except CheckFailure as exc:
@@ -707,7 +710,7 @@ def check_transformer_with_value_head(candidate) -> str:
         raise CheckFailure("the value head's parameters are not among model.parameters(): subclass nn.Module, "
                            "call super().__init__() first, and assign the head as an attribute.")
 
-    tokens = torch.randint(0, base.cfg.d_vocab, (3, 7), generator=seeded(6))
+    tokens = torch.randint(0, base.cfg.d_vocab, (3, 7), generator=seeded(6)).to(device_of(base))
     with _HookReturns(base) as returned:
         try:
             out = call(model, tokens)
@@ -971,27 +974,43 @@ def check_get_samples(candidate) -> str:
 # ReplayMemory.get_minibatches
 # ----------------------------------------------------------------------------------------------------
 def _memory_fields(batch: int = 16, seq: int = 6, gen: int = 3) -> dict[str, torch.Tensor]:
-    """Tensors whose rows can be recognised: row i of every field encodes i."""
+    """Tensors whose rows can be recognised: row i of every field encodes i. On the checkers' device,
+    as a rollout's are on the policy's."""
     rows = torch.arange(batch, dtype=torch.float32)[:, None]
     g = seeded(7)
-    return {
+    return to_device({
         "tokens": (torch.arange(batch)[:, None] * 100 + torch.arange(seq)[None]).long(),
         "logprobs": -rows - 0.1 * torch.arange(gen)[None],
         "ref_logprobs": -rows - 0.5 - 0.1 * torch.arange(gen)[None],
         "values": torch.randn(batch, gen, generator=g) + rows * 10,
         "advantages": torch.randn(batch, gen, generator=g) - rows * 1000,
-    }
+    })
+
+
+def on_device(tensor: torch.Tensor, where: Any, what: str, other: str) -> torch.Tensor:
+    """``tensor``, after failing with both devices named when it is not on ``where``'s device (before the
+    checker computes with it: a device mix in the checker would hide the learner's slip)."""
+    problem = mismatch(what, tensor, where, other)
+    if problem:
+        raise CheckFailure(problem, hint="The same code must run on a CPU and on a GPU: keep every tensor on the "
+                           "device of the inputs (index them, or build new ones with device=x.device).")
+    return tensor
 
 
 def _minibatch_rows(mb, fields: dict[str, torch.Tensor], label: str) -> tuple[list[int], torch.Tensor]:
+    where = fields["tokens"].device
     tokens = expect_tensor(get_attr(mb, "tokens"), what=f"{label}.tokens", allow_nan=True)
+    on_device(tokens, where, f"{label}.tokens", "the memory")
     rows = (tokens[:, 0] // 100).tolist()
+    idx = torch.tensor(rows, dtype=torch.long)  # CPU indices select rows on any device
     for name in ("logprobs", "ref_logprobs", "advantages"):
-        got = expect_tensor(get_attr(mb, name), what=f"{label}.{name}")
-        if got.shape != (len(rows), fields[name].shape[1]) or not torch.allclose(got, fields[name][rows]):
+        got = on_device(expect_tensor(get_attr(mb, name), what=f"{label}.{name}"), where, f"{label}.{name}",
+                        "the memory")
+        if got.shape != (len(rows), fields[name].shape[1]) or not torch.allclose(got, fields[name][idx]):
             raise CheckFailure(f"{label}.{name} does not hold the same rows as {label}.tokens.",
                                hint="Index every tensor of the memory with the SAME indices.")
-    returns = expect_tensor(get_attr(mb, "returns"), what=f"{label}.returns")
+    returns = on_device(expect_tensor(get_attr(mb, "returns"), what=f"{label}.returns"), where, f"{label}.returns",
+                        "the memory")
     return rows, returns
 
 
@@ -1005,7 +1024,14 @@ def _minibatch_rows(mb, fields: dict[str, torch.Tensor], label: str) -> tuple[li
 def check_replay_memory(candidate) -> str:
     fields = _memory_fields()
     memory = call(candidate, **{k: v.clone() for k, v in fields.items()})
-    minibatches = call(get_attr(memory, "get_minibatches"), 4, 3, seeded(11))
+    try:
+        minibatches = call(get_attr(memory, "get_minibatches"), 4, 3, seeded(11))
+    except CheckFailure as failed:
+        if "device type for generator" not in failed.message:
+            raise
+        raise failure(failed.message, "The permutation is drawn on the GPU with the CPU generator: draw it on the "
+                      "CPU, where the generator is (torch.randperm(batch, generator=generator), no device=); CPU "
+                      "indices select rows of tensors on any device.") from None
     if not isinstance(minibatches, list) or len(minibatches) != 12:
         raise CheckFailure(f"with num_minibatches=4 and update_epochs=3, expected a list of 12 "
                            f"minibatches, got {fmt(minibatches)}",
@@ -1016,13 +1042,14 @@ def check_replay_memory(candidate) -> str:
         rows, returns = _minibatch_rows(mb, fields, f"minibatch {k}")
         if len(rows) != 4:
             raise CheckFailure(f"minibatch {k} has {len(rows)} rows; 16 rows in 4 minibatches is 4 each.")
-        if not torch.allclose(returns, expected_returns[rows]):
+        idx = torch.tensor(rows, dtype=torch.long)
+        if not torch.allclose(returns, expected_returns[idx]):
             hint = "The value targets are returns = advantages + values."
-            if torch.allclose(returns, fields["advantages"][rows]):
+            if torch.allclose(returns, fields["advantages"][idx]):
                 hint = "returns equal the advantages: add the values, returns = advantages + values."
-            elif torch.allclose(returns, fields["values"][rows]):
+            elif torch.allclose(returns, fields["values"][idx]):
                 hint = "returns equal the values: add the advantages, returns = advantages + values."
-            raise CheckFailure(f"minibatch {k}: wrong returns.\n  expected: {fmt(expected_returns[rows])}\n"
+            raise CheckFailure(f"minibatch {k}: wrong returns.\n  expected: {fmt(expected_returns[idx])}\n"
                                f"  got:      {fmt(returns)}", hint)
         passes.append(rows)
     orders = []
@@ -1068,22 +1095,27 @@ def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.Re
     torch.manual_seed(5)
     model = rlhf.TransformerWithValueHead(small_model(seed=5))
     ref = small_model(seed=5)
+    device = device_of(ref)  # every case on the models' device; drawn on the CPU (the same numbers anywhere)
     with torch.no_grad():
         for p in ref.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=seeded(8)))
+            p.add_(0.3 * torch.randn(p.shape, generator=seeded(8)).to(device))
     ref.requires_grad_(False)
     g = seeded(9)
-    prefix_len, tokens = 4, torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g)
+    prefix_len, tokens = 4, torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g).to(device)
     with torch.no_grad():
         logits, values = model(tokens)
         logprobs = rlhf.get_logprobs(logits, tokens, prefix_len)
         ref_logprobs = rlhf.get_logprobs(ref(tokens), tokens, prefix_len)
+
+    def noise() -> torch.Tensor:
+        return torch.randn(logprobs.shape, generator=g).to(device)
+
     minibatch = rlhf.ReplayMinibatch(
         tokens=tokens,
-        logprobs=logprobs + 0.4 * torch.randn(logprobs.shape, generator=g),
+        logprobs=logprobs + 0.4 * noise(),
         ref_logprobs=ref_logprobs,
-        advantages=torch.randn(logprobs.shape, generator=g),
-        returns=values[:, prefix_len - 1 : -1] + torch.randn(logprobs.shape, generator=g),
+        advantages=noise(),
+        returns=values[:, prefix_len - 1 : -1] + noise(),
     )
     return model, ref, prefix_len, minibatch
 
@@ -1221,7 +1253,8 @@ def _check_objective_setting(candidate, model, ref, prefix_len, mb, args, kl_coe
     if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], dict):
         raise CheckFailure(f"expected a tuple (objective, stats dict), got {fmt(out)}")
     expected, expected_stats = rlhf.compute_rlhf_objective(model, ref, mb, prefix_len, kl_coef, args)
-    objective = expect_tensor(out[0], shape=(), dtype=expected.dtype, what="the objective")
+    objective = on_device(expect_tensor(out[0], shape=(), dtype=expected.dtype, what="the objective"), model,
+                          "objective", "the model")
     stats = out[1]
     if not torch.allclose(objective.detach(), expected.detach(), atol=1e-5, rtol=1e-5):
         got_v, want_v = objective.item(), expected.item()
@@ -1334,8 +1367,9 @@ def _expected_memory(trainer: RLHFTrainer, tokens: torch.Tensor) -> dict[str, to
         logits, values = trainer.model(tokens)
         ref_logits = trainer.ref_model(tokens)
     texts = trainer.model.base_model.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-    task = trainer.reward_fn(texts)
-    shaped = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n)
+    task = trainer.reward_fn(texts)  # on the policy's device
+    repetition = ngram_repetition(texts, args.repetition_n).to(task.device)  # computed from texts, on the CPU
+    shaped = task - args.repetition_coef * repetition
     logprobs = rlhf.get_logprobs(logits / args.temperature, tokens, p)
     ref_logprobs = rlhf.get_logprobs(ref_logits / args.temperature, tokens, p)
 
@@ -1352,7 +1386,7 @@ def _expected_memory(trainer: RLHFTrainer, tokens: torch.Tensor) -> dict[str, to
         "advantages_toggled_whitening": advantages_of(shaped, whitened=not args.whiten_rewards),
         "advantages_unshaped": advantages_of(task),
         "advantages_args_kl_coef": advantages_of(shaped, kl_coef=args.kl_coef),
-        "repetition_std": ngram_repetition(texts, args.repetition_n).std(),
+        "repetition_std": repetition.std(),
     }
 
 
@@ -1380,6 +1414,7 @@ def _check_memory(memory, trainer: RLHFTrainer, label: str) -> dict[str, torch.T
         raise CheckFailure(f"{label}: rollout_phase returned None: return the ReplayMemory.")
     tokens = expect_tensor(get_attr(memory, "tokens"), shape=(args.batch_size, p + args.gen_len),
                            what=f"{label}: memory.tokens", allow_nan=True)
+    on_device(tokens, trainer.device, "memory.tokens", "the policy")
     expected = _expected_memory(trainer, tokens)
 
     def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -1389,6 +1424,7 @@ def _check_memory(memory, trainer: RLHFTrainer, label: str) -> dict[str, torch.T
     for name in ("logprobs", "ref_logprobs", "values", "advantages"):
         got = expect_tensor(get_attr(memory, name), shape=(args.batch_size, g), dtype=torch.float32,
                             what=f"{label}: memory.{name}")
+        on_device(got, trainer.device, f"memory.{name}", "the policy")
         if got.requires_grad:
             raise CheckFailure(f"{label}: memory.{name} carries gradients: compute the rollout under torch.no_grad().")
         if close(got, expected[name]):
@@ -1398,6 +1434,21 @@ def _check_memory(memory, trainer: RLHFTrainer, label: str) -> dict[str, torch.T
         raise failure(f"{label}: memory.{name} differs from a recomputation on memory.tokens.\n"
                       f"  expected: {fmt(expected[name])}\n  got:      {fmt(got)}", hint)
     return expected
+
+
+def call_on_trainer(fn: Callable, trainer: RLHFTrainer, *args: Any) -> Any:
+    """``call(fn, trainer, *args)``, with a device mix in the learner's code explained by the trainer's device
+    (a trainer is not a tensor: ``call`` cannot tell where its inputs live)."""
+    try:
+        return call(fn, trainer, *args, _arg_names=["trainer", "memory"])
+    except CheckFailure as failed:
+        if not failed.message.startswith("your code mixed devices"):
+            raise
+        raise failure(failed.message, (
+            f"A CPU tensor met one on the trainer's device ({trainer.device}): the policy, the reference, the rewards of "
+            "trainer.reward_fn and everything computed from them are on trainer.device; ngram_repetition (it reads "
+            "texts) gives a CPU tensor: .to(trainer.device) it, and build any new tensor with "
+            "device=trainer.device.")) from None
 
 
 class _BatchSizes:
@@ -1420,7 +1471,7 @@ def _rollout(candidate, trainer: RLHFTrainer, label: str):
     """Run the learner's rollout_phase, check its forward passes were chunked, then its memory."""
     sizes = _BatchSizes(trainer)
     try:
-        memory = call(candidate, trainer, _arg_names=["trainer"])
+        memory = call_on_trainer(candidate, trainer)
     finally:
         sizes.remove()
     args = trainer.args
@@ -1442,7 +1493,8 @@ def _rollout(candidate, trainer: RLHFTrainer, label: str):
     chapter=CHAPTER,
     hint="tokens, texts = get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len, "
     "args.temperature, args.top_k, args.prepend_bos); rewards = trainer.reward_fn(texts) - "
-    "args.repetition_coef * ngram_repetition(texts, args.repetition_n). Under torch.no_grad(), for each chunk "
+    "args.repetition_coef * ngram_repetition(texts, args.repetition_n).to(trainer.device) (it reads texts: a CPU tensor; "
+    "the rewards are on the policy's device). Under torch.no_grad(), for each chunk "
     "of tokens.split(args.minibatch_size): logits, values = trainer.model(chunk), ref_logits = "
     "trainer.ref_model(chunk); keep get_logprobs(logits / T, chunk, prefix_len) (and the same for the "
     "reference) and the values. Scores = whiten(rewards) if args.whiten_rewards else rewards; the "
@@ -1471,7 +1523,7 @@ def check_rollout_phase(candidate) -> str:
     trainer.kl_controller.value = 0.37  # the controller has moved: the current coefficient is not args.kl_coef
     with torch.no_grad():
         for prm in trainer.model.base_model.parameters():
-            prm.add_(0.02 * torch.randn(prm.shape, generator=seeded(12)))
+            prm.add_(0.02 * torch.randn(prm.shape, generator=seeded(12)).to(prm.device))
     _rollout(candidate, trainer, "rollout of a moved policy with GAE and an adaptive KL coefficient at 0.37")
     if any(not torch.equal(a, b) for a, b in zip(ref_before, _params(trainer.ref_model))):
         raise CheckFailure("the reference model's weights changed during the rollout.")
@@ -1536,7 +1588,7 @@ def _moved_trainer(args: RLHFArgs) -> RLHFTrainer:
     with torch.no_grad():
         g = seeded(31)
         for prm in trainer.model.base_model.parameters():
-            prm.add_(0.03 * torch.randn(prm.shape, generator=g))
+            prm.add_(0.03 * torch.randn(prm.shape, generator=g).to(prm.device))
     return trainer
 
 
@@ -1554,7 +1606,7 @@ def _run_learning(fn: Callable, args: RLHFArgs, memory: rlhf.ReplayMemory) -> tu
                                   ("tokens", "logprobs", "ref_logprobs", "values", "advantages")})
     before = _params(trainer.model)
     torch.manual_seed(22)  # every run starts from the same global RNG state too
-    out = call(fn, trainer, memory)
+    out = call_on_trainer(fn, trainer, memory)
     return trainer, before, out
 
 

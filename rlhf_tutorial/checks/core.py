@@ -231,7 +231,7 @@ def device_problem(out: Any, want: torch.device | None) -> str | None:
                         "device (e.g. `nn.Linear(...).to(next(model.parameters()).device)`).")
         return None
     for path, t in _tensors_in(out):
-        if t.dim() > 0 and not _same_device(t.device, want):
+        if not _same_device(t.device, want):  # a scalar loss too: backward() would leave the GPU
             what = f"output{path}" if path else "output"
             return (f"your {what} is on {t.device}, the inputs on {want}: build new tensors on an input's "
                     "device (`torch.zeros(..., device=x.device)`, `torch.tensor(..., device=x.device)`).")
@@ -264,9 +264,10 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         if is_device_mix(exc):
             where = _input_device(args, kwargs)
+            inputs = f"The inputs are on {where}: build" if where is not None else "Build"
             raise CheckFailure(
                 f"your code mixed devices: {describe_exception(exc)}",
-                hint=f"The inputs are on {where}: build every new tensor on an input's device "
+                hint=f"{inputs} every new tensor on an input's device "
                 "(`device=x.device`) and every new layer with `.to(...)` that device; the same code must run "
                 "on a CPU and on a GPU.",
             ) from None
@@ -579,7 +580,11 @@ def run_check(name: str, candidate: Any) -> CheckResult:
         return CheckResult(name, False, f"there is no exercise called {name!r}. Exercises: {known}")
     entry = REGISTRY[name]
     try:
-        with torch.random.fork_rng(devices=[]):
+        from rlhf_tutorial.devices import rng_devices
+
+        # a check draws from seeded generators and leaves the notebook's random streams (the GPU's too) as
+        # they were
+        with torch.random.fork_rng(devices=rng_devices(check_device())):
             torch.manual_seed(0)
             detail = entry.fn(candidate)
         result = CheckResult(name, True, detail or "all checks passed.")

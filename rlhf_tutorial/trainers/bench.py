@@ -4,7 +4,9 @@
 layers, d_model 768, 12 heads, d_mlp 3072, vocab 50257; random weights change nothing about memory),
 a reference copy, and runs one phase of ``RLHFTrainer`` at batch 64, gen_len 30 in a **fresh
 subprocess** per measurement, so that the process's peak resident set (``ru_maxrss``) belongs to that
-phase alone. On a GPU it reports ``torch.cuda.max_memory_allocated`` instead.
+phase alone. The model goes on the course's device (``devices.course_device``; ``--device`` of the
+command line sets it, and the subprocesses inherit it); on a GPU it reports
+``torch.cuda.max_memory_allocated`` instead.
 
 Two measurements:
 
@@ -56,10 +58,10 @@ def word_level_tokenizer(vocab_size: int, folder: str):
     return AutoTokenizer.from_pretrained(folder)
 
 
-def _peak_mb() -> float:
+def _peak_mb(device: torch.device) -> float:
     from rlhf_tutorial.trainers.runtime import peak_memory_mb
 
-    return peak_memory_mb()
+    return peak_memory_mb(device)
 
 
 def run_child(config: dict[str, Any]) -> dict[str, Any]:
@@ -69,13 +71,14 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     from rlhf_tutorial import rlhf
+    from rlhf_tutorial.devices import course_device
     from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
     torch.set_num_threads(config["threads"])
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = course_device()
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = word_level_tokenizer(config["d_vocab"], folder)
-        cfg = HookedTransformerConfig(**{k: config[k] for k in GPT2_SHAPE}, seed=0, device=device)
+        cfg = HookedTransformerConfig(**{k: config[k] for k in GPT2_SHAPE}, seed=0, device=str(device))
         policy = HookedTransformer(cfg, tokenizer=tokenizer)
     ref = copy.deepcopy(policy)
 
@@ -87,24 +90,24 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
                          update_epochs=1, num_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
                          advantage_estimator="one_step", early_stopping=False)
     trainer = RLHFTrainer(args, policy, ref, reward_fn)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    setup_mb = _peak_mb()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    setup_mb = _peak_mb(device)
     start = time.perf_counter()
     memory = rlhf.rollout_phase(trainer)
     held = None
     if config["mode"] == "full_batch_logits":
         with torch.no_grad():
             held = (trainer.model(memory.tokens)[0], trainer.ref_model(memory.tokens))  # 2 x [batch, seq, vocab]
-    rollout_mb = _peak_mb()
+    rollout_mb = _peak_mb(device)
     stats = rlhf.learning_phase(trainer, memory)
     del held
     return {
         "mode": config["mode"],
-        "device": device,
+        "device": str(device),
         "setup_peak_mb": round(setup_mb, 1),
         "after_rollout_peak_mb": round(rollout_mb, 1),
-        "phase_peak_mb": round(_peak_mb(), 1),
+        "phase_peak_mb": round(_peak_mb(device), 1),
         "phase_seconds": round(time.perf_counter() - start, 1),
         "n_params": sum(p.numel() for p in trainer.model.parameters()),
         "objective": stats["objective"],

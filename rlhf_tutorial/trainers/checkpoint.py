@@ -35,15 +35,16 @@ def save_tuned_policy(model: TransformerWithValueHead, path: str | Path, args: R
     return folder
 
 
-def load_tuned_policy(path: str | Path) -> TransformerWithValueHead:
-    """Rebuild the world's policy, wrap it with a value head, and load the saved weights (safetensors:
-    no code runs on load). Returns the model in eval mode."""
+def load_tuned_policy(path: str | Path, device: Any = None) -> TransformerWithValueHead:
+    """Rebuild the world's policy on ``device`` (default: the course's device, as ``load_policy``), wrap
+    it with a value head (on the same device), and load the saved weights into it (safetensors: no
+    code runs on load). Returns the model in eval mode."""
     from safetensors.torch import load_model
 
     from rlhf_tutorial.worlds import load_policy
 
     folder = Path(path)
     config = json.loads((folder / CONFIG_FILE).read_text())
-    model = TransformerWithValueHead(load_policy(config["world"]))
+    model = TransformerWithValueHead(load_policy(config["world"], device=device))
     load_model(model, str(folder / WEIGHTS_FILE))
     return model.eval()

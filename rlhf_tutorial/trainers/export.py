@@ -216,8 +216,8 @@ def load_checkpoint(checkpoint: str | None, world: str | None) -> tuple[HookedTr
 
     if not (Path(checkpoint) / CONFIG_FILE).exists():
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint saved by `train-rlhf --save` (no {CONFIG_FILE})")
-    tuned = load_tuned_policy(checkpoint)
-    return tuned.base_model.cpu(), tuned.value_head.cpu(), f"tuned checkpoint {checkpoint}"
+    tuned = load_tuned_policy(checkpoint, device="cpu")  # the export is built on the CPU
+    return tuned.base_model, tuned.value_head, f"tuned checkpoint {checkpoint}"
 
 
 def main(argv: list[str]) -> dict:

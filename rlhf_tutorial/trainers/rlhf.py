@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import rlhf
+from rlhf_tutorial.devices import device_of, rng_devices
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn
 from rlhf_tutorial.rlhf import ReplayMemory, approx_kl, get_logprobs, get_samples
 from rlhf_tutorial.speed import (
@@ -238,7 +239,7 @@ class RLHFTrainer:
         # Seeded after loading (however many random numbers the loaders draw): the value head's init,
         # then the sampling stream of train(), depend on args.seed alone.
         torch.manual_seed(args.seed)
-        self.device = next(model.parameters()).device
+        self.device = device_of(model)  # the trainer follows the policy's device (devices.py)
         self.model = self.fns["TransformerWithValueHead"](model).to(self.device).train()
         if args.fast and type(self.model) is rlhf.TransformerWithValueHead:
             self.model.forward = types.MethodType(_fast_value_head_forward, self.model)
@@ -346,7 +347,7 @@ class RLHFTrainer:
         (k3), n-gram repetition (``repetition_n``-grams, and single words: ``word_repetition``), and
         the reference log-prob per generated token (how natural the text still is to the base model)."""
         args = self.args
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=rng_devices(self.device)):
             torch.manual_seed(seed)
             texts, rewards, kls, ref_lps = [], [], [], []
             for start in range(0, n_samples, args.batch_size):
@@ -444,7 +445,8 @@ def main(argv: list[str]) -> dict:
         "wall_seconds": round(wall, 1),
         "seconds_per_phase": time_split(history),
         **time_to_reward(history, REWARD_TARGET),
-        "peak_memory_mb": round(peak_memory_mb(), 1),
+        "peak_memory_mb": round(peak_memory_mb(trainer.device), 1),
+        "device": str(trainer.device),
         "torch_threads": threads,
         "args": {k: v for k, v in asdict(args).items()},
     }

@@ -215,8 +215,10 @@ def token_explorer(trainer: RLHFTrainer, n_samples: int = 4, seed: int = 0, stat
     Live: a dropdown picks the sample and buttons pick what colours the tokens (value, KL, advantage).
     Static: every sample, coloured by value, with its table (HTML in a notebook, text in a terminal).
     """
+    from rlhf_tutorial.devices import rng_devices
+
     args = trainer.args
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices(trainer.device)):
         torch.manual_seed(seed)
         tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, n_samples, args.gen_len,
                                          args.temperature, args.top_k, args.prepend_bos)
@@ -235,10 +237,12 @@ def token_explorer(trainer: RLHFTrainer, n_samples: int = 4, seed: int = 0, stat
 # Base vs tuned
 # ----------------------------------------------------------------------------------------------------
 def _compare(trainer: RLHFTrainer, prompt: str, n: int, seed: int) -> dict[str, list[tuple[str, float]]]:
+    from rlhf_tutorial.devices import rng_devices
+
     args = trainer.args
     out = {}
     for name, model in [("base (reference)", trainer.ref_model), ("tuned", trainer.model.base_model)]:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=rng_devices(trainer.device)):
             torch.manual_seed(seed)
             _, texts = rlhf.get_samples(model, prompt, n, args.gen_len, args.temperature, args.top_k,
                                         args.prepend_bos)

@@ -13,13 +13,29 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import rlhf
 from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.checks.core import check_device
+from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.rewards import ngram_repetition, whiten
+
+# A device slip (a tensor or layer left on the CPU beside a model on the GPU) only fails where the checkers
+# run on another device than the CPU: a GPU, or the simulated one.
+needs_gpu = pytest.mark.skipif(check_device().type == "cpu", reason="needs a GPU or RLHF_TUTORIAL_DEVICE=simgpu")
 
 
 def assert_fails_with(name: str, candidate, fragment: str) -> None:
     result = run_check(name, candidate)
     assert not result.passed, f"{name}: a wrong implementation passed"
     assert fragment in (result.hint or "") + result.message, (result.message, result.hint)
+
+
+def assert_device_verdict(name: str, candidate, *fragments: str) -> None:
+    """The learner's device slip fails with a message that names it (and both devices), never as a bug of
+    the checker."""
+    result = run_check(name, candidate)
+    assert not result.passed, f"{name}: a device slip passed"
+    assert "checker" not in result.message, result.message
+    for fragment in (*fragments, check_device().type):
+        assert fragment in result.message, (fragment, result.message)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -57,18 +73,30 @@ def test_get_logprobs_mistakes(wrong, fragment):
     assert_fails_with("get_logprobs", wrong, fragment)
 
 
-def test_get_logprobs_written_differently():
+def logprobs_by_loop(on_inputs_device: bool = True):
     def by_loop(logits, tokens, prefix_len=None):
         start = 1 if prefix_len is None else prefix_len
         b, s, _ = logits.shape
-        out = torch.empty(b, s - start)
+        out = torch.empty(b, s - start, device=logits.device if on_inputs_device else None)
         for i in range(b):
             for t in range(start, s):
                 row = logits[i, t - 1]
                 out[i, t - start] = row[tokens[i, t]] - torch.logsumexp(row, 0)
         return out
 
-    assert run_check("get_logprobs", by_loop).passed
+    return by_loop
+
+
+def test_get_logprobs_written_differently():
+    result = run_check("get_logprobs", logprobs_by_loop())
+    assert result.passed, result
+
+
+@needs_gpu
+def test_get_logprobs_built_on_the_default_device_is_named():
+    """torch.empty(b, g) with no device: the output lands on the CPU (writing a GPU value into it is a copy,
+    allowed), while the inputs are on the GPU."""
+    assert_device_verdict("get_logprobs", logprobs_by_loop(on_inputs_device=False), "your output is on cpu")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -191,16 +219,38 @@ def test_compute_advantages_mistakes(wrong, fragment):
     assert_fails_with("compute_advantages", wrong, fragment)
 
 
-def test_compute_advantages_written_differently():
+def advantages_by_loop(on_inputs_device: bool = True):
     def by_loop(values, rewards, prefix_len):
         b, s = values.shape
-        out = torch.zeros(b, s - prefix_len)
+        out = torch.zeros(b, s - prefix_len, device=values.device if on_inputs_device else None)
         for t in range(prefix_len - 1, s - 1):
             q = values[:, t + 1] if t + 1 < s - 1 else rewards
             out[:, t - prefix_len + 1] = q - values[:, t]
         return out
 
-    assert run_check("compute_advantages", by_loop).passed
+    return by_loop
+
+
+def test_compute_advantages_written_differently():
+    result = run_check("compute_advantages", advantages_by_loop())
+    assert result.passed, result
+
+
+@needs_gpu
+def test_compute_advantages_built_on_the_default_device_is_named():
+    assert_device_verdict("compute_advantages", advantages_by_loop(on_inputs_device=False), "your output is on cpu")
+
+
+@needs_gpu
+def test_compute_per_token_rewards_mixing_devices_is_named():
+    """A bonus tensor built with no device, added to rewards on the GPU: the learner's own device mix."""
+
+    def bonus_on_cpu(scores, logprobs, ref_logprobs, kl_coef):
+        bonus = torch.zeros(logprobs.shape)
+        bonus[:, -1] = scores.cpu()
+        return -kl_coef * (logprobs - ref_logprobs) + bonus
+
+    assert_device_verdict("compute_per_token_rewards", bonus_on_cpu, "your code mixed devices", "+ bonus")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -410,13 +460,15 @@ def test_early_stopping_written_differently():
 # ----------------------------------------------------------------------------------------------------
 # TransformerWithValueHead
 # ----------------------------------------------------------------------------------------------------
-def value_head_on(act_name_fn):
+def value_head_on(act_name_fn, on_model_device: bool = True):
     class Wrong(nn.Module):
         def __init__(self, base_model: HookedTransformer):
             super().__init__()
             self.base_model = base_model
             d = base_model.cfg.d_model
             self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+            if on_model_device:
+                self.value_head.to(device_of(base_model))
 
         def forward(self, tokens):
             store = {}
@@ -442,7 +494,7 @@ class ValueHeadTooSmall(nn.Module):
     def __init__(self, base_model):
         super().__init__()
         self.base_model = base_model
-        self.value_head = nn.Linear(base_model.cfg.d_model, 1)
+        self.value_head = nn.Linear(base_model.cfg.d_model, 1).to(device_of(base_model))
 
     def forward(self, tokens):
         logits, cache = self.base_model.run_with_cache(tokens)
@@ -462,6 +514,15 @@ def test_value_head_mistakes(wrong, fragment):
     assert_fails_with("TransformerWithValueHead", wrong, fragment)
 
 
+@needs_gpu
+def test_value_head_left_on_the_cpu_is_named():
+    """The slip of issue 27: nn.Sequential(...) is created on the CPU and never moved to the model's device.
+    Everything else is right (the hook, the squeeze): the verdict names the head and both devices."""
+    assert_device_verdict("TransformerWithValueHead", value_head_on(lambda n: "ln_final.hook_normalized",
+                                                                    on_model_device=False),
+                          "your value head", "is on cpu")
+
+
 def test_value_head_written_differently():
     """nn.init by hand instead of layer_init, the hooks() context manager, a nonlocal instead of a dict."""
 
@@ -474,6 +535,7 @@ def test_value_head_written_differently():
             for layer, gain in ((self.value_head[0], 2**0.5), (self.value_head[2], 1.0)):
                 nn.init.orthogonal_(layer.weight, gain=gain)
                 nn.init.zeros_(layer.bias)
+            self.value_head.to(next(base_model.parameters()).device)  # where the model is
 
         def forward(self, tokens):
             values = None
@@ -595,7 +657,9 @@ def samples_always_drop_first(model, prompt, batch_size, gen_len, temperature=1.
     "wrong, fragment",
     [
         (samples_always_drop_first, "prepend_bos=False"),
-        (samples_not_cloned, "clone"),
+        pytest.param(samples_not_cloned, "clone", marks=pytest.mark.skipif(
+            check_device().type == "simgpu", reason="the simulated GPU runs inference_mode as no_grad: it makes "
+            "no inference tensors, so an uncloned output of generate cannot be told apart there")),
         (samples_without_temperature, "temperature is ignored"),
         (samples_with_bos_text, "BOS"),
         (samples_greedy, "identical"),
@@ -706,6 +770,21 @@ def test_replay_memory_mistakes(wrong, fragment):
     assert_fails_with("ReplayMemory", memory_class(wrong), fragment)
 
 
+def mb_permutation_on_the_memory_device(self, num_minibatches, update_epochs=1, generator=None):
+    # "new tensors on the inputs' device", followed too far: the generator is a CPU one
+    n = self.tokens.shape[0]
+    returns = self.advantages + self.values
+    return [_mb(self, idx, returns) for _ in range(update_epochs)
+            for idx in torch.randperm(n, generator=generator, device=self.tokens.device).reshape(num_minibatches, -1)]
+
+
+@needs_gpu
+def test_replay_memory_permutation_on_the_gpu_is_named():
+    assert_device_verdict("ReplayMemory", memory_class(mb_permutation_on_the_memory_device), "your code mixed devices",
+                          "generator")
+    assert_fails_with("ReplayMemory", memory_class(mb_permutation_on_the_memory_device), "draw it on the CPU")
+
+
 def test_replay_memory_written_differently():
     def by_argsort(self, num_minibatches, update_epochs=1, generator=None):
         n = self.tokens.shape[0]
@@ -805,13 +884,15 @@ def test_compute_rlhf_objective_written_differently():
 # rollout_phase and learning_phase (tiny world)
 # ----------------------------------------------------------------------------------------------------
 def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards="switch", value_offset=0,
-                    chunked=True, kl_coef="trainer", shaping=True):
+                    chunked=True, kl_coef="trainer", shaping=True, repetition_on_device=True):
     def rollout(trainer):
         args, p = trainer.args, trainer.prefix_len
         tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len,
                                          args.temperature, args.top_k, args.prepend_bos)
         task = trainer.reward_fn(texts)
-        rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n) if shaping else task
+        repetition = ngram_repetition(texts, args.repetition_n)
+        repetition = repetition.to(task.device) if repetition_on_device else repetition
+        rewards = task - args.repetition_coef * repetition if shaping else task
         t = args.temperature if temperature else 1.0
         logprobs, ref_logprobs, values = [], [], []
         with torch.no_grad():
@@ -852,6 +933,14 @@ def test_rollout_phase_mistakes(wrong, fragment):
     assert_fails_with("rollout_phase", wrong, fragment)
 
 
+@needs_gpu
+def test_rollout_phase_repetition_left_on_the_cpu_is_named():
+    """ngram_repetition reads texts and gives a CPU tensor; subtracted from rewards on the GPU unmoved, it is
+    the learner's device mix, named with their line."""
+    assert_device_verdict("rollout_phase", rollout_variant(repetition_on_device=False), "your code mixed devices",
+                          "args.repetition_coef * repetition", "the trainer's device")
+
+
 def test_rollout_phase_written_differently():
     """Chunks of 2 rows by index ranges, inference_mode, and a hand-written whitening."""
 
@@ -860,7 +949,7 @@ def test_rollout_phase_written_differently():
         tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len,
                                          args.temperature, args.top_k, args.prepend_bos)
         task = trainer.reward_fn(texts)
-        rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n)
+        rewards = task - args.repetition_coef * ngram_repetition(texts, args.repetition_n).to(task.device)
         parts = {"lp": [], "ref": [], "v": []}
         with torch.inference_mode():
             for start in range(0, tokens.shape[0], 2):
@@ -1150,6 +1239,22 @@ def test_compute_rlhf_objective_scaffold_form_passes():
     assert result.passed, result
 
 
+@needs_gpu
+def test_compute_rlhf_objective_mask_on_the_cpu_is_named():
+    """The generated positions picked by a mask built with no device, multiplied into GPU values."""
+    right = objective_terms()
+
+    def masked(model, ref_model, minibatch, prefix_len, kl_coef, args):
+        s = minibatch.tokens.shape[1]
+        mask = torch.zeros(s)
+        mask[prefix_len - 1 : -1] = 1.0
+        _, values = model(minibatch.tokens)
+        (values * mask).sum()  # the learner's slip: a CPU mask beside the model's values
+        return right(model, ref_model, minibatch, prefix_len, kl_coef, args)
+
+    assert_device_verdict("compute_rlhf_objective", masked, "your code mixed devices", "values * mask")
+
+
 class ValueHeadInitialised(nn.Module):
     def __init__(self, base_model):
         super().__init__()
@@ -1160,6 +1265,7 @@ class ValueHeadInitialised(nn.Module):
         nn.init.orthogonal_(self.value_head[2].weight, gain=1.0)
         nn.init.zeros_(self.value_head[0].bias)
         nn.init.zeros_(self.value_head[2].bias)
+        self.value_head.to(device_of(base_model))
 
 
 class ValueHookReturnsTensor(ValueHeadInitialised):
@@ -1189,7 +1295,7 @@ class ValueHeadDefaultInit(ValueHeadDetached):
     def __init__(self, base_model):
         super().__init__(base_model)
         d = base_model.cfg.d_model
-        self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
+        self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1)).to(device_of(base_model))
 
     def forward(self, tokens):
         kept = {}
