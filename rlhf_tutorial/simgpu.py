@@ -193,6 +193,10 @@ def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     return aten._to_copy(self, dtype=dtype, device=sim_device())
 
 
+def _list_to_tensor(index: Any) -> Any:
+    return torch.tensor(index) if isinstance(index, list) else index
+
+
 class _FunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -219,8 +223,7 @@ class _FunctionMode(TorchFunctionMode):
         elif func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and isinstance(args[0], SimTensor):
             # a list index becomes an index tensor on the CPU (allowed beside a GPU tensor, as on CUDA)
             index = args[1]
-            listed = (lambda i: torch.tensor(i) if isinstance(i, list) else i)
-            index = tuple(listed(i) for i in index) if isinstance(index, tuple) else listed(index)
+            index = tuple(map(_list_to_tensor, index)) if isinstance(index, tuple) else _list_to_tensor(index)
             return func(args[0], index, *args[2:], **kwargs)
         elif func is torch.Tensor.tolist and isinstance(args[0], SimTensor):
             return args[0].elem.tolist()
