@@ -121,7 +121,8 @@ for scale in ["group", "batch", "none"]:
 # The EOS itself counts: emitting it was the policy's decision to stop, and that decision should be
 # rewarded or punished like any other token. Everything after the first EOS is padding. (In GPT-2,
 # and in the tiny world, BOS and EOS are the same token, `<|endoftext|>`: the mask must look at the
-# generated tokens only, never at the prompt.)
+# generated tokens only, never at the prompt.) The completions are on the model's device (a GPU when
+# there is one) and the mask goes there too: build any new tensor with `device=completions.device`.
 
 # %% exercise rlhf_tutorial.grpo:completion_mask | 15 min | difficulty 3 | importance 4
 
@@ -129,7 +130,8 @@ for scale in ["group", "batch", "none"]:
 # Now the sampler. `model.generate` with `stop_at_eos=True` stops a row at its EOS and pads it with
 # EOS; when *every* row has stopped it ends early, so pad the output on the right up to
 # `prompt_len + max_new_tokens` to give every group the same shape. As in chapter 03, `generate`
-# runs under `torch.inference_mode()`: clone its output.
+# runs under `torch.inference_mode()`: clone its output. It returns the tokens on the model's device;
+# the mask and any padding stay there.
 
 # %% exercise rlhf_tutorial.grpo:sample_group | 15 min | difficulty 2 | importance 4
 
@@ -342,8 +344,9 @@ for text, r in list(zip(rule_result.eval_final["texts"], rule_result.eval_final[
 # %%
 last = rule_result.last_rollout
 eos = eos_id(policy)
-completion_lens = last.mask.sum(-1)  # [B]: tokens up to and including the first EOS
-has_eos = torch.cat([(group[:, p:] == eos).any(-1) for group, p in zip(last.tokens, last.prefix_lens)])
+# on the CPU, beside the rewards (a rollout keeps its rewards there, its tokens on the model's device)
+completion_lens = last.mask.sum(-1).cpu()  # [B]: tokens up to and including the first EOS
+has_eos = torch.cat([(group[:, p:] == eos).any(-1) for group, p in zip(last.tokens, last.prefix_lens)]).cpu()
 truncated = ~has_eos
 L_max, L_cache = rule_args.max_new_tokens, 10
 soft_penalty = (((L_max - L_cache) - completion_lens).float() / L_cache).clamp(-1.0, 0.0)
@@ -389,8 +392,8 @@ print(f"soft overlong penalty: mean {soft_penalty.mean().item():.3f}, "
 # The same task (negative sentiment from the course prompt), the same seed, the same number of
 # phases, 64 samples per phase each: chapter 03's PPO trainer and GRPO (8 groups of 8), both the
 # package's reference code, run through their command lines. Each run is a **fresh process**, so its
-# wall time and its peak memory (the peak resident set of the process, as both commands report it
-# in `peak_memory_mb`) are its own: measured in this kernel, the memory freed by an earlier run would
+# wall time and its peak memory (the peak resident set of the process on a CPU, CUDA's peak allocation
+# on a GPU, as both commands report it in `peak_memory_mb`) are its own: measured in this kernel, the memory freed by an earlier run would
 # be reused by the next and hide its cost. Both include loading the models and evaluating before and
 # after. In the tiny world the runs here are short; the full runs are the same two commands without
 # the shortening flags:

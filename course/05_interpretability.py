@@ -132,6 +132,10 @@ fig
 #
 # `W_U` has shape `[d_model, d_vocab]`: a token's vector is a **column**. Return
 # `W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1)`, shape `[d_model]`.
+#
+# This exercise and the next ones get their tensors on the models' device (a GPU when there is one;
+# the ids may stay on the CPU: indexing accepts that) and return their result on it: build any new
+# tensor with `device=` of an input.
 
 # %% exercise rlhf_tutorial.interp:sentiment_direction | 15 min | difficulty 2 | importance 5
 
@@ -197,7 +201,8 @@ print(f"{'sum':>34}: {sum(parts.values()):+.3f}   (the tuned logits: {float(logi
 #
 # Pass `ln_pre` of the stack through `value_head` and squeeze the last dim. A lens only *reads*: it
 # must leave the head's parameters and any gradients they hold exactly as they were (no `zero_grad()`,
-# no `requires_grad_(False)`; `torch.no_grad()` is fine).
+# no `requires_grad_(False)`; `torch.no_grad()` is fine). The head is on the residuals' device
+# (chapter 03 put it where the model is).
 
 # %% exercise rlhf_tutorial.interp:value_lens | 15 min | difficulty 3 | importance 4
 
@@ -297,7 +302,8 @@ attribution_figure(attr["base"], attr["tuned"])
 # ### Exercise: `patch_activation`
 #
 # Replace the given positions (every one when `positions is None`; `[]` means none, `[-1]` the last)
-# along dim 1. Edit `activation` in place and return it; never write into `source`.
+# along dim 1. Edit `activation` in place and return it; never write into `source`. A mask or index
+# you build goes on `activation.device`.
 
 # %% exercise rlhf_tutorial.interp:patch_activation | 20 min | difficulty 3 | importance 5
 

@@ -97,7 +97,8 @@ print(f"world: {world}, prompt: {prompt!r}")
 # the first token has no prediction and `mask[:, 0]` is ignored. Use `log_softmax` (stable for large
 # logits), `gather` the token's log-prob, zero the masked positions, sum. (Chapter 04's
 # `group_token_logprobs` returned the per-token log-probs of generated tokens; this is the sum over a
-# completion, with an explicit mask.)
+# completion, with an explicit mask.) `logits`, `tokens` and `mask` are on the model's device (a GPU
+# when there is one), and so is the result: any tensor you build goes there too (`device=logits.device`).
 
 # %% exercise rlhf_tutorial.dpo:sequence_logprobs | 15 min | difficulty 3 | importance 4
 
@@ -159,7 +160,7 @@ for loss_type in ["sigmoid", "ipo", "hinge"]:
 # paper's IMDb experiment: sample $G$ completions of the course prompt from the **reference** policy,
 # score them with the sentiment classifier (the ground-truth reward, towards negative as in chapter
 # 03), and keep each group's best and worst as a (chosen, rejected) pair. The classifier is asked once,
-# when the pairs are made; training never calls it.
+# when the pairs are made; training never calls it. Return the indices on the rewards' device.
 
 # %% exercise rlhf_tutorial.dpo:best_worst_pairs | 15 min | difficulty 2 | importance 3
 

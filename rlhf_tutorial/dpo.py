@@ -48,7 +48,7 @@ def sequence_logprobs(
 
     ``logits[b, t - 1]`` is the model's prediction of token t (logits are shifted by one against the
     tokens); ``mask`` is True on the completion's tokens (prompt and padding False). ``mask[:, 0]``
-    is ignored: the first token has no prediction.
+    is ignored: the first token has no prediction. The result is on ``logits.device``.
     """
     # >>> exercise
     logps = logits[:, :-1].log_softmax(dim=-1)  # [b s-1 v]: position t-1 predicts token t
@@ -142,7 +142,8 @@ def best_worst_pairs(rewards: Float[Tensor, "p G"]) -> Int[Tensor, "p 2"]:
 
         out[i] = (argmax_j rewards[i, j], argmin_j rewards[i, j])        int64
 
-    with the first occurrence on ties (so an all-equal group gives (0, 0): no preference in it).
+    with the first occurrence on ties (so an all-equal group gives (0, 0): no preference in it), on
+    ``rewards.device``.
     """
     # >>> exercise
     return torch.stack([rewards.argmax(dim=-1), rewards.argmin(dim=-1)], dim=-1)

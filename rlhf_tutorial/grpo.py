@@ -168,7 +168,8 @@ def completion_mask(completions: Int[Tensor, "b g"], eos_token_id: int) -> Bool[
         mask[b, t] = True  iff  no EOS among completions[b, :t]
 
     The EOS itself counts (the policy chose to stop: that choice gets the credit or the blame);
-    tokens after it are padding. A row without EOS is all True (cut off at the length limit).
+    tokens after it are padding. A row without EOS is all True (cut off at the length limit). The
+    mask is on ``completions.device`` (build any new tensor there: ``device=completions.device``).
     """
     # >>> exercise
     is_eos = (completions == eos_token_id).long()  # [b g]
@@ -192,7 +193,8 @@ def sample_group(
     that stopped early is padded with EOS, and when every row stopped before ``max_new_tokens`` the
     output is padded on the right up to g = ``max_new_tokens`` (so every group has the same g).
     ``generate`` runs under ``torch.inference_mode``: clone its output. The mask covers the
-    completion only (``completion_mask`` of ``tokens[:, prompt_len:]``).
+    completion only (``completion_mask`` of ``tokens[:, prompt_len:]``). Both outputs are on the
+    model's device, where ``generate`` returns its tokens (a GPU when the model is on one).
     """
     prompt_len = prompt_tokens.shape[0]
     # >>> exercise
@@ -291,6 +293,8 @@ class GroupRollout:
     ``tokens[i]`` holds group i's rows (prompt + completion, ``prefix_lens[i]`` prompt tokens);
     the other tensors are indexed by row ``b = i * G + j``. ``old_logprobs`` are the policy's at
     rollout time (pi_old), ``ref_logprobs`` the frozen reference's, both of the generated tokens.
+    Devices: ``rewards`` stay on the CPU, where the reward function returns them; every other tensor
+    is on the policy's device.
     """
 
     tokens: list[Int[Tensor, "G s"]]

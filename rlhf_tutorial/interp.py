@@ -36,6 +36,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedTransformer
 
+from rlhf_tutorial.devices import device_of, rng_devices
 from rlhf_tutorial.rlhf import get_samples
 
 # ----------------------------------------------------------------------------------------------------
@@ -142,7 +143,8 @@ def patch_activation(
 
     Positions use Python indexing (``[-1]`` is the last, ``[]`` none). Use it with
     ``functools.partial(patch_activation, source=..., positions=...)`` in ``run_with_hooks``. It edits
-    ``activation`` in place and returns it (the usual hook idiom); ``source`` is never modified.
+    ``activation`` in place and returns it (the usual hook idiom); ``source`` is never modified. Any
+    mask or index built here goes on ``activation.device``.
     """
     # >>> exercise
     if positions is None:
@@ -351,6 +353,9 @@ def patching_sweep(
       (``PATCH_COMPONENTS``), and ``by_head`` [layer, head]: one head's ``z`` at every position;
     - ``by_position`` [layer, position]: ``resid_pre`` (then the final ``resid_post``) at ONE position
       counted from the end (``-1`` is the last prompt token), the position axis of the shortest prompt.
+
+    The three tables are small CPU tensors (for figures); ``base`` and ``tuned`` (the metric per prompt)
+    stay on the models' device.
     """
     caches = []
     for tokens in tokens_list:
@@ -360,7 +365,7 @@ def patching_sweep(
     base_scores = torch.stack([final_score(base, t, direction) for t in tokens_list])
     tuned_scores = torch.stack([final_score(tuned, t, direction) for t in tokens_list])
 
-    def score(name: str, positions: list[int] | None, head: int | None = None) -> Tensor:
+    def score(name: str, positions: list[int] | None, head: int | None = None) -> float:
         scores = []
         for tokens, cache in zip(tokens_list, caches):
             source = cache[name]
@@ -369,7 +374,7 @@ def patching_sweep(
             else:
                 hook_fn = functools.partial(patch, source=source, positions=positions)
             scores.append(final_score(base, tokens, direction, [(name, hook_fn)]))
-        return torch.as_tensor(restored(torch.stack(scores), base_scores, tuned_scores)).detach()
+        return float(restored(torch.stack(scores), base_scores, tuned_scores))
 
     n_layers, n_heads = base.cfg.n_layers, base.cfg.n_heads
     by_component = torch.tensor([[score(f"blocks.{layer}.{hook}", None) for hook in PATCH_COMPONENTS.values()]
@@ -441,7 +446,7 @@ def closure_error(parts: dict[str, Tensor]) -> float:
 def steered_samples(model: HookedTransformer, vector: Tensor, layer: int, coef: float, reward_fn,
                     n: int, gen_len: int, seed: int) -> list[tuple[str, float]]:
     """``n`` samples of the course prompt with ``coef * vector`` added to ``blocks.{layer}.hook_resid_pre``."""
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices(device_of(model))):  # the GPU's stream too
         torch.manual_seed(seed)
         hooks = [(f"blocks.{layer}.hook_resid_pre", steering_hook(vector, coef))] if coef else []
         with model.hooks(fwd_hooks=hooks):

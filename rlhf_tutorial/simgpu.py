@@ -83,6 +83,9 @@ class SimTensor(torch.Tensor, metaclass=_SimTensorType):
         text = repr(self.elem)
         return text[:-1] + f", device='{sim_device()}')" if text.endswith(")") else text
 
+    def __format__(self, spec: str) -> str:  # f"{loss:.3f}" of a 0-d tensor, as on CUDA
+        return self.elem.__format__(spec) if self.dim() == 0 else object.__format__(self, spec)
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
@@ -179,7 +182,11 @@ class _DispatchMode(TorchDispatchMode):
         if not result_on_sim:
             return out
         if isinstance(out, torch.Tensor) and args and isinstance(args[0], SimTensor) and out is args[0].elem:
-            return args[0]  # in place: the same wrapper
+            if out.shape == args[0].shape and out.stride() == args[0].stride():
+                return args[0]  # in place: the same wrapper
+            # an in-place op that changed the metadata (squeeze_ in matmul's 1-D case): a wrapper cannot change
+            # its own sizes, so the result is a new one (a Python-level x.squeeze_() leaves x's shape stale)
+            return SimTensor(out)
         return tree_map(_wrap, out)
 
 
@@ -194,7 +201,31 @@ def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
 
 
 def _list_to_tensor(index: Any) -> Any:
-    return torch.tensor(index) if isinstance(index, list) else index
+    if not isinstance(index, list):
+        return index
+    return torch.tensor(index) if index else torch.tensor([], dtype=torch.long)
+
+
+def _scalars_to_cpu(data: Any) -> Any:
+    """``torch.tensor([gpu scalars])`` reads each scalar (a CPU tensor results, as on CUDA)."""
+    if isinstance(data, SimTensor):
+        return data.elem
+    if isinstance(data, (list, tuple)):
+        return type(data)(_scalars_to_cpu(x) for x in data)
+    return data
+
+
+_MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+
+
+def _matmul_with_a_vector(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """``a @ b`` when one side is a vector, written without the in-place squeeze_ that torch's own
+    matmul applies to its result (a wrapper tensor cannot change its sizes in place)."""
+    if a.dim() == 1 and b.dim() >= 2:
+        return (a.unsqueeze(0) @ b).squeeze(-2)
+    if b.dim() == 1 and a.dim() >= 2:
+        return (a @ b.unsqueeze(-1)).squeeze(-1)
+    return None
 
 
 class _FunctionMode(TorchFunctionMode):
@@ -208,13 +239,22 @@ class _FunctionMode(TorchFunctionMode):
                 f"Expected a '{NAME}' device type for generator but found 'cpu' (simulated GPU: on a CUDA "
                 "machine a CPU generator cannot drive a random operation on the GPU either)"
             )
+        if func in _MATMULS and not kwargs and any(isinstance(a, SimTensor) for a in args[:2]):
+            product = _matmul_with_a_vector(*args[:2])
+            if product is not None:
+                return product
         if func is torch.Tensor.to:
             moved = _to(*args, **kwargs)
             if moved is not None:
                 return moved
-        elif func in (torch.tensor, torch.as_tensor) and _is_sim_device(kwargs.get("device")):
-            on_cpu = func(*args, **dict(kwargs, device="cpu"))
-            return on_cpu if isinstance(on_cpu, SimTensor) else aten._to_copy(on_cpu, device=sim_device())
+        elif func in (torch.tensor, torch.as_tensor):
+            if func is torch.as_tensor and isinstance(args[0], SimTensor):
+                return func(*args, **kwargs)
+            data = _scalars_to_cpu(args[0])
+            if not _is_sim_device(kwargs.get("device")):
+                return func(data, *args[1:], **kwargs)
+            on_cpu = func(data, *args[1:], **dict(kwargs, device="cpu"))
+            return aten._to_copy(on_cpu, device=sim_device())
         elif func in (torch.Tensor.numpy, torch.Tensor.__array__) and isinstance(args[0], SimTensor):
             raise TypeError(
                 f"can't convert {sim_device()} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "

@@ -9,6 +9,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import dpo
+from rlhf_tutorial.devices import course_device, device_of
 from rlhf_tutorial.trainers import dpo as dpo_trainer
 from rlhf_tutorial.trainers import frontier, policy_eval
 from rlhf_tutorial.widgets import dpo as widgets
@@ -30,8 +31,9 @@ def tiny_policy():
 
 
 def random_model(seed=0, d_vocab=30):
+    """A random model on the course's device (the simulated GPU under RLHF_TUTORIAL_DEVICE=simgpu)."""
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=32, d_head=4, n_heads=4, d_vocab=d_vocab,
-                                  act_fn="gelu_new", normalization_type="LN", seed=seed)
+                                  act_fn="gelu_new", normalization_type="LN", seed=seed, device=str(course_device()))
     return HookedTransformer(cfg).eval()
 
 
@@ -50,13 +52,14 @@ def small_args(**overrides):
 # ----------------------------------------------------------------------------------------------------
 def test_sequence_kl_is_zero_for_one_model_and_matches_a_loop_for_two():
     a, b = random_model(0), random_model(1)
-    tokens = torch.randint(0, 30, (3, 7), generator=torch.Generator().manual_seed(0))
-    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
-    assert torch.allclose(policy_eval.sequence_kl(a, a, tokens, mask), torch.zeros(3), atol=1e-6)
+    device = device_of(a)
+    tokens = torch.randint(0, 30, (3, 7), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]], device=device)
+    assert torch.allclose(policy_eval.sequence_kl(a, a, tokens, mask), torch.zeros(3, device=device), atol=1e-6)
     got = policy_eval.sequence_kl(a, b, tokens, mask, temperature=0.7, max_rows=2)
     with torch.no_grad():
         la, lb = (a(tokens) / 0.7).log_softmax(-1), (b(tokens) / 0.7).log_softmax(-1)
-    expected = torch.zeros(3)
+    expected = torch.zeros(3, device=device)
     for row in range(3):
         for j in range(3):
             if mask[row, j]:
@@ -90,6 +93,7 @@ def test_pairs_from_samples_choose_the_best_and_worst_and_mask_the_completion(ti
     assert stats["groups"] == 6 and stats["pairs_kept"] == len(pairs) > 0
     plen = tiny_policy.to_tokens("This movie was really").shape[1]
     for chosen, c_mask, rejected, r_mask, c_text, r_text, gap in pairs:
+        assert chosen.device == c_mask.device == r_mask.device == device_of(tiny_policy)
         assert len(c_text) >= len(r_text) and gap >= 0
         assert not c_mask[:plen].any() and c_mask[plen]  # the prompt never counts; the completion does
         assert chosen.shape == c_mask.shape == rejected.shape == r_mask.shape
@@ -106,6 +110,9 @@ def test_preference_pairs_are_flipped_for_negative_sentiment_only(tiny_policy):
     neg = dpo_trainer.pairs_from_preferences(tiny_policy, small_args(pairs="preferences", direction="neg"))
     pos = dpo_trainer.pairs_from_preferences(tiny_policy, small_args(pairs="preferences", direction="pos"))
     for pair, n, p in zip(raw, neg, pos):
+        assert n[0].device == n[1].device == n[3].device == device_of(tiny_policy)  # tokens and masks
+        plen = tiny_policy.to_tokens(pair.get("prompt", "")).shape[1]
+        assert not n[1][:plen].any() and n[1][plen:].all()  # the prompt never counts, the rest does
         chosen, rejected = pair_texts(pair)
         assert (p[4], p[5]) == (chosen, rejected)
         assert (n[4], n[5]) == ((rejected, chosen) if pair["kind"] == "sentiment" else (chosen, rejected))
@@ -116,6 +123,7 @@ def test_first_step_from_the_reference_has_zero_margin_and_log2_loss(tiny_policy
     policy = copy.deepcopy(tiny_policy)
     raw, _ = dpo_trainer.pairs_from_samples(tiny_policy, _reward_by_length, small_args())
     batch = dpo_trainer.to_batch(raw, tiny_policy)
+    assert batch.chosen.device == batch.reward_gap.device == batch.ref_chosen_logps.device == device_of(tiny_policy)
     direct = torch.stack([dpo.sequence_logprobs(tiny_policy(t[None]), t[None], m[None])[0]
                           for t, m in zip(batch.chosen, batch.chosen_mask)])
     torch.testing.assert_close(batch.ref_chosen_logps, direct, rtol=1e-4, atol=1e-4)
@@ -169,6 +177,7 @@ def test_cli_main_prints_the_acceptance_keys(tmp_path):
                                 "--no-progress", "--report", str(tmp_path / "dpo.html")])
     for key in ["mean_reward_initial", "mean_reward_final", "kl_final", "pair_accuracy_final", "wall_seconds"]:
         assert key in summary
+    assert summary["device"] == str(course_device())  # where the policy ran and its memory was measured
     json.dumps(summary)
     page = (tmp_path / "dpo.html").read_text()
     assert "held-out classifier reward" in page and "plotly" in page
@@ -196,6 +205,7 @@ def test_run_frontier_measures_every_point_the_same_way():
                                  rl_phases=1, dpo_rounds=1, dpo_pairs=4, eval_samples=8, max_new_tokens=6)
     result = frontier.run_frontier(args, progress=False)
     assert [(p["method"], p["strength"]) for p in result["points"]] == [("grpo", 0.1), ("ipo", 0.1), ("ipo", 0.5)]
+    assert result["device"] == str(course_device())
     for point in result["points"]:
         assert 0 <= point["reward"] <= 1 and point["kl"] >= 0 and point["kl_se"] >= 0
         assert len(point["samples"]) == 3 and point["settings"]

@@ -8,6 +8,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import grpo
+from rlhf_tutorial.devices import course_device, device_of
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.trainers import grpo as grpo_trainer
 from rlhf_tutorial.trainers import runtime
@@ -24,8 +25,9 @@ def one_thread():
 
 
 def random_model(seed=0, d_vocab=40):
+    """A random model on the course's device (the simulated GPU under RLHF_TUTORIAL_DEVICE=simgpu)."""
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=48, d_head=4, n_heads=4, d_vocab=d_vocab,
-                                  act_fn="gelu_new", normalization_type="LN", seed=seed)
+                                  act_fn="gelu_new", normalization_type="LN", seed=seed, device=str(course_device()))
     return HookedTransformer(cfg).eval()
 
 
@@ -134,8 +136,9 @@ def test_sample_group_pads_to_full_length_when_every_row_stops_at_once():
     model = random_model()
     with torch.no_grad():
         model.unembed.b_U[5] = 50.0  # EOS = 5, always
-    tokens, mask = grpo.sample_group(model, torch.tensor([1, 2, 3]), 4, 7, eos_token_id=5)
+    tokens, mask = grpo.sample_group(model, torch.tensor([1, 2, 3], device=device_of(model)), 4, 7, eos_token_id=5)
     assert tokens.shape == (4, 10) and mask.shape == (4, 7)
+    assert tokens.device == mask.device == device_of(model)
     assert (tokens[:, 3:] == 5).all()
     assert mask[:, 0].all() and not mask[:, 1:].any()
     assert not tokens.is_inference()
@@ -146,6 +149,7 @@ def test_group_token_logprobs_stacks_groups_without_changing_them():
     gen = torch.Generator().manual_seed(4)
     tokens = [torch.randint(0, 40, (3, 9), generator=gen), torch.randint(0, 40, (3, 7), generator=gen),
               torch.randint(0, 40, (3, 9), generator=gen)]
+    tokens = [t.to(device_of(model)) for t in tokens]
     prefix_lens = [4, 2, 4]
     with torch.no_grad():
         stacked = grpo.group_token_logprobs(model, tokens, prefix_lens, temperature=0.7, max_rows=4)
@@ -203,7 +207,8 @@ def test_all_equal_rewards_give_zero_advantages_and_dynamic_sampling_drops_them(
     constant = lambda texts: torch.ones(len(texts))  # noqa: E731
     rollout, stats = grpo.collect_rollout(tiny_policy, reference, constant, small_args())
     assert stats["frac_reward_zero_std"] == 1.0
-    assert torch.equal(rollout.advantages, torch.zeros(8))
+    assert rollout.rewards.device.type == "cpu" and rollout.advantages.device == device_of(tiny_policy)
+    assert torch.equal(rollout.advantages.cpu(), torch.zeros(8))
     assert rollout.mask.shape == (8, 8) and rollout.mask[:, 0].all()
     rollout, stats = grpo.collect_rollout(tiny_policy, reference, constant,
                                           small_args(dynamic_sampling=True, max_sampling_rounds=3))
@@ -219,7 +224,7 @@ def test_old_logprobs_are_the_policy_at_rollout_time(tiny_policy):
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before training
     torch.testing.assert_close(rollout.old_logprobs, rollout.ref_logprobs)
     assert rollout.rewards.shape == (2, 4)
-    torch.testing.assert_close(rollout.advantages.view(2, 4), grpo.group_relative_advantages(rollout.rewards))
+    torch.testing.assert_close(rollout.advantages.view(2, 4).cpu(), grpo.group_relative_advantages(rollout.rewards))
 
 
 def _reward_by_length(texts):
@@ -275,7 +280,7 @@ def test_rloo_estimator_runs_the_learners_rloo_advantages(tiny_policy):
     assert calls == [(2, 4)]
     rollout = result.last_rollout
     expected = rollout.rewards - (rollout.rewards.sum(1, keepdim=True) - rollout.rewards) / 3
-    torch.testing.assert_close(rollout.advantages.view(2, 4), expected)
+    torch.testing.assert_close(rollout.advantages.view(2, 4).cpu(), expected)
     with pytest.raises(ValueError, match="advantage_estimator"):
         grpo_trainer.train(small_args(advantage_estimator="ppo"), policy=copy.deepcopy(tiny_policy),
                    reward_fn=_reward_by_length, evaluate_before_after=False, progress=False)
@@ -323,6 +328,7 @@ def test_cli_main_prints_the_acceptance_keys(tiny_policy, tmp_path):
                 "wall_seconds", "peak_memory_mb"]:
         assert key in summary
     assert summary["phases"] == 2 and len(summary["reward_per_phase"]) == 2
+    assert summary["device"] == str(course_device())  # where the policy ran and its memory was measured
     json.dumps(summary)
     assert (tmp_path / "report.html").read_text().count("<table") >= 2  # one per group of the last phase
 
@@ -369,6 +375,10 @@ def test_comparison_figure_has_reward_time_and_memory_for_both():
         run["peak_memory_training_mb"] = mb
     fig = widgets.comparison_figure(runs)  # both runs measured the training loop: that is shown
     assert fig.data[5].y == (30.0,) and "of training" in fig.layout.annotations[2].text
+    assert "cuda" not in fig.layout.annotations[2].text
+    for run in runs.values():
+        run["device"] = "cuda:0"  # the CLI summaries say where the runs measured their memory
+    assert "peak cuda:0 memory" in widgets.comparison_figure(runs).layout.annotations[2].text
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -61,6 +61,11 @@ def test_it_raises_where_cuda_raises_and_allows_what_cuda_allows():
         out["copy"] = outcome(lambda: x.copy_(torch.zeros(2, 4)))
         out["device_generator"] = outcome(lambda: torch.randn(3, device=dev, generator=torch.Generator(device=dev)))
         out["result_devices"] = [str((x * torch.tensor(2.0)).device), str(x.cpu().device), str(lin(x).device)]
+        # what torch's own composite ops and Python entry points do with such tensors
+        v, W = torch.randn(4, device=dev), torch.randn(4, 3, device=dev)
+        out["shapes"] = [list((v @ W).shape), list((W.T @ v).shape), list(x[:, []].shape), list(x[:, [0, 3]].shape)]
+        out["format"] = f"{torch.tensor(1.25, device=dev):.1f}"
+        out["tensor_of_scalars"] = str(torch.tensor([v[0], v[1]]).device)
     """)
     assert out["device"] == "simgpu:0"
     for case in ("linear_cpu_input", "cat", "embedding", "equal", "gpu_scalar_with_cpu"):
@@ -71,6 +76,8 @@ def test_it_raises_where_cuda_raises_and_allows_what_cuda_allows():
     for case in ("cpu_scalar", "cpu_index", "moves", "copy", "device_generator"):
         assert out[case] == "ok", (case, out[case])
     assert out["result_devices"] == ["simgpu:0", "cpu", "simgpu:0"]
+    assert out["shapes"] == [[3], [3], [2, 0], [2, 2]]
+    assert out["format"] == "1.2" and out["tensor_of_scalars"] == "cpu"
 
 
 def test_it_computes_what_the_cpu_computes_gradients_and_optimizer_steps_included():

@@ -11,6 +11,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import grpo, speed
+from rlhf_tutorial.devices import course_device, device_of
 from rlhf_tutorial.rlhf import get_logprobs
 from rlhf_tutorial.trainers import grpo as grpo_trainer
 from rlhf_tutorial.trainers.bench import word_level_tokenizer
@@ -20,7 +21,7 @@ from rlhf_tutorial.worlds import load_policy
 
 @pytest.fixture(scope="module")
 def policy():
-    return load_policy("tiny", device="cpu")
+    return load_policy("tiny")  # on the course's device: the harness runs there (simgpu under RLHF_TUTORIAL_DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_sampler_logprobs_are_a_forward_pass_logprobs(policy, prompt, temperatur
 def test_sampler_draws_from_the_tempered_distribution(policy, prompt):
     """One new token, 20000 rows: the frequencies of the likeliest tokens match softmax(logits / T)."""
     n, temperature = 20000, 0.8
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(device=device_of(policy)).manual_seed(1)  # a generator of the model's device
     tokens, _ = speed.fast_sample(policy, prompt.expand(n, -1), 1, None, temperature, generator=gen)
     with torch.no_grad():
         probs = (policy(prompt)[0, -1] / temperature).softmax(-1)
@@ -64,12 +65,12 @@ def test_top_k_draws_only_the_top_k(policy, prompt):
 def test_rows_stop_at_eos_and_the_loop_ends_when_all_have(tmp_path):
     tokenizer = word_level_tokenizer(40, str(tmp_path))
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=32, d_head=4, n_heads=4, d_vocab=40,
-                                  act_fn="gelu_new", normalization_type="LN", seed=0)
+                                  act_fn="gelu_new", normalization_type="LN", seed=0, device=str(course_device()))
     model = HookedTransformer(cfg, tokenizer=tokenizer)
     eos = tokenizer.eos_token_id
     with torch.no_grad():
         model.b_U[eos] = 50.0  # EOS is (almost surely) the first token of every row
-    tokens, logprobs = speed.fast_sample(model, torch.tensor([[1, 2, 3]] * 4), 6, eos)
+    tokens, logprobs = speed.fast_sample(model, torch.tensor([[1, 2, 3]] * 4, device=device_of(model)), 6, eos)
     assert tokens.shape == (4, 9) and (tokens[:, 3:] == eos).all()
     assert logprobs[:, 0].abs().max() < 1e-3 and (logprobs[:, 1:] == 0).all()  # padding after the stop
     # an unprocessed (normalization_type "LN") model is computed like TransformerLens computes it
@@ -103,7 +104,7 @@ def test_token_logprobs_match_get_logprobs_on_the_model_and_their_gradients(poli
     torch.manual_seed(2)
     tokens = speed.fast_sample(policy, prompt.expand(6, -1), 12, None)[0]
     prefix_len = prompt.shape[1]
-    weights = torch.randn(6, 12)
+    weights = torch.randn(6, 12).to(device_of(policy))
     results = []
     for enabled in (True, False):
         policy.zero_grad()
@@ -130,7 +131,7 @@ def test_hooks_or_other_architectures_fall_back_to_the_model(policy, tmp_path):
     policy.add_hook("blocks.0.hook_resid_post", lambda x, hook: seen.append(1))
     try:
         assert not speed.can_fast_sample(policy)
-        speed.token_logprobs(policy, torch.tensor([[1, 2, 3]]), 1)  # the speed-ups are on
+        speed.token_logprobs(policy, torch.tensor([[1, 2, 3]], device=device_of(policy)), 1)  # the speed-ups are on
         assert seen  # the hook ran: the model's own forward was used
     finally:
         policy.reset_hooks()
@@ -204,7 +205,7 @@ def test_rlhf_fast_forward_matches_the_reference_values_logits_and_gradients(pol
     fast = RLHFTrainer(RLHFArgs.preset("tiny", fast=True), model=copy.deepcopy(policy),
                        ref_model=copy.deepcopy(policy), reward_fn=reward)
     assert "forward" in vars(fast.model)  # the instance runs the hook-free forward
-    tokens = torch.randint(0, policy.cfg.d_vocab, (3, 14))
+    tokens = torch.randint(0, policy.cfg.d_vocab, (3, 14)).to(device_of(policy))
     grads = []
     for forward in (fast.model.forward, lambda t: rlhf.TransformerWithValueHead.forward(fast.model, t)):
         fast.model.zero_grad()

@@ -43,12 +43,14 @@ from rlhf_tutorial.checks.core import (
     CheckFailure,
     Mistake,
     call,
+    check_device,
     checker,
     compare_to_reference,
     expect_tensor,
     failure,
     fmt,
     seeded,
+    to_device,
 )
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.trainers.grpo import GRPOArgs
@@ -471,7 +473,7 @@ def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str
 )
 @one_thread
 def check_sample_group(candidate) -> str:
-    prompt = torch.tensor([3, 11, 25, 40])
+    prompt = torch.tensor([3, 11, 25, 40], device=check_device())  # where the models are
     plen, size, new = len(prompt), 32, 10
 
     # 1. a model whose rows stop within 10 tokens about half the time (so
@@ -516,7 +518,7 @@ def check_sample_group(candidate) -> str:
 
     # 1b. a prompt that starts with the EOS token (in the tiny world and in GPT-2, BOS *is* EOS): a mask
     #     computed over the whole sequence and then sliced sees that EOS and masks every completion.
-    bos_prompt = torch.tensor([EOS, 11, 25])
+    bos_prompt = torch.tensor([EOS, 11, 25], device=check_device())
     torch.manual_seed(4)
     tokens_b, mask_b = _sampled(candidate, _eos_model(1.8), bos_prompt, 8, new)
     expect_tensor(tokens_b, shape=(8, len(bos_prompt) + new), dtype=torch.int64, what="the tokens (BOS = EOS prompt)")
@@ -578,7 +580,8 @@ def check_sample_group(candidate) -> str:
 
 
 def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
-    """A small policy and a hand-made rollout: 3 groups of 4, prompts of different lengths, g = 6."""
+    """A small policy and a hand-made rollout: 3 groups of 4, prompts of different lengths, g = 6. As
+    ``collect_rollout`` leaves it: the rewards on the CPU, every other tensor on the policy's device."""
     policy, other = small_model(seed=6), small_model(seed=7)
     gen = seeded(8)
     size, g = 4, 6
@@ -588,19 +591,19 @@ def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
     )
     tokens, prefix_lens = [], []
     for plen in (3, 5, 2):
-        tokens.append(torch.randint(0, 50, (size, plen + g), generator=gen))
+        tokens.append(to_device(torch.randint(0, 50, (size, plen + g), generator=gen)))
         prefix_lens.append(plen)
     lengths = torch.tensor([6, 1, 3, 4, 2, 6, 5, 6, 1, 2, 6, 3])
-    mask = torch.arange(g)[None, :] < lengths[:, None]
+    mask = to_device(torch.arange(g)[None, :] < lengths[:, None])
     rewards = torch.rand(3, size, generator=gen)
     with torch.no_grad():
         current = grpo.group_token_logprobs(policy, tokens, prefix_lens, args.temperature)
         ref = grpo.group_token_logprobs(other, tokens, prefix_lens, args.temperature)
+    moved = to_device(0.3 * torch.randn(current.shape, generator=gen))  # the policy has moved since
     rollout = grpo.GroupRollout(
         tokens=tokens, prefix_lens=prefix_lens, prompts=["a", "b", "c"], mask=mask, rewards=rewards,
-        advantages=grpo.group_relative_advantages(rewards).flatten(),
-        old_logprobs=current + 0.3 * torch.randn(current.shape, generator=gen),  # the policy has moved since
-        ref_logprobs=ref, texts=[""] * 12,
+        advantages=to_device(grpo.group_relative_advantages(rewards).flatten()),
+        old_logprobs=current + moved, ref_logprobs=ref, texts=[""] * 12,
     )
     return policy, rollout, args
 

@@ -26,11 +26,14 @@ from rlhf_tutorial.checks.core import (
     CheckFailure,
     Mistake,
     call,
+    check_device,
     checker,
     compare_to_reference,
+    device_problem,
     expect_tensor,
     fmt,
     seeded,
+    to_device,
 )
 from rlhf_tutorial.checks.fixtures import small_model
 
@@ -214,12 +217,12 @@ def check_value_lens(candidate) -> str:
                     lambda r, h, eps=1e-5: h(_ln(r, eps))),
         ],
     )
-    # The head is left as it was: parameters, their gradients, requires_grad.
-    head = _value_head(1)
+    # The head is left as it was: parameters, their gradients, requires_grad (on the checker's device).
+    head = to_device(_value_head(1))
     for p in head.parameters():
-        p.grad = torch.randn(p.shape, generator=g)
+        p.grad = to_device(torch.randn(p.shape, generator=g))
     before = [(p.detach().clone(), p.grad.clone(), p.requires_grad) for p in head.parameters()]
-    call(candidate, torch.randn(2, 3, 16, generator=g), head, _arg_names=["resid_stack", "value_head"])
+    call(candidate, to_device(torch.randn(2, 3, 16, generator=g)), head, _arg_names=["resid_stack", "value_head"])
     for (name, p), (value, grad, needs_grad) in zip(head.named_parameters(), before):
         if not torch.equal(p.detach(), value):
             raise CheckFailure(f"reading the value lens changed the head's parameter {name}.",
@@ -306,6 +309,18 @@ def _patch_batch_dim(activation, hook, source, positions=None):
     return activation
 
 
+def _call_hook(run: Callable, device: torch.device):
+    """``call(run)`` for a hook called in place (its activation is edited by contract, so the inputs are
+    not handed to ``call``): a device mix names the activations' device."""
+    try:
+        return call(run)
+    except CheckFailure as failure:
+        if failure.message.startswith("your code mixed devices"):
+            raise CheckFailure(failure.message, hint=f"The activations are on {device}: build any new tensor on "
+                               "the activation's device (device=activation.device).") from None
+        raise
+
+
 _PATCH_MISTAKES = [
     Mistake("With positions=[] nothing should change, but you replaced every position: `if not positions` "
             "treats [] like None. Test `if positions is None`.", _patch_dropping_empty),
@@ -334,12 +349,12 @@ def check_patch_activation(candidate) -> str:
         ("large values (x1e4), [2]", (2, 4, 3), [2]),
     ]
     for label, shape, positions in shapes_positions:
-        activation = torch.randn(*shape, generator=g)
-        source = torch.randn(*shape, generator=g) * (1e4 if "large" in label else 1.0)
+        activation = to_device(torch.randn(*shape, generator=g))
+        source = to_device(torch.randn(*shape, generator=g) * (1e4 if "large" in label else 1.0))
         expected = _expected_patch(activation, source, positions)
         act_in, src_in = activation.clone(), source.clone()
         try:
-            out = call(lambda: candidate(act_in, None, src_in, positions))  # noqa: B023 - called at once
+            out = _call_hook(lambda: candidate(act_in, None, src_in, positions), activation.device)  # noqa: B023
         except CheckFailure as failure:
             if "for dimension 0" in failure.message:  # an index that fits the sequence but not the batch
                 raise CheckFailure(f"On {label}: {failure.message}", hint=_PATCH_MISTAKES[1].hint) from None
@@ -353,6 +368,11 @@ def check_patch_activation(candidate) -> str:
             raise CheckFailure(f"On {label}, your hook returned None.",
                                hint="Return the (patched) activation: TransformerLens uses the returned tensor.")
         expect_tensor(out, shape=expected.shape, dtype=expected.dtype, what=f"On {label}, your output")
+        problem = device_problem(out, activation.device)  # the lambda above hides the inputs from call()
+        if problem:
+            raise CheckFailure(f"On {label}, {problem}",
+                               hint="A hook must return the activation on its own device: patch it in place, or "
+                               "build new tensors with device=activation.device.")
         if not torch.equal(out, expected):
             wrong = None
             for mistake in _PATCH_MISTAKES:
@@ -364,15 +384,17 @@ def check_patch_activation(candidate) -> str:
                     continue
             raise CheckFailure(f"Wrong values on {label}.\n  expected: {fmt(expected)}\n  got:      {fmt(out)}", wrong)
     # In a real forward pass: patch the last position's residual of one run into another.
-    model = small_model(seed=5)
-    clean, corrupt = torch.tensor([[1, 5, 9, 2]]), torch.tensor([[1, 7, 3, 4]])
+    model = small_model(seed=5)  # on check_device(), as the cases above
+    clean = torch.tensor([[1, 5, 9, 2]], device=check_device())
+    corrupt = torch.tensor([[1, 7, 3, 4]], device=check_device())
     with torch.no_grad():
         _, cache = model.run_with_cache(clean)
         name = "blocks.1.hook_resid_pre"
         results = []
         for fn in (interp.patch_activation, candidate):
             hook_fn = functools.partial(fn, source=cache[name].clone(), positions=[-1])
-            results.append(call(lambda: model.run_with_hooks(corrupt, fwd_hooks=[(name, hook_fn)])))  # noqa: B023
+            results.append(_call_hook(lambda: model.run_with_hooks(corrupt, fwd_hooks=[(name, hook_fn)]),  # noqa: B023
+                                      check_device()))
     if not torch.allclose(results[0], results[1], atol=1e-5):
         raise CheckFailure("Used as a hook in model.run_with_hooks (positions=[-1] on blocks.1.hook_resid_pre), "
                            "your function gives different logits from the reference.")
@@ -499,6 +521,7 @@ def _compare_numbers(candidate: Callable, reference: Callable, cases: list[Case]
                      arg_names: list[str]) -> str:
     """``compare_to_reference`` for outputs that are Python floats or dicts of them: tensors are refused
     (the contract asks for numbers), and a KeyError gets the "names in both dicts" hint."""
+    cases = [to_device(case) for case in cases]  # as compare_to_reference does: on check_device()
     got = call(candidate, *cases[0].args, _arg_names=arg_names, **cases[0].kwargs) if cases else None
     values = list(got.values()) if isinstance(got, dict) else [got]
     if any(isinstance(v, torch.Tensor) for v in values):

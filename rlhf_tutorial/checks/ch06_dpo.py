@@ -17,7 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from rlhf_tutorial import dpo
-from rlhf_tutorial.checks.core import Case, CheckFailure, Mistake, call, checker, compare_to_reference, seeded
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    seeded,
+    to_device,
+)
 
 CHAPTER = "06_dpo_and_frontier"
 
@@ -177,14 +186,14 @@ DPO_MISTAKES = [
 
 
 def _raises_value_error(candidate, *args, **kwargs) -> bool:
-    def attempt() -> bool:
+    def attempt(*args, **kwargs) -> bool:
         try:
             candidate(*args, **kwargs)
         except ValueError:
             return True
         return False
 
-    return call(attempt)
+    return call(attempt, *args, **kwargs)  # the inputs go through call(): it knows their device
 
 
 @checker(
@@ -200,7 +209,7 @@ def check_dpo_loss(candidate) -> str:
         arg_names=["policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps"],
     )
     for bad in ("kto", "Sigmoid", ""):
-        if not _raises_value_error(candidate, *_pair_logps(3, seed=4), beta=0.1, loss_type=bad):
+        if not _raises_value_error(candidate, *to_device(_pair_logps(3, seed=4)), beta=0.1, loss_type=bad):
             raise CheckFailure(f"loss_type={bad!r} did not raise ValueError.",
                                hint="End the chain of loss types with `else: raise ValueError(...)` naming the "
                                "accepted ones: a typo must not silently train with another loss.")
@@ -432,5 +441,5 @@ def check_gspo_sequence_ratio(candidate) -> str:
 def _gspo_leading_positions(logprobs, old_logprobs, mask):
     """Right only while every row's True positions start at 0 (the one-True-per-row case shows it)."""
     n = mask.sum(-1)
-    leading = torch.arange(mask.shape[-1])[None, :] < n[:, None]
+    leading = torch.arange(mask.shape[-1], device=mask.device)[None, :] < n[:, None]
     return torch.exp(torch.where(leading, logprobs - old_logprobs, 0.0).sum(-1) / n)

@@ -149,6 +149,13 @@ def _learner_frame(tb) -> str:
     return f" (at {where}: `{code}`)" if code else f" (at {where})"
 
 
+def _raised_by_learner(exc: BaseException) -> bool:
+    """Whether the innermost frame that raised ``exc`` is outside installed libraries (the learner's
+    own ``raise``, e.g. an untouched stub's), not inside torch or another library."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return not frames or not os.path.abspath(frames[-1].filename).startswith(_LIBRARY_DIRS)
+
+
 def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{_learner_frame(exc.__traceback__)}"
 
@@ -255,7 +262,9 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     try:
         with torch.enable_grad():
             out = candidate(*args, **kwargs)
-    except NotImplementedError:
+    except NotImplementedError as exc:
+        if not _raised_by_learner(exc):  # a library's NotImplementedError, not the exercise stub's
+            raise CheckFailure(f"your code raised {describe_exception(exc)}") from None
         raise CheckFailure(
             "not implemented yet: replace the `raise NotImplementedError(...)` line with your code."
         ) from None

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import dpo
+from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.grpo import decode_completions, eos_id, sample_group
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
@@ -113,7 +114,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 @dataclass
 class PairBatch:
     """n preference pairs as token rows: ``chosen[i]`` / ``rejected[i]`` (prompt + completion, right-
-    padded) with masks True on the completion tokens, and the reference's sequence log-probs of both."""
+    padded) with masks True on the completion tokens, and the reference's sequence log-probs of both.
+    Every tensor is on the models' device (``reward_gap`` too)."""
 
     chosen: Int[Tensor, "n s"]
     chosen_mask: Bool[Tensor, "n s"]
@@ -150,7 +152,8 @@ def pairs_from_samples(
 ) -> tuple[list[tuple[Tensor, Tensor, Tensor, Tensor, str, str, float]], dict[str, float]]:
     """Sample ``num_pairs`` groups of G from ``model`` (prompts cycling), score them, keep each group's
     (best, worst) when their rewards differ by at least ``min_reward_gap``. Returns the pairs as
-    (chosen row, chosen mask, rejected row, rejected mask, texts, gap) and sampling statistics."""
+    (chosen row, chosen mask, rejected row, rejected mask, texts, gap), rows and masks on the model's
+    device, and sampling statistics."""
     eos = eos_id(model)
     out, all_rewards = [], []
     counts = {p: 0 for p in args.prompts}
@@ -172,7 +175,8 @@ def pairs_from_samples(
         texts = decode_completions(model, tokens, mask, prompt)
         rewards = reward_fn(texts).float().cpu().view(n_groups, args.group_size)  # [groups G]
         all_rewards.append(rewards)
-        full_mask = torch.cat([torch.zeros(len(tokens), plen, dtype=torch.bool), mask], dim=1)  # [rows s]
+        prompt_part = torch.zeros(len(tokens), plen, dtype=torch.bool, device=mask.device)  # where the mask is
+        full_mask = torch.cat([prompt_part, mask], dim=1)  # [rows s]
         for i, (best, worst) in enumerate(best_worst_pairs(rewards).tolist()):
             gap = float(rewards[i, best] - rewards[i, worst])
             if gap < args.min_reward_gap:
@@ -184,8 +188,9 @@ def pairs_from_samples(
 
 
 def pairs_from_preferences(model: HookedTransformer, args: DPOArgs, split: str = "train") -> list[tuple]:
-    """Chapter 02's preference pairs as token rows (at most ``num_pairs``, in file order). With
-    ``direction="neg"`` the "sentiment" pairs are flipped (they prefer the more positive review)."""
+    """Chapter 02's preference pairs as token rows (at most ``num_pairs``, in file order), on the model's
+    device. With ``direction="neg"`` the "sentiment" pairs are flipped (they prefer the more positive
+    review)."""
     from rlhf_tutorial.rewards import pair_texts
     from rlhf_tutorial.worlds import load_preference_pairs
 
@@ -198,8 +203,8 @@ def pairs_from_preferences(model: HookedTransformer, args: DPOArgs, split: str =
         plen = model.to_tokens(pair.get("prompt", ""), prepend_bos=args.prepend_bos).shape[1]
         rows = []
         for text in (chosen, rejected):
-            tokens = model.to_tokens(text, prepend_bos=args.prepend_bos)[0, :limit]
-            mask = torch.arange(len(tokens)) >= plen
+            tokens = model.to_tokens(text, prepend_bos=args.prepend_bos)[0, :limit].to(device_of(model))
+            mask = torch.arange(len(tokens), device=tokens.device) >= plen
             rows += [tokens, mask]
         out.append((*rows, chosen, rejected, float("nan")))
     return out
@@ -210,9 +215,10 @@ def to_batch(
     pairs: list[tuple], reference: HookedTransformer, sequence_logprobs: Callable = dpo.sequence_logprobs,
     max_rows: int = 64,
 ) -> PairBatch:
-    """Stack pairs into a ``PairBatch`` (right-padded with EOS, masks False there) and compute the
-    reference's sequence log-probs of both sides (in chunks of ``max_rows``)."""
-    eos = eos_id(reference)
+    """Stack pairs into a ``PairBatch`` (right-padded with EOS, masks False there) on the reference's
+    device and compute the reference's sequence log-probs of both sides (in chunks of ``max_rows``)."""
+    eos, device = eos_id(reference), device_of(reference)
+    pairs = [(p[0].to(device), p[1].to(device), p[2].to(device), p[3].to(device), *p[4:]) for p in pairs]
     chosen, rejected = _pad_rows([p[0] for p in pairs], eos), _pad_rows([p[2] for p in pairs], eos)
     chosen_mask, rejected_mask = _pad_rows([p[1] for p in pairs], 0).bool(), _pad_rows([p[3] for p in pairs], 0).bool()
 
@@ -221,7 +227,7 @@ def to_batch(
 
     return PairBatch(
         chosen, chosen_mask, rejected, rejected_mask, logps(chosen, chosen_mask), logps(rejected, rejected_mask),
-        torch.tensor([p[6] for p in pairs]), [(p[4], p[5]) for p in pairs],
+        torch.tensor([p[6] for p in pairs], device=device), [(p[4], p[5]) for p in pairs],
     )
 
 
@@ -300,7 +306,7 @@ def train(
     each round's record. ``pairs`` (offline runs only) are used instead of drawing new ones (the
     frontier shares one set between its runs). ``evaluate=False`` skips the evaluations before, during
     and after training (then ``eval_initial`` / ``eval_final`` are None). Wall time and peak memory
-    cover everything after the models are loaded."""
+    cover everything after the models are loaded; memory is measured on the policy's device."""
     fns = bind(dpo, PLUGGABLE, overrides)
     if pairs is not None and args.online:
         raise ValueError("pairs given to an online run: online runs draw their own pairs every round")
@@ -327,7 +333,7 @@ def train(
 
     history: list[dict[str, Any]] = []
     start = time.perf_counter()
-    with PeakMemory() as memory:
+    with PeakMemory(device_of(policy)) as memory:
         eval_initial = measure(args.eval_samples) if evaluate else None
         batch = pairs
         bar = tqdm(range(args.rounds), desc="DPO rounds", disable=not progress, file=sys.stderr)
@@ -395,7 +401,8 @@ def args_from_namespace(ns: argparse.Namespace, world: str) -> DPOArgs:
 def main(argv: list[str]) -> dict:
     """Train, evaluate before and after on ``eval_samples`` fresh samples, summarise as a dict:
     mean classifier reward before/after (with standard errors), sequence KL to the reference after,
-    the pair accuracy and margin of the last round, wall time and peak memory."""
+    the pair accuracy and margin of the last round, wall time and peak memory (of the policy's device,
+    where it ran: ``device``)."""
     from rlhf_tutorial.trainers.runtime import peak_memory_mb
     from rlhf_tutorial.worlds import resolve_world
 
@@ -431,8 +438,9 @@ def main(argv: list[str]) -> dict:
         "samples_initial": before["texts"][:4],
         "samples_final": after["texts"][:4],
         "wall_seconds": round(wall, 1),
-        "peak_memory_mb": round(peak_memory_mb(), 1),
+        "peak_memory_mb": round(peak_memory_mb(device_of(result.policy)), 1),
         "peak_memory_training_mb": round(result.peak_memory_mb, 1),
+        "device": str(device_of(result.policy)),
         "torch_threads": ns.threads,
         "args": asdict(args),
     }

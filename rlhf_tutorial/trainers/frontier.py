@@ -39,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.trainers import dpo as dpo_trainer
 from rlhf_tutorial.trainers import grpo, rlhf
@@ -131,7 +132,8 @@ def train_one(
 def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable | None = None) -> dict[str, Any]:
     """Run the sweep; returns ``{"points": [...], "methods": {...}, "base": {...}}``. Each point holds the
     method, its KL strength, reward / reward_se, kl / kl_se (sequence KL), kl_per_token, wall time and
-    peak memory of its run, its settings and a few samples. ``callback(point)`` gets each point."""
+    peak memory of its run (on the models' device, ``device``), its settings and a few samples.
+    ``callback(point)`` gets each point."""
     from rlhf_tutorial.worlds import load_policy, resolve_world
 
     world = resolve_world(args.world)
@@ -160,7 +162,7 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
     points, per_method = [], {}
     for method, strength in tqdm(runs, desc="frontier runs", disable=not progress, file=sys.stderr):
         start = time.perf_counter()
-        with PeakMemory() as memory:
+        with PeakMemory(device_of(base)) as memory:
             tuned, settings = train_one(method, strength, args, world, base, reference, reward_fn, pairs)
         seconds = time.perf_counter() - start
         stats = measure(tuned)
@@ -188,7 +190,8 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
             per_method[method]["pairs_seconds_shared"] = pairs_seconds
     base_point = {k: base_eval[k] for k in ("reward", "reward_se", "kl", "kl_se", "repetition", "completion_len")}
     base_point["samples"] = list(zip(base_eval["texts"], base_eval["rewards"]))[: args.n_samples_shown]
-    return {"world": world, "points": points, "methods": per_method, "base": base_point}
+    return {"world": world, "device": str(device_of(base)), "points": points, "methods": per_method,
+            "base": base_point}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -228,6 +231,7 @@ def run_isolated(args: FrontierArgs, threads: int = 1, progress: bool = True) ->
             merged["methods"].update(part["methods"])
             merged.setdefault("base", part["base"])
             merged.setdefault("world", part["world"])
+            merged.setdefault("device", part.get("device"))
     return merged
 
 
@@ -275,7 +279,7 @@ def main(argv: list[str]) -> dict:
         from rlhf_tutorial.trainers.runtime import peak_memory_mb
 
         for summary in result["methods"].values():
-            summary["process_peak_memory_mb"] = peak_memory_mb()
+            summary["process_peak_memory_mb"] = peak_memory_mb(result["device"])
     result["wall_seconds"] = time.perf_counter() - start
     result["torch_threads"] = ns.threads
     result["args"] = asdict(args)

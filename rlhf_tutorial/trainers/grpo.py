@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import grpo
+from rlhf_tutorial.devices import device_of, rng_devices
 from rlhf_tutorial.grpo import (
     GroupRollout,
     decode_completions,
@@ -171,7 +172,7 @@ def evaluate(
     (``train`` passes the starting policy) and the n-gram repetition."""
     eos = eos_id(policy)
     texts, kls, masks = [], [], []
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices(device_of(policy))):  # the GPU's stream too
         torch.manual_seed(seed)
         per_prompt = math.ceil(n_samples / len(args.prompts))
         for prompt in args.prompts:
@@ -256,8 +257,8 @@ def train(
     ``num_minibatches`` minibatches; with ``ref_refresh_every = k > 0`` the reference becomes a copy
     of the policy every k phases (the iterative variant; the phases' ``kl`` is then to the current
     reference, the evaluations' to the starting policy). ``callback(record)`` gets each phase's
-    record. Wall time and peak memory cover everything after the models are loaded, evaluations
-    included.
+    record. Wall time and peak memory (on the policy's device) cover everything after the models are
+    loaded, evaluations included.
     """
     if args.importance_level not in ("token", "sequence"):
         raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
@@ -291,7 +292,7 @@ def train(
     rollout = None
     eval_initial = eval_final = None
     start = time.perf_counter()
-    with PeakMemory() as memory, harness_speedups(args.fast):
+    with PeakMemory(device_of(policy)) as memory, harness_speedups(args.fast):
         if evaluate_before_after:
             eval_initial = evaluate(policy, anchor, reward_fn, args, args.eval_samples, seed=args.seed + 1)
         bar = tqdm(range(args.num_phases), desc="GRPO phases", disable=not progress, file=sys.stderr)
@@ -365,8 +366,9 @@ def main(argv: list[str]) -> dict:
     ``mean_reward_initial`` / ``_final`` and ``kl_final`` (per token, k3, to the starting policy) come
     from those evaluations; ``frac_reward_zero_std`` is the mean over phases of the fraction of
     sampled groups whose rewards were all equal (``_final``: the last phase's); ``peak_memory_mb`` is
-    the process's peak resident set (as ``train-rlhf`` reports it), ``peak_memory_training_mb`` the
-    peak above what was in use when training started (``PeakMemory``).
+    the peak memory of the policy's device as ``train-rlhf`` reports it (on a CPU the process's peak
+    resident set, on a GPU CUDA's peak allocation), ``peak_memory_training_mb`` the peak above what
+    was in use when training started (``PeakMemory``); ``device`` is where the policy ran.
     """
     from rlhf_tutorial.worlds import resolve_world
 
@@ -407,8 +409,9 @@ def main(argv: list[str]) -> dict:
         "train_wall_seconds": round(result.wall_seconds, 1),
         "seconds_per_phase": time_split(history),
         **time_to_reward(history, REWARD_TARGET),
-        "peak_memory_mb": round(peak_memory_mb(), 1),
+        "peak_memory_mb": round(peak_memory_mb(device_of(result.policy)), 1),
         "peak_memory_training_mb": round(result.peak_memory_mb, 1),
+        "device": str(device_of(result.policy)),
         "torch_threads": ns.threads,
         "args": asdict(args),
     }

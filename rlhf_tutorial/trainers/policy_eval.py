@@ -24,6 +24,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from rlhf_tutorial.devices import device_of, rng_devices
 from rlhf_tutorial.grpo import decode_completions, eos_id, sample_group
 from rlhf_tutorial.rewards import ngram_repetition
 
@@ -82,7 +83,7 @@ def evaluate_policy(
     eos = eos_id(policy)
     texts, kls, lengths = [], [], []
     per_prompt = math.ceil(n_samples / len(prompts))
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices(device_of(policy))):  # the GPU's stream too
         torch.manual_seed(seed)
         for prompt in prompts:
             prompt_tokens = policy.to_tokens(prompt, prepend_bos=prepend_bos)[0]

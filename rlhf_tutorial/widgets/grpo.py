@@ -163,11 +163,14 @@ def comparison_figure(runs: dict[str, dict[str, Any]], title: str = "PPO vs GRPO
     and ``peak_memory_mb``, such as the CLI summaries of ``train-rlhf`` and ``train-grpo`` or
     :func:`run_summary` of an in-notebook run; ``samples_per_phase`` is shown in the legend when given.
     When every run also has ``peak_memory_training_mb`` (the peak above the memory in use when the
-    training loop started), that is shown instead of the whole process's peak.
+    training loop started), that is shown instead of the whole process's peak. The memory is that of
+    the device the runs name (``device`` in the CLI summaries): a GPU's is named in the title.
     """
     training = all(run.get("peak_memory_training_mb") is not None for run in runs.values())
     memory_key = "peak_memory_training_mb" if training else "peak_memory_mb"
-    memory_title = "peak memory (MB)<br>of training" if training else "peak memory (MB)<br>of the process"
+    devices = sorted({str(run["device"]) for run in runs.values() if run.get("device")})
+    where = f"{devices[0]} " if len(devices) == 1 and devices[0] != "cpu" else ""  # a GPU: named
+    memory_title = f"peak {where}memory (MB)<br>" + ("of training" if training else "of the process")
     fig = make_subplots(rows=1, cols=3, column_widths=[0.56, 0.22, 0.22], horizontal_spacing=0.07,
                         subplot_titles=["mean reward per phase", "wall time (s)", memory_title])
     for name, run in runs.items():

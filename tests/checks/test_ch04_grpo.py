@@ -7,7 +7,11 @@ from torch import nn
 
 from rlhf_tutorial import grpo
 from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.checks.core import check_device
 from tests.checks.helpers import assert_fails_with
+
+#: A tensor built on the CPU beside the checker's models and cases is a mistake only on another device.
+needs_gpu = pytest.mark.skipif(check_device().type == "cpu", reason="needs a GPU or RLHF_TUTORIAL_DEVICE=simgpu")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -280,7 +284,7 @@ def mask_drops_eos(completions, eos_token_id):
 
 
 def mask_keeps_everything(completions, eos_token_id):
-    return torch.ones(completions.shape, dtype=torch.bool)
+    return torch.ones(completions.shape, dtype=torch.bool, device=completions.device)
 
 
 def mask_only_eos_removed(completions, eos_token_id):
@@ -310,10 +314,36 @@ def test_completion_mask_written_differently():
         b, g = completions.shape
         is_eos = completions == eos_token_id
         has_eos = is_eos.any(-1)
-        first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full((b,), g))  # first EOS index, or g
-        return torch.arange(g)[None, :] <= first[:, None]
+        first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full((b,), g, device=completions.device))
+        return torch.arange(g, device=completions.device)[None, :] <= first[:, None]  # first EOS index, or g
 
     assert run_check("completion_mask", by_argmax).passed
+
+
+def mask_positions_on_the_cpu(completions, eos_token_id):
+    # right on a CPU; on a GPU the positions (no device=) meet the completions' first-EOS index
+    is_eos = (completions == eos_token_id).long()
+    first = torch.where(is_eos.any(-1), is_eos.argmax(-1), completions.shape[1])
+    return torch.arange(completions.shape[1])[None, :] <= first[:, None]
+
+
+def mask_from_python_lists(completions, eos_token_id):
+    # right values, rebuilt from Python lists: torch.tensor(...) without device= lands on the CPU
+    rows = []
+    for row in completions.tolist():
+        stop = row.index(eos_token_id) + 1 if eos_token_id in row else len(row)
+        rows.append([t < stop for t in range(len(row))])
+    return torch.tensor(rows)
+
+
+@needs_gpu
+def test_completion_mask_built_on_the_cpu_is_named():
+    result = run_check("completion_mask", mask_positions_on_the_cpu)
+    assert not result.passed and "mixed devices" in result.message, result.message
+    assert "torch.arange(completions.shape[1])" in result.message  # the learner's line
+    assert "device=x.device" in result.hint and "checker" not in result.message
+    result = run_check("completion_mask", mask_from_python_lists)
+    assert not result.passed and "your output is on cpu" in result.message, result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -368,13 +398,15 @@ def sample_ignores_temperature(model, prompt_tokens, group_size, max_new_tokens,
 def sample_never_stops(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
     tokens = model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=max_new_tokens,
                             stop_at_eos=False, temperature=temperature, verbose=False).clone()
-    return tokens, torch.ones(group_size, max_new_tokens, dtype=torch.bool)
+    return tokens, torch.ones(group_size, max_new_tokens, dtype=torch.bool, device=tokens.device)
 
 
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
-        (sample_not_cloned, "inference tensor"),
+        pytest.param(sample_not_cloned, "inference tensor", marks=pytest.mark.skipif(
+            check_device().type == "simgpu", reason="the simulated GPU runs inference_mode as no_grad: no "
+            "inference tensors there (a real GPU has them)")),
         (sample_mask_over_whole_sequence, "completion only"),
         (sample_mask_drops_eos, "EOS token itself is masked out"),
         (sample_no_padding, "pad the output"),
@@ -393,7 +425,7 @@ def test_sample_group_written_differently():
     @torch.no_grad()
     def own_loop(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
         tokens = prompt_tokens.repeat(group_size, 1)
-        done = torch.zeros(group_size, dtype=torch.bool)
+        done = torch.zeros(group_size, dtype=torch.bool, device=tokens.device)
         for _ in range(max_new_tokens):
             logits = model(tokens)[:, -1] / temperature
             nxt = torch.distributions.Categorical(logits=logits).sample()
@@ -401,7 +433,7 @@ def test_sample_group_written_differently():
             done |= nxt == eos_token_id
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         completions = tokens[:, len(prompt_tokens):]
-        seen = torch.zeros(group_size, dtype=torch.bool)
+        seen = torch.zeros(group_size, dtype=torch.bool, device=tokens.device)
         mask = torch.zeros_like(completions, dtype=torch.bool)
         for t in range(max_new_tokens):
             mask[:, t] = ~seen
@@ -410,6 +442,23 @@ def test_sample_group_written_differently():
 
     result = run_check("sample_group", own_loop)
     assert result.passed, result.message
+
+
+def sample_mask_on_the_cpu(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                           top_k=None):
+    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone(),
+                  len(prompt_tokens) + max_new_tokens, eos_token_id)
+    mask = torch.ones(group_size, max_new_tokens, dtype=torch.bool)  # no device=: the CPU
+    for t in range(1, max_new_tokens):
+        mask[:, t] = mask[:, t - 1] & (tokens[:, len(prompt_tokens) + t - 1] != eos_token_id)
+    return tokens, mask
+
+
+@needs_gpu
+def test_sample_group_mask_built_on_the_cpu_is_named():
+    result = run_check("sample_group", sample_mask_on_the_cpu)
+    assert not result.passed and "mixed devices" in result.message, result.message
+    assert "mask[:, t] = " in result.message and "checker" not in result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -585,7 +634,7 @@ def test_grpo_step_each_mistake_has_its_own_message(wrong, nudge):
 def mask_by_argmax_forgetting_rows_without_eos(completions, eos_token_id):
     # only a row with no EOS at all exposes it: argmax of an all-False row is 0, so only the first token counts
     first = (completions == eos_token_id).int().argmax(-1)
-    return torch.arange(completions.shape[1])[None, :] <= first[:, None]
+    return torch.arange(completions.shape[1], device=completions.device)[None, :] <= first[:, None]
 
 
 def test_completion_mask_edge_only_mistake():

@@ -10,7 +10,11 @@ import torch.nn.functional as F
 
 from rlhf_tutorial import interp
 from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.checks.core import check_device
 from tests.checks.helpers import assert_fails_with
+
+#: A tensor built on the CPU beside the checker's cases is a mistake only on another device.
+needs_gpu = pytest.mark.skipif(check_device().type == "cpu", reason="needs a GPU or RLHF_TUTORIAL_DEVICE=simgpu")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -197,16 +201,28 @@ def test_head_attribution_mistakes(wrong, fragment):
     assert_fails_with("head_attribution", wrong, fragment)
 
 
+def attr_by_loops(head_out, ln_scale, direction, device=None):
+    b, n_layers, n_heads, _ = head_out.shape
+    out = torch.zeros(n_layers, n_heads, device=device)
+    d_centred = direction - direction.mean()  # centring the output = centring the direction
+    for i in range(b):
+        out += torch.einsum("lhd,d->lh", head_out[i], d_centred) / ln_scale[i]
+    return out / b
+
+
 def test_head_attribution_written_differently():
     def by_loops(head_out, ln_scale, direction):
-        b, n_layers, n_heads, _ = head_out.shape
-        out = torch.zeros(n_layers, n_heads)
-        d_centred = direction - direction.mean()  # centring the output = centring the direction
-        for i in range(b):
-            out += torch.einsum("lhd,d->lh", head_out[i], d_centred) / ln_scale[i]
-        return out / b
+        return attr_by_loops(head_out, ln_scale, direction, device=head_out.device)
 
     assert run_check("head_attribution", by_loops).passed
+
+
+@needs_gpu
+def test_head_attribution_accumulated_on_the_cpu_is_named():
+    """torch.zeros(...) without device=: right on a CPU, a device mix at the first += on a GPU."""
+    result = run_check("head_attribution", attr_by_loops)
+    assert not result.passed and "mixed devices" in result.message, result.message
+    assert "out += " in result.message and "checker" not in result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -262,16 +278,29 @@ def test_patch_activation_negative_positions_are_checked():
     assert not result.passed and "[-1]" in result.message
 
 
+def patch_out_of_place(activation, hook, source, positions=None, device=None):
+    if positions is None:
+        return source.clone()
+    mask = torch.zeros(activation.shape[1], dtype=torch.bool, device=device)
+    mask[positions] = True
+    shape = (1, -1) + (1,) * (activation.ndim - 2)
+    return torch.where(mask.view(shape), source, activation)
+
+
 def test_patch_activation_written_differently():
     def out_of_place(activation, hook, source, positions=None):
-        if positions is None:
-            return source.clone()
-        mask = torch.zeros(activation.shape[1], dtype=torch.bool)
-        mask[positions] = True
-        shape = (1, -1) + (1,) * (activation.ndim - 2)
-        return torch.where(mask.view(shape), source, activation)
+        return patch_out_of_place(activation, hook, source, positions, device=activation.device)
 
     assert run_check("patch_activation", out_of_place).passed
+
+
+@needs_gpu
+def test_patch_activation_mask_on_the_cpu_is_named():
+    """A position mask built without device=: the hook mixes devices on a GPU, with the learner's line."""
+    result = run_check("patch_activation", patch_out_of_place)
+    assert not result.passed and "mixed devices" in result.message, result.message
+    assert "torch.where(mask.view(shape), source, activation)" in result.message
+    assert "device=activation.device" in result.hint and "checker" not in result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -353,7 +382,7 @@ def test_activation_difference_mistakes(wrong, fragment):
 def test_activation_difference_written_differently():
     def by_loops(base_resid, tuned_resid, n_positions=5):
         n = min(n_positions, base_resid.shape[1])
-        total = torch.zeros(base_resid.shape[-1])
+        total = torch.zeros(base_resid.shape[-1], device=base_resid.device)
         for b in range(base_resid.shape[0]):
             for t in range(n):
                 total += tuned_resid[b, t] - base_resid[b, t]

@@ -7,7 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from rlhf_tutorial.checks import run_check
+from rlhf_tutorial.checks.core import check_device
 from tests.checks.helpers import assert_fails_with
+
+#: A tensor built on the CPU beside the checker's cases is a mistake only on another device.
+needs_gpu = pytest.mark.skipif(check_device().type == "cpu", reason="needs a GPU or RLHF_TUTORIAL_DEVICE=simgpu")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -64,7 +68,7 @@ def test_sequence_logprobs_mistakes(wrong, fragment):
 
 def test_sequence_logprobs_written_differently():
     def with_loops(logits, tokens, mask):
-        out = torch.zeros(logits.shape[0])
+        out = torch.zeros(logits.shape[0], device=logits.device)
         for b in range(logits.shape[0]):
             for t in range(1, logits.shape[1]):
                 if mask[b, t]:
@@ -72,6 +76,21 @@ def test_sequence_logprobs_written_differently():
         return out
 
     assert run_check("sequence_logprobs", with_loops).passed
+
+
+def seq_padded_on_the_cpu(logits, tokens, mask):
+    # the log-probs padded back to s with a zero column for position 0 (no device=: on the CPU)
+    lp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    lp = torch.cat([torch.zeros(len(lp), 1), lp], dim=1)
+    return (lp * mask).sum(-1)
+
+
+@needs_gpu
+def test_sequence_logprobs_padding_on_the_cpu_is_named():
+    """Right on a CPU; on a GPU, the CPU zeros meet the GPU log-probs in torch.cat."""
+    result = run_check("sequence_logprobs", seq_padded_on_the_cpu)
+    assert not result.passed and "mixed devices" in result.message, result.message
+    assert "torch.cat([torch.zeros(len(lp), 1), lp], dim=1)" in result.message and "checker" not in result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -262,20 +281,28 @@ def test_best_worst_pairs_mistakes(wrong, fragment):
     assert_fails_with("best_worst_pairs", wrong, fragment)
 
 
-def test_best_worst_pairs_written_differently():
-    def with_loops(rewards):
-        out = []
-        for row in rewards.tolist():
-            best = worst = 0
-            for j, value in enumerate(row):
-                if value > row[best]:
-                    best = j
-                if value < row[worst]:
-                    worst = j
-            out.append([best, worst])
-        return torch.tensor(out, dtype=torch.int64)
+def pairs_with_loops(rewards, device=None):
+    out = []
+    for row in rewards.tolist():
+        best = worst = 0
+        for j, value in enumerate(row):
+            if value > row[best]:
+                best = j
+            if value < row[worst]:
+                worst = j
+        out.append([best, worst])
+    return torch.tensor(out, dtype=torch.int64, device=device)
 
-    assert run_check("best_worst_pairs", with_loops).passed
+
+def test_best_worst_pairs_written_differently():
+    assert run_check("best_worst_pairs", lambda rewards: pairs_with_loops(rewards, rewards.device)).passed
+
+
+@needs_gpu
+def test_best_worst_pairs_returned_on_the_cpu_is_named():
+    """torch.tensor(...) without device=: right values, on the CPU while the rewards are on the GPU."""
+    result = run_check("best_worst_pairs", pairs_with_loops)
+    assert not result.passed and "your output is on cpu" in result.message, result.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -324,7 +351,7 @@ def gspo_ignores_mask(lp, old, mask):
 
 def gspo_first_n_positions(lp, old, mask):  # only a True position away from the start exposes it
     n = mask.sum(-1, keepdim=True)
-    leading = torch.arange(mask.shape[-1]) < n
+    leading = torch.arange(mask.shape[-1], device=mask.device) < n
     return ((lp - old) * leading).sum(-1).div(n.squeeze(-1)).exp()
 
 
