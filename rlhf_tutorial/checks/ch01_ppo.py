@@ -42,6 +42,7 @@ from rlhf_tutorial.checks.core import (
 from rlhf_tutorial.trainers.ppo import PPOArgs
 
 CHAPTER = "01_ppo"
+DEVICE = "cpu"  # chapter 01 trains gymnasium agents on the CPU on every machine: its code is checked there
 
 
 
@@ -62,6 +63,7 @@ def orthogonal_gain(weight: torch.Tensor) -> float | None:
 @checker(
     "layer_init",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="Two in-place initialisers do it: nn.init.orthogonal_(layer.weight, gain=std) and "
     "nn.init.constant_(layer.bias, bias_const); then return the same layer object.",
 )
@@ -156,6 +158,7 @@ def _gae_forward(rewards, values, next_value, dones, gamma, lam):
 @checker(
     "compute_gae",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="Walk backwards from t = T-1 to 0 keeping A_{t+1} (0 after the last step). V_{t+1} is values[t+1], or "
     "next_value at t = T-1. With not_done = 1 - dones[t].float(): delta = r_t + gamma * not_done * V_{t+1} - V_t "
     "and A_t = delta + gamma * gae_lambda * not_done * A_{t+1}.",
@@ -237,6 +240,7 @@ def _surrogate_case(label: str, shape: tuple[int, ...], seed: int, spread: float
 @checker(
     "calc_clipped_surrogate_objective",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="Normalise first: A = (A - A.mean()) / (A.std() + eps). Then ratio = exp(logprobs - old_logprobs) and "
     "return torch.minimum(ratio * A, ratio.clamp(1 - clip_coef, 1 + clip_coef) * A).mean(): a value to maximise, "
     "so no minus sign.",
@@ -291,6 +295,7 @@ def _vcase(label: str, shape: tuple[int, ...], seed: int, vf_coef: float, equal:
 @checker(
     "calc_value_function_loss",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="0.5 * vf_coef * ((values - returns) ** 2).mean(): the mean squared error, halved and weighted. It is a "
     "loss (positive); the training objective subtracts it.",
 )
@@ -337,6 +342,7 @@ def _entropy(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
 @checker(
     "calc_entropy_bonus",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="logp = torch.log_softmax(logits, dim=-1); entropy = -(logp.exp() * logp).sum(-1) (or "
     "Categorical(logits=logits).entropy()); return ent_coef * entropy.mean(). log(softmax(.)) underflows to "
     "-inf for large logits; log_softmax does not.",
@@ -372,6 +378,7 @@ def check_calc_entropy_bonus(candidate) -> str:
 @checker(
     "get_minibatch_indices",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="perm = torch.randperm(batch_size, generator=generator) gives every index once in random order; cut it "
     "into batch_size // minibatch_size pieces of minibatch_size, e.g. list(perm.reshape(-1, minibatch_size)).",
 )
@@ -474,6 +481,7 @@ def _scripted_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
 @checker(
     "rollout_step",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="Under torch.no_grad(): logits = agent.actor(obs), value = agent.critic(obs).squeeze(-1); "
     "dist = Categorical(logits=logits); action = dist.sample(). Step once: envs.step(action.numpy()). Store at "
     "index `step`: obs (the one you acted in), action, dist.log_prob(action), value, the rewards and "
@@ -678,6 +686,7 @@ def _same_update(got: torch.Tensor, want: torch.Tensor, start: torch.Tensor) -> 
 @checker(
     "ppo_learning_phase",
     chapter=CHAPTER,
+    device=DEVICE,
     hint="Under no_grad: next_value = agent.critic(next_obs).squeeze(-1), advantages = compute_gae(...), "
     "returns = advantages + buffer.values. Flatten every buffer field with the same '(steps env)' order. Then for "
     "each epoch, for each minibatch index tensor mb from get_minibatch_indices(args.batch_size, args.minibatch_size, "

@@ -107,22 +107,25 @@ class Checker:
     chapter: str
     hint: str
     fn: Callable[[Any], str | None]
+    device: str | None = None  # where its cases live; None: the course's device
 
 
 REGISTRY: dict[str, Checker] = {}
+_running_on: list[str | None] = []  # the device of the checker now running (a stack: checks may nest)
 
 
-def checker(name: str, *, chapter: str, hint: str) -> Callable:
+def checker(name: str, *, chapter: str, hint: str, device: str | None = None) -> Callable:
     """Register ``fn(candidate) -> str | None`` as the checker of exercise ``name``.
 
     ``hint`` is the general hint shown in the notebook's hint cell and on failures that have no more
-    specific hint.
+    specific hint. ``device``: where the exercise's code runs in its chapter when that is not the
+    course's device (chapter 01 trains gymnasium agents on the CPU on every machine).
     """
 
     def register(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         if name in REGISTRY and REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"two checkers for exercise {name!r}")
-        REGISTRY[name] = Checker(name=name, chapter=chapter, hint=hint, fn=fn)
+        REGISTRY[name] = Checker(name=name, chapter=chapter, hint=hint, fn=fn, device=device)
         return fn
 
     return register
@@ -176,10 +179,11 @@ def _tensors_in(obj: Any, path: str = "") -> Iterable[tuple[str, torch.Tensor]]:
 # ----------------------------------------------------------------------------------------------------
 def check_device() -> torch.device:
     """Where checkers build their cases and fixtures: the course's device (a GPU when there is one),
-    so that a learner's device bug shows here, with a message, rather than in training."""
-    from rlhf_tutorial.devices import course_device
+    so that a learner's device bug shows here, with a message, rather than in training; or the device
+    the running checker was registered with (``checker(..., device="cpu")``)."""
+    from rlhf_tutorial.devices import course_device, resolve
 
-    return course_device()
+    return resolve(_running_on[-1]) if _running_on and _running_on[-1] else course_device()
 
 
 def to_device(obj: Any, device: torch.device | None = None) -> Any:
@@ -593,9 +597,13 @@ def run_check(name: str, candidate: Any) -> CheckResult:
 
         # a check draws from seeded generators and leaves the notebook's random streams (the GPU's too) as
         # they were
-        with torch.random.fork_rng(devices=rng_devices(check_device())):
-            torch.manual_seed(0)
-            detail = entry.fn(candidate)
+        _running_on.append(entry.device)
+        try:
+            with torch.random.fork_rng(devices=rng_devices(check_device())):
+                torch.manual_seed(0)
+                detail = entry.fn(candidate)
+        finally:
+            _running_on.pop()
         result = CheckResult(name, True, detail or "all checks passed.")
     except CheckFailure as failed:
         message = failed.message
