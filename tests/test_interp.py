@@ -14,6 +14,7 @@ from rlhf_tutorial.tiny.tuned import TUNED_NAME
 from rlhf_tutorial.trainers.interp_report import load_pair, main
 from rlhf_tutorial.widgets.live import PLOTLY_MIME
 from rlhf_tutorial.worlds import tiny_dir
+from tests.digests import assert_same_digest
 
 #: Float32 round-off of a sum of ~20 terms of size ~1: far below any attribution we interpret.
 CLOSURE_TOLERANCE = 1e-4
@@ -152,4 +153,4 @@ def test_build_tuned_rebuilds_the_shipped_weights(tmp_path):
     summary = build_tuned_main(["--out", str(tmp_path / "tuned"), "--no-progress"])
     assert summary["mean_reward_final"] > summary["mean_reward_initial"]
     shipped = tiny_dir() / TUNED_NAME / "policy.safetensors"
-    assert (tmp_path / "tuned" / "policy.safetensors").read_bytes() == shipped.read_bytes()
+    assert_same_digest(tmp_path / "tuned" / "policy.safetensors", shipped, "the rebuilt and the shipped weights")
