@@ -1,8 +1,7 @@
 """Install the pinned torch into the running Python, the right build for this machine (``make`` runs it).
 
-``python scripts/install_torch.py [--spec torch==2.13.0] [--constraint requirements/lock.txt] [--dry-run]``
-(standard library only: it runs before anything else is installed; the constraints file pins torch's own
-dependencies, such as sympy and jinja2, to the locked versions):
+``python scripts/install_torch.py [--spec torch==2.13.0] [--dry-run]`` (standard library only: it runs
+before anything else is installed):
 
 * an NVIDIA GPU (``nvidia-smi -L`` lists one, or the driver exposes one under /proc): the default index
   (pip's configured one, usually PyPI), whose Linux wheel is the CUDA build;
@@ -79,16 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default=os.environ.get("TORCH_SPEC", DEFAULT_SPEC))
     parser.add_argument("--dry-run", action="store_true", help="print the plan, install nothing")
-    parser.add_argument("--constraint", default=None,
-                        help="a pip constraints file for torch's own dependencies (make passes the lock)")
     args = parser.parse_args(argv)
     if "==" not in args.spec:
         print(f"refusing an unpinned torch ({args.spec!r}): pass --spec torch==X.Y.Z", file=sys.stderr)
         return 2
     gpu = has_nvidia_gpu()
     why, commands = plan(args.spec, gpu, cpu_index_ok=False if gpu else index_answers())
-    if args.constraint:
-        commands = [cmd + ["--constraint", args.constraint] for cmd in commands]
     print(f"[install-torch] {args.spec}: {why}", flush=True)
     for i, cmd in enumerate(commands):
         print(f"[install-torch] {' '.join(cmd[1:])}", flush=True)
