@@ -73,10 +73,11 @@ def band_problems(summary: dict[str, Any]) -> list[str]:
             for key, (low, high) in REBUILD_BANDS.items() if not low <= summary[key] <= high]
 
 
-def other_kernel_setting(native: str) -> str:
+def other_kernel_setting(native: str) -> str | None:
     """A name in :data:`KERNEL_SETTINGS` whose kernel level differs from ``native`` (what
-    ``torch.backends.cpu.get_cpu_capability()`` reports): AVX2 kernels, or none on an AVX2 machine."""
-    return "default" if native == "AVX2" else "avx2"
+    ``torch.backends.cpu.get_cpu_capability()`` reports): AVX2 kernels on an AVX-512 machine, none on an
+    AVX2 one; None where no lower x86 level can be forced (already DEFAULT, or another architecture)."""
+    return {"AVX512": "avx2", "AVX2": "default"}.get(native)
 
 
 def rebuild_in_subprocess(out: str | Path, kernel_env: dict[str, str] | None = None, seed: int = 0,
