@@ -52,7 +52,7 @@ def tuned_dir() -> Path:
 #: the environment variables of ``KERNEL_SETTINGS``; every run gave other weights, seven outcomes):
 #:   setting       kernels (torch / oneDNN / MKL)   reward   KL
 #:   shipped       another machine, not recorded    0.9617   0.3071
-#:   native        AVX512 (3 runs: identical bytes)  0.9497   0.2885   (aten-avx512: the same bytes)
+#:   native        AVX512 / AVX512                  0.9497   0.2885   (5 runs and aten-avx512: the same bytes)
 #:   onednn-avx2   AVX512 / AVX2                    0.9471   0.3138
 #:   aten-avx2     AVX2 / AVX512                    0.9433   0.3258
 #:   avx2          AVX2 / AVX2                      0.9649   0.2358   (avx2-mkl, MKL AVX2 too: the same bytes)
