@@ -10,6 +10,7 @@ kernels; ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's; ``MKL_ENABLE_INSTRUCTIONS=AVX2``
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from importlib import metadata
@@ -71,3 +72,17 @@ def describe(record: dict[str, Any] | None, **known: Any) -> dict[str, Any]:
     """An artifact's recorded build info; when it has none, :data:`NOT_RECORDED` with whatever else the
     artifact did record (``known``, e.g. the tiny world's ``torch_version``)."""
     return record if record else {"build_info": NOT_RECORDED, **known}
+
+
+def artifact_records(folder: str | Path) -> dict[str, dict[str, Any]]:
+    """What each artifact in a world's folder recorded of its build, keyed by its path in the folder: the
+    world's ``metadata.json`` (``build-tiny``, which also kept ``torch_version`` before it recorded more)
+    and every tuned policy's ``*/rlhf_config.json`` (``build-tuned``), through :func:`describe`."""
+    folder = Path(folder)
+    records = {}
+    for path in [folder / "metadata.json", *sorted(folder.glob("*/rlhf_config.json"))]:
+        if path.exists():
+            record = json.loads(path.read_text())
+            known = {"torch_version": record["torch_version"]} if "torch_version" in record else {}
+            records[path.relative_to(folder).as_posix()] = describe(record.get("build_info"), **known)
+    return records

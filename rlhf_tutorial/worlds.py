@@ -482,16 +482,11 @@ def info_main(argv: list[str]) -> dict:
 
 def artifact_build_info(world: str) -> dict[str, Any]:
     """How the world's shipped artifacts were built (library versions, torch build, CPU and kernel level,
-    as their builders recorded them) and the same facts for this machine, which ``world-info`` shows: a
-    learner whose run differs from a quoted figure can see whether the kernels differ."""
-    from rlhf_tutorial.buildinfo import build_info, describe
-    from rlhf_tutorial.tiny.tuned import TUNED_NAME
+    as their builders recorded them, per file) and the same facts for this machine, which ``world-info``
+    shows: a learner whose run differs from a quoted figure can see whether the kernels differ."""
+    from rlhf_tutorial.buildinfo import artifact_records, build_info
 
     info: dict[str, Any] = {"this_machine": build_info()}
     if world == "tiny":
-        meta = tiny_metadata()
-        info["tiny_world"] = describe(meta.get("build_info"), torch_version=meta.get("torch_version"))
-        tuned_config = tiny_dir() / TUNED_NAME / "rlhf_config.json"
-        if tuned_config.exists():
-            info["tuned_policy"] = describe(json.loads(tuned_config.read_text()).get("build_info"))
+        info["artifacts"] = artifact_records(tiny_dir())
     return info

@@ -179,8 +179,9 @@ def test_world_info_summary(monkeypatch):
     here = summary["build_info"]["this_machine"]
     assert here["torch_build"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert here["libraries"]["transformer-lens"] == "3.9.0" and here["torch_build"]["version"] == torch.__version__
-    for artifact in ("tiny_world", "tuned_policy"):  # either what the builder recorded, or said to be unknown
-        record = summary["build_info"][artifact]
+    artifacts = summary["build_info"]["artifacts"]
+    assert set(artifacts) == {"metadata.json", "tuned_neg/rlhf_config.json"}
+    for record in artifacts.values():  # either what the builder recorded, or said to be unknown
         assert record.get("build_info") == NOT_RECORDED or record["torch_build"]["cpu_capability"]
 
 
@@ -197,7 +198,7 @@ def test_world_info_shows_what_a_builder_recorded(monkeypatch, tmp_path):
     meta["build_info"] = build_info()
     meta_path.write_text(json.dumps(meta))
     monkeypatch.setenv(worlds.TINY_DIR_ENV_VAR, str(tmp_path / "tiny"))
-    assert worlds.artifact_build_info("tiny")["tiny_world"] == meta["build_info"]
+    assert worlds.artifact_build_info("tiny")["artifacts"]["metadata.json"] == meta["build_info"]
 
 
 def test_cached_gpt2_without_network_reads_the_cache_only(monkeypatch):
