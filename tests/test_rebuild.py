@@ -72,7 +72,7 @@ def test_a_rebuild_on_a_second_kernel_level_lands_in_the_bands(tmp_path):
     env = tuned.KERNEL_SETTINGS[setting]
     other = tuned.rebuild_in_subprocess(tmp_path / setting, env, timeout=REBUILD_TIMEOUT_S)
     assert other["cpu_capability"] == env["ATEN_CPU_CAPABILITY"].upper() != native
-    assert other["kernel_env"] == env
+    assert env.items() <= other["kernel_env"].items()  # with whatever kernel settings this run inherited
     assert tuned.band_problems(other) == [], f"on {setting} kernels ({other['policy_sha256']})"
 
 
