@@ -4,6 +4,7 @@
 #               again on a simulated GPU, nbval, and the browser test: JupyterLab driven by headless
 #               Chromium, installed by `make chromium`)
 #   make test-gpu  on a CUDA machine: the suites with the models on the GPU
+# Both install exactly the versions CI passed with (requirements/lock.txt); `make lock` refreshes them.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,21 +14,34 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told to (containers, CI machines).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 PYTEST_ARGS ?=
+# The lock of what CI passed: exact versions of every package but torch (TORCH_SPEC) and the course itself.
+# Every install below takes it as pip constraints, so each machine gets the tested set; `make lock`
+# refreshes it on purpose (README, "Versions").
+LOCK := requirements/lock.txt
+# Per-cell limit of the nbval runs, in seconds (nbval's, then pytest-timeout's a minute later, for a
+# kernel that does not answer at all): a hung cell fails with a message instead of stalling CI. The
+# slowest cell, chapter 03's RLHF run, takes 43 s on a busy 2-core machine (all 211 cells: 4 min 20 s).
+NBVAL_CELL_TIMEOUT ?= 300
+NBVAL_FLAGS = --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) \
+	--timeout=$(shell echo $$(( $(NBVAL_CELL_TIMEOUT) + 60 )))
 # HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
 STAND_IN_HF ?= .stand-in-hf
 
-.PHONY: lab test lint unit unit-simgpu test-gpu trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
+.PHONY: install lock lab test lint unit unit-simgpu test-gpu trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
 
 help:
-	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make clean"
+	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make lock | make clean"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build from PyTorch's CPU index when there is no NVIDIA GPU and that
 	# index answers, else the default index (scripts/install_torch.py says which and why).
 	$(BIN)/python scripts/install_torch.py --spec "$(TORCH_SPEC)"
-	@echo "[install] the course and its dependencies (torch is kept as installed above)"
-	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
+	# Then the course at the locked versions (torch is kept as installed above; its own dependencies, which
+	# that step took from the torch index unconstrained, move to their locked versions here).
+	@echo "[install] the course and its dependencies, the locked versions"
+	$(BIN)/python -m pip install --progress-bar on -c $(LOCK) -e ".[dev]"
+	$(BIN)/python scripts/lock.py check $(LOCK)
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -40,7 +54,8 @@ LAB_FLAGS = --notebook-dir=. --LabApp.default_url=/lab/tree/chapters \
 # TRL, only for the tests (bench-trl races our GRPO against it); nothing else in the course needs it.
 TRL_STAMP := $(VENV)/.trl-stamp
 $(TRL_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --progress-bar on -e ".[dev,trl]"
+	$(BIN)/python -m pip install --progress-bar on -c $(LOCK) -e ".[dev,trl]"
+	$(BIN)/python scripts/lock.py check $(LOCK)
 	@touch $(TRL_STAMP)
 # TRL 1.12.0, the last release with PPOTrainer, for `bench-trl --algo ppo` only: it cannot share the venv
 # with the extra's TRL (the same package), so it goes beside it, without dependencies (the pinned stack
@@ -52,6 +67,19 @@ $(TRL_PPO_STAMP): $(STAMP)
 	@touch $(TRL_PPO_STAMP)
 
 trl-ppo: $(TRL_PPO_STAMP)
+
+# Refresh the lock on purpose: a fresh .venv resolved from pyproject.toml alone (the newest releases its
+# ranges allow; torch still TORCH_SPEC), the lock rewritten from it, then the whole suite on that venv.
+# Commit the new requirements/lock.txt only if the suite passed (git diff shows what moved).
+lock:
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python scripts/install_torch.py --spec "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,trl]"
+	$(BIN)/python scripts/lock.py write $(LOCK)
+	@touch $(STAMP)
+	@touch $(TRL_STAMP)
+	$(MAKE) test
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
@@ -81,7 +109,7 @@ test-gpu:
 # RLHF_TUTORIAL_PROGRESS_FILE=off: running the solutions must not mark a learner's exercises as passed.
 nbval: $(STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_STRICT=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
-	  $(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider solutions $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
 
 # Every solution notebook again in the GPT-2 world, against the stand-in cache, offline, with the runs
 # shrunk to smoke size (RLHF_TUTORIAL_SMOKE=1): proves the GPT-2 code path runs, not that it learns.
@@ -90,7 +118,7 @@ stand-in-hub: $(STAMP)
 
 nbval-gpt2: stand-in-hub
 	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
-	  $(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider solutions $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
 
 # Debian's chromium for the browser test (Playwright's own browser download is not used). As root with
 # apt-get it is installed; otherwise this fails and says what to do (the test would fail anyway).

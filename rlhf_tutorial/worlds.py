@@ -412,7 +412,9 @@ def load_preference_pairs(world: str | None = None, split: str = "train") -> lis
 def info_main(argv: list[str]) -> dict:
     """``python -m rlhf_tutorial world-info [--world tiny|gpt2] [--seed 0] [--samples 64] [--new-tokens 20]``
 
-    Loads the world, samples continuations of the course prompt and scores them with the classifier.
+    Loads the world, samples continuations of the course prompt and scores them with the classifier;
+    the summary ends with how the shipped artifacts were built and what this machine runs
+    (``build_info``: library versions, torch build, CPU kernel level).
     """
     p = argparse.ArgumentParser(prog="python -m rlhf_tutorial world-info", description=info_main.__doc__.split("\n")[0])
     p.add_argument("--world", default=None, help="tiny or gpt2 (default: $RLHF_TUTORIAL_WORLD, else automatic)")
@@ -473,4 +475,17 @@ def info_main(argv: list[str]) -> dict:
         summary["classifier_accuracy"] = round(meta["classifier"]["accuracy"], 4)
         summary["classifier_accuracy_negation"] = round(meta["classifier"]["accuracy_negation"], 4)
         summary["preference_pairs"] = {s: meta["preferences"][s]["n"] for s in ("train", "test")}
+    summary["build_info"] = artifact_build_info(world)
     return summary
+
+
+def artifact_build_info(world: str) -> dict[str, Any]:
+    """How the world's shipped artifacts were built (library versions, torch build, CPU and kernel level,
+    as their builders recorded them, per file) and the same facts for this machine, which ``world-info``
+    shows: a learner whose run differs from a quoted figure can see whether the kernels differ."""
+    from rlhf_tutorial.buildinfo import artifact_records, build_info
+
+    info: dict[str, Any] = {"this_machine": build_info()}
+    if world == "tiny":
+        info["artifacts"] = artifact_records(tiny_dir())
+    return info

@@ -2,7 +2,8 @@
 # make test-gpu: the suites with every model on a CUDA GPU (RLHF_TUTORIAL_DEVICE=cuda), in parallel, one
 # line of counts per suite; the logs and a JSON summary go to $GPU_REPORT_DIR (default reports/gpu).
 #
-#   unit        pytest tests (less what never touches a device: install, packaging, lab/CLI, browser)
+#   unit        pytest tests (less what never touches a device: install, packaging, lab/CLI, browser, and
+#               the cpu_only tests: CPU kernel rebuilds, the simulated GPU's own tests)
 #   nbval-tiny  every solution notebook, tiny world
 #   nbval-gpt2  every solution notebook, GPT-2 world on the stand-in cache, smoke size
 #   figures     GPT-2-small-sized phases (random weights, fp32) and the tiny world's phase time on the GPU
@@ -29,7 +30,7 @@ IGNORE="--ignore=tests/test_install.py --ignore=tests/test_packaging.py --ignore
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 4")
 NBVAL="--nbval-lax --nbval-current-env -p no:cacheprovider solutions"
 
-RLHF_TUTORIAL_WORLD=tiny "$PY" -m pytest tests -m "not browser" $IGNORE -p no:cacheprovider -q $XDIST \
+RLHF_TUTORIAL_WORLD=tiny "$PY" -m pytest tests -m "not browser and not cpu_only" $IGNORE -p no:cacheprovider -q $XDIST \
   > "$OUTDIR/unit.log" 2>&1 &
 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_STRICT=1 "$PY" -m pytest $NBVAL -q > "$OUTDIR/nbval-tiny.log" 2>&1 &
 HF_HOME="$STAND_IN" RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 "$PY" -m pytest $NBVAL -q \

@@ -33,12 +33,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.browser
-
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "reports" / "browser"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 RUN_TIMEOUT_S = 420
+# pytest-timeout's limit per notebook: its own Run All limit, plus starting the lab and the browser (the
+# first test's set-up), opening, saving and reopening (each notebook took about 100 s on a busy 2-core machine).
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
 LAB_SETTINGS = {
     # every cell in the DOM (no virtual scrolling), so outputs can be found and counted
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},

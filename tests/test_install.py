@@ -84,6 +84,7 @@ def test_probe_gives_up_on_a_server_that_never_answers():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~150 s on a busy 2-core machine: two pip installs, a wheel build, chapter 00 (<= 900 s)
 def test_colab_path_keeps_the_installed_torch_and_runs_chapter_00(tmp_path):
     """A clean venv with torch already installed (as on Colab), then the course as a wheel built from this
     checkout: torch stays as it was, and chapter 00's solution runs in the tiny world under nbval."""

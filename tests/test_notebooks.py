@@ -6,6 +6,7 @@ import pytest
 
 from rlhf_tutorial import notebooks
 from rlhf_tutorial.notebooks import expected_files, parse_source, sources, stub_source
+from tests.digests import assert_same_digest
 
 
 def test_every_chapter_has_a_source():
@@ -18,7 +19,8 @@ def test_every_chapter_has_a_source():
 def test_committed_notebook_matches_the_build(path):
     expected = expected_files()[path]
     assert path.exists(), f"{path} is missing: run `python -m rlhf_tutorial build-notebooks`"
-    assert path.read_text() == expected, f"{path} is stale: run `python -m rlhf_tutorial build-notebooks`"
+    assert_same_digest(path.read_text(), expected, f"{path} and what the build writes",
+                       "The notebook is stale: run `python -m rlhf_tutorial build-notebooks`.")
 
 
 @pytest.mark.parametrize("path", sorted(expected_files()), ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -258,5 +258,7 @@ def test_build_is_deterministic(tmp_path):
         assert summary["n_files"] == len(EXPECTED_FILES)
         manifest = json.loads((tmp_path / name / "manifest.json").read_text())
         manifest.pop("metadata.json")
+        info = json.loads((tmp_path / name / "metadata.json").read_text())["build_info"]  # how it was built
+        assert info["torch_build"]["threads"] == 1 and info["libraries"]["torch"] and info["cpu"]
         manifests.append(manifest)
     assert manifests[0] == manifests[1]

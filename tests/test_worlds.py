@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -171,6 +172,33 @@ def test_world_info_summary(monkeypatch):
     assert all(s.startswith("This movie was really") for s in summary["samples"])
     assert summary["val_loss"] > 0 and summary["classifier_accuracy"] >= 0.95
     assert summary["load_seconds"] > 0
+    import torch
+
+    from rlhf_tutorial.buildinfo import NOT_RECORDED
+
+    here = summary["build_info"]["this_machine"]
+    assert here["torch_build"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert here["libraries"]["transformer-lens"] == "3.9.0" and here["torch_build"]["version"] == torch.__version__
+    artifacts = summary["build_info"]["artifacts"]
+    assert set(artifacts) == {"metadata.json", "tuned_neg/rlhf_config.json"}
+    for record in artifacts.values():  # either what the builder recorded, or said to be unknown
+        assert record.get("build_info") == NOT_RECORDED or record["torch_build"]["cpu_capability"]
+
+
+def test_world_info_shows_what_a_builder_recorded(monkeypatch, tmp_path):
+    """A tiny world whose metadata.json records build_info (what build-tiny now writes): world-info
+    shows that record, not 'not recorded'."""
+    import shutil
+
+    from rlhf_tutorial.buildinfo import build_info
+
+    shutil.copytree(worlds.tiny_dir(), tmp_path / "tiny")
+    meta_path = tmp_path / "tiny" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["build_info"] = build_info()
+    meta_path.write_text(json.dumps(meta))
+    monkeypatch.setenv(worlds.TINY_DIR_ENV_VAR, str(tmp_path / "tiny"))
+    assert worlds.artifact_build_info("tiny")["artifacts"]["metadata.json"] == meta["build_info"]
 
 
 def test_cached_gpt2_without_network_reads_the_cache_only(monkeypatch):

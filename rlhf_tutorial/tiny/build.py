@@ -14,7 +14,8 @@ byte-identical from run to run, see ``manifest.json``):
                reviews (the policy's samples are short) -> ``classifier/``;
 5. preferences (prompt, chosen, rejected) pairs labelled by the rule in
                :func:`rlhf_tutorial.tiny.corpus.preference_pairs` -> ``preferences/{train,test}.jsonl``;
-6. ``metadata.json`` (validation loss, accuracies, pair counts, seconds) and ``manifest.json``
+6. ``metadata.json`` (validation loss, accuracies, pair counts, seconds, and how it was built: library
+   versions, torch build, CPU and kernel level, :func:`rlhf_tutorial.buildinfo.build_info`) and ``manifest.json``
    (sha256 of every other file).
 
 The policy is trained as a Hugging Face ``GPT2LMHeadModel`` (its fused attention is about twice as fast on
@@ -42,6 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from rlhf_tutorial.buildinfo import build_info
 from rlhf_tutorial.tiny import corpus
 from rlhf_tutorial.trainers.args import add_flags, arg
 from rlhf_tutorial.trainers.schedules import warmup_then_cosine
@@ -448,6 +450,7 @@ def _build(args: BuildArgs) -> dict:
         "seed": args.seed,
         "build_args": {k: v for k, v in asdict(args).items() if k != "out"},
         "torch_version": torch.__version__,
+        "build_info": build_info(),
         "corpus": {
             "n_train_reviews": len(train_reviews),
             "positive_fraction": sum(r.label for r in train_reviews) / len(train_reviews),

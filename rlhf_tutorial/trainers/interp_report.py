@@ -65,9 +65,12 @@ def train_tuned(world: str, out: str | Path, smoke: bool = False, seed: int = 0,
 
 def build_tuned_main(argv: list[str]) -> dict:
     """``python -m rlhf_tutorial build-tuned --world tiny [--seed 0] [--out DIR]``: train the tiny world's
-    tuned policy (about 30-60 s on one thread; the same seed gives the same weights on CPU) and ship it in
-    the package's artifacts (``tiny/artifacts/tuned_neg``, manifest rewritten), or write it to ``--out``.
-    Its config records the sha256 of the base policy it was tuned from: after ``build-tiny``, run it again."""
+    tuned policy (about 30-60 s on one thread) and ship it in the package's artifacts
+    (``tiny/artifacts/tuned_neg``, manifest rewritten), or write it to ``--out``. Its config records the
+    sha256 of the base policy it was tuned from (after ``build-tiny``, run it again) and how it was built
+    (:func:`rlhf_tutorial.buildinfo.build_info`). The same seed gives the same bytes on one machine; on
+    other CPU kernels the weights differ and the evaluation lands within ``tiny.tuned.REBUILD_BANDS``."""
+    from rlhf_tutorial.buildinfo import build_info
     from rlhf_tutorial.tiny.build import sha256, write_manifest
     from rlhf_tutorial.tiny.tuned import TUNED_NAME
     from rlhf_tutorial.worlds import tiny_dir
@@ -83,11 +86,14 @@ def build_tuned_main(argv: list[str]) -> dict:
     start = time.perf_counter()
     base_dir = tiny_dir()
     folder = Path(ns.out) if ns.out else base_dir / TUNED_NAME
+    info = build_info()
     stats = train_tuned("tiny", folder, seed=ns.seed, progress=not ns.no_progress,
-                        base_policy_sha256=sha256(base_dir / "policy" / "model.safetensors"))
+                        base_policy_sha256=sha256(base_dir / "policy" / "model.safetensors"), build_info=info)
     if not ns.out:
         write_manifest(base_dir)
     return {"saved_to": str(folder), "seed": ns.seed, **stats,
+            "policy_sha256": sha256(folder / "policy.safetensors"),
+            "cpu_capability": info["torch_build"]["cpu_capability"], "kernel_env": info["kernel_env"],
             "size_bytes": sum(f.stat().st_size for f in folder.iterdir()),
             "wall_seconds": round(time.perf_counter() - start, 1)}
 
