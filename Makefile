@@ -1,8 +1,8 @@
 # Two commands do all set-up on a fresh machine with Python >= 3.10 and make:
 #   make lab    creates .venv, installs, starts JupyterLab at the repository, showing chapters/
-#   make test   the same environment, then the whole suite (ruff, unit and checker tests, the unit suite
-#               again on a simulated GPU, nbval, and the browser test: JupyterLab driven by headless
-#               Chromium, installed by `make chromium`)
+#   make test   the same environment, then the whole suite (ruff, unit and checker tests, nbval, the unit
+#               suite and the GPT-2 notebooks again on a simulated GPU, and the browser test: JupyterLab
+#               driven by headless Chromium, installed by `make chromium`)
 #   make test-gpu  on a CUDA machine: the suites with the models on the GPU
 # Both install exactly the versions CI passed with (requirements/lock.txt); `make lock` refreshes them.
 PYTHON ?= python3
@@ -27,7 +27,7 @@ NBVAL_FLAGS = --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_
 # HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
 STAND_IN_HF ?= .stand-in-hf
 
-.PHONY: install lock lab test lint unit unit-simgpu test-gpu trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
+.PHONY: install lock lab test lint unit unit-simgpu nbval-simgpu test-gpu trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
 
 help:
 	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make lock | make clean"
@@ -120,6 +120,12 @@ nbval-gpt2: stand-in-hub
 	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
 	  $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
 
+# The same run with every model on the simulated GPU (see unit-simgpu): the notebooks a learner with a GPU
+# runs, cell by cell, with CUDA's device rules (about 3.5 min here; GPT-2 world, smoke size).
+nbval-simgpu: stand-in-hub
+	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
+	  RLHF_TUTORIAL_DEVICE=simgpu $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
+
 # Debian's chromium for the browser test (Playwright's own browser download is not used). As root with
 # apt-get it is installed; otherwise this fails and says what to do (the test would fail anyway).
 chromium:
@@ -137,7 +143,7 @@ chromium:
 browser: $(STAMP) chromium
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
 
-test: lint unit unit-simgpu nbval nbval-gpt2 browser
+test: lint unit unit-simgpu nbval nbval-gpt2 nbval-simgpu browser
 
 notebooks: $(STAMP)
 	$(BIN)/python -m rlhf_tutorial build-notebooks
