@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from rlhf_tutorial import check, hint, ppo, probes, progress
+from rlhf_tutorial.devices import describe
 from rlhf_tutorial.ppo import Agent, RolloutBuffer, explained_variance, make_vector_env
 from rlhf_tutorial.trainers.ppo import PPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.ppo import clipped_objective_explorer, ppo_dashboard
@@ -36,6 +37,7 @@ from rlhf_tutorial.worlds import is_smoke, is_tiny
 # %%
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the networks here are tiny: more threads only add overhead
+print(describe("cpu"), "- this chapter's agents are small: they train on the CPU on every machine")
 
 # %% [markdown]
 # ## 1. Policy gradients, importance sampling and the clipped objective

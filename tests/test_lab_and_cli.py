@@ -108,3 +108,18 @@ def test_every_command_takes_a_device_and_reports_it():
         result = _cli("world-info", "--world", "tiny", "--device", "cuda")
         assert result.returncode == 1 and "Traceback" not in result.stderr
         assert "no CUDA GPU" in json.loads(result.stdout.strip().splitlines()[-1])["error"]
+
+
+@pytest.mark.parametrize("name", sorted(__import__("rlhf_tutorial.cli", fromlist=["COMMANDS"]).COMMANDS))
+def test_every_commands_help_exits_0(name, capsys):
+    """`python -m rlhf_tutorial <command> --help` is the first thing a newcomer types (a % in a field's
+    help once broke argparse's formatting of train-rlhf's)."""
+    import importlib
+
+    from rlhf_tutorial.cli import COMMANDS
+
+    module_name, func_name = COMMANDS[name][0].split(":")
+    with pytest.raises(SystemExit) as done:
+        getattr(importlib.import_module(module_name), func_name)(["--help"])
+    assert done.value.code == 0
+    assert "usage:" in capsys.readouterr().out

@@ -37,10 +37,11 @@ def add_flags(
         flags = ["--" + f.name.replace("_", "-"), *(aliases or {}).get(f.name, [])]
         default = None if from_preset else f.default
         kind = str(f.type).replace(" | None", "")
+        described = f.metadata["help"].replace("%", "%%")  # argparse formats help strings with %
         if kind == "bool":
-            parser.add_argument(*flags, default=default, action=argparse.BooleanOptionalAction, help=f.metadata["help"])
+            parser.add_argument(*flags, default=default, action=argparse.BooleanOptionalAction, help=described)
             continue
-        help_text = f"{f.metadata['help']} (default: {'preset' if from_preset else f.default})"
+        help_text = f"{described} (default: {'preset' if from_preset else f.default})"
         if kind.startswith("tuple"):
             parser.add_argument(*flags, nargs="+", default=default, help=help_text)
         else:
