@@ -188,3 +188,63 @@ def test_a_targeted_hint_puts_its_nudge_in_the_verdict_and_keeps_the_full_hint_a
     assert not result.passed
     assert "You read the first position." in result.message  # the nudge: what is wrong
     assert "logits[:, -1]" in result.hint and "logits[:, -1]" not in result.message  # the fix: only when asked
+
+
+MIXED = ("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "
+         "(when checking argument for argument mat1 in method wrapper_CUDA_addmm)")
+
+
+@pytest.fixture
+def scratch_checker():
+    """A throwaway exercise ``_scratch`` whose checker calls the candidate on a tensor, then raises
+    ``checker_raises`` itself (None: it passes); removed afterwards."""
+    from rlhf_tutorial.checks import core
+
+    state = {"checker_raises": None}
+
+    @core.checker("_scratch", chapter="test", hint="a hint")
+    def check_scratch(candidate):
+        core.call(candidate, torch.ones(2))
+        if state["checker_raises"] is not None:
+            raise state["checker_raises"]
+
+    yield state
+    core.REGISTRY.pop("_scratch", None)
+
+
+def test_a_device_mix_in_the_learners_code_is_named_as_theirs(scratch_checker):
+    def learner(x):
+        raise RuntimeError(MIXED)
+
+    result = run_check("_scratch", learner)
+    assert not result.passed
+    assert result.message.startswith("your code mixed devices") and "checker" not in result.message
+
+
+def test_a_device_mix_inside_the_checker_is_never_reported_as_the_learners(scratch_checker):
+    scratch_checker["checker_raises"] = RuntimeError(MIXED)
+    result = run_check("_scratch", lambda x: x * 2)
+    assert not result.passed
+    assert "inside the checker, not in your code" in result.message and "bug in the checker" in result.message
+
+
+def test_an_output_on_another_device_than_the_inputs_is_named():
+    from rlhf_tutorial.checks.core import device_problem
+
+    meta = torch.device("meta")  # any second device: the message names both
+    assert device_problem(torch.ones(2), torch.device("cpu")) is None
+    text = device_problem(torch.ones(2), meta)
+    assert "is on cpu, the inputs on meta" in text
+    head = torch.nn.Sequential(torch.nn.Linear(2, 1))
+    model = torch.nn.Module()
+    model.value_head = head
+    assert "your value head is on cpu, the model on meta" in device_problem(model, meta)
+
+
+def test_a_librarys_not_implemented_error_is_not_an_untouched_stub(scratch_checker):
+    def stub(x):
+        raise NotImplementedError("write this")
+
+    assert "not implemented yet" in run_check("_scratch", stub).message
+    library = run_check("_scratch", lambda x: torch.ones(2).to_sparse().view(-1, 1))
+    assert "not implemented yet" not in library.message and "your code raised" in library.message

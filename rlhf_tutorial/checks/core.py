@@ -153,10 +153,16 @@ def _learner_frame(tb) -> str:
 
 
 def _raised_by_learner(exc: BaseException) -> bool:
-    """Whether the innermost frame that raised ``exc`` is outside installed libraries (the learner's
-    own ``raise``, e.g. an untouched stub's), not inside torch or another library."""
+    """Whether ``exc`` comes from the learner's own ``raise`` (an untouched stub's), not from torch or
+    another library: the innermost frame is outside installed libraries and its line is a ``raise``
+    (torch's C++ errors surface on the learner's line that called it, which is no ``raise``)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return not frames or not os.path.abspath(frames[-1].filename).startswith(_LIBRARY_DIRS)
+    if not frames:
+        return True
+    last = frames[-1]
+    if os.path.abspath(last.filename).startswith(_LIBRARY_DIRS):
+        return False
+    return not last.line or last.line.lstrip().startswith("raise")
 
 
 def describe_exception(exc: BaseException) -> str:
