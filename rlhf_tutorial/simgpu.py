@@ -123,6 +123,7 @@ def _wrap(x: Any) -> Any:
 _CROSS_DEVICE_OPS = {aten.copy_.default, aten._to_copy.default, aten.lift_fresh.default}
 _INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 
+
 def _device_name(t: torch.Tensor) -> str:
     return str(sim_device()) if isinstance(t, SimTensor) else str(t.device)
 
