@@ -82,16 +82,6 @@ def describe(device: Any = None) -> str:
     return f"device: {dev} ({torch.get_num_threads()} torch threads)"
 
 
-def mismatch(what: str, obj: Any, where: Any, other: str = "the model") -> str | None:
-    """A learner-facing sentence when ``obj`` (a tensor or module) is not on ``where``'s device, e.g.
-    "your value head is on cpu, the model on cuda:0"; None when they agree."""
-    got, want = device_of(obj), device_of(where) if not isinstance(where, torch.device) else where
-    if _same(got, want):
-        return None
-    return (f"your {what} is on {got}, {other} on {want}: create it on {other}'s device "
-            f"(e.g. `.to(next(model.parameters()).device)` or `device=x.device`).")
-
-
-def _same(a: torch.device, b: torch.device) -> bool:
+def same_device(a: torch.device, b: torch.device) -> bool:
     """Equal devices, reading a missing index as the current one (``cuda`` is ``cuda:0``)."""
     return a.type == b.type and (a.index or 0) == (b.index or 0)

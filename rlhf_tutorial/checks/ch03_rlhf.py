@@ -61,10 +61,11 @@ from rlhf_tutorial.checks.core import (
     failure,
     fmt,
     get_attr,
+    mismatch,
     seeded,
     to_device,
 )
-from rlhf_tutorial.devices import device_of, mismatch
+from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 from rlhf_tutorial.worlds import PROMPT
@@ -1439,16 +1440,11 @@ def _check_memory(memory, trainer: RLHFTrainer, label: str) -> dict[str, torch.T
 def call_on_trainer(fn: Callable, trainer: RLHFTrainer, *args: Any) -> Any:
     """``call(fn, trainer, *args)``, with a device mix in the learner's code explained by the trainer's device
     (a trainer is not a tensor: ``call`` cannot tell where its inputs live)."""
-    try:
-        return call(fn, trainer, *args, _arg_names=["trainer", "memory"])
-    except CheckFailure as failed:
-        if not failed.message.startswith("your code mixed devices"):
-            raise
-        raise failure(failed.message, (
-            f"A CPU tensor met one on the trainer's device ({trainer.device}): the policy, the reference, the rewards of "
-            "trainer.reward_fn and everything computed from them are on trainer.device; ngram_repetition (it reads "
-            "texts) gives a CPU tensor: .to(trainer.device) it, and build any new tensor with "
-            "device=trainer.device.")) from None
+    return call(fn, trainer, *args, _arg_names=["trainer", "memory"], _device_hint=(
+        f"A CPU tensor met one on the trainer's device ({trainer.device}): the policy, the reference, the rewards of "
+        "trainer.reward_fn and everything computed from them are on trainer.device; ngram_repetition (it reads "
+        "texts) gives a CPU tensor: .to(trainer.device) it, and build any new tensor with "
+        "device=trainer.device."))
 
 
 class _BatchSizes:

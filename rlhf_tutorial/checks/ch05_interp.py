@@ -312,13 +312,8 @@ def _patch_batch_dim(activation, hook, source, positions=None):
 def _call_hook(run: Callable, device: torch.device):
     """``call(run)`` for a hook called in place (its activation is edited by contract, so the inputs are
     not handed to ``call``): a device mix names the activations' device."""
-    try:
-        return call(run)
-    except CheckFailure as failure:
-        if failure.message.startswith("your code mixed devices"):
-            raise CheckFailure(failure.message, hint=f"The activations are on {device}: build any new tensor on "
-                               "the activation's device (device=activation.device).") from None
-        raise
+    return call(run, _device_hint=f"The activations are on {device}: build any new tensor on the activation's "
+                "device (device=activation.device).")
 
 
 _PATCH_MISTAKES = [

@@ -231,8 +231,18 @@ def _input_device(args: tuple, kwargs: dict) -> torch.device | None:
     return None
 
 
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    return a.type == b.type and (a.index or 0) == (b.index or 0)
+def mismatch(what: str, obj: Any, where: Any, other: str = "the model", fix: str | None = None) -> str | None:
+    """A learner-facing sentence when ``obj`` (a tensor or module) is not on ``where``'s device (a
+    device, tensor or module), e.g. "your value head is on cpu, the model on cuda:0: <fix>"; None when
+    they agree."""
+    from rlhf_tutorial.devices import device_of, same_device
+
+    got, want = device_of(obj), where if isinstance(where, torch.device) else device_of(where)
+    if same_device(got, want):
+        return None
+    fix = fix or (f"create it on {other}'s device (e.g. `.to(next(model.parameters()).device)` or "
+                  "`device=x.device`).")
+    return f"your {what} is on {got}, {other} on {want}: {fix}"
 
 
 def device_problem(out: Any, want: torch.device | None) -> str | None:
@@ -242,25 +252,29 @@ def device_problem(out: Any, want: torch.device | None) -> str | None:
         return None
     if isinstance(out, torch.nn.Module):
         for name, p in out.named_parameters():
-            if not _same_device(p.device, want):
-                part = name.split(".")[0].replace("_", " ")  # value_head.0.weight -> value head
-                return (f"your {part} is on {p.device}, the model on {want}: create new layers on the model's "
-                        "device (e.g. `nn.Linear(...).to(next(model.parameters()).device)`).")
+            part = name.split(".")[0].replace("_", " ")  # value_head.0.weight -> value head
+            problem = mismatch(part, p, want, fix="create new layers on the model's device (e.g. "
+                               "`nn.Linear(...).to(next(model.parameters()).device)`).")
+            if problem:
+                return problem
         return None
-    for path, t in _tensors_in(out):
-        if not _same_device(t.device, want):  # a scalar loss too: backward() would leave the GPU
-            what = f"output{path}" if path else "output"
-            return (f"your {what} is on {t.device}, the inputs on {want}: build new tensors on an input's "
-                    "device (`torch.zeros(..., device=x.device)`, `torch.tensor(..., device=x.device)`).")
+    for path, t in _tensors_in(out):  # a scalar loss too: backward() would leave the GPU
+        problem = mismatch(f"output{path}" if path else "output", t, want, "the inputs",
+                           fix="build new tensors on an input's device (`torch.zeros(..., device=x.device)`, "
+                           "`torch.tensor(..., device=x.device)`).")
+        if problem:
+            return problem
     return None
 
 
-def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None, **kwargs: Any) -> Any:
+def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None,
+         _device_hint: str | None = None, **kwargs: Any) -> Any:
     """Call the learner's ``candidate``; every way it can go wrong becomes a :class:`CheckFailure`.
 
     - ``NotImplementedError`` -> "not implemented yet";
     - a mix of devices inside their code (a tensor built on the CPU beside a model on the GPU) -> a
-      failure that says so, with their line;
+      failure that says so, with their line, and ``_device_hint`` (where the inputs live, when they are
+      no tensor or module ``call`` can read it from: a trainer, a hook's activation) or a general hint;
     - any other exception -> a failure naming the exception and the learner's line;
     - a tensor argument modified in place -> a failure naming the argument;
     - an output (a tensor, or a module's parameter) on another device than the inputs -> a failure
@@ -286,7 +300,7 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
             inputs = f"The inputs are on {where}: build" if where is not None else "Build"
             raise CheckFailure(
                 f"your code mixed devices: {describe_exception(exc)}",
-                hint=f"{inputs} every new tensor on an input's device "
+                hint=_device_hint or f"{inputs} every new tensor on an input's device "
                 "(`device=x.device`) and every new layer with `.to(...)` that device; the same code must run "
                 "on a CPU and on a GPU.",
             ) from None
