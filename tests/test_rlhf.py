@@ -187,10 +187,13 @@ def test_memory_rule_no_full_batch_forward(tokenizer):
 
 
 def test_adaptive_kl_and_early_stopping_in_the_loop(tokenizer):
-    trainer = make(tokenizer, adaptive_kl=True, kl_coef=0.5, kl_target=1e-6, kl_horizon=16, num_phases=3)
+    trainer = make(tokenizer, adaptive_kl=True, kl_coef=0.5, kl_target=1e-6, kl_horizon=16, num_phases=4)
     trainer.train(progress=False)
-    assert trainer.kl_coef > 0.5  # the KL is far above its (tiny) target: beta went up
-    assert [r["kl_coef"] for r in trainer.history] == sorted(r["kl_coef"] for r in trainer.history)
+    betas = [r["kl_coef"] for r in trainer.history]
+    # Phase 0's rollout is the reference's (KL exactly 0, below any target): beta went down once ...
+    assert betas[1] < betas[0] == 0.5
+    # ... then the KL is far above its (tiny) target: beta goes up every phase.
+    assert betas[1:] == sorted(betas[1:]) and trainer.kl_coef > 0.5
 
     stopper = make(tokenizer, early_stopping=True, patience=2, kl_threshold=-1.0, num_phases=5)
     history = stopper.train(progress=False)
@@ -201,6 +204,35 @@ def test_warmup_starts_at_zero(tokenizer):
     trainer = make(tokenizer, warmup_steps=2, num_phases=4)
     trainer.train(progress=False)
     assert [round(r["lr"] / trainer.args.learning_rate, 3) for r in trainer.history] == [0.0, 0.5, 1.0, 0.55]
+
+
+@pytest.mark.parametrize("estimator", ["one_step", "gae"])
+def test_the_record_kl_is_the_rollouts_and_drives_the_controller(tokenizer, estimator):
+    """Phase 0 runs at learning rate 0 (warmup), so phase 1's rollout still samples from the reference:
+    its logged KL (the rollout's k3, which the text, the curves and the controller use) is exactly 0,
+    while the update's own KL goes in as ``update_kl``; the controller is fed the rollout's KL."""
+    trainer = make(tokenizer, advantage_estimator=estimator, warmup_steps=2, num_phases=3, adaptive_kl=True,
+                   kl_coef=0.5, kl_target=0.5, kl_horizon=16)
+    seen = []
+    update = trainer.kl_controller.update
+    trainer.kl_controller.update = lambda kl, n: (seen.append(kl), update(kl, n))[1]
+    history = trainer.train(progress=False)
+    assert history[1]["lr"] > 0 == history[0]["lr"]
+    assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert history[1]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert history[2]["kl"] > 1e-4  # phase 1 learnt: phase 2's rollout has moved
+    assert all("update_kl" in r and "kl" in r for r in history)
+    assert history[1]["update_kl"] > 0  # the policy moved during phase 1's own minibatch steps
+    assert seen == [r["kl"] for r in history]  # the controller saw the rollout's KL, phase by phase
+
+
+def test_add_stats_keeps_one_key_per_quantity():
+    from rlhf_tutorial.trainers.records import add_stats
+
+    record = add_stats({"kl": 0.0, "reward": 0.5}, {"kl": 0.3, "loss": 1.0}, prefix="update_")
+    assert record == {"kl": 0.0, "reward": 0.5, "update_kl": 0.3, "loss": 1.0}
+    with pytest.raises(KeyError, match="share a name"):
+        add_stats(record, {"kl": 0.1}, prefix="update_")
 
 
 def test_learner_functions_are_plugged_in(tokenizer):

@@ -42,6 +42,7 @@ from rlhf_tutorial.grpo import decode_completions, eos_id, sample_group
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
+from rlhf_tutorial.trainers.records import add_stats, mean_stats
 from rlhf_tutorial.trainers.runtime import PeakMemory
 from rlhf_tutorial.worlds import PROMPT
 
@@ -357,11 +358,10 @@ def train(
                 order = torch.randperm(len(batch), generator=generator)
                 for rows in order.split(args.batch_size):
                     steps.append(dpo_step(policy, optimizer, batch.select(rows), args, fns))
-            record.update({k: sum(s[k] for s in steps) / len(steps) for k in steps[0]})
+            add_stats(record, mean_stats(steps), prefix="update_")
             if evaluate:
                 held_out = measure(args.eval_samples_per_round)
-                record.update(reward=held_out["reward"], reward_se=held_out["reward_se"], kl=held_out["kl"],
-                              kl_se=held_out["kl_se"])
+                add_stats(record, {k: held_out[k] for k in ("reward", "reward_se", "kl", "kl_se")}, prefix="held_out_")
                 record["samples"] = list(zip(held_out["texts"], held_out["rewards"]))[: args.n_logged_samples]
             history.append(record)
             if callback is not None:

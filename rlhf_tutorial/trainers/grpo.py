@@ -44,6 +44,7 @@ from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.speed import REWARD_TARGET, harness_speedups, time_split, time_to_reward
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
+from rlhf_tutorial.trainers.records import add_stats, mean_stats
 from rlhf_tutorial.trainers.runtime import PeakMemory, peak_memory_mb
 from rlhf_tutorial.worlds import PROMPT
 
@@ -314,7 +315,7 @@ def train(
                     for _ in range(args.update_epochs):
                         for minibatch in rollout.minibatches(args.num_minibatches, generator):
                             steps.append(fns["grpo_step"](policy, optimizer, minibatch, args))
-                record.update({k: sum(s[k] for s in steps) / len(steps) for k in steps[0]})
+                add_stats(record, mean_stats(steps), prefix="update_")
             if args.ref_refresh_every and (phase + 1) % args.ref_refresh_every == 0:
                 reference.load_state_dict(policy.state_dict())
                 record["reference_refreshed"] = True

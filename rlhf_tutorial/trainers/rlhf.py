@@ -42,6 +42,7 @@ from rlhf_tutorial.speed import (
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_tuned_policy, save_tuned_policy  # noqa: F401
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
+from rlhf_tutorial.trainers.records import add_stats
 from rlhf_tutorial.trainers.runtime import default_threads, peak_memory_mb
 from rlhf_tutorial.worlds import PROMPT
 
@@ -331,7 +332,8 @@ class RLHFTrainer:
                     callback(record)
                 break
             with clock("optimisation"):
-                record.update(self.fns["learning_phase"](self, memory))
+                # the update's own stats: a `kl` among them (the updating policy's) goes in as `update_kl`
+                add_stats(record, self.fns["learning_phase"](self, memory), prefix="update_")
             if self.kl_controller is not None:
                 self.kl_controller.update(record["kl"], self.args.batch_size)
             record.update(clock.take(), seconds_phase=time.perf_counter() - phase_start)
