@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-stand-in-hub": ("rlhf_tutorial.standin_hub:main",
                            "write stand-in GPT-2 repos (random weights) into a local HF cache, for tests"),
     "build-notebooks": ("rlhf_tutorial.notebooks:main", "write chapters/ and solutions/ from course/"),
+    "record-figures": ("rlhf_tutorial.figures:main", "re-run the runs the prose quotes and record their summaries"),
     "train-ppo": ("rlhf_tutorial.trainers.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),
     "probes": ("rlhf_tutorial.probes:main", "chapter 01: run the reference PPO on every probe env"),
     "train-reward-model": ("rlhf_tutorial.trainers.rewards:main", "chapter 02: train a Bradley-Terry reward model"),

@@ -21,6 +21,8 @@ from typing import Any
 
 import nbformat
 
+from rlhf_tutorial import figures
+
 ROOT = Path(__file__).resolve().parents[1]
 COURSE_DIR = ROOT / "course"
 BEGIN, END = "# >>> exercise", "# <<< exercise"
@@ -211,14 +213,15 @@ def how_to_work(stem: str, variant: str) -> str:
 def build(cells: list[Cell], variant: str, stem: str = "") -> nbformat.NotebookNode:
     """The notebook for ``variant`` ("chapter" or "solution")."""
     nb = nbformat.v4.new_notebook()
+    recorded = figures.recorded()
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }
     out = []
     for cell in cells:
-        if cell.kind == "markdown":
-            out.append(nbformat.v4.new_markdown_cell(cell.source))
+        if cell.kind == "markdown":  # quoted run figures come from figures.json
+            out.append(nbformat.v4.new_markdown_cell(figures.substitute(cell.source, recorded)))
             if len(out) == 1 and stem:  # under the title
                 out.append(nbformat.v4.new_markdown_cell(how_to_work(stem, variant)))
         elif cell.kind in {"code", "imports"} or cell.kind == variant.replace("chapter", "stub"):
@@ -259,6 +262,9 @@ def expected_files(root: Path = ROOT) -> dict[Path, str]:
         cells = parse_source(src.read_text())
         files[root / "chapters" / f"{src.stem}.ipynb"] = render(cells, "chapter", src.stem)
         files[root / "solutions" / f"{src.stem}.ipynb"] = render(cells, "solution", src.stem)
+    readme = root / "README.md"
+    if readme.exists():  # its quoted run figures, from figures.json
+        files[readme] = figures.sync_readme(readme.read_text())
     return files
 
 

@@ -1,0 +1,243 @@
+"""Figures the prose quotes, tied to the runs that make them.
+
+A number the chapters or the README quote from a run (a reward, a KL, an accuracy, a time) is never
+typed by hand. It lives in one place, ``figures.json`` beside this file, written by one command:
+
+- :data:`RUNS` names each run by its command line (``python -m rlhf_tutorial <argv>``);
+- ``python -m rlhf_tutorial record-figures [NAME ...]`` runs them (all, or the named ones) and stores
+  each one's last-line JSON summary with the machine it ran on (:func:`rlhf_tutorial.buildinfo.build_info`:
+  "the reference machine" in the text);
+- ``course/*.py`` markdown writes ``{{NAME.KEY}}`` or ``{{NAME.KEY:FORMAT}}`` (``{{rlhf_neg.kl_final:.2f}}``;
+  a KEY may go into a dict or list: ``seconds_per_phase.sampling``, ``kl_coef_per_phase.-1``), and
+  ``build-notebooks`` writes the recorded value in its place; the README writes the number followed by
+  ``<!--fig NAME.KEY-->`` and :func:`sync_readme` (run by ``record-figures`` and ``build-notebooks``)
+  rewrites it with the same number of decimals; a test fails when the README is stale;
+- a solution notebook that runs what its text quotes calls :func:`agree` with what it printed: beyond
+  the tolerance of :func:`band` that is an error under nbval (``RLHF_TUTORIAL_STRICT=1``, CI) and a note
+  to the learner otherwise (other CPUs round differently: the figures are the reference machine's).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FIGURES_FILE = Path(__file__).with_name("figures.json")
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A command whose summary the prose quotes. ``world`` is the world its figures belong to: a
+    notebook checks its own output against them only there (and never at smoke sizes)."""
+
+    argv: tuple[str, ...]
+    world: str = "tiny"
+
+    @property
+    def command(self) -> str:
+        return "python -m rlhf_tutorial " + " ".join(self.argv)
+
+
+#: Every run the prose quotes, by name. Keep the names short: they appear in the course's markdown.
+RUNS: dict[str, Run] = {
+    "rlhf_neg": Run(("train-rlhf", "--world", "tiny", "--direction", "neg", "--seed", "0")),
+    "rlhf_adaptive": Run(("train-rlhf", "--world", "tiny", "--direction", "neg", "--seed", "0", "--adaptive-kl")),
+    "grpo_neg": Run(("train-grpo", "--world", "tiny", "--direction", "neg", "--seed", "0")),
+    # chapter 03: the advantage estimators, 20 phases of 32
+    "rlhf_one_step": Run(("train-rlhf", "--world", "tiny", "--seed", "0", "--num-phases", "20", "--batch-size", "32",
+                          "--advantage-estimator", "one_step")),
+    "rlhf_gae": Run(("train-rlhf", "--world", "tiny", "--seed", "0", "--num-phases", "20", "--batch-size", "32",
+                     "--advantage-estimator", "gae")),
+    # chapter 03: reward hacking, 40 aggressive phases of 32
+    **{name: Run(("train-rlhf", "--world", "tiny", "--seed", "0", "--batch-size", "32", "--num-phases", "40",
+                  "--learning-rate", "1e-3", "--head-lr", "3e-3", "--no-early-stopping", *extra))
+       for name, extra in {
+           "hack_tiny_beta": ("--kl-coef", "0.001"),
+           "hack_tiny_beta_rep": ("--kl-coef", "0.001", "--repetition-coef", "1.0"),
+           "hack_rep_adaptive": ("--kl-coef", "0.1", "--repetition-coef", "1.0", "--adaptive-kl", "--kl-target", "0.25",
+                                 "--kl-horizon", "128"),
+       }.items()},
+}
+
+#: Summary entries not worth keeping (sample texts: long, and no figure quotes them).
+DROPPED_KEYS = ("samples_initial", "samples_final", "texts", "samples")
+
+_PLACEHOLDER = re.compile(r"\{\{([a-z0-9_]+)\.([A-Za-z0-9_.\-]+?)(?::([^{}]+))?\}\}")
+_README_FIGURE = re.compile(r"(?P<num>[-+]?\d+(?:\.\d+)?)(?P<tag><!--fig (?P<ref>[a-z0-9_]+\.[A-Za-z0-9_.\-]+)-->)")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading recorded figures
+# ----------------------------------------------------------------------------------------------------
+
+
+def recorded(path: Path = FIGURES_FILE) -> dict[str, Any]:
+    """Every recorded run: ``{name: {"command", "summary", "recorded", "machine"}}``."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def lookup(ref: str, figures: dict[str, Any] | None = None) -> Any:
+    """The recorded value of ``"NAME.KEY"`` (KEY may descend into dicts and lists: ``a.b``, ``a.-1``)."""
+    figures = recorded() if figures is None else figures
+    name, _, key = ref.partition(".")
+    if name not in figures:
+        known = ", ".join(sorted(figures)) or "none yet"
+        raise KeyError(f"figure {ref!r}: no recorded run {name!r} (recorded: {known}); add it to figures.RUNS and "
+                       f"run `python -m rlhf_tutorial record-figures {name}`")
+    value: Any = figures[name]["summary"]
+    for part in key.split("."):
+        try:
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise KeyError(f"figure {ref!r}: the summary of {figures[name]['command']!r} has no {key!r}") from None
+    return value
+
+
+def fmt(value: Any, spec: str | None) -> str:
+    """``value`` as the prose shows it: ``spec`` is a format spec (``.2f``, ``,.0f``); without one, floats
+    get 2 decimals and everything else ``str``."""
+    if spec:
+        return format(value, spec)
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def substitute(text: str, figures: dict[str, Any] | None = None) -> str:
+    """``text`` with every ``{{NAME.KEY[:FORMAT]}}`` replaced by the recorded value."""
+    figures = recorded() if figures is None else figures
+    return _PLACEHOLDER.sub(lambda m: fmt(lookup(f"{m[1]}.{m[2]}", figures), m[3]), text)
+
+
+def placeholders(text: str) -> list[str]:
+    """Every ``NAME.KEY`` that ``text`` quotes (course placeholders and README tags)."""
+    return [f"{m[1]}.{m[2]}" for m in _PLACEHOLDER.finditer(text)] + [m["ref"] for m in _README_FIGURE.finditer(text)]
+
+
+def sync_readme(text: str, figures: dict[str, Any] | None = None) -> str:
+    """``text`` with the number before every ``<!--fig NAME.KEY-->`` rewritten to the recorded value, with
+    as many decimals as it had."""
+    figures = recorded() if figures is None else figures
+
+    def one(m: re.Match) -> str:
+        decimals = len(m["num"].partition(".")[2])
+        return f"{float(lookup(m['ref'], figures)):.{decimals}f}{m['tag']}"
+
+    return _README_FIGURE.sub(one, text)
+
+
+# ----------------------------------------------------------------------------------------------------
+# A notebook's own run against the text
+# ----------------------------------------------------------------------------------------------------
+
+
+def band(key: str) -> tuple[float, float]:
+    """How far a run on another machine may land from the reference machine's figure, as (absolute,
+    relative) tolerance; a value agrees when within either. Rewards and accuracies are probabilities
+    and move by a few hundredths across CPUs; a KL moves by up to about a third (chapter 05's
+    ``REBUILD_BANDS``: 0.24-0.34 for one run at four kernel levels); times are not compared."""
+    if "seconds" in key or "memory" in key:
+        return math.inf, math.inf
+    if "kl" in key:
+        return 0.03, 0.4
+    if "reward" in key or "accuracy" in key or "pass_at" in key:
+        return 0.05, 0.0
+    return 0.0, 0.3
+
+
+def disagreements(name: str, observed: dict[str, float], figures: dict[str, Any] | None = None) -> list[str]:
+    """One line per entry of ``observed`` (``{KEY: value this run printed}``) outside :func:`band` of the
+    recorded ``NAME.KEY``."""
+    out = []
+    for key, value in observed.items():
+        want = float(lookup(f"{name}.{key}", figures))
+        abs_tol, rel_tol = band(key)
+        if not (abs(value - want) <= abs_tol or abs(value - want) <= rel_tol * abs(want)):
+            out.append(f"{key}: this run {value:.4g}, the text {want:.4g} (tolerance ±{abs_tol:g} or ±{rel_tol:.0%})")
+    return out
+
+
+def agree(name: str, observed: dict[str, float], world: str | None = None, smoke: bool | None = None) -> bool:
+    """Check that what a notebook's run printed agrees with what its text quotes from run ``name``.
+
+    Only in the run's world and at full size (the GPT-2 world's figures are not the tiny world's, and a
+    smoke run proves the code path, not the numbers). Under ``RLHF_TUTORIAL_STRICT=1`` (nbval in CI) a
+    disagreement raises ``AssertionError``; otherwise it prints what differs and returns False.
+    """
+    from rlhf_tutorial.worlds import is_smoke, resolve_world
+
+    run = RUNS[name]
+    world = resolve_world(world)
+    smoke = is_smoke() if smoke is None else smoke
+    if world != run.world or smoke:
+        return True
+    problems = disagreements(name, observed)
+    if not problems:
+        return True
+    machine = recorded()[name]["machine"]
+    where = f"{machine.get('cpu', '?')}, {machine.get('torch_build', {}).get('cpu_capability', '?')}"
+    message = (f"The text quotes `{run.command}` as recorded on the reference machine ({where}); "
+               "this run differs:\n  " + "\n  ".join(problems))
+    if os.environ.get("RLHF_TUTORIAL_STRICT") == "1":
+        raise AssertionError(message + "\nRe-record with `python -m rlhf_tutorial record-figures "
+                             f"{name}` and rebuild the notebooks if the code changed on purpose.")
+    print(message + "\n(Another CPU rounds differently; a large gap usually means an exercise differs.)")
+    return False
+
+
+# ----------------------------------------------------------------------------------------------------
+# Recording
+# ----------------------------------------------------------------------------------------------------
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """Run ``run`` in a fresh process and return its last-line JSON summary (less :data:`DROPPED_KEYS`)."""
+    proc = subprocess.run([sys.executable, "-m", "rlhf_tutorial", *run.argv], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"`{run.command}` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    summary = json.loads(lines[-1])
+    return {k: v for k, v in summary.items() if k not in DROPPED_KEYS}
+
+
+def record(names: list[str], path: Path = FIGURES_FILE) -> dict[str, Any]:
+    """Run each named run (every one of :data:`RUNS` when ``names`` is empty) and store its summary."""
+    from rlhf_tutorial.buildinfo import build_info
+
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        raise SystemExit(f"record-figures: unknown run(s) {', '.join(unknown)}; known: {', '.join(RUNS)}")
+    for name in names or list(RUNS):
+        run = RUNS[name]
+        print(f"[record-figures] {name}: {run.command}", file=sys.stderr, flush=True)
+        entry = {"command": run.command, "summary": run_summary(run),
+                 "recorded": datetime.date.today().isoformat(), "machine": build_info()}
+        figures = {**recorded(path), name: entry}  # read again: another recording may have added runs
+        path.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")  # after each run: nothing lost
+    return recorded(path)
+
+
+def main(argv: list[str]) -> dict:
+    """``record-figures [NAME ...]``: re-run the quoted runs, store their summaries, update the README."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial record-figures", description=main.__doc__)
+    parser.add_argument("names", nargs="*", help=f"runs to record (default: all): {', '.join(RUNS)}")
+    parser.add_argument("--list", action="store_true", help="list the runs and where each is recorded, run nothing")
+    ns = parser.parse_args(argv)
+    if ns.list:
+        figures = recorded()
+        return {"runs": {n: {"command": r.command, "recorded": figures.get(n, {}).get("recorded")}
+                         for n, r in RUNS.items()}}
+    figures = record(ns.names)
+    README.write_text(sync_readme(README.read_text(), figures))
+    return {"recorded": ns.names or list(RUNS), "file": str(FIGURES_FILE),
+            "next": "python -m rlhf_tutorial build-notebooks"}
