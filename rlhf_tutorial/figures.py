@@ -68,6 +68,10 @@ RUNS: dict[str, Run] = {
        }.items()},
 }
 
+# Chapters 04 and 06.
+RUNS.update({
+})
+
 #: Summary entries not worth keeping (sample texts: long, and no figure quotes them).
 DROPPED_KEYS = ("samples_initial", "samples_final", "texts", "samples")
 
