@@ -27,7 +27,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from torch.distributions import Categorical
 
-from rlhf_tutorial import check, hint, ppo, probes, progress
+from rlhf_tutorial import check, figures, hint, ppo, probes, progress
 from rlhf_tutorial.devices import describe
 from rlhf_tutorial.ppo import Agent, RolloutBuffer, explained_variance, make_vector_env
 from rlhf_tutorial.trainers.ppo import PPOArgs, learner_functions, train
@@ -281,8 +281,9 @@ print(bad.diagnosis)
 # clip fraction and the explained variance; in JupyterLab it updates while training runs.
 #
 # In the tiny world (the one CI runs) this run is shortened to 40,000 steps to fit a test budget; with
-# seed 1 it goes from a mean return of about 21 over the first 20 episodes to about 486 over the last 20
-# (a shorter run is less reliable than the full one). In the GPT-2 world it is the full run of the
+# seed 1, on the reference machine, it goes from a mean return of {{cartpole_40k.mean_return_first20:.0f}}
+# over the first 20 episodes to {{cartpole_40k.mean_return_last20:.0f}} over the last 20 (a shorter run is
+# less reliable than the full one). In the GPT-2 world it is the full run of the
 # `PPOArgs` defaults (about 250,000 steps, one to two minutes on a CPU).
 
 # %%
@@ -295,6 +296,8 @@ dashboard.finish()
 first20, last20 = np.mean(result.episode_returns[:20]), result.mean_return_last(20)
 print(f"{len(result.episode_returns)} episodes, {result.env_steps:,} env steps in {result.wall_seconds:.0f} s")
 print(f"mean return: first 20 episodes {first20:.1f}, last 20 episodes {last20:.1f}")
+if args.total_timesteps == 40_000:  # the text above quotes this run
+    figures.agree("cartpole_40k", {"mean_return_first20": first20, "mean_return_last20": last20})
 assert last20 > 3 * first20, "the agent should clearly learn within this run"
 
 # %% [markdown]
@@ -304,13 +307,15 @@ assert last20 > 3 * first20, "the agent should clearly learn within this run"
 # python -m rlhf_tutorial train-ppo --env CartPole-v1 --seed 1 --report reports/ppo_cartpole.html
 # ```
 #
-# It prints a JSON summary on its last line; `--report` saves this dashboard as an HTML file. Measured
-# on the course's 2-core CPU while several other jobs shared it (load average 8 to 10): a mean return of
-# **500.0** over the last 20 episodes (the maximum; solved is 475), 659 episodes, 98 to 133 s of training
-# (105 to 143 s for the whole command, 43 to 49 s of CPU time), the same numbers on every run with seed 1.
-# In its figure the mean of the last 20 returns first passes 475 after about 41,000 steps, wobbles (down
-# to about 430 near 165,000 steps) and stays at 500 from about 185,000 steps, as the annealed learning
-# rate takes approx KL and the clip fraction towards 0. Explained variance falls to about 0 whenever every
+# It prints a JSON summary on its last line; `--report` saves this dashboard as an HTML file. Recorded
+# on the reference machine (2 CPU cores, one torch thread): a mean return of
+# **{{cartpole.mean_return_last20:.1f}}** over the last 20 episodes (the maximum is 500; solved is 475),
+# {{cartpole.episodes}} episodes, {{cartpole.wall_seconds:.0f}} s of training (more on a busy machine),
+# the same returns on every run with seed 1 on one machine. The mean of the last 20 returns first passes
+# 475 after {{cartpole.first_step_last20_above_threshold:,}} steps; in the figure it wobbles before it
+# settles, as the annealed learning
+# rate takes approx KL and the clip fraction towards 0 (at the last update: {{cartpole.final_approx_kl:.4f}}
+# and {{cartpole.final_clipfrac:.3f}}). Explained variance falls to about 0 whenever every
 # episode lasts the full 500 steps: the returns then differ only by how far each state is from the time
 # limit, which the observation does not show (see "truncation" below).
 #

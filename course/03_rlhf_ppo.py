@@ -47,7 +47,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe, device_of
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
@@ -503,9 +503,11 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 # spread over every token, blew up), and the GPT-2 preset follows it. The tiny world's default is GAE with
 # the score at the last token: there the sentiment is mostly settled by the first word after the prompt,
 # and the one-step estimate can only pass the score back one value at a time, through 16 tokens. Measured
-# with the command line (`train-rlhf --world tiny --seed 0 --num-phases 20 --batch-size 32
-# --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step moved the policy
-# (KL 0.24 per token) but hardly the reward (0.29 -> 0.35); GAE took it from 0.29 to 0.86.
+# on the reference machine with the command line (`train-rlhf --world tiny --seed 0 --num-phases 20
+# --batch-size 32 --advantage-estimator one_step` or `gae`, everything else the tiny preset): one-step
+# moved the policy (KL {{rlhf_one_step.kl_final:.2f}} per token) but hardly the reward
+# ({{rlhf_one_step.mean_reward_initial:.2f}} -> {{rlhf_one_step.mean_reward_final:.2f}}); GAE took it from
+# {{rlhf_gae.mean_reward_initial:.2f}} to {{rlhf_gae.mean_reward_final:.2f}} (KL {{rlhf_gae.kl_final:.2f}}).
 #
 # `rollout_advantages` (not an exercise: read it) makes that choice in one place, from the settings'
 # `advantage_estimator`; your `rollout_phase` below calls it, and so does the token explorer at the end
@@ -658,17 +660,19 @@ print("beta while KL is below target, then above:", trace)
 # %% [markdown]
 # In a real run: `train-rlhf --world tiny --direction neg --seed 0 --adaptive-kl` (the tiny preset with
 # the controller on: $\beta$ starts at 0.1, target 0.2 nats per token, horizon 640 samples, so at most 2% a
-# phase). From the JSON summary's `kl_coef_per_phase` and `kl_per_phase` (the rollout's k3 KL per
-# token):
+# phase). From the JSON summary's `kl_coef_per_phase` (the $\beta$ each phase's rollout used) and
+# `kl_per_phase` (that rollout's k3 KL per token, which the controller reads), on the reference machine:
 #
 # | phase | 0 | 3 | 9 | 15 | 21 | 27 | 33 | 39 | 45 | 49 |
 # |---|---|---|---|---|---|---|---|---|---|---|
-# | $\beta$ | 0.100 | 0.098 | 0.106 | 0.119 | 0.134 | 0.151 | 0.171 | 0.191 | 0.205 | 0.212 |
-# | KL / token | 0.00 | 0.15 | 0.50 | 0.56 | 0.39 | 0.31 | 0.33 | 0.19 | 0.29 | 0.28 |
+# | $\beta$ | {{rlhf_adaptive.kl_coef_per_phase.0:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.3:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.9:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.15:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.21:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.27:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.33:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.39:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.45:.3f}} | {{rlhf_adaptive.kl_coef_per_phase.49:.3f}} |
+# | KL / token | {{rlhf_adaptive.kl_per_phase.0:.2f}} | {{rlhf_adaptive.kl_per_phase.3:.2f}} | {{rlhf_adaptive.kl_per_phase.9:.2f}} | {{rlhf_adaptive.kl_per_phase.15:.2f}} | {{rlhf_adaptive.kl_per_phase.21:.2f}} | {{rlhf_adaptive.kl_per_phase.27:.2f}} | {{rlhf_adaptive.kl_per_phase.33:.2f}} | {{rlhf_adaptive.kl_per_phase.39:.2f}} | {{rlhf_adaptive.kl_per_phase.45:.2f}} | {{rlhf_adaptive.kl_per_phase.49:.2f}} |
 #
-# While the KL is below target (the first phases) $\beta$ drops; once it passes 0.2, $\beta$ climbs by the
-# most the clip allows, and the KL comes down from about 0.5 towards the target. The run ends at
-# reward 0.95 and KL 0.28 per token (128 fresh samples), $\beta = 0.216$. With the old horizon of 2,000
+# Phases 0 and 1 sample from the reference itself (phase 0 learns at rate 0: warmup), so their KL is
+# exactly 0. While the KL is below target (the first phases) $\beta$ drops; once it passes 0.2, $\beta$
+# climbs, by up to 2% a phase (the clip), and the rollout KL, noisy from phase to phase, drifts back
+# towards the target. The run ends at reward {{rlhf_adaptive.mean_reward_final:.2f}} and KL
+# {{rlhf_adaptive.kl_final:.2f}} per token (128 fresh samples), $\beta = {{rlhf_adaptive.kl_coef_final:.3f}}$. With the old horizon of 2,000
 # samples, $\beta$ could have moved by at most 0.64% a phase, 37% over the whole run; with TRL's 10,000 at
 # batch 64, 0.13% a phase and 6% over the run.
 #
@@ -738,7 +742,7 @@ print("beta while KL is below target, then above:", trace)
 #
 # Everything you wrote now runs together: `learner_functions(globals())` hands the trainer your
 # versions of every exercise. The settings are the world's preset (`RLHFArgs.preset`): in the tiny
-# world 50 phases of 64 samples of 16 tokens, about half a minute on a laptop CPU.
+# world 50 phases of 64 samples of 16 tokens, {{rlhf_neg.wall_seconds:.0f}} s on the reference machine (a 2-core CPU).
 #
 # The dashboard updates after every phase: the mean reward of the rollout, the KL to the reference
 # (per token, k3 estimate), the policy's entropy, the value loss, the clip fraction, $\beta$ and the
@@ -754,6 +758,8 @@ dashboard.finish()
 after = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
 print(f"mean reward: {before['reward']:.3f} -> {after['reward']:.3f} "
       f"(KL per token {after['kl']:.3f}, phases {len(history)})")
+figures.agree("rlhf_neg", {"mean_reward_initial": before["reward"], "mean_reward_final": after["reward"],
+                           "kl_final": after["kl"]})  # the text below quotes this run
 
 # %% [markdown]
 # Is it still writing reviews? Three measures beside reading the samples: the 3-gram repetition
@@ -769,11 +775,15 @@ samples_table(after["texts"][:8], torch.tensor(after["rewards"][:8]), title="tun
 
 # %% [markdown]
 # With `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0` (the same run) we
-# measured, on 128 samples: reward 0.27 -> 0.96, KL 0.31 per token, 3-gram repetition 0.003 -> 0.002,
-# word repetition 0.10 -> 0.12, reference log-prob per token -1.74 -> -2.02. The repetition metrics
+# measured on the reference machine, on 128 samples: reward {{rlhf_neg.mean_reward_initial:.2f}} ->
+# {{rlhf_neg.mean_reward_final:.2f}}, KL {{rlhf_neg.kl_final:.2f}} per token, 3-gram repetition
+# {{rlhf_neg.repetition_initial:.3f}} -> {{rlhf_neg.repetition_final:.3f}}, word repetition
+# {{rlhf_neg.word_repetition_initial:.2f}} -> {{rlhf_neg.word_repetition_final:.2f}}, reference log-prob per
+# token {{rlhf_neg.ref_logprob_per_token_initial:.2f}} -> {{rlhf_neg.ref_logprob_per_token_final:.2f}}. (The
+# training cell checks that your run agrees, within what another CPU's rounding moves.) The repetition metrics
 # barely move and the text is only a little less likely under the base model: these are still review
 # sentences, now negative ones. Compare the hacked runs below, whose reference log-prob per token
-# falls to -4.6 and -12.9.
+# falls to {{hack_tiny_beta.ref_logprob_per_token_final:.1f}} and {{hack_tiny_beta_rep.ref_logprob_per_token_final:.1f}}.
 
 # %% [markdown]
 # ## Looking inside one sample
@@ -833,6 +843,10 @@ for name, result in {"base model": {"eval": before}, "main run above": {"eval": 
     e = result["eval"]
     print(f"{name:>34} {e['reward']:7.3f} {e['repetition']:11.3f} {e['word_repetition']:9.3f} "
           f"{e['ref_logprob_per_token']:18.2f} {e['kl']:8.3f}")
+for name, run_name in [("tiny beta", "hack_tiny_beta"), ("tiny beta + repetition penalty", "hack_tiny_beta_rep"),
+                       ("repetition penalty + adaptive KL", "hack_rep_adaptive")]:
+    e = hack_results[name]["eval"]  # the table below quotes these runs
+    figures.agree(run_name, {"mean_reward_final": e["reward"], "kl_final": e["kl"]})
 runs_figure({name: r["history"] for name, r in hack_results.items()})
 
 # %%
@@ -843,32 +857,34 @@ for name, result in hack_results.items():
 # Read the numbers with the samples. The same runs from the command line (`train-rlhf --world tiny
 # --seed 0 --batch-size 32 --num-phases 40 --learning-rate 1e-3 --head-lr 3e-3 --no-early-stopping` plus
 # `--kl-coef 0.001`, then `--kl-coef 0.001 --repetition-coef 1.0`, then `--kl-coef 0.1 --repetition-coef 1.0
-# --adaptive-kl --kl-target 0.25 --kl-horizon 128`) gave, on 128 samples (this notebook, with one
-# thread, prints the same numbers above):
+# --adaptive-kl --kl-target 0.25 --kl-horizon 128`) gave, on 128 samples on the reference machine (this
+# notebook, with one thread, prints the same numbers above; the cell checks that they agree):
 #
 # | run | reward | KL / token | ref. log-prob / token | word repetition | 3-gram repetition |
 # |---|---|---|---|---|---|
-# | base model | 0.27 | 0 | -1.74 | 0.10 | 0.00 |
-# | main run above | 0.96 | 0.31 | -2.02 | 0.12 | 0.00 |
-# | tiny $\beta$ | 0.99 | 2.8 | -4.6 | 0.24 | 0.03 |
-# | tiny $\beta$ + repetition penalty | 1.00 | 8.4 | -12.9 | 0.14 | 0.00 |
-# | repetition penalty + adaptive KL | 0.72 | 0.33 | -2.21 | 0.21 | 0.00 |
+# | base model | {{rlhf_neg.mean_reward_initial:.2f}} | 0 | {{rlhf_neg.ref_logprob_per_token_initial:.2f}} | {{rlhf_neg.word_repetition_initial:.2f}} | {{rlhf_neg.repetition_initial:.2f}} |
+# | main run above | {{rlhf_neg.mean_reward_final:.2f}} | {{rlhf_neg.kl_final:.2f}} | {{rlhf_neg.ref_logprob_per_token_final:.2f}} | {{rlhf_neg.word_repetition_final:.2f}} | {{rlhf_neg.repetition_final:.2f}} |
+# | tiny $\beta$ | {{hack_tiny_beta.mean_reward_final:.2f}} | {{hack_tiny_beta.kl_final:.2f}} | {{hack_tiny_beta.ref_logprob_per_token_final:.2f}} | {{hack_tiny_beta.word_repetition_final:.2f}} | {{hack_tiny_beta.repetition_final:.2f}} |
+# | tiny $\beta$ + repetition penalty | {{hack_tiny_beta_rep.mean_reward_final:.2f}} | {{hack_tiny_beta_rep.kl_final:.2f}} | {{hack_tiny_beta_rep.ref_logprob_per_token_final:.2f}} | {{hack_tiny_beta_rep.word_repetition_final:.2f}} | {{hack_tiny_beta_rep.repetition_final:.2f}} |
+# | repetition penalty + adaptive KL | {{hack_rep_adaptive.mean_reward_final:.2f}} | {{hack_rep_adaptive.kl_final:.2f}} | {{hack_rep_adaptive.ref_logprob_per_token_final:.2f}} | {{hack_rep_adaptive.word_repetition_final:.2f}} | {{hack_rep_adaptive.repetition_final:.2f}} |
 #
-# - **tiny beta**: the reward saturates and the text stops being a review: broken sentences and the same
-#   sentiment word again and again ("This movie was really muddled. The incredibly bad. It was love gives
-#   a The atrocious. The director"). The base model finds it very unlikely (reference log-prob per token
-#   from -1.74 to -4.6), the KL per token is about 9 times the main run's, and a quarter of the words
-#   repeat an earlier one.
-# - **tiny beta + repetition penalty**: the 3-gram penalty rules out repeated phrases, and the policy
-#   finds the next hole: lists of negative adjectives ("This movie was really tiresome jarring weak tedious
-#   tiresome tiresome atrocious stiff sloppy ..."). Reward 1.00 and 3-gram repetition 0, yet single words
-#   still repeat and the text is by far the least natural of all (reference log-prob -12.9 per token). A
-#   shaping term closes one loophole, not all of them.
+# - **tiny beta**: the reward saturates ({{hack_tiny_beta.mean_reward_final:.2f}}) and the text stops being
+#   a review: broken sentences and the same words again and again (the recorded run's first sample:
+#   "{{hack_tiny_beta.samples_final.0}}"). The base model finds it very unlikely (reference log-prob per
+#   token from {{rlhf_neg.ref_logprob_per_token_initial:.2f}} to {{hack_tiny_beta.ref_logprob_per_token_final:.1f}}),
+#   the KL per token is {{hack_tiny_beta.kl_final:.1f}} against the main run's {{rlhf_neg.kl_final:.2f}}, and
+#   the share of words that repeat an earlier one goes from {{rlhf_neg.word_repetition_initial:.2f}} to
+#   {{hack_tiny_beta.word_repetition_final:.2f}}.
+# - **tiny beta + repetition penalty**: the 3-gram penalty rules out repeated phrases (3-gram repetition
+#   {{hack_tiny_beta_rep.repetition_final:.2f}}), and the policy finds the next hole
+#   ("{{hack_tiny_beta_rep.samples_final.0}}"). Reward {{hack_tiny_beta_rep.mean_reward_final:.2f}}, yet the
+#   text is the least natural of all (reference log-prob {{hack_tiny_beta_rep.ref_logprob_per_token_final:.1f}}
+#   per token). A shaping term closes one loophole, not all of them.
 # - **repetition penalty + adaptive KL**: a real KL coefficient, which the controller raises whenever the
-#   KL passes its target (here $\beta$ ends at 0.58). The reward climbs more slowly (0.72 after these 40
-#   aggressive phases), and the samples stay reviews ("This movie was really dull. The screenplay was
-#   utterly warm. The editing was appalling."). The main run above, with gentler steps and a fixed
-#   $\beta$, gets both: a reward above 0.9 and natural text.
+#   KL passes its target (here $\beta$ ends at {{hack_rep_adaptive.kl_coef_final:.2f}}). The reward climbs
+#   more slowly ({{hack_rep_adaptive.mean_reward_final:.2f}} after these 40 aggressive phases), and the
+#   samples stay reviews ("{{hack_rep_adaptive.samples_final.0}}"). The main run above, with gentler steps
+#   and a fixed $\beta$, gets both: a reward above 0.9 and natural text.
 #
 # The KL penalty is what keeps "high reward" meaning "a negative review" rather than "whatever string
 # the classifier scores highest". The reward model cannot tell the difference; only the tether to the
@@ -908,30 +924,34 @@ print(f"proxy held-out accuracy {over['proxy_heldout_accuracy']:.3f}; gold {over
 overoptimization_figure(over)
 
 # %% [markdown]
-# The full CLI run, `overoptimization --world tiny --seed 0`, took 4 minutes on the reference machine
-# while other jobs shared its two cores (210 s inside the process). The proxy trained in 27 s and agrees
-# with the rater on 75% of 400 held-out pairs (50% before training). Five-phase moving averages, KL in
-# nats per sequence (k1):
+# The full CLI run, `overoptimization --world tiny --seed 0`, and the same with `--seed 1`, recorded on
+# the reference machine ({{overopt.wall_seconds:.0f}} s for seed 0 on a busy 2-core CPU). The proxy trained
+# in {{overopt.rm_seconds:.0f}} s and agrees with the rater on {{overopt.proxy_heldout_accuracy:.0%}} of 400
+# held-out pairs ({{overopt.proxy_heldout_accuracy_initial:.0%}} before training). Five-phase moving
+# averages, KL in nats per sequence (k1):
 #
-# | phase | KL / sequence | $\sqrt{\mathrm{KL}}$ | proxy (RM score) | gold P(POSITIVE) |
-# |---|---|---|---|---|
-# | 0 (single phase) | 0 | 0 | 0.09 | 0.69 |
-# | 9 | 10.6 | 3.3 | 1.44 | 0.73 |
-# | 19 | 18.3 | 4.3 | 2.56 | 0.76 |
-# | 29 | 19.2 | 4.4 | 2.89 | 0.87 |
-# | 36 (gold's peak) | 23.3 | 4.8 | 3.02 | **0.99** |
-# | 44 | 79.3 | 8.9 | 3.32 | 0.83 |
-# | 49 | 88.2 | 9.4 | 3.43 | 0.83 |
+# | phase | seed 0: KL / seq | proxy | gold P(POSITIVE) | seed 1: KL / seq | proxy | gold P(POSITIVE) |
+# |---|---|---|---|---|---|---|
+# | 0 | {{overopt.kl_seq_smoothed_per_phase.0:.1f}} | {{overopt.proxy_smoothed_per_phase.0:.2f}} | {{overopt.gold_smoothed_per_phase.0:.2f}} | {{overopt_s1.kl_seq_smoothed_per_phase.0:.1f}} | {{overopt_s1.proxy_smoothed_per_phase.0:.2f}} | {{overopt_s1.gold_smoothed_per_phase.0:.2f}} |
+# | 10 | {{overopt.kl_seq_smoothed_per_phase.10:.1f}} | {{overopt.proxy_smoothed_per_phase.10:.2f}} | {{overopt.gold_smoothed_per_phase.10:.2f}} | {{overopt_s1.kl_seq_smoothed_per_phase.10:.1f}} | {{overopt_s1.proxy_smoothed_per_phase.10:.2f}} | {{overopt_s1.gold_smoothed_per_phase.10:.2f}} |
+# | 20 | {{overopt.kl_seq_smoothed_per_phase.20:.1f}} | {{overopt.proxy_smoothed_per_phase.20:.2f}} | {{overopt.gold_smoothed_per_phase.20:.2f}} | {{overopt_s1.kl_seq_smoothed_per_phase.20:.1f}} | {{overopt_s1.proxy_smoothed_per_phase.20:.2f}} | {{overopt_s1.gold_smoothed_per_phase.20:.2f}} |
+# | 30 | {{overopt.kl_seq_smoothed_per_phase.30:.1f}} | {{overopt.proxy_smoothed_per_phase.30:.2f}} | {{overopt.gold_smoothed_per_phase.30:.2f}} | {{overopt_s1.kl_seq_smoothed_per_phase.30:.1f}} | {{overopt_s1.proxy_smoothed_per_phase.30:.2f}} | {{overopt_s1.gold_smoothed_per_phase.30:.2f}} |
+# | 40 | {{overopt.kl_seq_smoothed_per_phase.40:.1f}} | {{overopt.proxy_smoothed_per_phase.40:.2f}} | {{overopt.gold_smoothed_per_phase.40:.2f}} | {{overopt_s1.kl_seq_smoothed_per_phase.40:.1f}} | {{overopt_s1.proxy_smoothed_per_phase.40:.2f}} | {{overopt_s1.gold_smoothed_per_phase.40:.2f}} |
+# | 49 | {{overopt.kl_seq_smoothed_per_phase.49:.1f}} | {{overopt.proxy_smoothed_per_phase.49:.2f}} | {{overopt.gold_smoothed_per_phase.49:.2f}} | {{overopt_s1.kl_seq_smoothed_per_phase.49:.1f}} | {{overopt_s1.proxy_smoothed_per_phase.49:.2f}} | {{overopt_s1.gold_smoothed_per_phase.49:.2f}} |
 #
-# The proxy rises in every stretch of the run. The gold reward first barely moves (the proxy's early
-# gains come from features the classifier does not share), then rises to 0.99 at about 23 nats, and
-# then, while the proxy keeps climbing and the KL quadruples, falls back to 0.83. The last samples show
-# what the proxy pays for: "This movie was really moving. I did not regret I did I did It plays plays
-# plays." The reward model has learned that "did not regret" and "plays" go with preferred reviews; it
-# never saw text like this, so nothing told it that such text is not a review. Early stopping on the proxy
-# would not catch it (the proxy never turns); a KL budget (stop, or raise $\beta$, past ~25 nats here) or a
-# held-out gold check would. The location of the peak belongs to this proxy, seed and $\beta$; the
-# hump is the general lesson. The numbers are one seed's: read the shape, not the decimals.
+# The proxy rises in both runs, well past where it started. What the gold reward does depends on the seed.
+# With seed 0 the policy settles on one review that the proxy and the classifier both like, and gold
+# ends at {{overopt.gold_final_smoothed:.2f}}: no hump, but every sample is now nearly the same text
+# ("{{overopt.samples_final.0}}"). With seed 1 gold rises a little at first
+# ({{overopt_s1.gold_smoothed_per_phase.10:.2f}} at phase 10), then falls below where it started
+# ({{overopt_s1.gold_smoothed_per_phase.35:.2f}} at phase 35) while the proxy keeps climbing, and ends at
+# {{overopt_s1.gold_final_smoothed:.2f}} on samples like "{{overopt_s1.samples_final.0}}". The reward model
+# learned features that go with preferred reviews in its 1,000 pairs; it never saw text like this, so
+# nothing told it that such text is not a good review. Early stopping on the proxy would not catch it (the
+# proxy never turns); a held-out gold check would. One small run is one draw of a noisy process: Gao et
+# al.'s curves are fits over many runs and reward-model sizes, and whether a single run shows the hump,
+# where, and how deep, belongs to its proxy, seed and $\beta$ (and, on another CPU, to its rounding). The
+# general lesson is the gap: the proxy always gains, the gold reward only as far as the two agree.
 #
 # ## Saving the tuned policy
 #

@@ -68,12 +68,22 @@ RUNS: dict[str, Run] = {
        }.items()},
 }
 
+# Chapter 03: reward over-optimisation against a proxy reward model (chapter 02's).
+RUNS["overopt"] = Run(("overoptimization", "--world", "tiny", "--seed", "0"))
+RUNS["overopt_s1"] = Run(("overoptimization", "--world", "tiny", "--seed", "1"))
+# Chapter 02: the Bradley-Terry reward model; chapter 05: the interpretability report on the shipped tuned policy.
+RUNS["reward_model"] = Run(("train-reward-model", "--world", "tiny", "--seed", "0"))
+RUNS["interp"] = Run(("interp-report", "--world", "tiny", "--seed", "0"))
+RUNS["world"] = Run(("world-info", "--world", "tiny"))
+RUNS["cartpole"] = Run(("train-ppo", "--env", "CartPole-v1", "--seed", "1"))
+RUNS["cartpole_40k"] = Run(("train-ppo", "--env", "CartPole-v1", "--seed", "1", "--total-timesteps", "40000"))
+
 # Chapters 04 and 06.
 RUNS.update({
 })
 
-#: Summary entries not worth keeping (sample texts: long, and no figure quotes them).
-DROPPED_KEYS = ("samples_initial", "samples_final", "texts", "samples")
+#: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).
+DROPPED_KEYS = ("texts",)
 
 _PLACEHOLDER = re.compile(r"\{\{([a-z0-9_]+)\.([A-Za-z0-9_.\-]+?)(?::([^{}]+))?\}\}")
 _README_FIGURE = re.compile(r"(?P<num>[-+]?\d+(?:\.\d+)?)(?P<tag><!--fig (?P<ref>[a-z0-9_]+\.[A-Za-z0-9_.\-]+)-->)")
@@ -127,12 +137,13 @@ def placeholders(text: str) -> list[str]:
 
 def sync_readme(text: str, figures: dict[str, Any] | None = None) -> str:
     """``text`` with the number before every ``<!--fig NAME.KEY-->`` rewritten to the recorded value, with
-    as many decimals as it had."""
+    as many decimals (and the explicit ``+``) it had."""
     figures = recorded() if figures is None else figures
 
     def one(m: re.Match) -> str:
         decimals = len(m["num"].partition(".")[2])
-        return f"{float(lookup(m['ref'], figures)):.{decimals}f}{m['tag']}"
+        sign = "+" if m["num"].startswith("+") else ""  # an explicit sign stays
+        return f"{float(lookup(m['ref'], figures)):{sign}.{decimals}f}{m['tag']}"
 
     return _README_FIGURE.sub(one, text)
 

@@ -129,6 +129,10 @@ def run_overoptimization(args: OveroptimizationArgs, progress: bool = True) -> d
         "gold_per_phase": [round(g, 4) for g in gold],
         "proxy_per_phase": [round(p, 4) for p in proxy],
         "kl_seq_per_phase": [round(k, 3) for k in kl_seq],
+        # the moving averages (over `smooth` phases) that the peak and final figures read
+        "gold_smoothed_per_phase": [round(g, 4) for g in gold_smooth],
+        "proxy_smoothed_per_phase": [round(p, 4) for p in proxy_smooth],
+        "kl_seq_smoothed_per_phase": [round(k, 3) for k in kl_smooth],
         "repetition_per_phase": [round(r["repetition"], 4) for r in history],
         "samples_final": [text for text, _ in history[-1]["samples"][:4]],
         "rm_seconds": round(rm_seconds, 1),

@@ -224,6 +224,7 @@ def main(argv: list[str]) -> dict:
     summary = {
         "env_id": args.env_id,
         "seed": args.seed,
+        "mean_return_first20": _finite(float(np.mean(returns[:window]))) if len(returns) else None,
         "mean_return_last20": _finite(result.mean_return_last(window)),
         "reward_threshold": threshold,
         "solved": bool(threshold is not None and result.mean_return_last(window) >= threshold),

@@ -1,0 +1,131 @@
+"""Figures the prose quotes are tied to the runs that make them (rlhf_tutorial/figures.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from rlhf_tutorial import figures, notebooks
+from rlhf_tutorial.figures import Run
+
+FAKE = {
+    "demo": {"command": "python -m rlhf_tutorial demo", "recorded": "2026-11-26",
+             "machine": {"cpu": "Test CPU", "torch_build": {"cpu_capability": "AVX2"}},
+             "summary": {"mean_reward_final": 0.955, "kl_final": 0.5452, "phases": 40,
+                         "seconds_per_phase": {"sampling": 0.0551}, "kl_per_phase": [0.0, 0.12, 0.3]}},
+}
+
+
+def course_markdown() -> dict[str, str]:
+    """Every markdown cell of the course sources, by source file."""
+    return {src.name: "\n".join(c.source for c in notebooks.parse_source(src.read_text()) if c.kind == "markdown")
+            for src in notebooks.sources()}
+
+
+def test_every_quoted_figure_is_a_recorded_one():
+    texts = {**course_markdown(), "README.md": figures.README.read_text()}
+    quoted = {name: figures.placeholders(text) for name, text in texts.items()}
+    assert sum(map(len, quoted.values())) >= 20, quoted  # the chapters and README do quote through it
+    recorded = figures.recorded()
+    for name, refs in quoted.items():
+        for ref in refs:
+            figures.lookup(ref, recorded)  # raises, naming the run and key, when it is not recorded
+    for run_name in {ref.split(".")[0] for refs in quoted.values() for ref in refs}:
+        assert recorded[run_name]["command"] == figures.RUNS[run_name].command, (
+            f"{run_name}: recorded with another command line than figures.RUNS says: record it again")
+
+
+def test_substitute_and_lookup():
+    text = "reward {{demo.mean_reward_final}} at KL {{demo.kl_final:.3f}}, sampling {{demo.seconds_per_phase.sampling:.3f}} s"
+    assert figures.substitute(text, FAKE) == "reward 0.95 at KL 0.545, sampling 0.055 s"  # 0.955 rounds half-even
+    assert figures.substitute("last {{demo.kl_per_phase.-1:.1f}} of {{demo.phases}}", FAKE) == "last 0.3 of 40"
+    with pytest.raises(KeyError, match="no recorded run 'nope'.*record-figures nope"):
+        figures.substitute("{{nope.kl_final}}", FAKE)
+    with pytest.raises(KeyError, match="has no 'kl_typo'"):
+        figures.substitute("{{demo.kl_typo}}", FAKE)
+
+
+def test_sync_readme_keeps_the_decimals_and_only_touches_tagged_numbers():
+    text = "| 0.917<!--fig demo.mean_reward_final--> at KL +0.61<!--fig demo.kl_final--> in 40 phases, 0.917 |"
+    assert figures.sync_readme(text, FAKE) == (
+        "| 0.955<!--fig demo.mean_reward_final--> at KL +0.55<!--fig demo.kl_final--> in 40 phases, 0.917 |")
+
+
+def test_a_stale_figure_fails_the_notebook_under_nbval(monkeypatch, capsys):
+    """The text quotes 0.917 (stale) while the run prints 0.955: strict (CI's nbval) raises, a learner gets a note."""
+    stale = json.loads(json.dumps(FAKE))
+    stale["demo"]["summary"]["mean_reward_final"] = 0.917 - 0.05  # beyond the reward band of 0.05
+    monkeypatch.setattr(figures, "recorded", lambda path=None: stale)
+    monkeypatch.setitem(figures.RUNS, "demo", Run(("demo",)))
+    monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
+    with pytest.raises(AssertionError, match=r"(?s)mean_reward_final: this run 0.955, the text 0.867.*record-figures demo"):
+        figures.agree("demo", {"mean_reward_final": 0.955}, world="tiny", smoke=False)
+    monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "0")
+    assert figures.agree("demo", {"mean_reward_final": 0.955}, world="tiny", smoke=False) is False
+    assert "this run differs" in capsys.readouterr().out
+    # Within the bands: a reward 0.04 away, a KL 30% away (another CPU), a time (never compared).
+    assert figures.agree("demo", {"kl_final": 0.5452 * 1.3, "seconds_per_phase.sampling": 9.0}, world="tiny", smoke=False)
+    monkeypatch.setattr(figures, "recorded", lambda path=None: FAKE)
+    assert figures.agree("demo", {"mean_reward_final": 0.955 - 0.04}, world="tiny", smoke=False)
+    # Another world's run, or a smoke run, is not held to the tiny world's figures.
+    monkeypatch.setattr(figures, "recorded", lambda path=None: stale)
+    monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
+    assert figures.agree("demo", {"mean_reward_final": 0.955}, world="gpt2", smoke=False)
+    assert figures.agree("demo", {"mean_reward_final": 0.955}, world="tiny", smoke=True)
+
+
+def test_a_kl_off_by_a_third_more_than_its_band_fails():
+    assert figures.disagreements("demo", {"kl_final": 0.5452 * 1.45}, FAKE)
+    assert not figures.disagreements("demo", {"kl_final": 0.5452 * 0.65}, FAKE)
+
+
+@pytest.mark.timeout(120)
+def test_record_runs_the_command_and_keeps_its_summary(tmp_path, monkeypatch):
+    """record-figures runs each command in a fresh process and stores its last-line summary and the machine."""
+    monkeypatch.setitem(figures.RUNS, "nb_check", Run(("build-notebooks", "--check")))
+    path = tmp_path / "figures.json"
+    path.write_text(json.dumps(FAKE))
+    out = figures.record(["nb_check"], path)
+    assert set(out) == {"demo", "nb_check"}  # an earlier run is kept
+    entry = out["nb_check"]
+    assert entry["command"] == "python -m rlhf_tutorial build-notebooks --check"
+    assert entry["summary"]["stale"] == [] and "sources" in entry["summary"]
+    assert entry["machine"]["torch_build"]["version"].startswith("2.")
+    with pytest.raises(SystemExit, match="unknown run"):
+        figures.record(["no_such_run"], path)
+
+
+# Numbers with two or more decimals that the chapters' prose may state outright: settings, arithmetic and
+# versions, not measurements. Anything else of that form is a run's figure and must come from figures.json.
+NOT_RUN_FIGURES = {
+    "01_ppo": {"0.01"},  # the actor's output gain
+    "03_rlhf_ppo": {"0.13", "0.64", "0.02", "0.01", "0.25"},  # the controller's arithmetic; settings
+    "04_grpo": {"0.04", "1.12"},  # DeepSeekMath's beta; TRL's version
+    "06_dpo_and_frontier": {"0.01", "0.02", "0.03"},  # betas of the grid
+}
+_DECIMAL = re.compile(r"(?<![\w.{$\\^_-])(\d+\.\d{2,})(?![\w.}%])")
+
+
+def unrecorded_figures(chapter: str, markdown: str) -> list[str]:
+    """Two-or-more-decimal numbers in prose (outside math, code and placeholders) that are not listed as
+    settings: each one is a run figure typed by hand."""
+    text = re.sub(r"\{\{[^}]*\}\}", "", markdown)
+    text = re.sub(r"\$\$.*?\$\$", "", text, flags=re.S)
+    text = re.sub(r"\$[^$\n]*\$|`[^`\n]*`", "", text)
+    allowed = NOT_RUN_FIGURES.get(chapter, set())
+    return [f"{chapter}: {m[1]} in '...{text[max(0, m.start() - 40):m.end() + 15]}...'".replace("\n", " ")
+            for m in _DECIMAL.finditer(text) if m[1] not in allowed]
+
+
+def test_no_run_figure_is_typed_by_hand():
+    found = [line for name, text in course_markdown().items() for line in unrecorded_figures(name[:-3], text)]
+    assert not found, "figures typed by hand (record them: rlhf_tutorial/figures.py):\n" + "\n".join(found)
+
+
+def test_the_typed_figure_check_catches_a_stale_figure():
+    assert unrecorded_figures("03_rlhf_ppo", "The run ends at reward 0.95 and KL 0.28 per token.") == [
+        "03_rlhf_ppo: 0.95 in '...The run ends at reward 0.95 and KL 0.28 per t...'",
+        "03_rlhf_ppo: 0.28 in '...n ends at reward 0.95 and KL 0.28 per token....'"]
+    assert unrecorded_figures("03_rlhf_ppo", "reward {{rlhf_neg.mean_reward_final:.2f}}, $\\beta = 0.25$, `0.55`") == []
