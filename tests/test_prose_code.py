@@ -457,7 +457,30 @@ def check_snippet(kind: str, code: str, namespace: dict) -> None:
     if code.startswith("--"):
         check_flags(code)
         return
+    if words and words[0] == "make":
+        targets = [w for w in words[1:] if "=" not in w]
+        missing = [t for t in targets if t not in make_targets()]
+        if missing:
+            raise ValueError(f"{code!r}: the Makefile has no target {missing}")
+        return
+    script = re.match(r"^python (scripts/\S+\.py)", code)
+    if script:
+        if not (ROOT / script.group(1)).exists():
+            raise ValueError(f"{code!r}: {script.group(1)} does not exist")
+        return
+    if re.fullmatch(r"[a-z_][a-z0-9_]*=", code):  # a keyword named in a sentence: `gpt2_model_name=`
+        if code[:-1] not in package_keywords() | LIBRARY_KEYWORDS:
+            raise ValueError(f"{code!r}: no function of the package or of the libraries takes {code[:-1]!r}")
+        return
+    if code.startswith(".") and re.match(r"^\.[a-z_]+\(", code):  # a method call: `.to(device_of(model))`
+        code = "x" + code
     check_python(code, namespace)
+
+
+@cache
+def make_targets() -> frozenset[str]:
+    text = (ROOT / "Makefile").read_text()
+    return frozenset(re.findall(r"^([a-z][\w-]*):", text, re.M))
 
 
 def all_snippets() -> list[tuple[str, str, str]]:
@@ -520,6 +543,10 @@ def test_the_markdown_holds_no_tab():
     ("fence:bash", "python -m rlhf_tutorial frontier --world tiny --grpo-betas 0.1\n", "grpo-betas"),
     ("fence:python", "from rlhf_tutorial.trainers.grpo import GRPOArgs, make_reward_fun\n", "make_reward_fun"),
     ("fence:python", "ours = GRPOArgs.preset('tiny', clip_eps=0.2)\n", "clip_eps"),
+    ("inline", "make nbval-gpt3", "nbval-gpt3"),
+    ("inline", "python scripts/lock_it.py check requirements/lock.txt", "lock_it.py"),
+    ("inline", "gpt3_model_name=", "gpt3_model_name"),
+    ("inline", ".to(device_off(base_model))", "device_off"),
 ])
 def test_the_checks_reject_wrong_snippets(kind, code, message):
     namespace = chapter_namespace("06_dpo_and_frontier")
@@ -540,6 +567,8 @@ def test_the_checks_accept_right_snippets_written_differently():
         ("inline", "--no-early-stopping --kl-coef 0.2"),
         ("inline", "compute_gae(rewards=r, values=v, next_value=nv, dones=d, gamma=1.0, gae_lambda=0.95)"),
         ("fence:bash", "python -m rlhf_tutorial train-dpo --world tiny [--online] | tail -n 1 > dpo.json\n"),
+        ("inline", "make lab LAB_ARGS=--no-browser"),
+        ("inline", ".to(device_of(policy))"),
     ]:
         check_snippet(kind, code, namespace)
 
