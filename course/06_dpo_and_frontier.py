@@ -252,8 +252,8 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 # **RLOO** (REINFORCE Leave-One-Out; Kool et al. 2019, Ahmadian et al. 2024). As Ahmadian et al. published
 # it, RLOO is plain REINFORCE (no ratio, no clipping) on the whole sequence, with the KL penalty in the
 # reward and the leave-one-out baseline below. This course takes only the baseline: its advantages
-# replace GRPO's inside chapter 04's trainer (clipped ratios, $k_3$ in the loss), so what the runs below
-# call "RLOO" is **GRPO with RLOO advantages** (the frontier labels it so). GRPO's baseline for sample
+# replace GRPO's inside chapter 04's trainer (clipped ratios, $k_3$ in the loss), so what runs below is
+# **GRPO with RLOO advantages** ("GRPO + RLOO adv." in the printouts and on the frontier). GRPO's baseline for sample
 # $i$ is its group's mean, which includes $r_i$ itself; that correlates the baseline with the sample and
 # biases the gradient by a factor $(G-1)/G$. RLOO leaves it out:
 #
@@ -287,7 +287,8 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 short = dict(num_phases=12, eval_samples=64) if is_tiny() else dict(num_phases=40)
 short.update(smoke_sizes(num_phases=2, eval_samples=16))
 rl_runs = {}
-for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("GSPO", {"importance_level": "sequence"})]:
+for name, extra in [("GRPO", {}), ("GRPO + RLOO adv.", {"advantage_estimator": "rloo"}),
+                    ("GSPO", {"importance_level": "sequence"})]:
     run_args = GRPOArgs.preset(world, direction=direction, seed=0, **short, **extra)
     rl_runs[name] = train_grpo(run_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, progress=False,
                                **grpo_learner_functions(globals()))
@@ -301,8 +302,9 @@ for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("G
 # each gradient by its own running scale, so a global rescale barely changes the step (chapter 04,
 # section 7, on Dr. GRPO's `scale="none"`). What changes is the balance inside the loss: the advantage
 # term shrinks while $\beta \cdot k_3$ does not, so the same `kl_coef` holds GRPO with RLOO advantages
-# closer to the reference (less KL, and so less reward, than GRPO at the same setting). GSPO with the
-# token-level clip range (`clip_coef=0.2`) should clip far less often than GRPO does (a geometric mean of token ratios moves
+# closer to the reference: expect less KL than GRPO at the same setting (the frontier below shows it
+# over longer runs), not a slower climb in the first phases. GSPO with the token-level clip range
+# (`clip_coef=0.2`) should clip far less often than GRPO does (a geometric mean of token ratios moves
 # much less than its most extreme token); the GSPO paper uses ranges of a few times $10^{-4}$.
 
 # %% [markdown]
@@ -310,9 +312,9 @@ for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("G
 #
 # The DPO paper's IMDb figure places each method, at several KL strengths, on the plane of mean reward
 # against KL(policy || reference). We rebuild it with every method of the course: PPO (chapter 03's
-# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's). Every point is a run from
-# the same starting policy and seed, and every point is measured **the same way**: 128 (here fewer)
-# samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
+# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's).
+# Every point is a run from the same starting policy and seed, and every point is measured **the same
+# way**: 128 (here fewer) samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
 # reference,
 #
 # $$\mathrm{KL}(\pi \,\|\, \pi_\text{ref}) = \mathbb{E}_{y \sim \pi}\Big[\sum_t \mathrm{KL}\big(\pi(\cdot \mid x, y_{<t}) \,\|\, \pi_\text{ref}(\cdot \mid x, y_{<t})\big)\Big],$$
@@ -365,7 +367,7 @@ cost_figure(frontier)
 #
 # (standard errors: about 0.03 on the reward, 0.02 to 0.7 nats on the KL.)
 #
-# - **The on-policy RL methods** (PPO, GRPO, RLOO, GSPO) lie close to one curve: about 0.8 to 0.9 at
+# - **The on-policy RL methods** (PPO, GRPO, GRPO + RLOO adv., GSPO) lie close to one curve: about 0.8 to 0.9 at
 #   4 to 5 nats and 0.9 at 8 to 9; the KL strength moves a point along it. At the same `kl_coef`, RLOO
 #   advantages spend less KL than GRPO's for a little less reward (0.77 at 2.5 against 0.82 at 4.0 nats
 #   at 0.1, and 0.91 at 7.7 against 0.93 at 13.2 at 0.01): a point further down the same curve, as the
@@ -385,7 +387,7 @@ cost_figure(frontier)
 #   their current policy every phase, the on-policy methods are more KL-efficient, as later studies
 #   comparing online and offline preference optimisation also report; section 5's online DPO moves
 #   DPO towards them.
-# - **Cost**: a DPO or IPO point trained in 3 to 4.5 s against 4 to 5 s for a GRPO, RLOO or GSPO point
+# - **Cost**: a DPO or IPO point trained in 3 to 4.5 s against 4 to 5 s for a GRPO (either advantage) or GSPO point
 #   and 11 to 15 s for a PPO point (the machine was loaded: compare them with each other), plus the shared pairs (4096 samples from the reference
 #   and one classifier pass, 23 to 43 s); peak memory above the start of a run was 9 to 115 MB for
 #   DPO and IPO (a forward and backward pass over 64 full rows) and up to 44 MB for the RL runs.
