@@ -24,7 +24,7 @@
 #
 # RLHF maximises, over prompts $x$ and completions $y \sim \pi_\theta(\cdot \mid x)$,
 #
-# $$J(\theta) = \mathbb{E}_{x,\, y \sim \pi_\theta}\big[\, r(x, y) \,\big] - \beta\, \mathrm{KL}\big(\pi_\theta(\cdot \mid x) \,\|\, \pi_{\text{ref}}(\cdot \mid x)\big).$$
+# $$J(\theta) = \mathbb{E}_{x}\Big[\, \mathbb{E}_{y \sim \pi_\theta(\cdot \mid x)}\big[r(x, y)\big] - \beta\, \mathrm{KL}\big(\pi_\theta(\cdot \mid x) \,\|\, \pi_{\text{ref}}(\cdot \mid x)\big) \Big].$$
 #
 # PPO (01, 03) and GRPO (04) are two ways to climb that objective.
 #

@@ -86,9 +86,10 @@ clipped_objective_explorer(epsilon=0.2, ratio=1.3)
 # ## 2. The agent
 #
 # The agent is two small MLPs: an **actor** giving logits over actions and a **critic** giving $V(s)$.
-# PPO implementations initialise them **orthogonally**: each weight matrix has orthonormal rows (or
-# columns) scaled by a gain, $W W^\top = \texttt{std}^2 I$, so that signals keep their scale through the
-# layers at the start of training. Hidden layers use gain $\sqrt 2$; the actor's last layer gets 0.01
+# PPO implementations initialise them **orthogonally**: each weight matrix ($W$ of shape `[out, in]`)
+# has orthonormal rows or columns, whichever are fewer, scaled by a gain: $W W^\top = \texttt{std}^2 I$
+# when the layer does not widen (out $\le$ in), $W^\top W = \texttt{std}^2 I$ when it does. So signals keep
+# their scale through the layers at the start of training. Hidden layers use gain $\sqrt 2$; the actor's last layer gets 0.01
 # (all logits near 0, so the first policy is close to uniform and explores), the critic's last layer 1.0.
 #
 # **Exercise.** `layer_init(layer, std, bias_const)` initialises a `nn.Linear` in place (weight orthogonal

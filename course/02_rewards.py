@@ -165,9 +165,10 @@ print("the policy's samples, p(NEGATIVE):",
 # over both dimensions, not per row) and the **biased** variance (divide by $N$: these are the
 # statistics of the batch itself, and a single element gives $0$ rather than $0/0$). With
 # `shift_mean=False` the mean is added back, $\frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \mu$: the spread
-# is normalised but the level survives. That matters for a reward: after shifting the mean, half of
-# every batch gets a negative reward however good it is, and a value function trained on the whitened
-# numbers no longer sees the reward improving. (TRL's PPO whitens rewards with `shift_mean=False` and
+# is normalised but the level survives. That matters for a reward: after shifting the mean, every
+# batch averages zero, so some of its samples (half, when the rewards are spread symmetrically) get a
+# negative reward however good they are, and a value function trained on the whitened numbers no
+# longer sees the reward improving. (TRL's PPO whitens rewards with `shift_mean=False` and
 # advantages with the mean shifted.) Chapter 03's trainer centres its scores anyway (`shift_mean=True`),
 # on purpose: with a single prompt, subtracting the batch's mean score is a baseline, the same one
 # GRPO uses per group in chapter 04; chapter 03 says what it costs.
@@ -247,7 +248,8 @@ print(f"shaped reward (coef {repetition_coef}): real reviews min {hack_shaped[:n
 # Read the numbers. The real reviews all sit near the classifier's ceiling, and so do some of the
 # loops: a text that no reviewer would write earns the full reward. (Which loops get through depends
 # on the classifier: a classifier that has seen degenerate text during training may reject some of
-# them, as the tiny world's does for a single word repeated, but not every kind of loop.) A policy
+# them, as the tiny world's partly does for "great" repeated on its own (not for "good" repeated),
+# but not every kind of loop.) A policy
 # that finds one such loop has no reason to write anything else, and loops are easy to find by
 # sampling. The repetition term costs a loop far more than the tiny differences in classifier
 # confidence between good texts, so after shaping every real review outranks every loop.
@@ -273,7 +275,7 @@ print(f"shaped reward (coef {repetition_coef}): real reviews min {hack_shaped[:n
 # Only differences matter: adding a constant to $r_\phi$ changes nothing, so a reward model's offset is
 # arbitrary (another reason to whiten). Once trained, $r_\phi(x, y)$ plays exactly the part the
 # classifier played above: one number per completion, at its last token. Compute $\log\sigma$ with `F.logsigmoid`:
-# `torch.log(torch.sigmoid(z))` underflows to $\log 0 = -\infty$ once $z$ is around $-100$.
+# in float32, `torch.sigmoid(z)` underflows to 0 from about $z = -89$, and `torch.log` of it is $-\infty$.
 
 # %% exercise rlhf_tutorial.rewards:bradley_terry_loss | 10 min | difficulty 2 | importance 5
 

@@ -24,9 +24,10 @@
 # | critic $V_\phi(s)$: a separate MLP | a **value head** on the transformer's last residual stream |
 #
 # The objective is the expected reward minus a penalty for drifting from the **reference** model
-# $\pi_{\text{ref}}$ (a frozen copy of the policy before training):
+# $\pi_{\text{ref}}$ (a frozen copy of the policy before training), averaged over prompts $x$ (this
+# chapter uses a single one):
 #
-# $$J(\theta) = \mathbb{E}_{y \sim \pi_\theta(\cdot \mid x)}\big[r(x, y)\big] \;-\; \beta\, \mathrm{KL}\big(\pi_\theta(\cdot \mid x) \,\|\, \pi_{\text{ref}}(\cdot \mid x)\big)$$
+# $$J(\theta) = \mathbb{E}_{x}\Big[\mathbb{E}_{y \sim \pi_\theta(\cdot \mid x)}\big[r(x, y)\big] \;-\; \beta\, \mathrm{KL}\big(\pi_\theta(\cdot \mid x) \,\|\, \pi_{\text{ref}}(\cdot \mid x)\big)\Big]$$
 #
 # Without the KL term the policy is free to find *any* text the classifier scores highly, including
 # text no human would call a review. You will see exactly that at the end of this chapter.
@@ -196,7 +197,7 @@ samples_table(sample_texts, base_rewards, title="base model samples, reward = p(
 # counts), but with long completions or chat models it is not. The usual treatment (TRL's PPO, chapter
 # 04's GRPO) is:
 #
-# - a **completion mask** $m_t = \mathbb{1}[	ext{no EOS among } y_0, \dots, y_{t-1}]$: the EOS itself counts (the
+# - a **completion mask** $m_t = \mathbb{1}[\text{no EOS among } y_0, \dots, y_{t-1}]$: the EOS itself counts (the
 #   policy chose to stop), every token after it is padding;
 # - the text scored by the reward is cut at the EOS, and the **score is paid at the EOS position**
 #   (the last real token), not at position `gen_len - 1`; GAE's episode ends there (`dones` at the EOS);
@@ -695,14 +696,18 @@ print("beta while KL is below target, then above:", trace)
 # the mean (`shift_mean=False`, as TRL does), so this is a deliberate exception. Every sample here
 # starts from the same single prompt, so subtracting the batch's mean score is a **baseline**: "better
 # or worse than this batch's average", the same baseline GRPO takes per group in chapter 04 with the
-# whole batch as one group. It leaves the policy gradient's direction unchanged in expectation
-# (apart from the small $1/N$ effect of a sample being part of its own mean) and lowers its variance. The
-# price is the one chapter 02 named: the value head learns targets centred anew in every phase, so its
+# whole batch as one group. The mean shift leaves the policy gradient unchanged in expectation
+# (apart from the small $1/N$ effect of a sample being part of its own mean) and lowers its variance.
+# The division by the batch's std is not so innocent: it rescales the score but not the per-token KL
+# penalty, so it changes their balance, and since the std of the scores changes from phase to phase,
+# the effective $\beta$ (against the score in its own units) moves with it: a batch whose scores are
+# close together has its differences blown up, which weakens the tether. The other price is the one
+# chapter 02 named: the value head learns targets centred anew in every phase, so its
 # values say which prefixes beat the batch's average, not how high the reward is, and they do not
 # rise as the reward does. With many prompts, one batch mean is a poor baseline for each of them, and
-# chapter 02's advice (keep the mean, let the critic learn each prompt's level) is the right one. The
-# scale matters too: the whitened score has spread 1, so $\beta = 0.1$ per token is weighed against
-# scores of order 1 whatever the classifier's range.
+# chapter 02's advice (keep the mean, let the critic learn each prompt's level) is the right one. What
+# whitening buys is a fixed scale: the whitened score has spread 1, so $\beta = 0.1$ per token is
+# weighed against scores of order 1 whatever the classifier's range.
 #
 # ## The trainer
 #
@@ -896,9 +901,10 @@ for name, result in hack_results.items():
 # proxy**: a reward model (chapter 02) trained on a limited number of human preferences. Gao, Schulman &
 # Hilton (2022) optimised such proxies against a "gold" reward model that played the human, and found
 # the same shape every time: as the policy moves away from the reference, the proxy reward keeps
-# rising, while the gold reward rises, peaks and then **falls**. Plotted against
-# $\sqrt{\mathrm{KL}}$ (nats per sequence), the gold curve is roughly $d(\alpha - \beta_\text{G} d)$ with
-# $d = \sqrt{\mathrm{KL}}$: a hump, which a larger reward model or more preference data moves further out.
+# rising, while the gold reward rises, peaks and then **falls**. With $d = \sqrt{\mathrm{KL}}$ (KL in nats
+# per sequence), they fit the gold reward of best-of-$n$ sampling by $d(\alpha - \beta_\text{G} d)$ and that of
+# RL (PPO, as here) by $d(\alpha - \beta_\text{G} \log d)$, with fitted constants $\alpha, \beta_\text{G}$ (not the KL
+# coefficient): both a hump, which a larger reward model moves further out.
 #
 # The same experiment in the tiny world, `python -m rlhf_tutorial overoptimization --world tiny --seed 0`:
 #

@@ -463,7 +463,8 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 #   acts**: PPO pays $\beta k_1$ in the per-token rewards, so through the return every token is charged
 #   for the KL of the whole rest of the sequence; GRPO's $\beta k_3$ is a per-token loss that charges
 #   each token only its own KL, and whose gradient follows $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$ (chapter 03); (2) **the
-#   schedule**: PPO's learning rate decays to a tenth by the last phase, GRPO's stays constant. The
+#   schedule**: PPO's learning rate decays linearly towards a tenth (reached just after the last
+#   phase), GRPO's stays constant. The
 #   same $\beta = 0.1$ is not the same tether in the two algorithms.
 #
 # ## 9. The group viewer
@@ -471,8 +472,8 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 # The last rollout of the run of section 5, one group at a time: each completion with its reward and
 # its advantage (rows sorted by advantage), each token outlined where the ratio
 # $\pi_\theta / \pi_{\theta_\text{old}}$, after the phase's updates, has left the clip range on the side of its
-# advantage (the clipped branch of the min wins: that token's gradient is zero). Hover a token for
-# its ratio.
+# advantage (the clipped branch of the min wins: the surrogate gives that token no gradient, though
+# $\beta\, k_3$ still pulls it towards the reference). Hover a token for its ratio.
 
 # %%
 groups = group_record(result.policy, result.last_rollout, args)
@@ -486,8 +487,9 @@ progress("04")
 #
 # - Dr. GRPO and DAPO on the sentiment task: `loss_type="dr_grpo", scale="none"` and `loss_type="dapo",
 #   clip_coef_high=0.28`. Compare the completion lengths (`completion_len` in the history).
-# - `kl_coef=0.0`: no reference model at all. How far does the policy drift (`kl` is still logged) and do
-#   the reviews stay reviews (`repetition`)?
+# - `kl_coef=0.0`: nothing pulls the policy back to the reference (the trainer still keeps the
+#   reference and runs it, to log `kl`). How far does the policy drift and do the reviews stay reviews
+#   (`repetition`)?
 # - `group_size=2` versus `16` with the same number of samples per phase: the quality of the baseline
 #   against the number of prompts.
 # - The iterative variant, `ref_refresh_every=5`, over a longer run: does the KL to the *original*

@@ -185,6 +185,16 @@ print(f"{'sum':>34}: {sum(parts.values()):+.3f}   (the tuned logits: {float(logi
 # chapter 03 trained on `ln_final.hook_normalized`: $V_\ell = \text{value\_head}(\mathrm{ln\_pre}(x_\ell))$.
 # Where the lens jumps, a block wrote the decision; where it is flat, nothing changed.
 #
+# Two things to know before reading values. **Which head**: only the tuned model has a value head (the
+# base model never had one), so the value lens applies the *tuned* model's head to both models'
+# residual streams; on the base model's residuals it reads activations it was never trained on.
+# **Which scale**: the head does not predict P(NEGATIVE). Chapter 03's trainer (GAE, the tiny preset)
+# trained it on returns made of the rollout's **whitened** score (zero mean over each batch, so an
+# average completion is worth 0 whatever its probability) plus the per-token KL rewards still to come
+# ($-\beta k_1$ each). At the last prompt token the tuned policy's expected return is therefore about
+# "an average score, 0" minus the KL its 16 tokens will cost: a negative value, even though the tuned
+# model's reviews score P(NEGATIVE) near 1. Read the value lens for where it changes, not for its level.
+#
 # ### Exercise: `ln_pre`
 
 # %% exercise rlhf_tutorial.interp:ln_pre | 10 min | difficulty 2 | importance 3
@@ -409,7 +419,7 @@ steering_explorer(top, bottom, sample_steered, steer_coef)
 # (norms over all entries), and over all entries together, the fraction that changed at all,
 # $\#\{|\theta_{\text{tuned}} - \theta_{\text{base}}| > \text{atol}\} / \#\{\text{entries}\}$. Recent work
 # reports that RL fine-tuning updates only a small subset of the weights, and that part of this
-# sparsity comes from **precision**: in bfloat16 (8 bits of mantissa) a small update often rounds back
+# sparsity comes from **precision**: in bfloat16 (7 stored mantissa bits, 8 bits of precision) a small update often rounds back
 # to the same number. Measure both on your model: round both to bfloat16, then count.
 #
 # ### Exercise: `param_change`
@@ -441,8 +451,13 @@ print(f"entries changed: fp32 {fraction['fp32']:.1%}, after rounding both to bf1
 param_change_figure(changes, fraction)
 
 # %% [markdown]
-# Which matrices moved most, relative to their size: the unembedding (section 1 said the readout
-# itself moved), the MLPs (section 3), attention? In float32 most entries move: Adam moves every weight
+# Which matrices moved most, relative to their size: the MLPs (section 3), attention, the unembedding?
+# Section 1 found that the change of $W_U$ adds much of the tuned model's logit difference, yet $W_U$
+# need not rank high here. The two measure different things: the sentiment direction is a difference
+# of two nearly equal means of columns (the positive and the negative words' columns have much in
+# common), a short vector, so a change of $W_U$ that is modest against the whole matrix can still
+# change that difference by as much as its own length. A large effect on one readout does not need a large
+# relative change of the weights. In float32 most entries move: Adam moves every weight
 # whose gradient was ever non-zero. The ones that stay exactly put are embedding rows of tokens that never
 # appeared in a rollout and positions past the longest sequence: they get no gradient, and with no weight
 # decay (chapter 03's `get_optimizer`) nothing else moves them. How many of the moves survive rounding to

@@ -5,12 +5,13 @@
 # well, with a KL penalty that keeps the policy near a reference. This chapter starts from the
 # objective those methods share and shows that, given **preference pairs**, the RL loop can be
 # replaced by a logistic loss on pairs: **DPO** (Direct Preference Optimization, Rafailov et al. 2023)
-# and its relatives IPO, SLiC's hinge, conservative DPO and SimPO. Then two critic-free RL estimators
-# join GRPO in chapter 04's trainer (**RLOO** and **GSPO**), and the chapter ends by rebuilding the DPO
+# and its relatives IPO, a hinge loss (RSO, after SLiC), conservative DPO and SimPO. Then two ideas from
+# critic-free RL become options of chapter 04's GRPO trainer (**RLOO**'s leave-one-out advantages and
+# **GSPO**'s sequence-level ratio), and the chapter ends by rebuilding the DPO
 # paper's best-known figure: every method of the course, at several KL strengths, on the plane of
 # mean reward against KL(policy || reference).
 #
-# | | PPO (03) | GRPO / RLOO / GSPO (04, here) | DPO / IPO (here) |
+# | | PPO (03) | GRPO, with RLOO advantages or GSPO's ratio (04, here) | DPO / IPO (here) |
 # |---|---|---|---|
 # | data | samples of the policy, scored | groups of samples of the policy, scored | pairs (chosen, rejected), labelled once |
 # | reward model at training time | yes | yes | **no** (the labels are in the pairs) |
@@ -55,7 +56,7 @@ print(f"world: {world}, prompt: {prompt!r}")
 # ## 1. From RLHF to DPO: the math
 #
 # For a prompt $x$, RLHF looks for the policy that maximises the reward minus a KL penalty to the
-# reference $\pi_\text{ref}$ (chapter 03's objective, $\beta$ = `kl_coef`):
+# reference $\pi_\text{ref}$ (chapter 03's objective, where $\beta$ is `RLHFArgs.kl_coef`; here it is `DPOArgs.beta`):
 #
 # $$\max_\pi\; \mathbb{E}_{y \sim \pi(\cdot \mid x)}\big[r(x, y)\big] \;-\; \beta\, \mathrm{KL}\big(\pi(\cdot \mid x)\,\|\,\pi_\text{ref}(\cdot \mid x)\big).$$
 #
@@ -111,7 +112,7 @@ print(f"world: {world}, prompt: {prompt!r}")
 # |---|---|---|
 # | `"sigmoid"` | $-(1 - \epsilon)\log\sigma(\beta h) - \epsilon \log\sigma(-\beta h)$ | DPO; $\epsilon$ = `label_smoothing` (conservative DPO: each label is wrong with probability $\epsilon$) |
 # | `"ipo"` | $\big(h - \tfrac{1}{2\beta}\big)^2$ | IPO (Azar et al. 2023): regress $h$ onto a finite target |
-# | `"hinge"` | $\max(0,\, 1 - \beta h)$ | SLiC (Zhao et al. 2023) |
+# | `"hinge"` | $\max(0,\, 1 - \beta h)$ | RSO (Liu et al. 2023): SLiC's hinge (Zhao et al. 2023), which compared the policy's own log-probs, applied to $h$, the log-ratios to the reference |
 #
 # DPO's loss keeps falling as $h \to \infty$: on pairs that are easy to separate it pushes $h$ without
 # limit (the reference is then only a starting point: the KL can grow large). IPO stops at
@@ -157,9 +158,10 @@ for loss_type in ["sigmoid", "ipo", "hinge"]:
 # ## 4. Pairs from the reference model
 #
 # Chapter 02's pairs were labelled by a rule. Here the pairs come from the task itself, as in the DPO
-# paper's IMDb experiment: sample $G$ completions of the course prompt from the **reference** policy,
-# score them with the sentiment classifier (the ground-truth reward, towards negative as in chapter
-# 03), and keep each group's best and worst as a (chosen, rejected) pair. The classifier is asked once,
+# paper's IMDb experiment: sample completions from the **reference** policy and let the sentiment
+# classifier (the ground-truth reward, towards negative as in chapter 03) say which is better. The
+# paper sampled 4 completions per review prefix and kept all 6 pairs of them; we sample $G$ completions
+# of the course prompt and keep one pair per group, its best and its worst as (chosen, rejected). The classifier is asked once,
 # when the pairs are made; training never calls it. Return the indices on the rewards' device.
 
 # %% exercise rlhf_tutorial.dpo:best_worst_pairs | 15 min | difficulty 2 | importance 3
@@ -247,7 +249,11 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 # %% [markdown]
 # ## 6. Critic-free RL beside GRPO: RLOO and GSPO
 #
-# **RLOO** (REINFORCE Leave-One-Out; Kool et al. 2019, Ahmadian et al. 2024). GRPO's baseline for sample
+# **RLOO** (REINFORCE Leave-One-Out; Kool et al. 2019, Ahmadian et al. 2024). As Ahmadian et al. published
+# it, RLOO is plain REINFORCE (no ratio, no clipping) on the whole sequence, with the KL penalty in the
+# reward and the leave-one-out baseline below. This course takes only the baseline: its advantages
+# replace GRPO's inside chapter 04's trainer (clipped ratios, $k_3$ in the loss), so what runs below is
+# **GRPO with RLOO advantages** ("GRPO + RLOO adv." in the printouts and on the frontier). GRPO's baseline for sample
 # $i$ is its group's mean, which includes $r_i$ itself; that correlates the baseline with the sample and
 # biases the gradient by a factor $(G-1)/G$. RLOO leaves it out:
 #
@@ -281,7 +287,8 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 short = dict(num_phases=12, eval_samples=64) if is_tiny() else dict(num_phases=40)
 short.update(smoke_sizes(num_phases=2, eval_samples=16))
 rl_runs = {}
-for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("GSPO", {"importance_level": "sequence"})]:
+for name, extra in [("GRPO", {}), ("GRPO + RLOO adv.", {"advantage_estimator": "rloo"}),
+                    ("GSPO", {"importance_level": "sequence"})]:
     run_args = GRPOArgs.preset(world, direction=direction, seed=0, **short, **extra)
     rl_runs[name] = train_grpo(run_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, progress=False,
                                **grpo_learner_functions(globals()))
@@ -291,9 +298,13 @@ for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("G
 
 # %% [markdown]
 # RLOO's advantages are GRPO's without the division by the group's std (and scaled by $G/(G-1)$): with
-# rewards in $[0, 1]$ they are several times smaller, so at the same learning rate RLOO climbs more
-# slowly, as Dr. GRPO's `scale="none"` did in chapter 04. GSPO with the token-level clip range
-# (`clip_eps=0.2`) should clip far less often than GRPO does (a geometric mean of token ratios moves
+# rewards in $[0, 1]$ they are several times smaller. That alone does not slow the climb: Adam divides
+# each gradient by its own running scale, so a global rescale barely changes the step (chapter 04,
+# section 7, on Dr. GRPO's `scale="none"`). What changes is the balance inside the loss: the advantage
+# term shrinks while $\beta \cdot k_3$ does not, so the same `kl_coef` holds GRPO with RLOO advantages
+# closer to the reference: expect less KL than GRPO at the same setting (the frontier below shows it
+# over longer runs), not a slower climb in the first phases. GSPO with the token-level clip range
+# (`clip_coef=0.2`) should clip far less often than GRPO does (a geometric mean of token ratios moves
 # much less than its most extreme token); the GSPO paper uses ranges of a few times $10^{-4}$.
 
 # %% [markdown]
@@ -301,9 +312,9 @@ for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("G
 #
 # The DPO paper's IMDb figure places each method, at several KL strengths, on the plane of mean reward
 # against KL(policy || reference). We rebuild it with every method of the course: PPO (chapter 03's
-# trainer), GRPO, RLOO and GSPO (chapter 04's), DPO and IPO (this chapter's). Every point is a run from
-# the same starting policy and seed, and every point is measured **the same way**: 128 (here fewer)
-# samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
+# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's).
+# Every point is a run from the same starting policy and seed, and every point is measured **the same
+# way**: 128 (here fewer) samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
 # reference,
 #
 # $$\mathrm{KL}(\pi \,\|\, \pi_\text{ref}) = \mathbb{E}_{y \sim \pi}\Big[\sum_t \mathrm{KL}\big(\pi(\cdot \mid x, y_{<t}) \,\|\, \pi_\text{ref}(\cdot \mid x, y_{<t})\big)\Big],$$
@@ -320,7 +331,7 @@ for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("G
 
 # %%
 frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.03, 0.3),
-                             grpo_betas=(0.01, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
+                             grpo_kl_coefs=(0.01, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
                              rl_phases=8, dpo_rounds=2, dpo_pairs=128, eval_samples=64)
 if not is_tiny():
     frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
@@ -348,25 +359,26 @@ cost_figure(frontier)
 # | method | strength: reward at sequence KL (nats) |
 # |---|---|
 # | PPO | kl_coef 0.3: 0.688 at 2.3; 0.1: 0.897 at 4.7; 0.03: 0.905 at 8.8 |
-# | GRPO | beta 0.5: 0.679 at 1.6; 0.1: 0.817 at 4.0; 0.01: 0.926 at 13.2 |
-# | RLOO | beta 0.5: 0.549 at 0.9; 0.1: 0.770 at 2.5; 0.01: 0.908 at 7.7 |
-# | GSPO | beta 0.5: 0.662 at 1.6; 0.1: 0.850 at 10.0; 0.01: 0.996 at 50.1 |
+# | GRPO | kl_coef 0.5: 0.679 at 1.6; 0.1: 0.817 at 4.0; 0.01: 0.926 at 13.2 |
+# | GRPO + RLOO adv. | kl_coef 0.5: 0.549 at 0.9; 0.1: 0.770 at 2.5; 0.01: 0.908 at 7.7 |
+# | GSPO | kl_coef 0.5: 0.662 at 1.6; 0.1: 0.850 at 10.0; 0.01: 0.996 at 50.1 |
 # | DPO | beta 0.5: 0.742 at 4.5; 0.1: 0.773 at 8.1; 0.03: 0.763 at 9.4 |
 # | IPO | beta 0.5: 0.359 at 0.06; 0.1: 0.664 at 1.6; 0.02: 0.773 at 8.7 |
 #
 # (standard errors: about 0.03 on the reward, 0.02 to 0.7 nats on the KL.)
 #
-# - **The on-policy RL methods** (PPO, GRPO, RLOO, GSPO) lie close to one curve: about 0.8 to 0.9 at
-#   4 to 5 nats and 0.9 at 8 to 9; the KL strength moves a point along it. At the same beta, RLOO
-#   spends less KL than GRPO for a little less reward (0.77 at 2.5 against 0.82 at 4.0 nats at beta
-#   0.1, and 0.91 at 7.7 against 0.93 at 13.2 at beta 0.01): a point further down the same curve.
+# - **The on-policy RL methods** (PPO, GRPO, GRPO + RLOO adv., GSPO) lie close to one curve: about 0.8 to 0.9 at
+#   4 to 5 nats and 0.9 at 8 to 9; the KL strength moves a point along it. At the same `kl_coef`, RLOO
+#   advantages spend less KL than GRPO's for a little less reward (0.77 at 2.5 against 0.82 at 4.0 nats
+#   at 0.1, and 0.91 at 7.7 against 0.93 at 13.2 at 0.01): a point further down the same curve, as the
+#   smaller advantages of section 6 predict.
 # - **Offline DPO and IPO**, trained on pairs drawn once from the reference, sit below that curve: about
 #   0.77 at 8 to 9 nats, where the RL methods reach about 0.9, and more passes over the pairs add KL
 #   faster than reward (`train-dpo`'s 5 passes over 384 pairs: 0.83 at 18 nats). IPO's beta controls
 #   the KL directly (its target $h = 1/(2\beta)$: 0.06, 1.6 and 8.7 nats); DPO's beta only through
 #   where its loss saturates (4.5 to 9.4 nats).
-# - **GSPO with beta = 0.01** ran away: reward 0.996 at 50 nats (more than 3 nats per token), almost
-#   four times the KL of GRPO with the same beta (13 nats), and its samples degenerate into repeated
+# - **GSPO with `kl_coef` = 0.01** ran away: reward 0.996 at 50 nats (more than 3 nats per token), almost
+#   four times the KL of GRPO with the same `kl_coef` (13 nats), and its samples degenerate into repeated
 #   phrases ("waste your time"). A likely reason: with the token-level clip range (0.2) a length-normalised
 #   sequence ratio almost never leaves it, so GSPO's updates here are in effect unclipped, and a
 #   KL weight of 0.01 does not hold the policy back.
@@ -375,7 +387,7 @@ cost_figure(frontier)
 #   their current policy every phase, the on-policy methods are more KL-efficient, as later studies
 #   comparing online and offline preference optimisation also report; section 5's online DPO moves
 #   DPO towards them.
-# - **Cost**: a DPO or IPO point trained in 3 to 4.5 s against 4 to 5 s for a GRPO, RLOO or GSPO point
+# - **Cost**: a DPO or IPO point trained in 3 to 4.5 s against 4 to 5 s for a GRPO (either advantage) or GSPO point
 #   and 11 to 15 s for a PPO point (the machine was loaded: compare them with each other), plus the shared pairs (4096 samples from the reference
 #   and one classifier pass, 23 to 43 s); peak memory above the start of a run was 9 to 115 MB for
 #   DPO and IPO (a forward and backward pass over 64 full rows) and up to 44 MB for the RL runs.
@@ -407,8 +419,8 @@ progress("06")
 # - SimPO in the trainer: `simpo_loss` needs no reference log-probs. Pass a `dpo_loss` replacement to
 #   `train_dpo` that ignores the reference arguments and calls `simpo_loss` with the completion
 #   lengths, and compare its samples' lengths with DPO's.
-# - GSPO with its paper's clip range: `GRPOArgs(importance_level="sequence", clip_eps=3e-4,
-#   clip_eps_high=4e-4)`, and watch how many sequences are clipped.
+# - GSPO with its paper's clip range: `GRPOArgs(importance_level="sequence", clip_coef=3e-4,
+#   clip_coef_high=4e-4)`, and watch how many sequences are clipped.
 # - More points: `frontier --dpo-betas 0.01 0.03 0.1 0.3 1.0 --rl-phases 40`, or one method at a time
 #   (`--methods ipo`).
 # - The GPT-2 world: the same commands with `--world gpt2` on a GPU.

@@ -19,11 +19,11 @@ training, no critic. The pieces a learner writes, in the order the chapter build
 3. ``implicit_reward``      beta * (log pi - log pi_ref), what DPO's policy thinks of a completion
 4. ``simpo_loss``           SimPO: no reference, length-normalised, with a margin
 5. ``best_worst_pairs``     G scored samples per prompt -> one (chosen, rejected) pair
-6. ``rloo_advantages``      REINFORCE leave-one-out: the baseline of a sample is its siblings' mean
+6. ``rloo_advantages``      RLOO's leave-one-out advantages: the baseline of a sample is its siblings' mean
 7. ``gspo_sequence_ratio``  GSPO: one importance ratio per sequence (the geometric mean of the tokens')
 
-The last two plug into chapter 04's GRPO trainer (``advantage_estimator="rloo"``,
-``importance_level="sequence"``). The DPO trainer that runs these is in ``rlhf_tutorial.trainers.dpo``;
+The last two plug into chapter 04's GRPO trainer (``advantage_estimator="rloo"``: GRPO with RLOO's
+advantages, not RLOO's REINFORCE update; ``importance_level="sequence"``). The DPO trainer that runs these is in ``rlhf_tutorial.trainers.dpo``;
 the reward-KL frontier of every method of the course in ``rlhf_tutorial.trainers.frontier``.
 """
 
@@ -78,7 +78,7 @@ def dpo_loss(
         "sigmoid": mean( -(1 - ls) * logsigmoid(beta * h) - ls * logsigmoid(-beta * h) )   (DPO;
                    ls = label_smoothing: the label is wrong with probability ls, cDPO)
         "ipo":     mean( (h - 1 / (2 * beta)) ** 2 )                                       (IPO)
-        "hinge":   mean( relu(1 - beta * h) )                                              (SLiC)
+        "hinge":   mean( relu(1 - beta * h) )                                              (RSO, after SLiC)
 
     ``logsigmoid`` keeps the loss finite for any h (log(sigmoid(x)) underflows to log 0 for x << 0).
     Any other ``loss_type`` raises ValueError.

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     """Orthogonal initialisation: ``W`` gets orthonormal rows (or columns) scaled by ``std``.
 
-    ``W W^T = std^2 I`` (when ``out <= in``), every bias is ``bias_const``. The same layer is
+    ``W W^T = std^2 I`` when ``out <= in``, ``W^T W = std^2 I`` when the layer widens (``out > in``);
+    every bias is ``bias_const``. The same layer is
     returned, so the call can be written inline in an ``nn.Sequential``.
     """
     # >>> exercise

@@ -54,7 +54,7 @@ def test_dpo_settings_map_onto_a_dpo_config(tmp_path):
     args = dpo.DPOArgs.preset("tiny", epochs=2)
     config = bench_trl_dpo.trl_config(args, seed=3, out=str(tmp_path), max_prompt_tokens=5)
     assert (config.beta, config.learning_rate, config.per_device_train_batch_size, config.max_grad_norm) == (
-        args.kl_coef, args.learning_rate, args.batch_size, args.max_grad_norm)
+        args.beta, args.learning_rate, args.batch_size, args.max_grad_norm)
     assert config.num_train_epochs == args.rounds * args.epochs and config.gradient_accumulation_steps == 1
     assert config.loss_type == ["sigmoid"] and config.lr_scheduler_type == "constant"
     assert config.warmup_steps == 0 and config.weight_decay == 0.0

@@ -201,7 +201,7 @@ def test_strengths_and_unknown_methods():
 
 
 def test_run_frontier_measures_every_point_the_same_way():
-    args = frontier.FrontierArgs(world="tiny", methods=("grpo", "ipo"), grpo_betas=(0.1,), ipo_betas=(0.1, 0.5),
+    args = frontier.FrontierArgs(world="tiny", methods=("grpo", "ipo"), grpo_kl_coefs=(0.1,), ipo_betas=(0.1, 0.5),
                                  rl_phases=1, dpo_rounds=1, dpo_pairs=4, eval_samples=8, max_new_tokens=6)
     result = frontier.run_frontier(args, progress=False)
     assert [(p["method"], p["strength"]) for p in result["points"]] == [("grpo", 0.1), ("ipo", 0.1), ("ipo", 0.5)]
@@ -212,7 +212,7 @@ def test_run_frontier_measures_every_point_the_same_way():
     assert result["methods"]["ipo"]["points"] == 2 and result["base"]["kl"] == pytest.approx(0.0, abs=1e-6)
     fig = widgets.frontier_figure(result)
     assert [t.name for t in fig.data] == ["GRPO (ch. 04)", "IPO", "base policy"]
-    assert "kl_coef = 0.5" in "".join(fig.data[1].hovertext)
+    assert "beta = 0.5" in "".join(fig.data[1].hovertext)
     table = str(widgets.FrontierTable(result))
     assert table.count("\n") == 4 and "IPO" in table
 

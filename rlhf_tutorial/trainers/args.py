@@ -66,7 +66,8 @@ def given_flags(args_cls: type, namespace: argparse.Namespace) -> dict[str, Any]
 #: magnitudes are ours and untuned (no GPT-2 weights here; treat them as starting points):
 #:
 #: - ``lr_scale``: learning rates times sqrt(124M / parameters) (medium 355M: 0.59, large 774M: 0.40,
-#:   xl 1558M: 0.28), rounded to one digit: the usual square-root rule for Adam with width;
+#:   xl 1558M: 0.28), rounded to one digit: a heuristic of ours, not an established rule (muP scales
+#:   the Adam learning rate of hidden matrices as 1 / width);
 #: - ``max_grad_norm``: 0.5 (the blog's gpt2 value, from 1.0) tightened by 0.1 a size, 0.25 at most;
 #: - ``clip_scale``: the surrogate's clip range (PPO's 0.3, GRPO's 0.2) times 0.85 / 0.7 / 0.7;
 #: - ``kl_scale`` / ``kl_threshold_scale``: the KL coefficient down and the early-stopping threshold

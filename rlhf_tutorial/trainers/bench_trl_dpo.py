@@ -102,7 +102,7 @@ def trl_config(args: dpo.DPOArgs, seed: int, out: str, max_prompt_tokens: int):
         num_train_epochs=args.rounds * args.epochs, max_steps=-1,
         learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.max_grad_norm,
-        beta=args.kl_coef, loss_type=[args.loss_type], label_smoothing=args.label_smoothing,
+        beta=args.beta, loss_type=[args.loss_type], label_smoothing=args.label_smoothing,
         max_length=max_prompt_tokens + args.max_new_tokens, truncation_mode="keep_start",
         precompute_ref_log_probs=True, precompute_ref_batch_size=64, disable_dropout=True,
     )
@@ -245,7 +245,7 @@ def _side(clock: EvalClock, policy: HookedTransformer, batch: dpo.PairBatch, pre
         "seconds_per_step": round(train / steps, 5),
         "seconds_per_pass": round(train / passes, 4),
         "peak_memory_mb": round(peak, 1),
-        **pair_stats(policy, batch, clock.args.kl_coef),
+        **pair_stats(policy, batch, clock.args.beta),
         "final_reward": round(final["reward"], 4),
         "final_reward_se": round(final["reward_se"], 4),
         "final_kl": round(final["kl"], 4),

@@ -79,7 +79,7 @@ class DPOArgs:
     learning_rate: float = arg(2e-4, "AdamW learning rate (constant, no weight decay)")
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
     # loss
-    kl_coef: float = arg(0.1, "beta: the KL strength of DPO's implied objective (dpo_loss's beta)")
+    beta: float = arg(0.1, "the KL strength of DPO's implied objective (dpo_loss's beta; IPO: target h = 1 / (2 beta))")
     loss_type: str = arg("sigmoid", "'sigmoid' (DPO), 'ipo' or 'hinge'")
     label_smoothing: float = arg(0.0, "probability that a pair's label is wrong (cDPO; sigmoid only)")
     # evaluation and logging
@@ -254,14 +254,14 @@ def dpo_step(
     logps = fns["sequence_logprobs"](policy(tokens), tokens, mask)  # [2n]
     chosen_logps, rejected_logps = logps.split(len(batch))
     loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
-                           beta=args.kl_coef, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
+                           beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
     optimizer.zero_grad()
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
     optimizer.step()
     with torch.no_grad():
-        margin = (fns["implicit_reward"](chosen_logps, batch.ref_chosen_logps, args.kl_coef)
-                  - fns["implicit_reward"](rejected_logps, batch.ref_rejected_logps, args.kl_coef))
+        margin = (fns["implicit_reward"](chosen_logps, batch.ref_chosen_logps, args.beta)
+                  - fns["implicit_reward"](rejected_logps, batch.ref_rejected_logps, args.beta))
     return {"loss": loss.item(), "margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item(),
             "grad_norm": float(grad_norm)}
 
@@ -421,7 +421,7 @@ def main(argv: list[str]) -> dict:
         "pairs": args.pairs,
         "online": args.online,
         "loss_type": args.loss_type,
-        "kl_coef": args.kl_coef,
+        "beta": args.beta,
         "mean_reward_initial": round(before["reward"], 4),
         "mean_reward_final": round(after["reward"], 4),
         "reward_se_final": round(after["reward_se"], 4),

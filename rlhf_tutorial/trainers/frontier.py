@@ -11,7 +11,7 @@ its standard error).
 |---|---|---|
 | ``ppo``  | chapter 03's ``RLHFTrainer`` (value head, GAE, KL in the reward) | ``kl_coef`` |
 | ``grpo`` | chapter 04's ``grpo.train`` | ``kl_coef`` (beta of the k3 KL in the loss) |
-| ``rloo`` | the same, ``advantage_estimator="rloo"`` | ``kl_coef`` |
+| ``rloo`` | the same, ``advantage_estimator="rloo"``: GRPO with RLOO's leave-one-out advantages (not Ahmadian et al.'s REINFORCE) | ``kl_coef`` |
 | ``gspo`` | the same, ``importance_level="sequence"`` | ``kl_coef`` |
 | ``dpo``  | ``dpo_trainer.train`` (offline pairs from the reference), ``loss_type="sigmoid"`` | ``beta`` |
 | ``ipo``  | the same, ``loss_type="ipo"`` | ``beta`` |
@@ -64,10 +64,10 @@ class FrontierArgs:
     direction: str = arg("neg", "sentiment the classifier reward asks for")
     methods: tuple[str, ...] = arg(METHODS, "methods to run: any of ppo grpo rloo gspo dpo ipo")
     ppo_kl_coefs: tuple[float, ...] = arg((0.03, 0.1, 0.3), "PPO (chapter 03): kl_coef of each point")
-    grpo_betas: tuple[float, ...] = arg((0.01, 0.1, 0.5), "GRPO, RLOO, GSPO: beta (k3 KL in the loss) of each point")
+    grpo_kl_coefs: tuple[float, ...] = arg((0.01, 0.1, 0.5), "GRPO, GRPO + RLOO advantages, GSPO: kl_coef (beta of the k3 KL in the loss) of each point")
     dpo_betas: tuple[float, ...] = arg((0.03, 0.1, 0.5), "DPO: beta of each point")
     ipo_betas: tuple[float, ...] = arg((0.02, 0.1, 0.5), "IPO: beta of each point (its target h = 1 / (2 beta))")
-    rl_phases: int = arg(20, "phases of each PPO / GRPO / RLOO / GSPO run (64 samples each)")
+    rl_phases: int = arg(20, "phases of each PPO / GRPO / GRPO + RLOO advantages / GSPO run (64 samples each)")
     dpo_rounds: int = arg(4, "rounds (passes over the pairs) of each DPO / IPO run")
     dpo_pairs: int = arg(256, "pairs sampled (once) from the reference for DPO and IPO")
     dpo_min_reward_gap: float = arg(0.05, "DPO / IPO pairs: drop groups whose best and worst differ by less")
@@ -85,7 +85,7 @@ def strengths(args: FrontierArgs, method: str) -> list[float]:
     if method == "ppo":
         return _floats(args.ppo_kl_coefs)
     if method in ("grpo", "rloo", "gspo"):
-        return _floats(args.grpo_betas)
+        return _floats(args.grpo_kl_coefs)
     if method in ("dpo", "ipo"):
         return _floats(args.dpo_betas if method == "dpo" else args.ipo_betas)
     raise ValueError(f"unknown method {method!r}: choose from {METHODS}")
@@ -118,7 +118,7 @@ def train_one(
                    progress=False)
         tuned = policy
     else:
-        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
+        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, beta=strength,
                                               loss_type="sigmoid" if method == "dpo" else "ipo",
                                               rounds=args.dpo_rounds, num_pairs=args.dpo_pairs)
         dpo_trainer.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=pairs,
@@ -169,7 +169,7 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
         point = {
             "method": method,
             "strength": strength,
-            "strength_name": "kl_coef",
+            "strength_name": "beta" if method in ("dpo", "ipo") else "kl_coef",
             "reward": stats["reward"], "reward_se": stats["reward_se"],
             "kl": stats["kl"], "kl_se": stats["kl_se"], "kl_per_token": stats["kl_per_token"],
             "repetition": stats["repetition"], "completion_len": stats["completion_len"],
@@ -238,7 +238,7 @@ def run_isolated(args: FrontierArgs, threads: int = 1, progress: bool = True) ->
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rlhf_tutorial frontier",
-        description="Chapter 06: PPO, GRPO, RLOO, GSPO, DPO and IPO at several KL strengths, each point measured the "
+        description="Chapter 06: PPO, GRPO, GRPO with RLOO advantages, GSPO, DPO and IPO at several KL strengths, each point measured the "
         "same way (mean classifier reward, sequence KL to the reference from the policy's own samples).",
     )
     add_flags(parser, FrontierArgs, from_preset=False)
@@ -269,7 +269,7 @@ def main(argv: list[str]) -> dict:
     torch.set_num_threads(ns.threads)
     given = {f.name: getattr(ns, f.name) for f in fields(FrontierArgs)}
     args = FrontierArgs(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
-    for name in ("ppo_kl_coefs", "grpo_betas", "dpo_betas", "ipo_betas"):
+    for name in ("ppo_kl_coefs", "grpo_kl_coefs", "dpo_betas", "ipo_betas"):
         setattr(args, name, tuple(_floats(getattr(args, name))))
     start = time.perf_counter()
     if ns.isolate and len(args.methods) > 1:

@@ -27,7 +27,7 @@ from rlhf_tutorial.widgets.live import LiveDashboard
 
 COLOURS = {"ppo": "#1f77b4", "grpo": "#d62728", "rloo": "#ff7f0e", "gspo": "#9467bd", "dpo": "#2ca02c",
            "ipo": "#17becf", "base": "#444444"}
-LABELS = {"ppo": "PPO (ch. 03)", "grpo": "GRPO (ch. 04)", "rloo": "RLOO", "gspo": "GSPO", "dpo": "DPO", "ipo": "IPO",
+LABELS = {"ppo": "PPO (ch. 03)", "grpo": "GRPO (ch. 04)", "rloo": "GRPO + RLOO adv.", "gspo": "GSPO", "dpo": "DPO", "ipo": "IPO",
           "base": "base policy"}
 DPO_PANELS = ["loss", "margin", "accuracy", "reward", "kl"]
 DPO_TITLES = {"loss": "DPO loss (train pairs)", "margin": "implicit reward margin", "accuracy": "pair accuracy",
@@ -103,7 +103,7 @@ def frontier_figure(result: dict[str, Any], title: str = "Reward against KL(poli
                                  error_y={"type": "data", "array": [b["reward_se"]], "thickness": 1},
                                  hovertext=[_hover({**b, "method": "base", "strength_name": "", "strength": ""})],
                                  hoverinfo="text"))
-    groups = {"all": methods, "RL (PPO, GRPO, RLOO, GSPO)": [m for m in methods if m in ("ppo", "grpo", "rloo", "gspo")],
+    groups = {"all": methods, "RL (PPO, GRPO, GRPO + RLOO adv., GSPO)": [m for m in methods if m in ("ppo", "grpo", "rloo", "gspo")],
               "preferences (DPO, IPO)": [m for m in methods if m in ("dpo", "ipo")]}
     names = methods + (["base"] if result.get("base") else [])
     buttons = [dict(label=label, method="restyle",
@@ -186,7 +186,7 @@ def write_report(path: str | Path, summary: dict[str, Any], history: Sequence[di
     path.parent.mkdir(parents=True, exist_ok=True)
     samples = "".join(f"<li><b>{name}</b>: {html.escape(t)}</li>" for name in ("initial", "final")
                       for t in summary.get(f"samples_{name}", []))
-    parts = [f"<h1>DPO ({html.escape(str(summary.get('world')))}, {summary.get('loss_type')}, kl_coef {summary.get('kl_coef')}, "
+    parts = [f"<h1>DPO ({html.escape(str(summary.get('world')))}, {summary.get('loss_type')}, beta {summary.get('beta')}, "
              f"seed {summary.get('seed')})</h1>", _scalars(summary),
              dpo_curves(history).to_html(full_html=False, include_plotlyjs=True), f"<h2>Samples</h2><ul>{samples}</ul>"]
     path.write_text(_page(parts))
