@@ -262,8 +262,15 @@ def expected_files(root: Path = ROOT) -> dict[Path, str]:
         cells = parse_source(src.read_text())
         files[root / "chapters" / f"{src.stem}.ipynb"] = render(cells, "chapter", src.stem)
         files[root / "solutions" / f"{src.stem}.ipynb"] = render(cells, "solution", src.stem)
+    return files
+
+
+def generated_files(root: Path = ROOT) -> dict[Path, str]:
+    """What ``build-notebooks`` writes: every notebook, and the README with its quoted run figures
+    rewritten from figures.json."""
+    files = expected_files(root)
     readme = root / "README.md"
-    if readme.exists():  # its quoted run figures, from figures.json
+    if readme.exists():
         files[readme] = figures.sync_readme(readme.read_text())
     return files
 
@@ -315,7 +322,7 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--check", action="store_true", help="write nothing; fail if a notebook is stale")
     args = parser.parse_args(argv)
     written, stale = [], []
-    for path, text in expected_files().items():
+    for path, text in generated_files().items():
         current = path.read_text() if path.exists() else None
         if current == text:
             continue

@@ -29,12 +29,17 @@ def test_every_quoted_figure_is_a_recorded_one():
     quoted = {name: figures.placeholders(text) for name, text in texts.items()}
     assert sum(map(len, quoted.values())) >= 20, quoted  # the chapters and README do quote through it
     recorded = figures.recorded()
-    for name, refs in quoted.items():
+    for refs in quoted.values():
         for ref in refs:
             figures.lookup(ref, recorded)  # raises, naming the run and key, when it is not recorded
     for run_name in {ref.split(".")[0] for refs in quoted.values() for ref in refs}:
         assert recorded[run_name]["command"] == figures.RUNS[run_name].command, (
             f"{run_name}: recorded with another command line than figures.RUNS says: record it again")
+
+
+def test_the_readme_quotes_the_recorded_figures():
+    text = figures.README.read_text()
+    assert figures.sync_readme(text) == text, "the README is stale: run `python -m rlhf_tutorial build-notebooks`"
 
 
 def test_substitute_and_lookup():
@@ -125,7 +130,7 @@ def test_no_run_figure_is_typed_by_hand():
 
 
 def test_the_typed_figure_check_catches_a_stale_figure():
-    assert unrecorded_figures("03_rlhf_ppo", "The run ends at reward 0.95 and KL 0.28 per token.") == [
-        "03_rlhf_ppo: 0.95 in '...The run ends at reward 0.95 and KL 0.28 per t...'",
-        "03_rlhf_ppo: 0.28 in '...n ends at reward 0.95 and KL 0.28 per token....'"]
+    found = unrecorded_figures("03_rlhf_ppo", "The run ends at reward 0.95 and KL 0.28 per token.")
+    assert [line.split(" in ")[0] for line in found] == ["03_rlhf_ppo: 0.95", "03_rlhf_ppo: 0.28"]
+    assert "reward 0.95 and KL" in found[0]
     assert unrecorded_figures("03_rlhf_ppo", "reward {{rlhf_neg.mean_reward_final:.2f}}, $\\beta = 0.25$, `0.55`") == []

@@ -81,7 +81,7 @@ class RLHFArgs:
     head_lr: float = arg(3e-3, "learning rate of the value head (freshly initialised: larger)")
     max_grad_norm: float = arg(0.5, "clip the global gradient norm to this")
     warmup_steps: int = arg(2, "phases of linear learning-rate warmup from 0")
-    final_scale: float = arg(0.1, "learning-rate multiplier reached at the last phase")
+    final_scale: float = arg(0.1, "learning-rate multiplier reached after the last phase (the schedule steps once per phase)")
     # PPO objective
     clip_coef: float = arg(0.3, "epsilon of the clipped surrogate")
     vf_coef: float = arg(0.15, "weight of the value loss")
