@@ -78,6 +78,12 @@ RUNS["world"] = Run(("world-info", "--world", "tiny"))
 RUNS["cartpole"] = Run(("train-ppo", "--env", "CartPole-v1", "--seed", "1"))
 RUNS["cartpole_40k"] = Run(("train-ppo", "--env", "CartPole-v1", "--seed", "1", "--total-timesteps", "40000"))
 
+# The races against TRL and the GPT-2-sized memory probe (README; chapter 04 quotes the GRPO race).
+RUNS["bench_grpo"] = Run(("bench-trl", "--algo", "grpo"))
+RUNS["bench_dpo"] = Run(("bench-trl", "--algo", "dpo"))
+RUNS["bench_ppo"] = Run(("bench-trl", "--algo", "ppo"))
+RUNS["bench_memory"] = Run(("bench-memory",))
+
 # Chapters 04 and 06.
 RUNS.update({
 })
