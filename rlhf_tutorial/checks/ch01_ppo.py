@@ -39,6 +39,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
     seeded,
 )
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 from rlhf_tutorial.trainers.ppo import PPOArgs
 
 CHAPTER = "01_ppo"
@@ -257,6 +258,7 @@ def check_calc_clipped_surrogate_objective(candidate) -> str:
     return compare_to_reference(
         candidate, ppo.calc_clipped_surrogate_objective, cases,
         arg_names=["logprobs", "old_logprobs", "advantages", "clip_coef", "eps"],
+        grad=DIFFERENTIATED["calc_clipped_surrogate_objective"],
         mistakes=[
             Mistake("The advantages are not normalised: start with A = (A - A.mean()) / (A.std() + eps).",
                     lambda *a, **k: _surrogate(*a, **k, norm="none")),
@@ -309,6 +311,7 @@ def check_calc_value_function_loss(candidate) -> str:
     ]
     return compare_to_reference(
         candidate, ppo.calc_value_function_loss, cases, arg_names=["values", "returns", "vf_coef"],
+        grad=DIFFERENTIATED["calc_value_function_loss"],
         mistakes=[
             Mistake("The 0.5 is missing: 0.5 * vf_coef * mean((values - returns) ** 2).",
                     lambda v, r, c: c * (v - r).pow(2).mean()),
@@ -357,6 +360,7 @@ def check_calc_entropy_bonus(candidate) -> str:
     ]
     return compare_to_reference(
         candidate, ppo.calc_entropy_bonus, cases, arg_names=["logits", "ent_coef"],
+        grad=DIFFERENTIATED["calc_entropy_bonus"],
         mistakes=[
             Mistake("ent_coef is missing: ent_coef * mean(entropy).", lambda x, c: _entropy(x).mean()),
             Mistake("The sign is flipped: entropy -sum p log p is >= 0, and this bonus is maximised.",

@@ -67,6 +67,7 @@ from rlhf_tutorial.checks.core import (
 )
 from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 from rlhf_tutorial.worlds import PROMPT
 
@@ -133,6 +134,8 @@ def check_get_logprobs(candidate) -> str:
         rlhf.get_logprobs,
         cases,
         arg_names=["logits", "tokens", "prefix_len"],
+        grad=DIFFERENTIATED["get_logprobs"],
+        grad_cases=(1,),
         mistakes=[
             Mistake("Off by one: you read each token's log-prob from the logits at its OWN position. The "
                     "logits at position t predict token t+1: use logits[:, start - 1:-1].", _lp_own_position),
@@ -182,6 +185,7 @@ def check_calc_kl_penalty(candidate) -> str:
         rlhf.calc_kl_penalty,
         _kl_cases(),
         arg_names=["logits", "ref_logits", "kl_coef"],
+        grad=DIFFERENTIATED["calc_kl_penalty"],
         mistakes=[
             Mistake("This equals KL(ref || policy): the arguments are swapped. The expectation is under the "
                     "policy: sum_v p * (log p - log p_ref) with p = softmax(logits).",
@@ -278,6 +282,8 @@ def check_approx_kl(candidate) -> str:
         _approx_cases(),
         arg_names=["logprobs", "ref_logprobs", "estimator"],
         diagnose=_approx_clamp_diagnosis,
+        grad=DIFFERENTIATED["approx_kl"],
+        grad_cases=(0, 1, 2),
         mistakes=[
             Mistake("Your k1 has the wrong sign: k1 = -logr = logprobs - ref_logprobs (its mean is the KL, "
                     "which is >= 0).", _approx_k1_sign),

@@ -54,6 +54,7 @@ from rlhf_tutorial.checks.core import (
 )
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.trainers.grpo import GRPOArgs
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "04_grpo"
 small_model = partial(fixtures.small_model, n_ctx=64)
@@ -350,6 +351,7 @@ def check_calc_grpo_objective(candidate) -> str:
         candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
         diagnose=_objective_diagnosis,
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
+        grad=DIFFERENTIATED["calc_grpo_objective"], grad_cases=(0, 1, 2, 4),
     )
 
 

@@ -27,6 +27,7 @@ from rlhf_tutorial.checks.core import (
     seeded,
     to_device,
 )
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "06_dpo_and_frontier"
 
@@ -109,7 +110,7 @@ SEQ_MISTAKES = [
 )
 def check_sequence_logprobs(candidate) -> str:
     return compare_to_reference(candidate, dpo.sequence_logprobs, _seq_cases(), mistakes=SEQ_MISTAKES,
-                                arg_names=["logits", "tokens", "mask"])
+                                arg_names=["logits", "tokens", "mask"], grad=DIFFERENTIATED["sequence_logprobs"])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -207,6 +208,7 @@ def check_dpo_loss(candidate) -> str:
     detail = compare_to_reference(
         candidate, dpo.dpo_loss, _dpo_cases(), mistakes=DPO_MISTAKES,
         arg_names=["policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps"],
+        grad=DIFFERENTIATED["dpo_loss"], grad_cases=(1, 4, 6),
     )
     for bad in ("kto", "Sigmoid", ""):
         if not _raises_value_error(candidate, *to_device(_pair_logps(3, seed=4)), beta=0.1, loss_type=bad):
@@ -300,7 +302,8 @@ def check_simpo_loss(candidate) -> str:
         Mistake("gamma is scaled by beta: the contract subtracts it outside, beta * margin - gamma.",
                 _simpo_variant(gamma_inside=True)),
         Mistake("log(sigmoid(x)) underflows to -inf for very negative x: use F.logsigmoid.", _simpo_variant(stable=False)),
-    ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"])
+    ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"],
+       grad=DIFFERENTIATED["simpo_loss"])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -435,7 +438,7 @@ def check_gspo_sequence_ratio(candidate) -> str:
         Mistake("You averaged the first mask.sum(-1) positions, as if the True positions always started at 0: "
                 "they need not (a completion after a prompt). Select with the mask itself, "
                 "torch.where(mask, logprobs - old_logprobs, 0).", _gspo_leading_positions),
-    ], arg_names=["logprobs", "old_logprobs", "mask"])
+    ], arg_names=["logprobs", "old_logprobs", "mask"], grad=DIFFERENTIATED["gspo_sequence_ratio"])
 
 
 def _gspo_leading_positions(logprobs, old_logprobs, mask):

@@ -543,6 +543,8 @@ def compare_to_reference(
     rtol: float = 1e-4,
     arg_names: Sequence[str] | None = None,
     diagnose: Callable[[Case, Any, Any], str | None] | None = None,
+    grad: Sequence[str] = (),
+    grad_cases: Sequence[int] = (0,),
 ) -> str:
     """Run every case on the candidate and the reference; fail on the first disagreement.
 
@@ -551,7 +553,9 @@ def compare_to_reference(
     mistake is run on the same case, and the first whose output the candidate matches (and that
     differs from the reference there) gives the hint; when none matches, ``diagnose(case, got,
     expected)`` may name a difference no fixed variant captures (a clamp at an unknown bound, a
-    saturation). Every case runs on :func:`check_device` (the course's device). Returns a one-line
+    saturation). Every case runs on :func:`check_device` (the course's device). When ``grad`` names
+    inputs (an exercise training differentiates, ``plug.DIFFERENTIATED``), the gradient with respect to
+    them is compared too, on the cases numbered ``grad_cases`` (:func:`compare_gradients`). Returns a one-line
     summary for the pass message.
     """
     cases = [to_device(case) for case in cases]
@@ -579,7 +583,95 @@ def compare_to_reference(
         if hint is None and diagnose is not None:
             hint = diagnose(case, got, expected)
         raise failure(message, hint)
+    for i in grad_cases if grad else ():
+        compare_gradients(candidate, reference, cases[i], grad, arg_names=arg_names)
     return f"matches the reference on {len(cases)} cases ({', '.join(c.label for c in cases)})."
+
+
+# ----------------------------------------------------------------------------------------------------
+# Comparing gradients
+# ----------------------------------------------------------------------------------------------------
+NO_GRAPH = ("something in it detached the result: a `.detach()`, an `.item()` or `torch.tensor(...)` of a result, "
+            "`.numpy()`, or a body under `torch.no_grad()`")
+
+
+def _with_grad_inputs(case: Case, wrt: Sequence[str], arg_names: Sequence[str] | None) -> tuple[tuple, dict, list]:
+    """Fresh copies of ``case``'s inputs in which those named in ``wrt`` are leaves that require grad."""
+    args, kwargs = list(_clone(case.args)), _clone(case.kwargs)
+    leaves = []
+    for name in wrt:
+        if name in kwargs:
+            kwargs[name] = leaf = kwargs[name].detach().clone().requires_grad_(True)
+        else:
+            i = list(arg_names or ()).index(name)  # a checker bug when absent: run_check reports it as one
+            args[i] = leaf = args[i].detach().clone().requires_grad_(True)
+        leaves.append(leaf)
+    return tuple(args), kwargs, leaves
+
+
+def compare_gradients(candidate: Callable, reference: Callable, case: Case, wrt: Sequence[str], *,
+                      arg_names: Sequence[str] | None = None, rtol: float = 1e-3) -> None:
+    """Fail unless the candidate's output on ``case`` carries the reference's gradient with respect to
+    each input named in ``wrt`` (the inputs training differentiates through, ``plug.DIFFERENTIATED``).
+
+    The outputs are reduced to one number with the same seeded random weights, L = sum_i w_i * out_i
+    over every floating-point tensor of the reference's output that carries a gradient (a stats dict
+    beside a loss is left out), and ``torch.autograd.grad(L, inputs)`` is compared: an output with
+    no graph at all (detached, or computed under ``torch.no_grad()``), an input no gradient reaches
+    (one half of a pair detached), and a gradient that differs (a stop-gradient inside) each get
+    their own message. Values are compared first (``compare_to_reference``); this runs after.
+    """
+    case = to_device(case)
+    args, kwargs, leaves = _with_grad_inputs(case, wrt, arg_names)
+    with torch.enable_grad():
+        expected = reference(*args, **kwargs)
+    targets = [(path, t) for path, t in _tensors_in(expected) if t.is_floating_point() and t.requires_grad]
+    if not targets:
+        raise RuntimeError(f"the reference's output on {case.label} carries no gradient: wrong `wrt` {tuple(wrt)}")
+    g = seeded(1234)
+    weights = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(device=t.device, dtype=t.dtype)
+               for _, t in targets]
+    want = torch.autograd.grad(sum((w * t).sum() for w, (_, t) in zip(weights, targets)), leaves, allow_unused=True)
+
+    args, kwargs, leaves = _with_grad_inputs(case, wrt, arg_names)
+    got_out = call(candidate, *args, _arg_names=arg_names, **kwargs)
+    got_tensors = dict(_tensors_in(got_out))
+    named = " and ".join(f"`{n}`" for n in wrt)
+    outs = []
+    for path, t in targets:
+        got = got_tensors.get(path)
+        if not isinstance(got, torch.Tensor) or got.shape != t.shape:
+            raise CheckFailure(f"On {case.label} with {named} requiring grad, your output{path} is {fmt(got)}, "
+                               f"expected the shape {tuple(t.shape)}.")
+        outs.append(got)
+    where = f"output{targets[0][0]}" if len(targets) == 1 and targets[0][0] else "output"
+    if not any(o.requires_grad for o in outs):
+        raise failure(
+            f"On {case.label}, your {where} carries no gradient although {named} "
+            f"{'requires' if len(wrt) == 1 else 'require'} grad: {NO_GRAPH}.",
+            "Training backpropagates through this output: compute it from the inputs with torch operations "
+            "only, keep it a tensor (no .item(), no torch.tensor(...) of a result), and do not detach it or wrap "
+            "the function in torch.no_grad().")
+    loss = sum((w.to(o.dtype) * o).sum() for w, o in zip(weights, outs) if o.requires_grad)
+    got_grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    for name, leaf, w_grad, g_grad in zip(wrt, leaves, want, got_grads):
+        w_grad = torch.zeros_like(leaf) if w_grad is None else w_grad.detach()
+        g_grad = torch.zeros_like(leaf) if g_grad is None else g_grad.detach()
+        if bool(w_grad.ne(0).any()) and not bool(g_grad.ne(0).any()):
+            raise failure(
+                f"On {case.label}, no gradient reaches `{name}`: the values are right, but your output does not "
+                f"depend on `{name}` through autograd.",
+                f"The part computed from `{name}` is detached (a `.detach()`, `.item()`, `.data` or "
+                "`torch.no_grad()` on it): training would never move it. Keep it in the graph.")
+        scale = float(w_grad.abs().max()) if w_grad.numel() else 0.0
+        if not torch.allclose(g_grad.to(torch.float64), w_grad.to(torch.float64), rtol=rtol,
+                              atol=1e-6 + rtol * scale):
+            raise failure(
+                f"On {case.label}, the values are right but the gradient with respect to `{name}` is not the "
+                f"reference's.\n  expected: {fmt(w_grad)}\n  got:      {fmt(g_grad)}",
+                f"Part of the computation from `{name}` is detached or replaced by a constant (a `.detach()`, "
+                "`.item()` or `.data` on one term, a value computed under `torch.no_grad()` and reused): the "
+                "loss then trains a different direction than its value suggests.")
 
 
 # ----------------------------------------------------------------------------------------------------
