@@ -874,12 +874,13 @@ def check_get_optimizer(candidate) -> str:
             "tether).")
     # Edge: a learning rate of 0 (a frozen backbone while the value head warms up) is a value, not a
     # missing setting: a group left out when its lr is 0, or `lr or default`, shows only here.
-    frozen = call(candidate, model, 0.0, 3e-4)
+    # (head_lr differs from the first call's too: a head_lr fixed at one value fails one of the two)
+    frozen = call(candidate, model, 0.0, 1e-3)
     lrs = [g["lr"] for g in getattr(frozen, "param_groups", [])]
-    if len(lrs) != 2 or sorted(lrs) != [0.0, 3e-4]:
+    if len(lrs) != 2 or sorted(lrs) != [0.0, 1e-3]:
         raise CheckFailure(
-            f"with base_lr=0.0 and head_lr=0.0003, the learning rates of your groups are {lrs}; expected "
-            "[0.0, 0.0003].",
+            f"with base_lr=0.0 and head_lr=0.001, the learning rates of your groups are {lrs}; expected "
+            "[0.0, 0.001].",
             hint="A learning rate of 0 is a value (the backbone frozen, e.g. while the value head warms up), not "
             "a missing setting: keep both groups and give the base group lr=base_lr as it is (no `if base_lr`, "
             "no `base_lr or default`).")
@@ -962,19 +963,20 @@ def check_get_samples(candidate) -> str:
     # Temperature: which of softmax(l / T), softmax(l), softmax(l * T) best explains the first new tokens?
     with torch.no_grad():
         last_logits = model(prompt_tokens)[0, -1]
-    n, temperature = 1500, 0.5
-    tokens, _ = call(candidate, model, prompt, n, 1, temperature=temperature)
-    first = tokens[:, -1]
-    scores = {}
-    for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
-        scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
-    best = max(scores, key=scores.get)
-    if best != "logits / T":
-        hint = ("The temperature is ignored: pass temperature=temperature to generate." if best.startswith("logits (")
-                else "The temperature multiplies the logits: sampling divides them by it.")
-        raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
-                           f"softmax({best}), not softmax(logits / T).", hint)
-    return "shapes, prompt kept, cloned tokens, texts decoded, top_k and temperature respected."
+    n = 1500
+    for temperature in (0.5, 2.0):  # below and above 1: a fixed temperature fits at most one of them
+        tokens, _ = call(candidate, model, prompt, n, 1, temperature=temperature)
+        first = tokens[:, -1]
+        scores = {}
+        for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
+            scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
+        best = max(scores, key=scores.get)
+        if best != "logits / T":
+            hint = ("The temperature is ignored: pass temperature=temperature to generate." if best.startswith("logits (")
+                    else "The temperature multiplies the logits (or is fixed): sampling divides them by it.")
+            raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
+                               f"softmax({best}), not softmax(logits / T).", hint)
+    return "shapes, prompt kept, cloned tokens, texts decoded, top_k and temperatures 0.5 and 2 respected."
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1098,7 +1100,7 @@ def check_replay_memory(candidate) -> str:
 # compute_rlhf_objective
 # ----------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
-def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.ReplayMinibatch]:
+def _objective_setup(prefix_len: int = 4) -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.ReplayMinibatch]:
     torch.manual_seed(5)
     model = rlhf.TransformerWithValueHead(small_model(seed=5))
     ref = small_model(seed=5)
@@ -1108,7 +1110,7 @@ def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.Re
             p.add_(0.3 * torch.randn(p.shape, generator=seeded(8)).to(device))
     ref.requires_grad_(False)
     g = seeded(9)
-    prefix_len, tokens = 4, torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g).to(device)
+    tokens = torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g).to(device)
     with torch.no_grad():
         logits, values = model(tokens)
         logprobs = rlhf.get_logprobs(logits, tokens, prefix_len)
@@ -1235,19 +1237,25 @@ def check_compute_rlhf_objective(candidate) -> str:
         ("KL coefficient 0 (as with GAE), value clipping 0.5", None, mb,
          RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.5, vf_coef=0.5), 0.0),
     ]
+    # another prompt length (6 of 9 tokens: 3 generated): a prefix_len fixed at 4 fails here
+    model6, ref6, _, mb6 = _objective_setup(prefix_len=6)
     ref_calls: list[bool] = []
-    handle = ref.register_forward_pre_hook(lambda module, inputs: ref_calls.append(torch.is_grad_enabled()))
+    handles = [r.register_forward_pre_hook(lambda module, inputs: ref_calls.append(torch.is_grad_enabled()))
+               for r in (ref, ref6)]
     try:
         for label, term, minibatch, args, kl_coef in configs:
             _check_objective_setting(candidate, model, ref, prefix_len, minibatch, args, kl_coef, label, term)
+        _check_objective_setting(candidate, model6, ref6, 6, mb6, RLHFArgs(kl_estimator="full", temperature=0.7,
+                                 ent_coef=0.05), 0.5, "prefix_len = 6, full KL", None)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     if any(ref_calls):
         raise failure("the reference model ran with gradient tracking on.",
                       "The reference logits are computed with gradients: wrap ref_model(tokens) in torch.no_grad() "
                       "(the reference is frozen; its graph would only cost memory).")
     return (f"matches the reference objective term by term (surrogate, value loss, entropy, full and k3 KL, each "
-            f"alone) and on {len(configs) - 5} full settings; the stats match; gradients flow to the transformer "
+            f"alone) and on {len(configs) - 4} full settings (one with another prefix_len); the stats match; gradients flow to the transformer "
             "and the value head, not to the reference.")
 
 
