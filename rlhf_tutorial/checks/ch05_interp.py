@@ -117,7 +117,8 @@ def check_ln_pre(candidate) -> str:
     return compare_to_reference(
         candidate, interp.ln_pre, _ln_cases(), arg_names=["x", "eps"],
         mistakes=[
-            Mistake("You did not centre: subtract the mean over the last dim before scaling.",
+            Mistake("You did not centre (that is an RMSNorm, x / sqrt(mean(x**2) + eps)): LayerNorm subtracts the "
+                    "mean over the last dim before scaling.",
                     lambda x, eps=1e-5: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()),
             Mistake("That is the unbiased variance (torch.var/std default, divides by d - 1): LayerNorm "
                     "uses the biased one (unbiased=False, or mean of squares).",
@@ -484,6 +485,14 @@ def check_activation_difference(candidate) -> str:
                     lambda b, t, n=5: (t[:n] - b[:n]).mean((0, 1))),
             Mistake("You summed over positions: average over the batch and the positions.",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0)),
+            Mistake("Off by one: the first n_positions positions are [:, :n_positions] (indices 0 .. n - 1), not "
+                    "[:, :n_positions + 1].", lambda b, t, n=5: (t[:, :n + 1] - b[:, :n + 1]).mean((0, 1))),
+            Mistake("Off by one: the first n_positions positions are [:, :n_positions], not [:, :n_positions - 1].",
+                    lambda b, t, n=5: (t[:, :n - 1] - b[:, :n - 1]).mean((0, 1))),
+            Mistake("You skipped position 0 (the BOS): the lens reads the first n_positions positions, BOS "
+                    "included, [:, :n_positions].", lambda b, t, n=5: (t[:, 1:n + 1] - b[:, 1:n + 1]).mean((0, 1))),
+            Mistake("You skipped position 0 (the BOS) and kept n_positions - 1: the slice is [:, :n_positions], "
+                    "BOS included.", lambda b, t, n=5: (t[:, 1:n] - b[:, 1:n]).mean((0, 1))),
             Mistake("You divided the sum by n_positions: when the texts are shorter than n_positions, fewer "
                     "positions exist. Average over the positions you sliced, .mean(dim=(0, 1)).",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0) / n),

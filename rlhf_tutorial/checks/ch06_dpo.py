@@ -24,6 +24,8 @@ from rlhf_tutorial.checks.core import (
     call,
     checker,
     compare_to_reference,
+    failure,
+    nudge,
     seeded,
     to_device,
 )
@@ -145,7 +147,7 @@ def _dpo_cases() -> list[Case]:
 
 
 def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, beta_inside=True,
-                 reduce="mean", stable=True):
+                 reduce="mean", stable=True, hinge_sign=-1):
     def fn(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
         h = (pc - rc) - (pr - rr) if use_ref else pc - pr
         h = h_sign * h
@@ -155,10 +157,12 @@ def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, 
             pos, neg = (logsig(beta * h), logsig(-beta * h)) if beta_inside else (beta * logsig(h), beta * logsig(-h))
             losses = -((1 - ls) * pos + ls * neg)
         elif loss_type == "ipo":
-            target = {"half": 1 / (2 * beta), "one": 1 / beta, "scaled": 0.5}[ipo_target]
+            # "precedence": 1/2*beta read as 1 / (2 * beta) but computed as (1 / 2) * beta
+            target = {"half": 1 / (2 * beta), "one": 1 / beta, "scaled": 0.5, "precedence": 1 / 2 * beta}[ipo_target]
             losses = (beta * h - target) ** 2 if ipo_target == "scaled" else (h - target) ** 2
         elif loss_type == "hinge":
-            losses = torch.relu(1 - (beta * h if hinge_beta else h))
+            x = beta * h if hinge_beta else h
+            losses = torch.relu({-1: 1 - x, 1: 1 + x, 0: x - 1}[hinge_sign])
         else:
             raise ValueError(loss_type)
         return losses.sum() if reduce == "sum" else losses.mean()
@@ -167,6 +171,11 @@ def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, 
 
 
 DPO_MISTAKES = [
+    # the hinge's own sign slips first: they differ from the reference on the hinge case only
+    Mistake("The hinge has the wrong sign: relu(1 - beta * h), which is 0 once the chosen side wins by a margin "
+            "beta * h >= 1; relu(1 + beta * h) pushes the rejected side up.", _dpo_variant(hinge_sign=1)),
+    Mistake("The hinge is turned around: relu(1 - beta * h) (a loss while the margin beta * h is below 1), not "
+            "relu(beta * h - 1), which punishes the pairs the policy already gets right.", _dpo_variant(hinge_sign=0)),
     Mistake("The sign of h is flipped, or label_smoothing weighs the wrong term (for the sigmoid loss the two "
             "give the same numbers). h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected): the loss "
             "falls as the chosen completion gains probability relative to the rejected one; the observed "
@@ -182,6 +191,9 @@ DPO_MISTAKES = [
     Mistake("IPO regresses h itself onto 1 / (2 * beta): (h - 1 / (2 * beta)) ** 2, not (beta * h - 1/2) ** 2.",
             _dpo_variant(ipo_target="scaled")),
     Mistake("The hinge is on beta * h: relu(1 - beta * h).", _dpo_variant(hinge_beta=False)),
+    Mistake("IPO's target is computed as (1 / 2) * beta: in Python 1/2*beta is beta / 2, not 1 / (2 * beta). Write "
+            "1 / (2 * beta) with the parentheses.", _dpo_variant(ipo_target="precedence")),
+
     Mistake("You summed the per-pair losses: the contract takes their mean.", _dpo_variant(reduce="sum")),
 ]
 
@@ -279,8 +291,10 @@ def _simpo_cases() -> list[Case]:
     ]
 
 
-def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=True):
+def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=True, swap_lengths=False):
     def fn(c, r, lc, lr, beta=2.0, gamma=0.5):
+        if swap_lengths:
+            lc, lr = lr, lc
         margin = c / lc - r / lr if normalise else c - r
         x = beta * (margin + gamma_sign * gamma) if gamma_inside else beta * margin + gamma_sign * gamma
         return -(F.logsigmoid(x) if stable else torch.sigmoid(x).log()).mean()
@@ -302,6 +316,8 @@ def check_simpo_loss(candidate) -> str:
         Mistake("gamma is scaled by beta: the contract subtracts it outside, beta * margin - gamma.",
                 _simpo_variant(gamma_inside=True)),
         Mistake("log(sigmoid(x)) underflows to -inf for very negative x: use F.logsigmoid.", _simpo_variant(stable=False)),
+        Mistake("The lengths are swapped: each side is divided by its own length, chosen_logps / chosen_lengths and "
+                "rejected_logps / rejected_lengths.", _simpo_variant(swap_lengths=True)),
     ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"],
        grad=DIFFERENTIATED["simpo_loss"])
 
@@ -368,9 +384,30 @@ def _rloo_cases() -> list[Case]:
     "return rewards minus it.",
 )
 def check_rloo_advantages(candidate) -> str:
+    try:
+        return _compare_rloo(candidate)
+    except CheckFailure as failed:
+        if failed.hint != _WHOLE_GROUP_MEAN:
+            raise
+        # G / (G - 1) * (r - mean) is RLOO; with integer division, G // (G - 1) is 1 for G > 2, which
+        # looks like the whole group's mean, but 2 for G = 2, where it is right: tell the two apart.
+        pair = to_device(torch.tensor([[0.2, 0.9], [0.6, 0.1]]))
+        got = call(candidate, pair.clone(), _arg_names=["rewards"])
+        if isinstance(got, torch.Tensor) and got.shape == pair.shape and torch.allclose(
+                got.to(pair.dtype), dpo.rloo_advantages(pair), atol=1e-5):
+            raise failure(failed.message.removesuffix("\n  " + nudge(_WHOLE_GROUP_MEAN)), _INTEGER_DIVISION) from None
+        raise
+
+
+_WHOLE_GROUP_MEAN = ("You subtracted the mean of the whole group, sample j included (GRPO's baseline): leave sample j "
+                     "out, (sum - r_j) / (G - 1).")
+_INTEGER_DIVISION = ("G // (G - 1) is integer division: it is 1 for every G > 2 (and right only for G = 2). "
+                     "r_j - (sum - r_j) / (G - 1) equals G / (G - 1) * (r_j - mean): use /, not //.")
+
+
+def _compare_rloo(candidate) -> str:
     return compare_to_reference(candidate, dpo.rloo_advantages, _rloo_cases(), mistakes=[
-        Mistake("You subtracted the mean of the whole group, sample j included (GRPO's baseline): leave sample j "
-                "out, (sum - r_j) / (G - 1).", lambda r: r - r.mean(-1, keepdim=True)),
+        Mistake(_WHOLE_GROUP_MEAN, lambda r: r - r.mean(-1, keepdim=True)),
         Mistake("The leave-one-out mean divides by G - 1 (the other samples), not G.",
                 lambda r: r - (r.sum(-1, keepdim=True) - r) / r.shape[-1]),
         Mistake("RLOO does not divide by a std: only the baseline changes.",

@@ -497,13 +497,15 @@ def form_mismatch(out: Any, expected: Any) -> str | None:
 
 
 def nudge(hint: str) -> str:
-    """The short form of a hint: what is wrong, without the fix (its first clause or sentence)."""
-    cut = len(hint)
-    for sep in (": ", ". ", "; "):
-        i = hint.find(sep)
-        if 0 < i < cut:
-            cut = i
-    return hint[:cut].rstrip(".") + "."
+    """The short form of a hint: what is wrong, without the fix (its first clause or sentence). A
+    separator inside `code` does not end the clause (`else: raise ValueError(...)` stays whole)."""
+    in_code = False
+    for i, ch in enumerate(hint):
+        if ch == "`":
+            in_code = not in_code
+        elif not in_code and i > 0 and hint[i:i + 2] in (": ", ". ", "; "):
+            return hint[:i].rstrip(".") + "."
+    return hint.rstrip(".") + "."
 
 
 def failure(message: str, hint: str | None) -> CheckFailure:
