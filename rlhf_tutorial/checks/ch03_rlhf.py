@@ -783,6 +783,16 @@ def check_transformer_with_value_head(candidate) -> str:
                       "hook of run_with_hooks, without detaching it.")
     base.zero_grad(set_to_none=True)
 
+    # Size-1 dims: a batch of one prompt (as in chapter 03's sampling of one row), and a single position.
+    for shape in ((1, 7), (2, 1)):
+        out = call(model, tokens[: shape[0], : shape[1]])
+        values = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+        if not isinstance(values, torch.Tensor) or tuple(values.shape) != shape:
+            got = tuple(values.shape) if isinstance(values, torch.Tensor) else fmt(values)
+            raise failure(f"with tokens of shape {shape}, the values have shape {got}, expected {shape}.",
+                          "squeeze() drops every dim of size 1 (the batch of one, or the single position) with the "
+                          "head's trailing 1: drop only that one, squeeze(-1).")
+
     # Initialisation (chapter 01's layer_init): orthogonal, gain sqrt(2) then 1, zero biases.
     for i, layer, gain in ((0, layers[0], math.sqrt(2)), (2, layers[2], 1.0)):
         got_gain = orthogonal_gain(layer.weight)
@@ -913,10 +923,11 @@ def _decodings(model, tokens: torch.Tensor, n_bos: int) -> tuple[list[str], list
 )
 def check_get_samples(candidate) -> str:
     model = tiny_policy()
+    sample = functools.partial(call, _keep_modes=False)  # generate() puts the model in eval mode, by design
     prompt = PROMPT
     prompt_tokens = model.to_tokens(prompt)
     p = prompt_tokens.shape[1]
-    out = call(candidate, model, prompt, 5, 7)
+    out = sample(candidate, model, prompt, 5, 7)
     if not isinstance(out, tuple) or len(out) != 2:
         raise CheckFailure(f"expected a tuple (tokens, texts), got {fmt(out)}")
     tokens, texts = out
@@ -940,7 +951,7 @@ def check_get_samples(candidate) -> str:
             hint = "Your texts include the BOS token's text: leave special tokens out (skip_special_tokens=True)."
         raise CheckFailure(f"texts[0] = {texts[0]!r} is not the decoding of tokens[0] ({skip[0]!r}).", hint)
 
-    out = call(candidate, model, prompt, 3, 4, prepend_bos=False)
+    out = sample(candidate, model, prompt, 3, 4, prepend_bos=False)
     p_nobos = model.to_tokens(prompt, prepend_bos=False).shape[1]
     expect_tensor(out[0], shape=(3, p_nobos + 4), what="with prepend_bos=False, the tokens", allow_nan=True)
     # Edge: no BOS, so position 0 is the prompt's first word: a decoding that always drops it loses text.
@@ -955,7 +966,7 @@ def check_get_samples(candidate) -> str:
                            f"({skip[0]!r}).", hint)
 
     greedy = model.generate(prompt_tokens, max_new_tokens=5, do_sample=False, verbose=False, stop_at_eos=False)
-    tokens, _ = call(candidate, model, prompt, 4, 5, top_k=1)
+    tokens, _ = sample(candidate, model, prompt, 4, 5, top_k=1)
     if not torch.equal(tokens, greedy.expand(4, -1)):
         raise CheckFailure("with top_k=1 every sample should be the greedy continuation.",
                            hint="Pass top_k=top_k to model.generate.")
@@ -965,7 +976,7 @@ def check_get_samples(candidate) -> str:
         last_logits = model(prompt_tokens)[0, -1]
     n = 1500
     for temperature in (0.5, 2.0):  # below and above 1: a fixed temperature fits at most one of them
-        tokens, _ = call(candidate, model, prompt, n, 1, temperature=temperature)
+        tokens, _ = sample(candidate, model, prompt, n, 1, temperature=temperature)
         first = tokens[:, -1]
         scores = {}
         for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
@@ -1212,6 +1223,7 @@ _OBJECTIVE_MISTAKES = [
 )
 def check_compute_rlhf_objective(candidate) -> str:
     model, ref, prefix_len, mb = _objective_setup()
+    model.train()  # as in the learning phase (the reference stays in eval mode): your code must leave both so
     still = dataclasses.replace(mb, advantages=torch.zeros_like(mb.advantages))  # the surrogate is then 0
     off = dict(vf_coef=0.0, ent_coef=0.0)
     # Each term alone first (the others switched off by their coefficient, the surrogate by zero
@@ -1451,10 +1463,11 @@ def _check_memory(memory, trainer: RLHFTrainer, label: str) -> dict[str, torch.T
     return expected
 
 
-def call_on_trainer(fn: Callable, trainer: RLHFTrainer, *args: Any) -> Any:
+def call_on_trainer(fn: Callable, trainer: RLHFTrainer, *args: Any, keep_modes: bool = True) -> Any:
     """``call(fn, trainer, *args)``, with a device mix in the learner's code explained by the trainer's device
-    (a trainer is not a tensor: ``call`` cannot tell where its inputs live)."""
-    return call(fn, trainer, *args, _arg_names=["trainer", "memory"], _device_hint=(
+    (a trainer is not a tensor: ``call`` cannot tell where its inputs live). ``keep_modes=False`` for the
+    rollout: sampling with generate() puts the policy in eval mode, by design."""
+    return call(fn, trainer, *args, _arg_names=["trainer", "memory"], _keep_modes=keep_modes, _device_hint=(
         f"A CPU tensor met one on the trainer's device ({trainer.device}): the policy, the reference, the rewards of "
         "trainer.reward_fn and everything computed from them are on trainer.device; ngram_repetition (it reads "
         "texts) gives a CPU tensor: .to(trainer.device) it, and build any new tensor with "
@@ -1481,7 +1494,7 @@ def _rollout(candidate, trainer: RLHFTrainer, label: str):
     """Run the learner's rollout_phase, check its forward passes were chunked, then its memory."""
     sizes = _BatchSizes(trainer)
     try:
-        memory = call_on_trainer(candidate, trainer)
+        memory = call_on_trainer(candidate, trainer, keep_modes=False)
     finally:
         sizes.remove()
     args = trainer.args

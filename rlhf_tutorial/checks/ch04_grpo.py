@@ -438,7 +438,7 @@ def _eos_model(eos_bias: float, seed: int = 4, spread: float = 0.0, eos: int = E
 
 def _sampled(candidate, model, prompt, group_size, max_new_tokens, temperature=1.0, eos=EOS, **kwargs):
     out = call(candidate, model, prompt, group_size, max_new_tokens, eos, temperature,
-               _arg_names=["model", "prompt_tokens", "group_size", "max_new_tokens"], **kwargs)
+               _arg_names=["model", "prompt_tokens", "group_size", "max_new_tokens"], _keep_modes=False, **kwargs)
     if out is None:
         raise CheckFailure("sample_group returned None: return (tokens, mask).")
     if not isinstance(out, (tuple, list)) or len(out) != 2:

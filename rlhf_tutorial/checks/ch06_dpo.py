@@ -88,6 +88,11 @@ def _seq_variant(*, shift=True, mask_shift=True, reduce="sum", stable=True, use_
     return fn
 
 
+def _seq_product_of_probs(logits, tokens, mask):
+    p = logits[:, :-1].softmax(-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return torch.where(mask[:, 1:], p, 1.0).prod(-1).log()
+
+
 SEQ_MISTAKES = [
     Mistake("The logits are not shifted: logits[:, t] predicts token t + 1, so token t's log-prob is "
             "log_softmax(logits[:, t - 1])[tokens[:, t]] (compare logits[:, :-1] with tokens[:, 1:]).",
@@ -99,6 +104,9 @@ SEQ_MISTAKES = [
     Mistake("You summed over every position: only the tokens where mask is True count.", _seq_variant(use_mask=False)),
     Mistake("log(softmax(x)) underflows to log(0) = -inf for large logits: use log_softmax.",
             _seq_variant(stable=False)),
+    Mistake("You multiplied the token probabilities and took the log of the product: a product of many "
+            "probabilities underflows to 0 (log 0 = -inf). Sum the token log-probs instead.",
+            _seq_product_of_probs),
     Mistake("The last token is dropped: with the shift, logits[:, :-1] predict tokens[:, 1:], all the way to "
             "the end.", _seq_variant(drop_last=True)),
 ]
@@ -433,11 +441,15 @@ def _gspo_cases() -> list[Case]:
     one_true[0, 4], one_true[1, 0], one_true[2, 2] = True, True, True
     lp5 = -2 * torch.rand(3, 5, generator=g)
     old5 = lp5 + 0.5 * torch.randn(3, 5, generator=g)
+    long_old = -2 * torch.rand(2, 400, generator=g)
     return [
         Case("4 completions of 6, 1, 3 and 5 tokens, junk where masked", (lp + junk, old - junk, mask)),
         Case("an all-True mask", (lp, old, torch.ones(B, T, dtype=torch.bool))),
         Case("one True per row (at the end, the start, the middle)", (lp5, old5, one_true)),
         Case("the policy has not moved (ratio 1)", (lp, lp.clone(), mask)),
+        # a product of 400 token ratios of about exp(0.3) is exp(120): inf in float32; a sum of logs is not
+        Case("400 tokens whose log-ratios are about +0.3 (a product of ratios overflows)",
+             (long_old + 0.3 + 0.05 * torch.randn(2, 400, generator=g), long_old, torch.ones(2, 400, dtype=torch.bool))),
     ]
 
 
@@ -465,6 +477,10 @@ def check_gspo_sequence_ratio(candidate) -> str:
     return compare_to_reference(candidate, dpo.gspo_sequence_ratio, _gspo_cases(), mistakes=[
         Mistake("You averaged the token ratios (arithmetic mean of exp): GSPO takes the exp of the mean log-ratio, "
                 "the geometric mean.", _gspo_variant(kind="arithmetic")),
+        # before the summed log-ratios: on the 400-token case both are inf
+        Mistake("You multiplied the token ratios and took the n-th root: the product of hundreds of ratios overflows "
+                "(or underflows) float32 before the root. Average the log-ratios, then exp: exp(sum(log r) / n).",
+                _gspo_product_root),
         Mistake("The log-ratios are summed, not averaged: that is the ratio of the whole sequence's probabilities, "
                 "which explodes with the length. Divide by the number of tokens.", _gspo_variant(kind="product")),
         Mistake("The mean divides by g, the padded length: divide by each row's own number of tokens, mask.sum(-1).",
@@ -476,6 +492,12 @@ def check_gspo_sequence_ratio(candidate) -> str:
                 "they need not (a completion after a prompt). Select with the mask itself, "
                 "torch.where(mask, logprobs - old_logprobs, 0).", _gspo_leading_positions),
     ], arg_names=["logprobs", "old_logprobs", "mask"], grad=DIFFERENTIATED["gspo_sequence_ratio"])
+
+
+def _gspo_product_root(logprobs, old_logprobs, mask):
+    """The geometric mean as a product of ratios, then the n-th root: inf once the product overflows."""
+    ratios = torch.where(mask, torch.exp(logprobs - old_logprobs), 1.0)
+    return ratios.prod(-1) ** (1.0 / mask.sum(-1))
 
 
 def _gspo_leading_positions(logprobs, old_logprobs, mask):

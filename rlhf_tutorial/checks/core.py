@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import inspect
 import math
 import os
 import sysconfig
@@ -268,7 +269,7 @@ def device_problem(out: Any, want: torch.device | None) -> str | None:
 
 
 def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None,
-         _device_hint: str | None = None, **kwargs: Any) -> Any:
+         _device_hint: str | None = None, _keep_modes: bool = True, **kwargs: Any) -> Any:
     """Call the learner's ``candidate``; every way it can go wrong becomes a :class:`CheckFailure`.
 
     - ``NotImplementedError`` -> "not implemented yet";
@@ -277,12 +278,16 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
       no tensor or module ``call`` can read it from: a trainer, a hook's activation) or a general hint;
     - any other exception -> a failure naming the exception and the learner's line;
     - a tensor argument modified in place -> a failure naming the argument;
+    - a module it is given (an argument, or a module attribute of one: a trainer's ``model``) left in
+      another train/eval mode -> a failure naming it (``_keep_modes=False`` where the reference
+      switches modes too: TransformerLens's ``generate`` puts the model in eval mode);
     - an output (a tensor, or a module's parameter) on another device than the inputs -> a failure
       naming both devices.
     """
     if not callable(candidate):
         raise CheckFailure(f"expected a function or class, got {type(candidate).__name__}: {candidate!r}")
     snapshot = [(p, t, t.detach().clone()) for p, t in _tensors_in((args, kwargs))]
+    modes = _module_modes(candidate, args, kwargs, _arg_names) if _keep_modes else []
     try:
         with torch.enable_grad():
             out = candidate(*args, **kwargs)
@@ -312,11 +317,48 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
                 f"your code modified an input tensor in place (argument {_pretty_path(path, _arg_names)}).",
                 hint="Use out-of-place operations (x = x - m, not x -= m or x.sub_(m)), or .clone() first.",
             )
+    _check_modes(modes)
     problem = device_problem(out, _input_device(args, kwargs))
     if problem:
         raise CheckFailure(problem, hint="The same code must run on a CPU and on a GPU: create tensors and layers "
                            "on the device of the inputs, never on the default device.")
     return out
+
+
+def _module_modes(candidate: Callable, args: tuple, kwargs: dict,
+                  names: Sequence[str] | None) -> list[tuple[str, torch.nn.Module, list[bool]]]:
+    """(name, module, training flags of it and its submodules) for each module the call is given: an
+    argument, or a module attribute of an argument (a trainer's ``model``). Names come from
+    ``names``, else from the candidate's own signature."""
+    try:
+        params = list(inspect.signature(candidate).parameters)
+    except (TypeError, ValueError):
+        params = []
+    named = [((names[i] if names and i < len(names) else params[i] if i < len(params) else f"argument #{i + 1}"), x)
+             for i, x in enumerate(args)]
+    out = []
+    for name, x in [*named, *kwargs.items()]:
+        if isinstance(x, torch.nn.Module):
+            out.append((name, x))
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, torch.Tensor)):
+            out.extend((f"{name}.{k}", v) for k, v in vars(x).items() if isinstance(v, torch.nn.Module))
+    return [(name, m, [sub.training for sub in m.modules()]) for name, m in out]
+
+
+def _check_modes(modes: list[tuple[str, torch.nn.Module, list[bool]]]) -> None:
+    """Fail when the call changed the train/eval mode of a module it was given (the caller's state)."""
+    for name, module, before in modes:
+        if [sub.training for sub in module.modules()] != before:
+            mode = {True: "train", False: "eval"}
+            what = (f"left `{name}` in {mode[module.training]}() mode (it was in {mode[before[0]]}() mode when your "
+                    "function got it)" if module.training != before[0] else
+                    f"changed the train/eval mode of a part of `{name}`")
+            raise failure(
+                f"your code {what}.",
+                "The mode of a module you are given is the caller's: the trainer's next step (or the frozen "
+                "reference) would run in the mode you set. For a forward pass without gradients use "
+                "`torch.no_grad()`; if you must switch, restore it: `was = model.training; model.eval(); ...; "
+                "model.train(was)`.")
 
 
 def _pretty_path(path: str, names: Sequence[str] | None) -> str:
