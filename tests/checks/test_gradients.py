@@ -184,3 +184,23 @@ def logprobs_cross_entropy(logits, tokens, prefix_len=None):
 def test_correct_versions_written_differently_pass_the_gradient_case(name, candidate):
     result = run_check(name, candidate)
     assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# The modules whose forward training differentiates: the same generic wrappers, on forward
+# ----------------------------------------------------------------------------------------------------
+MODULES = ["TransformerWithValueHead", "RewardModel"]
+
+
+def with_forward(reference: type, wrap) -> type:
+    """A subclass of the reference module whose forward is ``wrap(reference.forward)``."""
+    return type(reference.__name__, (reference,), {"forward": wrap(reference.forward)})
+
+
+@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("wrap", [detached_output, under_no_grad], ids=["detached-forward", "forward-under-no-grad"])
+def test_a_module_whose_forward_loses_the_graph_is_rejected(name, wrap):
+    result = run_check(name, with_forward(resolve(REFERENCES[name]), wrap))
+    assert not result.passed
+    text = f"{result.message}\n{result.hint}"
+    assert "no gradient reaches" in text or "does not require grad" in text, text
