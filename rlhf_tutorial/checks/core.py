@@ -697,7 +697,14 @@ def compare_gradients(candidate: Callable, reference: Callable, case: Case, wrt:
             "only, keep it a tensor (no .item(), no torch.tensor(...) of a result), and do not detach it or wrap "
             "the function in torch.no_grad().")
     loss = sum((w.to(o.dtype) * o).sum() for w, o in zip(weights, outs) if o.requires_grad)
-    got_grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    try:
+        got_grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    except RuntimeError as exc:  # e.g. a tensor the backward pass needs was modified in place
+        raise CheckFailure(f"On {case.label}, the values are right, but backpropagating through your output "
+                           f"failed: {describe_exception(exc)}",
+                           hint="Training differentiates this output: avoid in-place operations (x += ..., "
+                           "x[mask] = ...) on tensors that are part of the computation; use torch.where or "
+                           "out-of-place arithmetic.") from None
     for name, leaf, w_grad, g_grad in zip(wrt, leaves, want, got_grads):
         w_grad = torch.zeros_like(leaf) if w_grad is None else w_grad.detach()
         g_grad = torch.zeros_like(leaf) if g_grad is None else g_grad.detach()

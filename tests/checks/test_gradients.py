@@ -204,3 +204,15 @@ def test_a_module_whose_forward_loses_the_graph_is_rejected(name, wrap):
     assert not result.passed
     text = f"{result.message}\n{result.hint}"
     assert "no gradient reaches" in text or "does not require grad" in text, text
+
+
+def test_a_graph_broken_by_an_in_place_edit_is_a_failure_not_a_checker_crash():
+    def in_place(values, returns, vf_coef):
+        squared = (values - returns).exp()
+        out = 0.5 * vf_coef * squared.log().pow(2).mean()
+        squared.mul_(1.0)  # exp's output, needed by its backward, modified in place
+        return out
+
+    result = run_check("calc_value_function_loss", in_place)
+    assert not result.passed and "backpropagating through your output failed" in result.message, result.message
+    assert "bug in the checker" not in result.message
