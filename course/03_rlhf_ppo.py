@@ -129,10 +129,14 @@ print(f"policy: {policy.cfg.n_layers} layers, d_model={policy.cfg.d_model}, voca
 # ### Exercise: `TransformerWithValueHead`
 #
 # Store `base_model`, build `value_head = Sequential(Linear(d_model, 4 d_model), ReLU,
-# Linear(4 d_model, 1))` (initialise both linears with chapter 01's `layer_init`, gain $\sqrt 2$ then
-# 1), and in `forward` run the base model with a hook on `ln_final.hook_normalized` that computes and
-# stores `value_head(resid).squeeze(-1)`. Return `(logits, values)`: shapes `[b, s, vocab]` and
-# `[b, s]`. The hook must not return anything (a returned tensor would replace the activation).
+# Linear(4 d_model, 1))`, both linears initialised with chapter 01's `layer_init` (orthogonal weights
+# with std $\sqrt 2$ then 1, zero biases), and in `forward` run the base model with a hook on
+# `ln_final.hook_normalized` that computes and stores `value_head(resid).squeeze(-1)`. Return
+# `(logits, values)`: shapes `[b, s, vocab]` and `[b, s]`. The hook must not return anything (a
+# returned tensor would replace the activation), and it must read the residual without detaching it
+# (no `.detach()`, no `run_with_cache`, whose activations are detached): the value loss's gradient has
+# to reach the transformer, the shared trunk, not only the head. The checker tests both the
+# initialisation and that gradient.
 #
 # Where it lives: the value head sits on the base model's device (`device_of(base_model)`, a GPU when
 # the policy is on one). A new layer is created on the CPU, and the hook applies it to a residual on

@@ -235,3 +235,37 @@ def test_dpo_curves_have_the_five_panels():
                 "kl": float(i), "samples": [("x", 0.5)]} for i in range(3)]
     fig = widgets.dpo_curves(history)
     assert len(fig.data) == 5 and list(fig.data[3].y) == [0.3, 0.4, 0.5]
+
+
+def test_a_run_whose_rounds_keep_no_pair_ends_with_a_message_and_a_showable_result(tiny_policy, capsys):
+    """Every group's rewards equal: no pair passes min_reward_gap. The run ends (no exception), says
+    why, leaves the policy as it was, and its last record still has what chapter 06 prints."""
+    policy = copy.deepcopy(tiny_policy)
+    start = {k: v.clone() for k, v in policy.state_dict().items()}
+    result = dpo_trainer.train(small_args(min_reward_gap=0.05), policy=policy, reward_fn=lambda t: torch.zeros(len(t)),
+                               evaluate=False, progress=False)
+    assert [r["pairs_kept"] for r in result.history] == [0, 0]
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in start.items())
+    assert "no pair was kept in any round" in result.note and "min_reward_gap = 0.05" in result.note
+    assert "no pair was kept" in capsys.readouterr().err
+    assert math.isnan(result.history[-1]["accuracy"]) and f"{result.history[-1]['accuracy']:.2f}" == "nan"
+    assert dpo_trainer._number(result.history[-1]["loss"]) is None
+
+
+def test_a_plugged_function_without_a_graph_is_named_by_the_trainer(tiny_policy):
+    """sequence_logprobs under torch.no_grad(): the trainer stops naming it, not with torch's
+    'element 0 of tensors does not require grad' from inside backward()."""
+
+    @torch.no_grad()
+    def my_sequence_logprobs(logits, tokens, mask):
+        return dpo.sequence_logprobs(logits, tokens, mask)
+
+    def my_loss(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+        return dpo.dpo_loss(pc, pr, rc, rr, beta, loss_type, label_smoothing).detach()
+
+    from rlhf_tutorial.trainers.plug import NoGradientError
+
+    for name, fn in [("sequence_logprobs", my_sequence_logprobs), ("dpo_loss", my_loss)]:
+        with pytest.raises(NoGradientError, match=f"your `{name}` returned a tensor with no gradient graph"):
+            dpo_trainer.train(small_args(rounds=1), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                              evaluate=False, progress=False, **{name: fn})

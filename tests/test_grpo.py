@@ -390,3 +390,35 @@ def test_peak_memory_sees_an_allocation(device):
         block = torch.ones(50_000_000, device=device)  # 200 MB
         block += 1
     assert memory.peak_mb > 150
+
+
+def test_a_run_that_dynamic_sampling_empties_ends_with_a_message_and_a_rollout_to_show(tiny_policy, capsys):
+    """Every group of every phase all-equal: nothing is trained, the run says so, and last_rollout is a
+    rollout the notebook's next cell can read (chapter 04's truncation cell used to die on None)."""
+    policy = copy.deepcopy(tiny_policy)
+    start = {k: v.clone() for k, v in policy.state_dict().items()}
+    constant = lambda texts: torch.zeros(len(texts))  # noqa: E731
+    result = grpo_trainer.train(small_args(dynamic_sampling=True, max_sampling_rounds=2), policy=policy,
+                                reward_fn=constant, progress=False, evaluate_before_after=False)
+    assert [r["groups_kept"] for r in result.history] == [0, 0]
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in start.items())  # nothing was trained
+    assert "kept no group in any of the 2 phases" in result.note and "not updated" in result.note
+    assert "kept no group" in capsys.readouterr().err
+    last = result.last_rollout
+    assert last is not None and last.rewards.shape == (2, 4) and last.mask.shape[0] == 8
+    # what chapter 04's cell reads
+    assert last.mask.sum(-1).shape == (8,) and len(last.tokens) == 2 and len(last.prefix_lens) == 2
+    kept = grpo_trainer.train(small_args(num_phases=1), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                              progress=False, evaluate_before_after=False)
+    assert kept.note is None
+
+
+def test_a_plugged_objective_without_a_graph_is_named_by_the_trainer(tiny_policy):
+    from rlhf_tutorial.trainers.plug import NoGradientError
+
+    def my_objective(*args, **kwargs):
+        return grpo.calc_grpo_objective(*args, **kwargs).detach()
+
+    with pytest.raises(NoGradientError, match="your `calc_grpo_objective` returned a tensor with no gradient graph"):
+        grpo_trainer.train(small_args(num_phases=1), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                           progress=False, evaluate_before_after=False, calc_grpo_objective=my_objective)

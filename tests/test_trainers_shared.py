@@ -14,7 +14,7 @@ import torch
 from rlhf_tutorial import display
 from rlhf_tutorial.ppo import clip_diagnostics
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
-from rlhf_tutorial.trainers.plug import bind, learner_functions_for
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED, NoGradientError, bind, learner_functions_for
 from rlhf_tutorial.trainers.schedules import warmup_then_cosine, warmup_then_linear_to_zero
 
 
@@ -69,6 +69,27 @@ def test_bind_aliases_point_a_name_at_another_pluggable():
     exec("def other(x):\n    return -x\n", module.__dict__)
     fns = bind(module, ("inner", "outer", "other"), {}, aliases={"inner": "other"})
     assert fns["outer"](2) == -20
+
+
+def test_bind_stops_a_differentiated_function_that_loses_the_graph_and_names_it():
+    module = types.ModuleType("fake_losses")
+    exec("def dpo_loss(x):\n    return (x ** 2).sum()\n\ndef step(x):\n    return dpo_loss(x) * 2\n", module.__dict__)
+    x = torch.ones(3, requires_grad=True)
+    detached = bind(module, ("dpo_loss", "step"), {"dpo_loss": lambda x: (x ** 2).sum().detach()})
+    with pytest.raises(NoGradientError, match="your `dpo_loss` returned a tensor with no gradient graph"):
+        detached["step"](x)  # called by a reference function, as in a trainer
+    with torch.no_grad():
+        assert detached["step"](x).item() == 6.0  # no gradients wanted: nothing to complain about
+    assert detached["step"](torch.ones(3)).item() == 6.0  # no input carries gradients
+    right = bind(module, ("dpo_loss", "step"), {"dpo_loss": lambda x: (x ** 2).sum()})
+    assert right["step"](x).requires_grad
+    # a module's parameters count as inputs that carry gradients; names outside DIFFERENTIATED are never wrapped
+    assert "compute_rlhf_objective" in DIFFERENTIATED and "step" not in DIFFERENTIATED
+    exec("def compute_rlhf_objective(model):\n    return model(torch.ones(1, 2)).sum()\n", module.__dict__)
+    module.torch = torch
+    fns = bind(module, ("compute_rlhf_objective",), {"compute_rlhf_objective": lambda m: m(torch.ones(1, 2)).sum().detach()})
+    with pytest.raises(NoGradientError, match="compute_rlhf_objective"):
+        fns["compute_rlhf_objective"](torch.nn.Linear(2, 1))
 
 
 def test_learner_functions_picks_only_callables_of_the_pluggable_names():

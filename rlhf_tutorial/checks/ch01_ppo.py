@@ -39,6 +39,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
     seeded,
 )
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 from rlhf_tutorial.trainers.ppo import PPOArgs
 
 CHAPTER = "01_ppo"
@@ -253,13 +254,20 @@ def check_calc_clipped_surrogate_objective(candidate) -> str:
         _surrogate_case("new == old (ratio 1)", (7,), seed=4, spread=0.0),
         _surrogate_case("all-equal advantages", (6,), seed=5, spread=0.5, advantages=torch.full((6,), 2.0)),
         _surrogate_case("eps = 1e-3, clip_coef = 0.3", (3, 4), seed=6, spread=0.5, clip_coef=0.3, eps=1e-3),
+        # eps matters only where the std is small: here it is 1e-4, so eps = 1e-3 shrinks A tenfold
+        _surrogate_case("near-constant advantages (std 1e-4), eps = 1e-3", (8,), seed=7, spread=0.5, eps=1e-3,
+                        advantages=2.0 + 1e-4 * torch.randn(8, generator=seeded(8))),
     ]
     return compare_to_reference(
         candidate, ppo.calc_clipped_surrogate_objective, cases,
         arg_names=["logprobs", "old_logprobs", "advantages", "clip_coef", "eps"],
+        grad=DIFFERENTIATED["calc_clipped_surrogate_objective"],
         mistakes=[
             Mistake("The advantages are not normalised: start with A = (A - A.mean()) / (A.std() + eps).",
                     lambda *a, **k: _surrogate(*a, **k, norm="none")),
+            Mistake("The eps argument is ignored (a fixed 1e-8, or none): A = (A - A.mean()) / (A.std() + eps), with the "
+                    "eps you are given; it matters when the advantages are nearly equal.",
+                    lambda lp, old, adv, c, eps=1e-8: _surrogate(lp, old, adv, c)),
             Mistake("You used the biased std (unbiased=False / population std): the contract uses torch's default "
                     "A.std().", lambda *a, **k: _surrogate(*a, **k, norm="biased")),
             Mistake("You divided by the std but did not subtract the mean: A = (A - A.mean()) / (A.std() + eps).",
@@ -309,6 +317,7 @@ def check_calc_value_function_loss(candidate) -> str:
     ]
     return compare_to_reference(
         candidate, ppo.calc_value_function_loss, cases, arg_names=["values", "returns", "vf_coef"],
+        grad=DIFFERENTIATED["calc_value_function_loss"],
         mistakes=[
             Mistake("The 0.5 is missing: 0.5 * vf_coef * mean((values - returns) ** 2).",
                     lambda v, r, c: c * (v - r).pow(2).mean()),
@@ -357,6 +366,7 @@ def check_calc_entropy_bonus(candidate) -> str:
     ]
     return compare_to_reference(
         candidate, ppo.calc_entropy_bonus, cases, arg_names=["logits", "ent_coef"],
+        grad=DIFFERENTIATED["calc_entropy_bonus"],
         mistakes=[
             Mistake("ent_coef is missing: ent_coef * mean(entropy).", lambda x, c: _entropy(x).mean()),
             Mistake("The sign is flipped: entropy -sum p log p is >= 0, and this bonus is maximised.",
@@ -775,5 +785,17 @@ def check_learning_phase(candidate) -> str:
         raise CheckFailure("The minibatches do not cover the whole rollout.",
                            hint="Use every index of get_minibatch_indices(args.batch_size, args.minibatch_size, "
                                 "generator) each epoch.")
+    # 3. The order comes from the generator it is given: the same generator seed gives the same minibatches,
+    #    whatever the global random state (a learner's code that ignores the generator draws from the latter).
+    first = seen[:]
+    seen.clear()
+    torch.manual_seed(12345)
+    _run_learning(candidate, agent, buffer, next_obs, args, 1, via_call=True)
+    if len(seen) != len(first) or any(not torch.equal(a, b) for a, b in zip(seen, first)):
+        raise CheckFailure("Two runs with generators of the same seed drew different minibatches: your code does "
+                           "not take its order from the generator argument.",
+                           hint="Pass the generator to get_minibatch_indices(args.batch_size, args.minibatch_size, "
+                                "generator): a run must be reproducible from its seed.")
     return ("matches the reference's update (one minibatch, two epochs, clipped gradients), reports approx_kl and "
-            f"clipfrac, and makes {expected_steps} minibatch steps covering the rollout with 4 minibatches x 3 epochs.")
+            f"clipfrac, makes {expected_steps} minibatch steps covering the rollout with 4 minibatches x 3 epochs, "
+            "in the order its generator gives.")

@@ -48,6 +48,7 @@ from rlhf_tutorial.checks.core import (
     seeded,
     to_device,
 )
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "02_rewards"
 small_model = partial(fixtures.small_model, d_vocab=40)
@@ -450,6 +451,7 @@ def check_bradley_terry_loss(candidate) -> str:
         rewards.bradley_terry_loss,
         cases,
         arg_names=["chosen_rewards", "rejected_rewards"],
+        grad=DIFFERENTIATED["bradley_terry_loss"],
         mistakes=[
             Mistake("Chosen and rejected are swapped: the loss should push r_chosen ABOVE r_rejected, "
                     "-logsigmoid(chosen - rejected).", lambda c, r: -F.logsigmoid(r - c).mean()),
@@ -541,7 +543,7 @@ def _compare_pooling(candidate, reference, mistakes: list[Mistake]) -> str:
     a correct value could come with padding read arithmetically) gets the padding-leak hint."""
     try:
         return compare_to_reference(candidate, reference, _pool_cases(), arg_names=["x", "attention_mask"],
-                                    mistakes=mistakes)
+                                    mistakes=mistakes, grad=DIFFERENTIATED[reference.__name__], grad_cases=(1, 5))
     except CheckFailure as exc:
         first = exc.message.split("\n")[0]
         if first.startswith("On inf at the padding positions") and "NaN or inf" in first:

@@ -67,6 +67,7 @@ from rlhf_tutorial.checks.core import (
 )
 from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 from rlhf_tutorial.worlds import PROMPT
 
@@ -133,6 +134,8 @@ def check_get_logprobs(candidate) -> str:
         rlhf.get_logprobs,
         cases,
         arg_names=["logits", "tokens", "prefix_len"],
+        grad=DIFFERENTIATED["get_logprobs"],
+        grad_cases=(1,),
         mistakes=[
             Mistake("Off by one: you read each token's log-prob from the logits at its OWN position. The "
                     "logits at position t predict token t+1: use logits[:, start - 1:-1].", _lp_own_position),
@@ -182,6 +185,7 @@ def check_calc_kl_penalty(candidate) -> str:
         rlhf.calc_kl_penalty,
         _kl_cases(),
         arg_names=["logits", "ref_logits", "kl_coef"],
+        grad=DIFFERENTIATED["calc_kl_penalty"],
         mistakes=[
             Mistake("This equals KL(ref || policy): the arguments are swapped. The expectation is under the "
                     "policy: sum_v p * (log p - log p_ref) with p = softmax(logits).",
@@ -278,6 +282,8 @@ def check_approx_kl(candidate) -> str:
         _approx_cases(),
         arg_names=["logprobs", "ref_logprobs", "estimator"],
         diagnose=_approx_clamp_diagnosis,
+        grad=DIFFERENTIATED["approx_kl"],
+        grad_cases=(0, 1, 2),
         mistakes=[
             Mistake("Your k1 has the wrong sign: k1 = -logr = logprobs - ref_logprobs (its mean is the KL, "
                     "which is >= 0).", _approx_k1_sign),
@@ -777,6 +783,16 @@ def check_transformer_with_value_head(candidate) -> str:
                       "hook of run_with_hooks, without detaching it.")
     base.zero_grad(set_to_none=True)
 
+    # Size-1 dims: a batch of one prompt (as in chapter 03's sampling of one row), and a single position.
+    for shape in ((1, 7), (2, 1)):
+        out = call(model, tokens[: shape[0], : shape[1]])
+        values = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+        if not isinstance(values, torch.Tensor) or tuple(values.shape) != shape:
+            got = tuple(values.shape) if isinstance(values, torch.Tensor) else fmt(values)
+            raise failure(f"with tokens of shape {shape}, the values have shape {got}, expected {shape}.",
+                          "squeeze() drops every dim of size 1 (the batch of one, or the single position) with the "
+                          "head's trailing 1: drop only that one, squeeze(-1).")
+
     # Initialisation (chapter 01's layer_init): orthogonal, gain sqrt(2) then 1, zero biases.
     for i, layer, gain in ((0, layers[0], math.sqrt(2)), (2, layers[2], 1.0)):
         got_gain = orthogonal_gain(layer.weight)
@@ -868,12 +884,13 @@ def check_get_optimizer(candidate) -> str:
             "tether).")
     # Edge: a learning rate of 0 (a frozen backbone while the value head warms up) is a value, not a
     # missing setting: a group left out when its lr is 0, or `lr or default`, shows only here.
-    frozen = call(candidate, model, 0.0, 3e-4)
+    # (head_lr differs from the first call's too: a head_lr fixed at one value fails one of the two)
+    frozen = call(candidate, model, 0.0, 1e-3)
     lrs = [g["lr"] for g in getattr(frozen, "param_groups", [])]
-    if len(lrs) != 2 or sorted(lrs) != [0.0, 3e-4]:
+    if len(lrs) != 2 or sorted(lrs) != [0.0, 1e-3]:
         raise CheckFailure(
-            f"with base_lr=0.0 and head_lr=0.0003, the learning rates of your groups are {lrs}; expected "
-            "[0.0, 0.0003].",
+            f"with base_lr=0.0 and head_lr=0.001, the learning rates of your groups are {lrs}; expected "
+            "[0.0, 0.001].",
             hint="A learning rate of 0 is a value (the backbone frozen, e.g. while the value head warms up), not "
             "a missing setting: keep both groups and give the base group lr=base_lr as it is (no `if base_lr`, "
             "no `base_lr or default`).")
@@ -906,10 +923,11 @@ def _decodings(model, tokens: torch.Tensor, n_bos: int) -> tuple[list[str], list
 )
 def check_get_samples(candidate) -> str:
     model = tiny_policy()
+    sample = functools.partial(call, _keep_modes=False)  # generate() puts the model in eval mode, by design
     prompt = PROMPT
     prompt_tokens = model.to_tokens(prompt)
     p = prompt_tokens.shape[1]
-    out = call(candidate, model, prompt, 5, 7)
+    out = sample(candidate, model, prompt, 5, 7)
     if not isinstance(out, tuple) or len(out) != 2:
         raise CheckFailure(f"expected a tuple (tokens, texts), got {fmt(out)}")
     tokens, texts = out
@@ -933,7 +951,7 @@ def check_get_samples(candidate) -> str:
             hint = "Your texts include the BOS token's text: leave special tokens out (skip_special_tokens=True)."
         raise CheckFailure(f"texts[0] = {texts[0]!r} is not the decoding of tokens[0] ({skip[0]!r}).", hint)
 
-    out = call(candidate, model, prompt, 3, 4, prepend_bos=False)
+    out = sample(candidate, model, prompt, 3, 4, prepend_bos=False)
     p_nobos = model.to_tokens(prompt, prepend_bos=False).shape[1]
     expect_tensor(out[0], shape=(3, p_nobos + 4), what="with prepend_bos=False, the tokens", allow_nan=True)
     # Edge: no BOS, so position 0 is the prompt's first word: a decoding that always drops it loses text.
@@ -948,7 +966,7 @@ def check_get_samples(candidate) -> str:
                            f"({skip[0]!r}).", hint)
 
     greedy = model.generate(prompt_tokens, max_new_tokens=5, do_sample=False, verbose=False, stop_at_eos=False)
-    tokens, _ = call(candidate, model, prompt, 4, 5, top_k=1)
+    tokens, _ = sample(candidate, model, prompt, 4, 5, top_k=1)
     if not torch.equal(tokens, greedy.expand(4, -1)):
         raise CheckFailure("with top_k=1 every sample should be the greedy continuation.",
                            hint="Pass top_k=top_k to model.generate.")
@@ -956,19 +974,20 @@ def check_get_samples(candidate) -> str:
     # Temperature: which of softmax(l / T), softmax(l), softmax(l * T) best explains the first new tokens?
     with torch.no_grad():
         last_logits = model(prompt_tokens)[0, -1]
-    n, temperature = 1500, 0.5
-    tokens, _ = call(candidate, model, prompt, n, 1, temperature=temperature)
-    first = tokens[:, -1]
-    scores = {}
-    for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
-        scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
-    best = max(scores, key=scores.get)
-    if best != "logits / T":
-        hint = ("The temperature is ignored: pass temperature=temperature to generate." if best.startswith("logits (")
-                else "The temperature multiplies the logits: sampling divides them by it.")
-        raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
-                           f"softmax({best}), not softmax(logits / T).", hint)
-    return "shapes, prompt kept, cloned tokens, texts decoded, top_k and temperature respected."
+    n = 1500
+    for temperature in (0.5, 2.0):  # below and above 1: a fixed temperature fits at most one of them
+        tokens, _ = sample(candidate, model, prompt, n, 1, temperature=temperature)
+        first = tokens[:, -1]
+        scores = {}
+        for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
+            scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
+        best = max(scores, key=scores.get)
+        if best != "logits / T":
+            hint = ("The temperature is ignored: pass temperature=temperature to generate." if best.startswith("logits (")
+                    else "The temperature multiplies the logits (or is fixed): sampling divides them by it.")
+            raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
+                               f"softmax({best}), not softmax(logits / T).", hint)
+    return "shapes, prompt kept, cloned tokens, texts decoded, top_k and temperatures 0.5 and 2 respected."
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1092,7 +1111,7 @@ def check_replay_memory(candidate) -> str:
 # compute_rlhf_objective
 # ----------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
-def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.ReplayMinibatch]:
+def _objective_setup(prefix_len: int = 4) -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.ReplayMinibatch]:
     torch.manual_seed(5)
     model = rlhf.TransformerWithValueHead(small_model(seed=5))
     ref = small_model(seed=5)
@@ -1102,7 +1121,7 @@ def _objective_setup() -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.Re
             p.add_(0.3 * torch.randn(p.shape, generator=seeded(8)).to(device))
     ref.requires_grad_(False)
     g = seeded(9)
-    prefix_len, tokens = 4, torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g).to(device)
+    tokens = torch.randint(0, ref.cfg.d_vocab, (4, 9), generator=g).to(device)
     with torch.no_grad():
         logits, values = model(tokens)
         logprobs = rlhf.get_logprobs(logits, tokens, prefix_len)
@@ -1204,6 +1223,7 @@ _OBJECTIVE_MISTAKES = [
 )
 def check_compute_rlhf_objective(candidate) -> str:
     model, ref, prefix_len, mb = _objective_setup()
+    model.train()  # as in the learning phase (the reference stays in eval mode): your code must leave both so
     still = dataclasses.replace(mb, advantages=torch.zeros_like(mb.advantages))  # the surrogate is then 0
     off = dict(vf_coef=0.0, ent_coef=0.0)
     # Each term alone first (the others switched off by their coefficient, the surrogate by zero
@@ -1229,19 +1249,25 @@ def check_compute_rlhf_objective(candidate) -> str:
         ("KL coefficient 0 (as with GAE), value clipping 0.5", None, mb,
          RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.5, vf_coef=0.5), 0.0),
     ]
+    # another prompt length (6 of 9 tokens: 3 generated): a prefix_len fixed at 4 fails here
+    model6, ref6, _, mb6 = _objective_setup(prefix_len=6)
     ref_calls: list[bool] = []
-    handle = ref.register_forward_pre_hook(lambda module, inputs: ref_calls.append(torch.is_grad_enabled()))
+    handles = [r.register_forward_pre_hook(lambda module, inputs: ref_calls.append(torch.is_grad_enabled()))
+               for r in (ref, ref6)]
     try:
         for label, term, minibatch, args, kl_coef in configs:
             _check_objective_setting(candidate, model, ref, prefix_len, minibatch, args, kl_coef, label, term)
+        _check_objective_setting(candidate, model6, ref6, 6, mb6, RLHFArgs(kl_estimator="full", temperature=0.7,
+                                 ent_coef=0.05), 0.5, "prefix_len = 6, full KL", None)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     if any(ref_calls):
         raise failure("the reference model ran with gradient tracking on.",
                       "The reference logits are computed with gradients: wrap ref_model(tokens) in torch.no_grad() "
                       "(the reference is frozen; its graph would only cost memory).")
     return (f"matches the reference objective term by term (surrogate, value loss, entropy, full and k3 KL, each "
-            f"alone) and on {len(configs) - 5} full settings; the stats match; gradients flow to the transformer "
+            f"alone) and on {len(configs) - 4} full settings (one with another prefix_len); the stats match; gradients flow to the transformer "
             "and the value head, not to the reference.")
 
 
@@ -1437,10 +1463,11 @@ def _check_memory(memory, trainer: RLHFTrainer, label: str) -> dict[str, torch.T
     return expected
 
 
-def call_on_trainer(fn: Callable, trainer: RLHFTrainer, *args: Any) -> Any:
+def call_on_trainer(fn: Callable, trainer: RLHFTrainer, *args: Any, keep_modes: bool = True) -> Any:
     """``call(fn, trainer, *args)``, with a device mix in the learner's code explained by the trainer's device
-    (a trainer is not a tensor: ``call`` cannot tell where its inputs live)."""
-    return call(fn, trainer, *args, _arg_names=["trainer", "memory"], _device_hint=(
+    (a trainer is not a tensor: ``call`` cannot tell where its inputs live). ``keep_modes=False`` for the
+    rollout: sampling with generate() puts the policy in eval mode, by design."""
+    return call(fn, trainer, *args, _arg_names=["trainer", "memory"], _keep_modes=keep_modes, _device_hint=(
         f"A CPU tensor met one on the trainer's device ({trainer.device}): the policy, the reference, the rewards of "
         "trainer.reward_fn and everything computed from them are on trainer.device; ngram_repetition (it reads "
         "texts) gives a CPU tensor: .to(trainer.device) it, and build any new tensor with "
@@ -1467,7 +1494,7 @@ def _rollout(candidate, trainer: RLHFTrainer, label: str):
     """Run the learner's rollout_phase, check its forward passes were chunked, then its memory."""
     sizes = _BatchSizes(trainer)
     try:
-        memory = call_on_trainer(candidate, trainer)
+        memory = call_on_trainer(candidate, trainer, keep_modes=False)
     finally:
         sizes.remove()
     args = trainer.args

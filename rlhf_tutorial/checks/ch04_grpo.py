@@ -54,6 +54,7 @@ from rlhf_tutorial.checks.core import (
 )
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.trainers.grpo import GRPOArgs
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "04_grpo"
 small_model = partial(fixtures.small_model, n_ctx=64)
@@ -350,6 +351,7 @@ def check_calc_grpo_objective(candidate) -> str:
         candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
         diagnose=_objective_diagnosis,
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
+        grad=DIFFERENTIATED["calc_grpo_objective"], grad_cases=(0, 1, 2, 4),
     )
 
 
@@ -424,19 +426,19 @@ def check_completion_mask(candidate) -> str:
 EOS = 7
 
 
-def _eos_model(eos_bias: float, seed: int = 4, spread: float = 0.0) -> HookedTransformer:
+def _eos_model(eos_bias: float, seed: int = 4, spread: float = 0.0, eos: int = EOS) -> HookedTransformer:
     model = small_model(seed)
     with torch.no_grad():
         if spread:
             gen = seeded(seed)
             model.unembed.b_U.copy_(spread * torch.randn(model.cfg.d_vocab, generator=gen))
-        model.unembed.b_U[EOS] = eos_bias
+        model.unembed.b_U[eos] = eos_bias
     return model
 
 
-def _sampled(candidate, model, prompt, group_size, max_new_tokens, temperature=1.0):
-    out = call(candidate, model, prompt, group_size, max_new_tokens, EOS, temperature,
-               _arg_names=["model", "prompt_tokens", "group_size", "max_new_tokens"])
+def _sampled(candidate, model, prompt, group_size, max_new_tokens, temperature=1.0, eos=EOS, **kwargs):
+    out = call(candidate, model, prompt, group_size, max_new_tokens, eos, temperature,
+               _arg_names=["model", "prompt_tokens", "group_size", "max_new_tokens"], _keep_modes=False, **kwargs)
     if out is None:
         raise CheckFailure("sample_group returned None: return (tokens, mask).")
     if not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -552,26 +554,49 @@ def check_sample_group(candidate) -> str:
         raise CheckFailure(f"the mask does not match the tokens when every row stops at once: {mask2.int().tolist()}",
                            hint="Only the first token (the EOS) of each completion counts.")
 
-    # 3. the first sampled token follows softmax(logits / temperature)
+    # 2b. another EOS id: the argument, not a fixed id (nor the tokenizer's), stops the rows and ends the mask
+    torch.manual_seed(6)
+    other_eos = 12
+    tokens4, mask4 = _sampled(candidate, _eos_model(40.0, eos=other_eos), prompt, 4, new, eos=other_eos)
+    expect_tensor(tokens4, shape=(4, plen + new), dtype=torch.int64, what=f"the tokens (eos_token_id={other_eos})")
+    expect_tensor(mask4, shape=(4, new), dtype=torch.bool, what=f"the mask (eos_token_id={other_eos})")
+    if not torch.equal(mask4, grpo.completion_mask(tokens4[:, plen:], other_eos)) or bool(mask4.all()):
+        raise failure(f"with eos_token_id={other_eos} (a model that emits it at once), the mask is "
+                      f"{mask4.int().tolist()}: it should end at that token.",
+                      "Use the eos_token_id argument, for generate's stop and for the mask and the padding (not "
+                      f"a fixed id such as {EOS}, nor the tokenizer's).")
+
+    # 3. the first sampled token follows softmax(logits / temperature), at a temperature below and above 1
     model = _eos_model(-30.0, seed=5, spread=2.0)  # peaked, no EOS
-    temperature, n = 0.5, 1000  # TV(T=1, T=0.5) = 0.32 for this model: far above the 0.12 threshold
-    torch.manual_seed(3)
-    tokens3, _ = _sampled(candidate, model, prompt, n, 1, temperature)
-    expect_tensor(tokens3, shape=(n, plen + 1), dtype=torch.int64, what="the tokens (G = 1000, 1 new token)")
+    n = 2000  # TV(T=1, T=0.5) = 0.32, TV(T=1, T=2) = 0.36 for this model: far above the 0.12 threshold
     with torch.no_grad():
-        probs = (model(prompt[None])[0, -1] / temperature).softmax(-1)
-    freq = torch.bincount(tokens3[:, plen], minlength=model.cfg.d_vocab).float() / n
-    tv = 0.5 * (freq - probs).abs().sum().item()
-    if tv > 0.12:
-        plain = torch.no_grad()(lambda: model(prompt[None])[0, -1].softmax(-1))()
-        tv_plain = 0.5 * (freq - plain).abs().sum().item()
-        hint = ("Your samples follow softmax(logits), not softmax(logits / temperature): pass temperature to "
-                "generate." if tv_plain < 0.12 else
-                "Sample from the model's next-token distribution at the given temperature (model.generate).")
-        raise CheckFailure(f"the first sampled tokens do not follow the model's distribution at temperature "
-                           f"{temperature} (total variation {tv:.2f} over {n} samples).", hint=hint)
+        last_logits = model(prompt[None])[0, -1]
+    tvs = []
+    for seed, temperature in ((3, 0.5), (7, 2.0)):
+        torch.manual_seed(seed)
+        tokens3, _ = _sampled(candidate, model, prompt, n, 1, temperature)
+        expect_tensor(tokens3, shape=(n, plen + 1), dtype=torch.int64, what=f"the tokens (G = {n}, 1 new token)")
+        freq = torch.bincount(tokens3[:, plen], minlength=model.cfg.d_vocab).float() / n
+        tv = 0.5 * (freq - (last_logits / temperature).softmax(-1)).abs().sum().item()
+        tvs.append(tv)
+        if tv > 0.12:
+            tv_plain = 0.5 * (freq - last_logits.softmax(-1)).abs().sum().item()
+            hint = ("Your samples follow softmax(logits), not softmax(logits / temperature): pass temperature to "
+                    "generate." if tv_plain < 0.12 else
+                    "Sample from the model's next-token distribution at the given temperature (model.generate).")
+            raise CheckFailure(f"the first sampled tokens do not follow the model's distribution at temperature "
+                               f"{temperature} (total variation {tv:.2f} over {n} samples).", hint=hint)
+
+    # 4. top_k = 1: every row is the greedy continuation
+    torch.manual_seed(8)
+    tokens5, _ = _sampled(candidate, model, prompt, 4, 1, top_k=1)
+    greedy = int(last_logits.argmax())
+    if not bool((tokens5[:, plen] == greedy).all()):
+        raise failure(f"with top_k=1 every row's first token should be the most likely one ({greedy}), got "
+                      f"{tokens5[:, plen].tolist()}.", "Pass top_k=top_k to generate.")
     return (f"shapes, prompt, mask (EOS counted, the rest masked), {size} distinct samples, padding when all rows "
-            f"stop early, and the distribution at temperature {temperature} (TV {tv:.3f}) are right.")
+            f"stop early, another eos_token_id, the distribution at temperatures 0.5 and 2 (TV {tvs[0]:.3f}, "
+            f"{tvs[1]:.3f}) and top_k=1 are right.")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -117,7 +117,8 @@ def check_ln_pre(candidate) -> str:
     return compare_to_reference(
         candidate, interp.ln_pre, _ln_cases(), arg_names=["x", "eps"],
         mistakes=[
-            Mistake("You did not centre: subtract the mean over the last dim before scaling.",
+            Mistake("You did not centre (that is an RMSNorm, x / sqrt(mean(x**2) + eps)): LayerNorm subtracts the "
+                    "mean over the last dim before scaling.",
                     lambda x, eps=1e-5: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()),
             Mistake("That is the unbiased variance (torch.var/std default, divides by d - 1): LayerNorm "
                     "uses the biased one (unbiased=False, or mean of squares).",
@@ -204,6 +205,9 @@ def check_value_lens(candidate) -> str:
         Case("large residuals (x1e4)", (_offset(torch.randn(3, 2, 16, generator=g), g) * 1e4, head)),
         Case("a zero residual stream", (torch.zeros(2, 3, 16), head)),
         Case("eps=1.0", (torch.randn(2, 3, 16, generator=g) * 0.3, head), {"eps": 1.0}),
+        # size-1 dims: a squeeze() without -1 drops the layer (or the example) with the head's trailing 1
+        Case("a single layer [1, 2, 16]", (_offset(torch.randn(1, 2, 16, generator=g), g), head)),
+        Case("a single layer and example [1, 1, 16]", (_offset(torch.randn(1, 1, 16, generator=g), g), head)),
     ]
     detail = compare_to_reference(
         candidate, interp.value_lens, cases, arg_names=["resid_stack", "value_head", "eps"],
@@ -215,6 +219,8 @@ def check_value_lens(candidate) -> str:
                     lambda r, h, eps=1e-5: h(_ln(r)).squeeze(-1)),
             Mistake("The head's output keeps a trailing dim of size 1: drop it with squeeze(-1).",
                     lambda r, h, eps=1e-5: h(_ln(r, eps))),
+            Mistake("squeeze() dropped every dim of size 1 (here the layer, or the example, too): drop only the "
+                    "head's trailing one, squeeze(-1).", lambda r, h, eps=1e-5: h(_ln(r, eps)).squeeze()),
         ],
     )
     # The head is left as it was: parameters, their gradients, requires_grad (on the checker's device).
@@ -255,8 +261,8 @@ def check_head_attribution(candidate) -> str:
     g = seeded(54)
     direction = torch.randn(16, generator=g) + 0.5
 
-    def head_out(b: int, scale: float = 1.0) -> torch.Tensor:
-        return _offset(torch.randn(b, 2, 3, 16, generator=g), g) * scale
+    def head_out(b: int, scale: float = 1.0, layers: int = 2, heads: int = 3) -> torch.Tensor:
+        return _offset(torch.randn(b, layers, heads, 16, generator=g), g) * scale
 
     cases = [
         Case("3 examples with different scales", (head_out(3), torch.tensor([0.5, 2.0, 7.0]), direction)),
@@ -264,6 +270,9 @@ def check_head_attribution(candidate) -> str:
         Case("large outputs and scales (x1e4)", (head_out(2, 1e4), torch.tensor([3e4, 9e3]), direction)),
         Case("zero head outputs", (torch.zeros(2, 2, 3, 16), torch.tensor([1.0, 2.0]), direction)),
         Case("equal scales (ties)", (head_out(4), torch.full((4,), 2.5), direction)),
+        # size-1 dims: the result stays [layer, head] = [1, 1] (a squeeze() would drop both)
+        Case("one example, a single layer and a single head", (head_out(1, layers=1, heads=1), torch.tensor([1.3]),
+                                                                 direction)),
     ]
 
     def centred(h):
@@ -425,6 +434,9 @@ def check_restored_fraction(candidate) -> str:
         Case("large values (1e6 offsets, float64)", tuple(x + 1e6 for x in triple((4,), 5.0, dtype=torch.float64))),
         Case("patched == base (restores nothing)", (b.clone(), b, t)),
         Case("patched == tuned (restores all)", (t.clone(), b, t)),
+        # fractions outside [0, 1] are findings, not errors: a patch can overshoot or push the other way
+        Case("a patch that overshoots the tuned model (fraction 1.6)", (b + 1.6 * (t - b), b, t)),
+        Case("a patch that pushes the other way (fraction -0.5)", (b - 0.5 * (t - b), b, t)),
     ]
     return compare_to_reference(
         candidate, interp.restored_fraction, cases, arg_names=["patched", "base", "tuned"],
@@ -435,10 +447,17 @@ def check_restored_fraction(candidate) -> str:
             Mistake("That is a mean of per-example ratios: use a ratio of means (average patched, base and "
                     "tuned first); per-example ratios blow up where one example barely moved.",
                     lambda p, b, t: ((p - b) / (t - b)).mean()),
+            # before the sign flip: on the negative case both give +0.5
+            Mistake("You took an absolute value: a patch that pushes the metric the other way restores a NEGATIVE "
+                    "fraction. Keep the signs of both differences.",
+                    lambda p, b, t: ((p.mean() - b.mean()) / (t.mean() - b.mean())).abs()),
             Mistake("The sign is flipped: the denominator is mean(tuned) - mean(base).",
                     lambda p, b, t: (p.mean() - b.mean()) / (b.mean() - t.mean())),
             Mistake("You divided by mean(tuned): divide by the SHIFT, mean(tuned) - mean(base).",
                     lambda p, b, t: (p.mean() - b.mean()) / t.mean()),
+            Mistake("You clamped the fraction to [0, 1]: a patch can restore more than the tuned shift (> 1) or "
+                    "push the metric the other way (< 0), and both are findings. Return the ratio as it is.",
+                    lambda p, b, t: ((p.mean() - b.mean()) / (t.mean() - b.mean())).clamp(0, 1)),
             Mistake("You averaged over dim 0 only: right for a 1-d batch of prompts, but a [2, 3] batch then "
                     "gives one ratio per column. Average over every element, .mean() with no dim.",
                     lambda p, b, t: (p.mean(0) - b.mean(0)) / (t.mean(0) - b.mean(0))),
@@ -484,6 +503,14 @@ def check_activation_difference(candidate) -> str:
                     lambda b, t, n=5: (t[:n] - b[:n]).mean((0, 1))),
             Mistake("You summed over positions: average over the batch and the positions.",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0)),
+            Mistake("Off by one: the first n_positions positions are [:, :n_positions] (indices 0 .. n - 1), not "
+                    "[:, :n_positions + 1].", lambda b, t, n=5: (t[:, :n + 1] - b[:, :n + 1]).mean((0, 1))),
+            Mistake("Off by one: the first n_positions positions are [:, :n_positions], not [:, :n_positions - 1].",
+                    lambda b, t, n=5: (t[:, :n - 1] - b[:, :n - 1]).mean((0, 1))),
+            Mistake("You skipped position 0 (the BOS): the lens reads the first n_positions positions, BOS "
+                    "included, [:, :n_positions].", lambda b, t, n=5: (t[:, 1:n + 1] - b[:, 1:n + 1]).mean((0, 1))),
+            Mistake("You skipped position 0 (the BOS) and kept n_positions - 1: the slice is [:, :n_positions], "
+                    "BOS included.", lambda b, t, n=5: (t[:, 1:n] - b[:, 1:n]).mean((0, 1))),
             Mistake("You divided the sum by n_positions: when the texts are shorter than n_positions, fewer "
                     "positions exist. Average over the positions you sliced, .mean(dim=(0, 1)).",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0) / n),
@@ -578,6 +605,12 @@ def check_fraction_changed(candidate) -> str:
         Case("changes exactly equal to atol (ties: not counted)",
              ({"a": torch.ones(4)}, {"a": torch.tensor([1.5, 1.0, 0.5, 2.0])}), {"atol": 0.5}),
         Case("bfloat16 tensors", ({"x": x.bfloat16()}, {"x": (x + 1e-3 * torch.randn(6, 6, generator=g)).bfloat16()})),
+        # changes of about 1e-6 of the weight: below torch.isclose's default rtol (1e-5), yet they moved
+        Case("large weights moved by 1e-6 of their size (below torch.isclose's default rtol)",
+             ({"w": 1000 + x[0]}, {"w": 1000 + x[0] + torch.tensor([1e-3, 0, 2e-3, 0, -1e-3, 0])})),
+        # the threshold is absolute: 0.5 on weights near 10 is not 5% of them
+        Case("atol=0.5 on weights near 10 (an absolute threshold)",
+             ({"w": 10 + x[1]}, {"w": 10 + x[1] + torch.tensor([0.6, 0.4, 2.0, -0.7, 0.1, 0.0])}), {"atol": 0.5}),
     ]
 
     def per_tensor_mean(B, T, atol=0.0):
@@ -593,6 +626,14 @@ def check_fraction_changed(candidate) -> str:
                 "matrix weighs more than a bias).", per_tensor_mean),
         Mistake("You counted only entries that went UP (tuned - base > atol): take the absolute value.",
                 lambda B, T, atol=0.0: sum(int(((t - b) > atol).sum()) for b, t in _common(B, T))
+                / sum(b.numel() for b, _ in _common(B, T))),
+        Mistake("torch.isclose (or allclose) has a default rtol of 1e-5: it calls a change of 1e-6 of a large "
+                "weight no change. Compare abs(tuned - base) > atol directly.",
+                lambda B, T, atol=0.0: sum(int((~torch.isclose(t, b, atol=atol)).sum()) for b, t in _common(B, T))
+                / sum(b.numel() for b, _ in _common(B, T))),
+        Mistake("Your threshold is relative to the weight (abs(tuned - base) > atol * abs(base)): atol is "
+                "absolute, abs(tuned - base) > atol.",
+                lambda B, T, atol=0.0: sum(int(((t - b).abs() > atol * b.abs()).sum()) for b, t in _common(B, T))
                 / sum(b.numel() for b, _ in _common(B, T))),
         Mistake("That is the fraction UNCHANGED (the sparsity): return the fraction that changed.",
                 lambda B, T, atol=0.0: 1 - interp.fraction_changed(B, T, atol)),

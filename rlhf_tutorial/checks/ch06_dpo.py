@@ -24,9 +24,12 @@ from rlhf_tutorial.checks.core import (
     call,
     checker,
     compare_to_reference,
+    failure,
+    nudge,
     seeded,
     to_device,
 )
+from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "06_dpo_and_frontier"
 
@@ -85,6 +88,11 @@ def _seq_variant(*, shift=True, mask_shift=True, reduce="sum", stable=True, use_
     return fn
 
 
+def _seq_product_of_probs(logits, tokens, mask):
+    p = logits[:, :-1].softmax(-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return torch.where(mask[:, 1:], p, 1.0).prod(-1).log()
+
+
 SEQ_MISTAKES = [
     Mistake("The logits are not shifted: logits[:, t] predicts token t + 1, so token t's log-prob is "
             "log_softmax(logits[:, t - 1])[tokens[:, t]] (compare logits[:, :-1] with tokens[:, 1:]).",
@@ -96,6 +104,9 @@ SEQ_MISTAKES = [
     Mistake("You summed over every position: only the tokens where mask is True count.", _seq_variant(use_mask=False)),
     Mistake("log(softmax(x)) underflows to log(0) = -inf for large logits: use log_softmax.",
             _seq_variant(stable=False)),
+    Mistake("You multiplied the token probabilities and took the log of the product: a product of many "
+            "probabilities underflows to 0 (log 0 = -inf). Sum the token log-probs instead.",
+            _seq_product_of_probs),
     Mistake("The last token is dropped: with the shift, logits[:, :-1] predict tokens[:, 1:], all the way to "
             "the end.", _seq_variant(drop_last=True)),
 ]
@@ -109,7 +120,7 @@ SEQ_MISTAKES = [
 )
 def check_sequence_logprobs(candidate) -> str:
     return compare_to_reference(candidate, dpo.sequence_logprobs, _seq_cases(), mistakes=SEQ_MISTAKES,
-                                arg_names=["logits", "tokens", "mask"])
+                                arg_names=["logits", "tokens", "mask"], grad=DIFFERENTIATED["sequence_logprobs"])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -144,7 +155,7 @@ def _dpo_cases() -> list[Case]:
 
 
 def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, beta_inside=True,
-                 reduce="mean", stable=True):
+                 reduce="mean", stable=True, hinge_sign=-1):
     def fn(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
         h = (pc - rc) - (pr - rr) if use_ref else pc - pr
         h = h_sign * h
@@ -154,10 +165,12 @@ def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, 
             pos, neg = (logsig(beta * h), logsig(-beta * h)) if beta_inside else (beta * logsig(h), beta * logsig(-h))
             losses = -((1 - ls) * pos + ls * neg)
         elif loss_type == "ipo":
-            target = {"half": 1 / (2 * beta), "one": 1 / beta, "scaled": 0.5}[ipo_target]
+            # "precedence": 1/2*beta read as 1 / (2 * beta) but computed as (1 / 2) * beta
+            target = {"half": 1 / (2 * beta), "one": 1 / beta, "scaled": 0.5, "precedence": 1 / 2 * beta}[ipo_target]
             losses = (beta * h - target) ** 2 if ipo_target == "scaled" else (h - target) ** 2
         elif loss_type == "hinge":
-            losses = torch.relu(1 - (beta * h if hinge_beta else h))
+            x = beta * h if hinge_beta else h
+            losses = torch.relu({-1: 1 - x, 1: 1 + x, 0: x - 1}[hinge_sign])
         else:
             raise ValueError(loss_type)
         return losses.sum() if reduce == "sum" else losses.mean()
@@ -166,6 +179,11 @@ def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, 
 
 
 DPO_MISTAKES = [
+    # the hinge's own sign slips first: they differ from the reference on the hinge case only
+    Mistake("The hinge has the wrong sign: relu(1 - beta * h), which is 0 once the chosen side wins by a margin "
+            "beta * h >= 1; relu(1 + beta * h) pushes the rejected side up.", _dpo_variant(hinge_sign=1)),
+    Mistake("The hinge is turned around: relu(1 - beta * h) (a loss while the margin beta * h is below 1), not "
+            "relu(beta * h - 1), which punishes the pairs the policy already gets right.", _dpo_variant(hinge_sign=0)),
     Mistake("The sign of h is flipped, or label_smoothing weighs the wrong term (for the sigmoid loss the two "
             "give the same numbers). h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected): the loss "
             "falls as the chosen completion gains probability relative to the rejected one; the observed "
@@ -181,6 +199,9 @@ DPO_MISTAKES = [
     Mistake("IPO regresses h itself onto 1 / (2 * beta): (h - 1 / (2 * beta)) ** 2, not (beta * h - 1/2) ** 2.",
             _dpo_variant(ipo_target="scaled")),
     Mistake("The hinge is on beta * h: relu(1 - beta * h).", _dpo_variant(hinge_beta=False)),
+    Mistake("IPO's target is computed as (1 / 2) * beta: in Python 1/2*beta is beta / 2, not 1 / (2 * beta). Write "
+            "1 / (2 * beta) with the parentheses.", _dpo_variant(ipo_target="precedence")),
+
     Mistake("You summed the per-pair losses: the contract takes their mean.", _dpo_variant(reduce="sum")),
 ]
 
@@ -207,6 +228,7 @@ def check_dpo_loss(candidate) -> str:
     detail = compare_to_reference(
         candidate, dpo.dpo_loss, _dpo_cases(), mistakes=DPO_MISTAKES,
         arg_names=["policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps"],
+        grad=DIFFERENTIATED["dpo_loss"], grad_cases=(1, 4, 6),
     )
     for bad in ("kto", "Sigmoid", ""):
         if not _raises_value_error(candidate, *to_device(_pair_logps(3, seed=4)), beta=0.1, loss_type=bad):
@@ -277,8 +299,10 @@ def _simpo_cases() -> list[Case]:
     ]
 
 
-def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=True):
+def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=True, swap_lengths=False):
     def fn(c, r, lc, lr, beta=2.0, gamma=0.5):
+        if swap_lengths:
+            lc, lr = lr, lc
         margin = c / lc - r / lr if normalise else c - r
         x = beta * (margin + gamma_sign * gamma) if gamma_inside else beta * margin + gamma_sign * gamma
         return -(F.logsigmoid(x) if stable else torch.sigmoid(x).log()).mean()
@@ -300,7 +324,10 @@ def check_simpo_loss(candidate) -> str:
         Mistake("gamma is scaled by beta: the contract subtracts it outside, beta * margin - gamma.",
                 _simpo_variant(gamma_inside=True)),
         Mistake("log(sigmoid(x)) underflows to -inf for very negative x: use F.logsigmoid.", _simpo_variant(stable=False)),
-    ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"])
+        Mistake("The lengths are swapped: each side is divided by its own length, chosen_logps / chosen_lengths and "
+                "rejected_logps / rejected_lengths.", _simpo_variant(swap_lengths=True)),
+    ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"],
+       grad=DIFFERENTIATED["simpo_loss"])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -365,9 +392,30 @@ def _rloo_cases() -> list[Case]:
     "return rewards minus it.",
 )
 def check_rloo_advantages(candidate) -> str:
+    try:
+        return _compare_rloo(candidate)
+    except CheckFailure as failed:
+        if failed.hint != _WHOLE_GROUP_MEAN:
+            raise
+        # G / (G - 1) * (r - mean) is RLOO; with integer division, G // (G - 1) is 1 for G > 2, which
+        # looks like the whole group's mean, but 2 for G = 2, where it is right: tell the two apart.
+        pair = to_device(torch.tensor([[0.2, 0.9], [0.6, 0.1]]))
+        got = call(candidate, pair.clone(), _arg_names=["rewards"])
+        if isinstance(got, torch.Tensor) and got.shape == pair.shape and torch.allclose(
+                got.to(pair.dtype), dpo.rloo_advantages(pair), atol=1e-5):
+            raise failure(failed.message.removesuffix("\n  " + nudge(_WHOLE_GROUP_MEAN)), _INTEGER_DIVISION) from None
+        raise
+
+
+_WHOLE_GROUP_MEAN = ("You subtracted the mean of the whole group, sample j included (GRPO's baseline): leave sample j "
+                     "out, (sum - r_j) / (G - 1).")
+_INTEGER_DIVISION = ("G // (G - 1) is integer division: it is 1 for every G > 2 (and right only for G = 2). "
+                     "r_j - (sum - r_j) / (G - 1) equals G / (G - 1) * (r_j - mean): use /, not //.")
+
+
+def _compare_rloo(candidate) -> str:
     return compare_to_reference(candidate, dpo.rloo_advantages, _rloo_cases(), mistakes=[
-        Mistake("You subtracted the mean of the whole group, sample j included (GRPO's baseline): leave sample j "
-                "out, (sum - r_j) / (G - 1).", lambda r: r - r.mean(-1, keepdim=True)),
+        Mistake(_WHOLE_GROUP_MEAN, lambda r: r - r.mean(-1, keepdim=True)),
         Mistake("The leave-one-out mean divides by G - 1 (the other samples), not G.",
                 lambda r: r - (r.sum(-1, keepdim=True) - r) / r.shape[-1]),
         Mistake("RLOO does not divide by a std: only the baseline changes.",
@@ -393,11 +441,15 @@ def _gspo_cases() -> list[Case]:
     one_true[0, 4], one_true[1, 0], one_true[2, 2] = True, True, True
     lp5 = -2 * torch.rand(3, 5, generator=g)
     old5 = lp5 + 0.5 * torch.randn(3, 5, generator=g)
+    long_old = -2 * torch.rand(2, 400, generator=g)
     return [
         Case("4 completions of 6, 1, 3 and 5 tokens, junk where masked", (lp + junk, old - junk, mask)),
         Case("an all-True mask", (lp, old, torch.ones(B, T, dtype=torch.bool))),
         Case("one True per row (at the end, the start, the middle)", (lp5, old5, one_true)),
         Case("the policy has not moved (ratio 1)", (lp, lp.clone(), mask)),
+        # a product of 400 token ratios of about exp(0.3) is exp(120): inf in float32; a sum of logs is not
+        Case("400 tokens whose log-ratios are about +0.3 (a product of ratios overflows)",
+             (long_old + 0.3 + 0.05 * torch.randn(2, 400, generator=g), long_old, torch.ones(2, 400, dtype=torch.bool))),
     ]
 
 
@@ -425,6 +477,10 @@ def check_gspo_sequence_ratio(candidate) -> str:
     return compare_to_reference(candidate, dpo.gspo_sequence_ratio, _gspo_cases(), mistakes=[
         Mistake("You averaged the token ratios (arithmetic mean of exp): GSPO takes the exp of the mean log-ratio, "
                 "the geometric mean.", _gspo_variant(kind="arithmetic")),
+        # before the summed log-ratios: on the 400-token case both are inf
+        Mistake("You multiplied the token ratios and took the n-th root: the product of hundreds of ratios overflows "
+                "(or underflows) float32 before the root. Average the log-ratios, then exp: exp(sum(log r) / n).",
+                _gspo_product_root),
         Mistake("The log-ratios are summed, not averaged: that is the ratio of the whole sequence's probabilities, "
                 "which explodes with the length. Divide by the number of tokens.", _gspo_variant(kind="product")),
         Mistake("The mean divides by g, the padded length: divide by each row's own number of tokens, mask.sum(-1).",
@@ -435,7 +491,13 @@ def check_gspo_sequence_ratio(candidate) -> str:
         Mistake("You averaged the first mask.sum(-1) positions, as if the True positions always started at 0: "
                 "they need not (a completion after a prompt). Select with the mask itself, "
                 "torch.where(mask, logprobs - old_logprobs, 0).", _gspo_leading_positions),
-    ], arg_names=["logprobs", "old_logprobs", "mask"])
+    ], arg_names=["logprobs", "old_logprobs", "mask"], grad=DIFFERENTIATED["gspo_sequence_ratio"])
+
+
+def _gspo_product_root(logprobs, old_logprobs, mask):
+    """The geometric mean as a product of ratios, then the n-th root: inf once the product overflows."""
+    ratios = torch.where(mask, torch.exp(logprobs - old_logprobs), 1.0)
+    return ratios.prod(-1) ** (1.0 / mask.sum(-1))
 
 
 def _gspo_leading_positions(logprobs, old_logprobs, mask):

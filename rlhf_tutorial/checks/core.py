@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import inspect
 import math
 import os
 import sysconfig
@@ -268,7 +269,7 @@ def device_problem(out: Any, want: torch.device | None) -> str | None:
 
 
 def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None,
-         _device_hint: str | None = None, **kwargs: Any) -> Any:
+         _device_hint: str | None = None, _keep_modes: bool = True, **kwargs: Any) -> Any:
     """Call the learner's ``candidate``; every way it can go wrong becomes a :class:`CheckFailure`.
 
     - ``NotImplementedError`` -> "not implemented yet";
@@ -277,12 +278,16 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
       no tensor or module ``call`` can read it from: a trainer, a hook's activation) or a general hint;
     - any other exception -> a failure naming the exception and the learner's line;
     - a tensor argument modified in place -> a failure naming the argument;
+    - a module it is given (an argument, or a module attribute of one: a trainer's ``model``) left in
+      another train/eval mode -> a failure naming it (``_keep_modes=False`` where the reference
+      switches modes too: TransformerLens's ``generate`` puts the model in eval mode);
     - an output (a tensor, or a module's parameter) on another device than the inputs -> a failure
       naming both devices.
     """
     if not callable(candidate):
         raise CheckFailure(f"expected a function or class, got {type(candidate).__name__}: {candidate!r}")
     snapshot = [(p, t, t.detach().clone()) for p, t in _tensors_in((args, kwargs))]
+    modes = _module_modes(candidate, args, kwargs, _arg_names) if _keep_modes else []
     try:
         with torch.enable_grad():
             out = candidate(*args, **kwargs)
@@ -312,11 +317,48 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
                 f"your code modified an input tensor in place (argument {_pretty_path(path, _arg_names)}).",
                 hint="Use out-of-place operations (x = x - m, not x -= m or x.sub_(m)), or .clone() first.",
             )
+    _check_modes(modes)
     problem = device_problem(out, _input_device(args, kwargs))
     if problem:
         raise CheckFailure(problem, hint="The same code must run on a CPU and on a GPU: create tensors and layers "
                            "on the device of the inputs, never on the default device.")
     return out
+
+
+def _module_modes(candidate: Callable, args: tuple, kwargs: dict,
+                  names: Sequence[str] | None) -> list[tuple[str, torch.nn.Module, list[bool]]]:
+    """(name, module, training flags of it and its submodules) for each module the call is given: an
+    argument, or a module attribute of an argument (a trainer's ``model``). Names come from
+    ``names``, else from the candidate's own signature."""
+    try:
+        params = list(inspect.signature(candidate).parameters)
+    except (TypeError, ValueError):
+        params = []
+    named = [((names[i] if names and i < len(names) else params[i] if i < len(params) else f"argument #{i + 1}"), x)
+             for i, x in enumerate(args)]
+    out = []
+    for name, x in [*named, *kwargs.items()]:
+        if isinstance(x, torch.nn.Module):
+            out.append((name, x))
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, torch.Tensor)):
+            out.extend((f"{name}.{k}", v) for k, v in vars(x).items() if isinstance(v, torch.nn.Module))
+    return [(name, m, [sub.training for sub in m.modules()]) for name, m in out]
+
+
+def _check_modes(modes: list[tuple[str, torch.nn.Module, list[bool]]]) -> None:
+    """Fail when the call changed the train/eval mode of a module it was given (the caller's state)."""
+    for name, module, before in modes:
+        if [sub.training for sub in module.modules()] != before:
+            mode = {True: "train", False: "eval"}
+            what = (f"left `{name}` in {mode[module.training]}() mode (it was in {mode[before[0]]}() mode when your "
+                    "function got it)" if module.training != before[0] else
+                    f"changed the train/eval mode of a part of `{name}`")
+            raise failure(
+                f"your code {what}.",
+                "The mode of a module you are given is the caller's: the trainer's next step (or the frozen "
+                "reference) would run in the mode you set. For a forward pass without gradients use "
+                "`torch.no_grad()`; if you must switch, restore it: `was = model.training; model.eval(); ...; "
+                "model.train(was)`.")
 
 
 def _pretty_path(path: str, names: Sequence[str] | None) -> str:
@@ -497,13 +539,15 @@ def form_mismatch(out: Any, expected: Any) -> str | None:
 
 
 def nudge(hint: str) -> str:
-    """The short form of a hint: what is wrong, without the fix (its first clause or sentence)."""
-    cut = len(hint)
-    for sep in (": ", ". ", "; "):
-        i = hint.find(sep)
-        if 0 < i < cut:
-            cut = i
-    return hint[:cut].rstrip(".") + "."
+    """The short form of a hint: what is wrong, without the fix (its first clause or sentence). A
+    separator inside `code` does not end the clause (`else: raise ValueError(...)` stays whole)."""
+    in_code = False
+    for i, ch in enumerate(hint):
+        if ch == "`":
+            in_code = not in_code
+        elif not in_code and i > 0 and hint[i:i + 2] in (": ", ". ", "; "):
+            return hint[:i].rstrip(".") + "."
+    return hint.rstrip(".") + "."
 
 
 def failure(message: str, hint: str | None) -> CheckFailure:
@@ -543,6 +587,8 @@ def compare_to_reference(
     rtol: float = 1e-4,
     arg_names: Sequence[str] | None = None,
     diagnose: Callable[[Case, Any, Any], str | None] | None = None,
+    grad: Sequence[str] = (),
+    grad_cases: Sequence[int] = (0,),
 ) -> str:
     """Run every case on the candidate and the reference; fail on the first disagreement.
 
@@ -551,7 +597,9 @@ def compare_to_reference(
     mistake is run on the same case, and the first whose output the candidate matches (and that
     differs from the reference there) gives the hint; when none matches, ``diagnose(case, got,
     expected)`` may name a difference no fixed variant captures (a clamp at an unknown bound, a
-    saturation). Every case runs on :func:`check_device` (the course's device). Returns a one-line
+    saturation). Every case runs on :func:`check_device` (the course's device). When ``grad`` names
+    inputs (an exercise training differentiates, ``plug.DIFFERENTIATED``), the gradient with respect to
+    them is compared too, on the cases numbered ``grad_cases`` (:func:`compare_gradients`). Returns a one-line
     summary for the pass message.
     """
     cases = [to_device(case) for case in cases]
@@ -579,7 +627,102 @@ def compare_to_reference(
         if hint is None and diagnose is not None:
             hint = diagnose(case, got, expected)
         raise failure(message, hint)
+    for i in grad_cases if grad else ():
+        compare_gradients(candidate, reference, cases[i], grad, arg_names=arg_names)
     return f"matches the reference on {len(cases)} cases ({', '.join(c.label for c in cases)})."
+
+
+# ----------------------------------------------------------------------------------------------------
+# Comparing gradients
+# ----------------------------------------------------------------------------------------------------
+NO_GRAPH = ("something in it detached the result: a `.detach()`, an `.item()` or `torch.tensor(...)` of a result, "
+            "`.numpy()`, or a body under `torch.no_grad()`")
+
+
+def _with_grad_inputs(case: Case, wrt: Sequence[str], arg_names: Sequence[str] | None) -> tuple[tuple, dict, list]:
+    """Fresh copies of ``case``'s inputs in which those named in ``wrt`` are leaves that require grad."""
+    args, kwargs = list(_clone(case.args)), _clone(case.kwargs)
+    leaves = []
+    for name in wrt:
+        if name in kwargs:
+            kwargs[name] = leaf = kwargs[name].detach().clone().requires_grad_(True)
+        else:
+            i = list(arg_names or ()).index(name)  # a checker bug when absent: run_check reports it as one
+            args[i] = leaf = args[i].detach().clone().requires_grad_(True)
+        leaves.append(leaf)
+    return tuple(args), kwargs, leaves
+
+
+def compare_gradients(candidate: Callable, reference: Callable, case: Case, wrt: Sequence[str], *,
+                      arg_names: Sequence[str] | None = None, rtol: float = 1e-3) -> None:
+    """Fail unless the candidate's output on ``case`` carries the reference's gradient with respect to
+    each input named in ``wrt`` (the inputs training differentiates through, ``plug.DIFFERENTIATED``).
+
+    The outputs are reduced to one number with the same seeded random weights, L = sum_i w_i * out_i
+    over every floating-point tensor of the reference's output that carries a gradient (a stats dict
+    beside a loss is left out), and ``torch.autograd.grad(L, inputs)`` is compared: an output with
+    no graph at all (detached, or computed under ``torch.no_grad()``), an input no gradient reaches
+    (one half of a pair detached), and a gradient that differs (a stop-gradient inside) each get
+    their own message. Values are compared first (``compare_to_reference``); this runs after.
+    """
+    case = to_device(case)
+    args, kwargs, leaves = _with_grad_inputs(case, wrt, arg_names)
+    with torch.enable_grad():
+        expected = reference(*args, **kwargs)
+    targets = [(path, t) for path, t in _tensors_in(expected) if t.is_floating_point() and t.requires_grad]
+    if not targets:
+        raise RuntimeError(f"the reference's output on {case.label} carries no gradient: wrong `wrt` {tuple(wrt)}")
+    g = seeded(1234)
+    weights = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(device=t.device, dtype=t.dtype)
+               for _, t in targets]
+    want = torch.autograd.grad(sum((w * t).sum() for w, (_, t) in zip(weights, targets)), leaves, allow_unused=True)
+
+    args, kwargs, leaves = _with_grad_inputs(case, wrt, arg_names)
+    got_out = call(candidate, *args, _arg_names=arg_names, **kwargs)
+    got_tensors = dict(_tensors_in(got_out))
+    named = " and ".join(f"`{n}`" for n in wrt)
+    outs = []
+    for path, t in targets:
+        got = got_tensors.get(path)
+        if not isinstance(got, torch.Tensor) or got.shape != t.shape:
+            raise CheckFailure(f"On {case.label} with {named} requiring grad, your output{path} is {fmt(got)}, "
+                               f"expected the shape {tuple(t.shape)}.")
+        outs.append(got)
+    where = f"output{targets[0][0]}" if len(targets) == 1 and targets[0][0] else "output"
+    if not any(o.requires_grad for o in outs):
+        raise failure(
+            f"On {case.label}, your {where} carries no gradient although {named} "
+            f"{'requires' if len(wrt) == 1 else 'require'} grad: {NO_GRAPH}.",
+            "Training backpropagates through this output: compute it from the inputs with torch operations "
+            "only, keep it a tensor (no .item(), no torch.tensor(...) of a result), and do not detach it or wrap "
+            "the function in torch.no_grad().")
+    loss = sum((w.to(o.dtype) * o).sum() for w, o in zip(weights, outs) if o.requires_grad)
+    try:
+        got_grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    except RuntimeError as exc:  # e.g. a tensor the backward pass needs was modified in place
+        raise CheckFailure(f"On {case.label}, the values are right, but backpropagating through your output "
+                           f"failed: {describe_exception(exc)}",
+                           hint="Training differentiates this output: avoid in-place operations (x += ..., "
+                           "x[mask] = ...) on tensors that are part of the computation; use torch.where or "
+                           "out-of-place arithmetic.") from None
+    for name, leaf, w_grad, g_grad in zip(wrt, leaves, want, got_grads):
+        w_grad = torch.zeros_like(leaf) if w_grad is None else w_grad.detach()
+        g_grad = torch.zeros_like(leaf) if g_grad is None else g_grad.detach()
+        if bool(w_grad.ne(0).any()) and not bool(g_grad.ne(0).any()):
+            raise failure(
+                f"On {case.label}, no gradient reaches `{name}`: the values are right, but your output does not "
+                f"depend on `{name}` through autograd.",
+                f"The part computed from `{name}` is detached (a `.detach()`, `.item()`, `.data` or "
+                "`torch.no_grad()` on it): training would never move it. Keep it in the graph.")
+        scale = float(w_grad.abs().max()) if w_grad.numel() else 0.0
+        if not torch.allclose(g_grad.to(torch.float64), w_grad.to(torch.float64), rtol=rtol,
+                              atol=1e-6 + rtol * scale):
+            raise failure(
+                f"On {case.label}, the values are right but the gradient with respect to `{name}` is not the "
+                f"reference's.\n  expected: {fmt(w_grad)}\n  got:      {fmt(g_grad)}",
+                f"Part of the computation from `{name}` is detached or replaced by a constant (a `.detach()`, "
+                "`.item()` or `.data` on one term, a value computed under `torch.no_grad()` and reused): the "
+                "loss then trains a different direction than its value suggests.")
 
 
 # ----------------------------------------------------------------------------------------------------

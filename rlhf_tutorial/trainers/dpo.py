@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -287,6 +288,11 @@ class DPOResult:
     eval_final: dict[str, Any] | None
     wall_seconds: float
     peak_memory_mb: float
+    note: str | None = None  # set when some round kept no pair (that round trained nothing)
+
+
+#: The training statistics of a round that kept no pair: not a number (nothing was trained).
+UNTRAINED = {"loss": math.nan, "margin": math.nan, "accuracy": math.nan, "grad_norm": math.nan}
 
 
 def train(
@@ -333,6 +339,7 @@ def train(
                                seed=args.seed + 1, temperature=args.temperature, prepend_bos=args.prepend_bos)
 
     history: list[dict[str, Any]] = []
+    empty_rounds: list[int] = []
     start = time.perf_counter()
     with PeakMemory(device_of(policy)) as memory:
         eval_initial = measure(args.eval_samples) if evaluate else None
@@ -349,16 +356,18 @@ def train(
                 else:
                     raw = pairs_from_preferences(policy, args)
                     record["pairs_kept"] = len(raw)
-                if not raw:
-                    raise RuntimeError("no pair was kept: every group's rewards were within min_reward_gap")
-                batch = to_batch(raw, reference, fns["sequence_logprobs"])
-            policy.train()
-            steps = []
-            for _ in range(args.epochs):
-                order = torch.randperm(len(batch), generator=generator)
-                for rows in order.split(args.batch_size):
-                    steps.append(dpo_step(policy, optimizer, batch.select(rows), args, fns))
-            add_stats(record, mean_stats(steps), prefix="update_")
+                batch = to_batch(raw, reference, fns["sequence_logprobs"]) if raw else None
+            if batch is None:  # no pair kept: nothing to train on this round (an offline run samples again)
+                empty_rounds.append(round_)
+                record.update(UNTRAINED)
+            else:
+                policy.train()
+                steps = []
+                for _ in range(args.epochs):
+                    order = torch.randperm(len(batch), generator=generator)
+                    for rows in order.split(args.batch_size):
+                        steps.append(dpo_step(policy, optimizer, batch.select(rows), args, fns))
+                add_stats(record, mean_stats(steps), prefix="update_")
             if evaluate:
                 held_out = measure(args.eval_samples_per_round)
                 add_stats(record, {k: held_out[k] for k in ("reward", "reward_se", "kl", "kl_se")}, prefix="held_out_")
@@ -369,8 +378,16 @@ def train(
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.2f}")
         policy.eval()
         eval_final = measure(args.eval_samples) if evaluate else None
+    note = None
+    if empty_rounds:
+        what = "any round: the policy was not updated" if len(empty_rounds) == args.rounds else (
+            f"rounds {empty_rounds}: they trained nothing (their loss, margin and accuracy are NaN)")
+        note = (f"no pair was kept in {what}. A group makes a pair only when its best and worst rewards differ by at "
+                f"least min_reward_gap = {args.min_reward_gap:g}; try a smaller min_reward_gap, larger groups "
+                "(group_size) or a reward that separates the samples.")
+        print(f"DPO: {note}", file=sys.stderr)
     return DPOResult(policy, reference, history, eval_initial, eval_final, time.perf_counter() - start,
-                     memory.peak_mb)
+                     memory.peak_mb, note)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -396,6 +413,11 @@ def args_from_namespace(ns: argparse.Namespace, world: str) -> DPOArgs:
     given = given_flags(DPOArgs, ns)
     given.pop("world", None)
     return DPOArgs.preset(world, **given)
+
+
+def _number(x: float) -> float | None:
+    """``x`` rounded for a JSON summary; None for NaN (a round that trained nothing)."""
+    return None if math.isnan(x) else round(x, 4)
 
 
 def main(argv: list[str]) -> dict:
@@ -428,9 +450,9 @@ def main(argv: list[str]) -> dict:
         "kl_final": round(after["kl"], 4),
         "kl_se_final": round(after["kl_se"], 4),
         "kl_per_token_final": round(after["kl_per_token"], 4),
-        "pair_accuracy_final": round(last["accuracy"], 4),
-        "reward_margin_final": round(last["margin"], 4),
-        "loss_final": round(last["loss"], 4),
+        "pair_accuracy_final": _number(last["accuracy"]),
+        "reward_margin_final": _number(last["margin"]),
+        "loss_final": _number(last["loss"]),
         "pairs_per_round": [r.get("pairs_kept") for r in result.history],
         "reward_per_round": [round(r["reward"], 4) for r in result.history],
         "kl_per_round": [round(r["kl"], 4) for r in result.history],
@@ -444,6 +466,8 @@ def main(argv: list[str]) -> dict:
         "torch_threads": ns.threads,
         "args": asdict(args),
     }
+    if result.note:
+        summary["note"] = result.note
     if ns.report:
         from rlhf_tutorial.widgets.dpo import write_report
 

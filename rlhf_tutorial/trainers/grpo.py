@@ -19,7 +19,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -233,6 +233,7 @@ class GRPOResult:
     last_rollout: GroupRollout | None
     wall_seconds: float
     peak_memory_mb: float
+    note: str | None = None  # set when dynamic sampling kept no group in any phase (nothing was trained)
 
     @property
     def reward_per_phase(self) -> list[float]:
@@ -325,6 +326,9 @@ def train(
                 callback(record)
             bar.set_postfix(reward=f"{record['reward']:.3f}", kl=f"{record.get('kl', float('nan')):.3f}")
         policy.eval()
+        note = None
+        if rollout is None and args.num_phases:
+            rollout, note = _unfiltered_rollout(policy, reference, reward_fn, args, fns)
         if evaluate_before_after:
             eval_final = evaluate(policy, anchor, reward_fn, args, args.eval_samples, seed=args.seed + 1)
     return GRPOResult(
@@ -336,7 +340,24 @@ def train(
         last_rollout=rollout,
         wall_seconds=time.perf_counter() - start,
         peak_memory_mb=memory.peak_mb,
+        note=note,
     )
+
+
+def _unfiltered_rollout(policy: HookedTransformer, reference: HookedTransformer, reward_fn: Callable,
+                        args: GRPOArgs, fns: dict[str, Callable]) -> tuple[GroupRollout, str]:
+    """When dynamic sampling dropped every group of every phase: a message that says so (printed, and
+    returned for ``GRPOResult.note``) and one rollout of the final policy drawn without dropping, for
+    the notebook to show (it is not trained on)."""
+    note = (f"dynamic sampling kept no group in any of the {args.num_phases} phases: every group's rewards were "
+            f"all equal (within zero_std_tol = {args.zero_std_tol:g}), so there was nothing to learn from and the "
+            "policy was not updated. last_rollout holds one rollout of the policy drawn without dropping, for "
+            "display. Try a reward the policy earns sometimes (or never always), larger groups (group_size), more "
+            "max_sampling_rounds, or dynamic_sampling=False.")
+    print(f"GRPO: {note}", file=sys.stderr)
+    rollout, _ = fns["collect_rollout"](policy, reference, reward_fn, replace(args, dynamic_sampling=False),
+                                        args.num_phases)
+    return rollout, note
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -416,6 +437,8 @@ def main(argv: list[str]) -> dict:
         "torch_threads": ns.threads,
         "args": asdict(args),
     }
+    if result.note:
+        summary["note"] = result.note
     if ns.report:
         from rlhf_tutorial.widgets.grpo import write_report
 

@@ -420,7 +420,7 @@ def test_sample_group_mistakes(wrong, fragment):
 
 
 def test_sample_group_written_differently():
-    """An explicit sampling loop without generate (no KV cache), stopping rows by hand."""
+    """An explicit sampling loop without generate (no KV cache), stopping rows by hand, top_k by hand."""
 
     @torch.no_grad()
     def own_loop(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
@@ -428,6 +428,9 @@ def test_sample_group_written_differently():
         done = torch.zeros(group_size, dtype=torch.bool, device=tokens.device)
         for _ in range(max_new_tokens):
             logits = model(tokens)[:, -1] / temperature
+            if top_k is not None:  # keep the top_k most likely tokens
+                kth = logits.topk(top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
             nxt = torch.distributions.Categorical(logits=logits).sample()
             nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
             done |= nxt == eos_token_id
@@ -640,3 +643,20 @@ def mask_by_argmax_forgetting_rows_without_eos(completions, eos_token_id):
 def test_completion_mask_edge_only_mistake():
     result = run_check("completion_mask", mask_by_argmax_forgetting_rows_without_eos)
     assert not result.passed and "no EOS" in result.message, result.message
+
+
+def test_sample_group_that_ignores_top_k_or_the_eos_argument_is_named():
+    """A loop that forgets top_k, and one that stops at a fixed EOS id instead of the argument."""
+
+    def no_top_k(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+        return grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature, None)
+
+    def fixed_eos(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+        return grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, 7, temperature, top_k)
+
+    def fixed_temperature(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+        return grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, 0.5, top_k)
+
+    assert_fails_with("sample_group", no_top_k, "Pass top_k=top_k to generate")
+    assert_fails_with("sample_group", fixed_eos, "Use the eos_token_id argument")
+    assert_fails_with("sample_group", fixed_temperature, "at temperature 2.0")

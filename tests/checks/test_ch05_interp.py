@@ -82,6 +82,7 @@ def ln_rms_only(x, eps=1e-5):
     (ln_eps_outside, "eps is outside the square root"),
     (ln_no_eps, "eps is missing"),
     (ln_rms_only, "did not centre"),
+    (lambda x, eps=1e-5: torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=eps), "that is an RMSNorm"),
 ])
 def test_ln_pre_mistakes(wrong, fragment):
     assert_fails_with("ln_pre", wrong, fragment)
@@ -368,7 +369,27 @@ def diff_sum_over_n_positions(base_resid, tuned_resid, n_positions=5):  # only t
     return (tuned_resid - base_resid)[:, :n_positions].sum(1).mean(0) / n_positions
 
 
+def diff_one_too_many(base_resid, tuned_resid, n_positions=5):
+    return (tuned_resid[:, : n_positions + 1] - base_resid[:, : n_positions + 1]).mean((0, 1))
+
+
+def diff_one_too_few(base_resid, tuned_resid, n_positions=5):
+    return (tuned_resid[:, : n_positions - 1] - base_resid[:, : n_positions - 1]).mean((0, 1))
+
+
+def diff_skip_bos(base_resid, tuned_resid, n_positions=5):
+    return (tuned_resid[:, 1 : n_positions + 1] - base_resid[:, 1 : n_positions + 1]).mean((0, 1))
+
+
+def diff_skip_bos_short(base_resid, tuned_resid, n_positions=5):
+    return (tuned_resid[:, 1:n_positions] - base_resid[:, 1:n_positions]).mean((0, 1))
+
+
 @pytest.mark.parametrize("wrong, fragment", [
+    (diff_one_too_many, "[:, :n_positions + 1]"),
+    (diff_one_too_few, "[:, :n_positions - 1]"),
+    (diff_skip_bos, "You skipped position 0 (the BOS):"),
+    (diff_skip_bos_short, "skipped position 0 (the BOS) and kept n_positions - 1"),
     (diff_sum_over_n_positions, "divided the sum by n_positions"),
     (diff_base_minus_tuned, "sign is flipped"),
     (diff_all_positions, "averaged over every position"),

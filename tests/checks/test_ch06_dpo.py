@@ -154,9 +154,33 @@ def dpo_falls_back_to_sigmoid(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", lab
     return (-(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)).mean()
 
 
+def _dpo_with(ipo=None, hinge=None):
+    """The right loss except for an IPO or a hinge written here."""
+
+    def fn(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+        h = _h(pc, pr, rc, rr)
+        if loss_type == "sigmoid":
+            return (-(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)).mean()
+        if loss_type == "ipo":
+            return (ipo or (lambda h, beta: (h - 1 / (2 * beta)) ** 2))(h, beta).mean()
+        if loss_type == "hinge":
+            return (hinge or (lambda h, beta: torch.relu(1 - beta * h)))(h, beta).mean()
+        raise ValueError(f"unknown loss_type {loss_type}")
+
+    return fn
+
+
+dpo_ipo_precedence = _dpo_with(ipo=lambda h, beta: (h - 1/2*beta) ** 2)  # noqa: E226 - the bug is the spacing
+dpo_hinge_plus = _dpo_with(hinge=lambda h, beta: torch.relu(1 + beta * h))
+dpo_hinge_turned = _dpo_with(hinge=lambda h, beta: torch.relu(beta * h - 1))
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (dpo_ipo_precedence, "1/2*beta is beta / 2"),
+        (dpo_hinge_plus, "The hinge has the wrong sign"),
+        (dpo_hinge_turned, "The hinge is turned around"),
         (dpo_unstable, "logsigmoid"),  # only the |beta * h| in the hundreds case exposes it
         (dpo_no_reference, "reference log-probs are missing"),
         (dpo_ipo_wrong_target, "1 / (2 * beta)"),
@@ -233,6 +257,8 @@ def simpo_gamma_times_beta(c, r, lc, lr, beta=2.0, gamma=0.5):
         (simpo_gamma_added, "subtract it"),
         (simpo_unstable, "logsigmoid"),  # only the single-token, log-probs-in-the-hundreds case exposes it
         (simpo_gamma_times_beta, "scaled by beta"),
+        (lambda c, r, lc, lr, beta=2.0, gamma=0.5: -F.logsigmoid(beta * (c / lr - r / lc) - gamma).mean(),
+         "The lengths are swapped"),
     ],
 )
 def test_simpo_loss_mistakes(wrong, fragment):
@@ -315,10 +341,23 @@ def test_best_worst_pairs_returned_on_the_cpu_is_named():
         (lambda r: r - (r.sum(-1, keepdim=True) - r) / r.shape[-1], "G - 1"),
         (lambda r: (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-4), "Wrong values"),
         (lambda r: r - (r.sum() - r) / (r.numel() - 1), "within each group"),
+        # G / (G - 1) * (r - mean) with integer division: right for G = 2 only, not the whole group's mean
+        (lambda r: r.shape[-1] // (r.shape[-1] - 1) * (r - r.mean(-1, keepdim=True)), "G // (G - 1) is integer division"),
     ],
 )
 def test_rloo_advantages_mistakes(wrong, fragment):
     assert_fails_with("rloo_advantages", wrong, fragment)
+
+
+def test_rloo_integer_division_is_not_told_it_subtracted_the_whole_mean():
+    result = run_check("rloo_advantages", lambda r: r.shape[-1] // (r.shape[-1] - 1) * (r - r.mean(-1, keepdim=True)))
+    assert "sample j included" not in f"{result.message}\n{result.hint}"
+
+
+def test_the_unknown_loss_type_message_has_no_stray_backtick():
+    result = run_check("dpo_loss", dpo_falls_back_to_sigmoid)
+    for line in result.message.splitlines():
+        assert line.count("`") % 2 == 0, line
 
 
 def test_rloo_advantages_written_differently():
@@ -374,7 +413,8 @@ def test_gspo_sequence_ratio_written_differently():
         out = []
         for row_lp, row_old, row_m in zip(lp, old, mask):
             diffs = (row_lp - row_old)[row_m]
-            out.append(torch.prod(torch.exp(diffs)) ** (1.0 / len(diffs)))
+            # the geometric mean as exp of the mean log-ratio (a product of the ratios overflows on long rows)
+            out.append(torch.exp(diffs.sum() / len(diffs)))
         return torch.stack(out)
 
     assert run_check("gspo_sequence_ratio", with_loops).passed
