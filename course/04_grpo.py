@@ -251,10 +251,12 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 #
 # No value head anywhere. The reference is a frozen copy of the starting policy. The tiny world runs
 # a shortened version of the CLI's run (`python -m rlhf_tutorial train-grpo --world tiny --direction
-# neg --seed 0`): 12 phases instead of 40 and 64 evaluation samples instead of 128, the run of
-# `train-grpo --world tiny --direction neg --seed 0 --num-phases 12 --eval-samples 64`. On the
-# reference machine it ends at reward {{grpo_short.mean_reward_final:.2f}} (from {{grpo_short.mean_reward_initial:.2f}}) with a KL of
-# {{grpo_short.kl_final:.2f}} per token; the cell checks that your run agrees. `GRPOArgs` documents every knob.
+# neg --seed 0`): 12 phases instead of 40 and 64 evaluation samples instead of 128. Your `sample_group`
+# draws the groups (the trainer's faster sampler of its own is used only with the package's
+# `sample_group`), so this is the run of `train-grpo --world tiny --direction neg --seed 0 --num-phases
+# 12 --eval-samples 64 --no-fast` (`--no-fast` samples with `sample_group` too). On the reference machine
+# it ends at reward {{grpo_short_nofast.mean_reward_final:.2f}} (from {{grpo_short_nofast.mean_reward_initial:.2f}}) with a KL of {{grpo_short_nofast.kl_final:.2f}} per token; the cell
+# checks that your run agrees. `GRPOArgs` documents every knob.
 
 # %%
 args = GRPOArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
@@ -265,8 +267,8 @@ result = train(args, reward_fn=sentiment_reward, callback=curves.update, **learn
 curves.finish()
 print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
       f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
-figures.agree("grpo_short", {"mean_reward_initial": result.eval_initial["reward"],
-                             "mean_reward_final": result.eval_final["reward"], "kl_final": result.eval_final["kl"]})
+figures.agree("grpo_short_nofast", {"mean_reward_initial": result.eval_initial["reward"],
+                                    "mean_reward_final": result.eval_final["reward"], "kl_final": result.eval_final["kl"]})
 
 # %%
 for name, stats in [("base", result.eval_initial), ("tuned", result.eval_final)]:

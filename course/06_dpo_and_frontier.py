@@ -192,8 +192,8 @@ for *_, chosen, rejected, gap in pairs:
 # 64 samples (`eval_samples=64`, drawn with the seed's generator), so it prints one base reward,
 # {{grpo_short.mean_reward_initial:.3f}}. The CLI's runs and the full frontier measure on 128 samples: the same base policy scores
 # {{dpo_offline.mean_reward_initial:.3f}} there. Neither is wrong: a mean of 64 rewards has a standard error of about {{frontier_short.base.reward_se:.2f}}, and
-# the two sample sets differ (the per-round curves use their own, smaller sets; the line above is the
-# mean over the samples the pairs came from). Compare a run with its own base, not with another run's.
+# the two sample sets differ (the per-round curves use their own, smaller sets, and section 4 printed the
+# mean over the 24 samples its 3 pairs came from). Compare a run with its own base, not with another run's.
 
 # %%
 # (smoke runs use random stand-in models whose rewards barely differ: keep every pair there)
@@ -314,7 +314,7 @@ for name, extra in [("GRPO", {}), ("RLOO", {"advantage_estimator": "rloo"}), ("G
 # divides each gradient by a running estimate of its own scale, so a global rescale barely changes the
 # step (chapter 04, section 7). What it changes is the balance inside the objective: the advantage term
 # shrinks against $\beta \cdot k_3$, so the same $\beta$ holds RLOO closer to the reference. On the reference
-# machine these runs end with RLOO at reward {{rloo_short.mean_reward_final:.2f}} and {{rloo_short.kl_final:.3f}} nats per token, GRPO at
+# machine these runs end with RLOO at reward {{rloo_short.mean_reward_final:.2f}} and a KL of {{rloo_short.kl_final:.3f}} nats per token, GRPO at
 # {{grpo_short.mean_reward_final:.2f}} and {{grpo_short.kl_final:.3f}}: RLOO as high (one seed; a reward over 64 samples has a standard error
 # of about {{frontier_short.base.reward_se:.2f}}) at less KL. GSPO with the token-level clip range
 # (`clip_eps=0.2`) should clip far less often than GRPO does (a geometric mean of token ratios moves

@@ -71,13 +71,16 @@ RUNS: dict[str, Run] = {
 # Chapters 04 and 06.
 _TINY_NEG = ("--world", "tiny", "--direction", "neg", "--seed", "0")
 RUNS.update({
-    # chapter 04 (section 5) and chapter 06 (section 6): the notebooks' short GRPO run, and RLOO and GSPO beside it
+    # chapter 06 (section 6): the notebook's short GRPO run, and RLOO and GSPO beside it
     **{name: Run(("train-grpo", *_TINY_NEG, "--num-phases", "12", "--eval-samples", "64", *extra))
        for name, extra in {
            "grpo_short": (),
            "rloo_short": ("--advantage-estimator", "rloo"),
            "gspo_short": ("--importance-level", "sequence"),
        }.items()},
+    # chapter 04 (section 5) runs it with the learner's sample_group, which the trainer then samples with (not with
+    # its own faster sampler): --no-fast reproduces that run
+    "grpo_short_nofast": Run(("train-grpo", *_TINY_NEG, "--num-phases", "12", "--eval-samples", "64", "--no-fast")),
     # chapter 06 (section 5): DPO, the CLI's runs and the notebook's two shortened ones
     "dpo_offline": Run(("train-dpo", *_TINY_NEG)),
     "dpo_online": Run(("train-dpo", *_TINY_NEG, "--online", "--group-size", "8", "--num-pairs", "256")),

@@ -60,7 +60,8 @@ def test_ch06_rloo_as_high_as_grpo_at_less_kl():
 
 def test_ch06_one_base_reward_per_sample_count():
     """Every run of the notebook measures the base policy on the same 64 samples; the CLI's on 128."""
-    base_64 = {fig(ref) for ref in ("grpo_short.mean_reward_initial", "rloo_short.mean_reward_initial",
+    base_64 = {fig(ref) for ref in ("grpo_short.mean_reward_initial", "grpo_short_nofast.mean_reward_initial",
+                                    "rloo_short.mean_reward_initial",
                                     "gspo_short.mean_reward_initial", "dpo_short.mean_reward_initial",
                                     "frontier_short.base.reward")}
     base_128 = {fig(ref) for ref in ("grpo_neg.mean_reward_initial", "dpo_offline.mean_reward_initial",
