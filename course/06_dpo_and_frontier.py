@@ -189,7 +189,7 @@ for *_, chosen, rejected, gap in pairs:
 # (the cell checks that yours agrees). `DPOArgs` documents every knob.
 #
 # **Which base reward?** Every run of this notebook measures the policy before and after on the same
-# 64 samples (`eval_samples=64`, drawn with the seed's generator), so it prints one base reward,
+# 64 samples (`eval_samples=64`, drawn with the run's seed + 1 on a random stream of their own), so it prints one base reward,
 # {{grpo_short.mean_reward_initial:.3f}}. The CLI's runs and the full frontier measure on 128 samples: the same base policy scores
 # {{dpo_offline.mean_reward_initial:.3f}} there. Neither is wrong: a mean of 64 rewards has a standard error of about {{frontier_short.base.reward_se:.2f}}, and
 # the two sample sets differ (the per-round curves use their own, smaller sets, and section 4 printed the
