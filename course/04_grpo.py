@@ -38,7 +38,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe
 from rlhf_tutorial.grpo import (
     GroupRollout,
@@ -251,7 +251,12 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 #
 # No value head anywhere. The reference is a frozen copy of the starting policy. The tiny world runs
 # a shortened version of the CLI's run (`python -m rlhf_tutorial train-grpo --world tiny --direction
-# neg --seed 0`); `GRPOArgs` documents every knob.
+# neg --seed 0`): 12 phases instead of 40 and 64 evaluation samples instead of 128. Your `sample_group`
+# draws the groups (the trainer's faster sampler of its own is used only with the package's
+# `sample_group`), so this is the run of `train-grpo --world tiny --direction neg --seed 0 --num-phases
+# 12 --eval-samples 64 --no-fast` (`--no-fast` samples with `sample_group` too). On the reference machine
+# it ends at reward {{grpo_short_nofast.mean_reward_final:.2f}} (from {{grpo_short_nofast.mean_reward_initial:.2f}}) with a KL of {{grpo_short_nofast.kl_final:.2f}} per token; the cell
+# checks that your run agrees. `GRPOArgs` documents every knob.
 
 # %%
 args = GRPOArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
@@ -262,6 +267,8 @@ result = train(args, reward_fn=sentiment_reward, callback=curves.update, **learn
 curves.finish()
 print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
       f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
+figures.agree("grpo_short_nofast", {"mean_reward_initial": result.eval_initial["reward"],
+                                    "mean_reward_final": result.eval_final["reward"], "kl_final": result.eval_final["kl"]})
 
 # %%
 for name, stats in [("base", result.eval_initial), ("tuned", result.eval_final)]:
@@ -450,14 +457,14 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 #   GRPO is known for appears where the critic is a separate model as large as the policy (the usual
 #   set-up for large language models): GRPO never holds that model, its gradients or its optimizer
 #   state. Here the value head is a small MLP on the policy's last layer.
-# - **KL.** The full CLI runs (the two commands above, 50 PPO phases and 40 GRPO phases) ended at
-#   reward 0.96 with KL 0.31 per token (PPO) and reward 0.92 with KL 0.61 per token (GRPO): GRPO pays
-#   twice the KL for a little less reward. The two KL numbers are measured the same way (k3 per
-#   generated token, 128 fresh samples at temperature 1, against the starting policy). GRPO stops at
-#   EOS and PPO does not, but that is not the gap: at 16 tokens almost no completion has ended (under
-#   3% contain an EOS), and in an earlier pair of runs, measuring each final policy the other
-#   trainer's way on one new set of 128 draws gave the same number both ways. (A k3 mean over 128
-#   samples is noisy: a few tokens the policy has made unlikely carry large values.)
+# - **KL.** The full CLI runs (the two commands above, {{rlhf_neg.phases}} PPO phases and {{grpo_neg.phases}} GRPO phases) ended,
+#   on the reference machine, at reward {{rlhf_neg.mean_reward_final:.2f}} with KL {{rlhf_neg.kl_final:.2f}} per token (PPO) and reward
+#   {{grpo_neg.mean_reward_final:.2f}} with KL {{grpo_neg.kl_final:.2f}} per token (GRPO): GRPO pays more KL for the same reward. The two
+#   KL numbers are measured the same way (k3 per generated token, 128 fresh samples at temperature 1,
+#   against the starting policy). GRPO stops at EOS and PPO does not, but that is not the gap: GRPO's
+#   final samples are {{grpo_neg.completion_len_final:.2f}} tokens long on average, of the 16 allowed ({{grpo_neg.completion_len_initial:.2f}} before training),
+#   so almost none has ended early and both ways of averaging count the same tokens. (A k3 mean over
+#   128 samples is noisy: a few tokens the policy has made unlikely carry large values.)
 #   The gap comes from training, and the runs differ in more than one way,
 #   so read the following as the candidates, not a measured decomposition: (1) **where the penalty
 #   acts**: PPO pays $\beta k_1$ in the per-token rewards, so through the return every token is charged

@@ -27,13 +27,13 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.trainers.dpo import DPOArgs, pairs_from_samples
 from rlhf_tutorial.trainers.dpo import learner_functions as dpo_learner_functions
 from rlhf_tutorial.trainers.dpo import train as train_dpo
-from rlhf_tutorial.trainers.frontier import FrontierArgs, run_frontier
+from rlhf_tutorial.trainers.frontier import FrontierArgs, rewards_at_common_kl, run_frontier
 from rlhf_tutorial.trainers.grpo import GRPOArgs
 from rlhf_tutorial.trainers.grpo import learner_functions as grpo_learner_functions
 from rlhf_tutorial.trainers.grpo import train as train_grpo
@@ -170,7 +170,7 @@ for loss_type in ["sigmoid", "ipo", "hinge"]:
 tiny_args = DPOArgs.preset(world, direction=direction, num_pairs=3, group_size=8, min_reward_gap=0.0)
 torch.manual_seed(0)
 pairs, stats = pairs_from_samples(policy, sentiment_reward, tiny_args, best_worst_pairs)
-print(f"mean reward of the {stats['groups'] * 8} samples: {stats['sample_reward']:.3f}")
+print(f"mean reward of the {stats['groups'] * 8} samples the pairs were drawn from: {stats['sample_reward']:.3f}")
 for *_, chosen, rejected, gap in pairs:
     print(f"gap {gap:.2f}\n  chosen:   {chosen!r}\n  rejected: {rejected!r}")
 
@@ -186,14 +186,23 @@ for *_, chosen, rejected, gap in pairs:
 # the same measurement the frontier uses for every method, in `rlhf_tutorial.trainers.policy_eval`).
 #
 # The tiny world runs a shortened version of the CLI's run (`python -m rlhf_tutorial train-dpo --world
-# tiny --seed 0`: 384 pairs of the best and worst of 16, 5 rounds); `DPOArgs` documents every knob.
+# tiny --seed 0`: 384 pairs of the best and worst of 16, 5 rounds): 192 pairs, 3 rounds, the run of
+# `train-dpo --world tiny --seed 0 --num-pairs 192 --rounds 3 --eval-samples 64 --eval-samples-per-round 48`
+# (the cell checks that yours agrees). `DPOArgs` documents every knob.
+#
+# **Which base reward?** Every run of this notebook measures the policy before and after on the same
+# 64 samples (`eval_samples=64`, drawn with the run's seed + 1 on a random stream of their own), so it prints one base reward,
+# {{grpo_short.mean_reward_initial:.3f}}. The CLI's runs and the full frontier measure on 128 samples: the same base policy scores
+# {{dpo_offline.mean_reward_initial:.3f}} there. Neither is wrong: a mean of 64 rewards has a standard error of about {{frontier_short.base.reward_se:.2f}}, and
+# the two sample sets differ (the per-round curves use their own, smaller sets, and section 4 printed the
+# mean over the 24 samples its 3 pairs came from). Compare a run with its own base, not with another run's.
 
 # %%
 # (smoke runs use random stand-in models whose rewards barely differ: keep every pair there)
 dpo_args = DPOArgs.preset(world, direction=direction, seed=0,
                           **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16, min_reward_gap=0.0))
 if is_tiny():
-    dpo_args.num_pairs, dpo_args.rounds, dpo_args.eval_samples, dpo_args.eval_samples_per_round = 192, 3, 96, 48
+    dpo_args.num_pairs, dpo_args.rounds, dpo_args.eval_samples, dpo_args.eval_samples_per_round = 192, 3, 64, 48
 dash, callback = dpo_dashboard(title=f"DPO on the {world} world, towards {direction}")
 dpo_result = train_dpo(dpo_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, callback=callback,
                        **dpo_learner_functions(globals()))
@@ -204,16 +213,18 @@ print(f"reward {before['reward']:.3f} -> {after['reward']:.3f} (± {after['rewar
       f"pair accuracy {dpo_result.history[-1]['accuracy']:.2f}, {dpo_result.wall_seconds:.0f} s")
 for text, r in list(zip(after["texts"], after["rewards"]))[:4]:
     print(f"  {r:.2f}  {text!r}")
+figures.agree("dpo_short", {"mean_reward_initial": before["reward"], "mean_reward_final": after["reward"],
+                            "kl_final": after["kl"], "pair_accuracy_final": dpo_result.history[-1]["accuracy"]})
 
 # %% [markdown]
 # Read the curves together. The **loss** falls and the **pair accuracy** climbs towards 1 on the
 # training pairs: the policy separates chosen from rejected. The **implicit reward margin** keeps
 # growing: nothing in the sigmoid loss tells it to stop. The **held-out classifier reward** (fresh
 # samples, a reward the training never queried) rises with it; in this shortened run (3 passes over
-# 192 pairs: about 0.61 at 1.9 nats when this notebook was written) it is still climbing. The CLI's
+# 192 pairs: {{dpo_short.reward_per_round.0:.2f}}, {{dpo_short.reward_per_round.1:.2f}}, {{dpo_short.reward_per_round.2:.2f}} after each pass on the reference machine) it is still climbing. The CLI's
 # longer run (5 passes over 384 pairs) shows what comes next: the held-out reward levels off
-# (0.46, 0.74, 0.74, 0.83, 0.84 after each pass) while the KL keeps growing (0.6, 4.5, 8.4, 13.3,
-# 17.8 nats): offline DPO on a fixed set of pairs keeps moving away from the reference after the pairs
+# ({{dpo_offline.reward_per_round.0:.2f}}, {{dpo_offline.reward_per_round.1:.2f}}, {{dpo_offline.reward_per_round.2:.2f}}, {{dpo_offline.reward_per_round.3:.2f}}, {{dpo_offline.reward_per_round.4:.2f}} after each pass) while the KL keeps growing ({{dpo_offline.kl_per_round.0:.1f}}, {{dpo_offline.kl_per_round.1:.1f}}, {{dpo_offline.kl_per_round.2:.1f}},
+# {{dpo_offline.kl_per_round.3:.1f}}, {{dpo_offline.kl_per_round.4:.1f}} nats): offline DPO on a fixed set of pairs keeps moving away from the reference after the pairs
 # have stopped teaching it anything about the classifier, and its text gets rougher: words that the
 # rejected completions used and the chosen ones did not are pushed down wherever they appear.
 #
@@ -223,7 +234,7 @@ for text, r in list(zip(after["texts"], after["rewards"]))[:4]:
 # corpus, not sampled from the policy: the policy learns from text it would not itself produce.
 
 # %%
-pref_sizes = {**dict(num_pairs=384, rounds=2, eval_samples=96, eval_samples_per_round=32),
+pref_sizes = {**dict(num_pairs=384, rounds=2, eval_samples=64, eval_samples_per_round=32),
               **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16)}
 pref_args = DPOArgs.preset(world, direction=direction, seed=0, pairs="preferences", **pref_sizes)
 pref_result = train_dpo(pref_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, progress=False,
@@ -231,20 +242,24 @@ pref_result = train_dpo(pref_args, policy=copy.deepcopy(policy), reward_fn=senti
 for name, result in [("pairs from the reference's samples", dpo_result), ("chapter 02's preference pairs", pref_result)]:
     print(f"{name:>36}: reward {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
           f"KL {result.eval_final['kl']:.2f} nats, pair accuracy {result.history[-1]['accuracy']:.2f}")
+figures.agree("dpo_prefs", {"mean_reward_initial": pref_result.eval_initial["reward"],
+                            "mean_reward_final": pref_result.eval_final["reward"], "kl_final": pref_result.eval_final["kl"],
+                            "pair_accuracy_final": pref_result.history[-1]["accuracy"]})
 dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 
 # %% [markdown]
-# When this notebook was written, the pair accuracy on chapter 02's pairs climbed (0.66, then 0.86 after
-# two passes) but the classifier's reward on the course prompt barely moved: 0.29 -> 0.33 at 2.3 nats,
-# against 0.61 at 1.9 nats with pairs sampled from the reference. The pairs teach what distinguishes
+# On the reference machine (`train-dpo --world tiny --seed 0 --pairs preferences --num-pairs 384 --rounds 2
+# --eval-samples 64 --eval-samples-per-round 32`, this cell's run), the pair accuracy on chapter 02's pairs
+# reached {{dpo_prefs.pair_accuracy_final:.2f}} after two passes but the classifier's reward on the course prompt barely moved:
+# {{dpo_prefs.mean_reward_initial:.2f}} -> {{dpo_prefs.mean_reward_final:.2f}} at {{dpo_prefs.kl_final:.1f}} nats, against {{dpo_short.mean_reward_final:.2f}} at {{dpo_short.kl_final:.1f}} nats with pairs sampled from the reference. The pairs teach what distinguishes
 # *those* texts, on *those* prompts, and the policy drifts (look for repeated words in its samples)
 # without learning what the classifier wants from the course prompt. This is the
 # distribution-shift problem of offline preference data, and the reason for the **online** option:
 # `online=True` draws fresh pairs from the *current* policy at the start of every round (the reference
 # in the loss stays the frozen start). Measured with the CLI (`train-dpo --world tiny --seed 0
-# --online --group-size 8 --num-pairs 256`), online DPO reached a reward of 0.77 at a sequence KL of
-# 3.4 nats with clean samples, where the offline default (`train-dpo --world tiny --seed 0`: 384 pairs
-# of the best and worst of 16) reached 0.83 at 18 nats, with rougher text like the samples above.
+# --online --group-size 8 --num-pairs 256`), online DPO reached a reward of {{dpo_online.mean_reward_final:.2f}} at a sequence KL of
+# {{dpo_online.kl_final:.1f}} nats with clean samples, where the offline default (`train-dpo --world tiny --seed 0`: 384 pairs
+# of the best and worst of 16) reached {{dpo_offline.mean_reward_final:.2f}} at {{dpo_offline.kl_final:.0f}} nats, with rougher text like the samples above.
 
 # %% [markdown]
 # ## 6. Critic-free RL beside GRPO: RLOO and GSPO
@@ -281,7 +296,9 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 # advantages with your `rloo_advantages`, `GRPOArgs(importance_level="sequence")` makes the training
 # step optimise `calc_gspo_objective` (your `gspo_sequence_ratio`, clipped once per sequence, with the
 # k3 KL averaged over each sequence). From the command line: `train-grpo --advantage-estimator rloo`,
-# `train-grpo --importance-level sequence`. Short runs of each (the frontier below runs them longer):
+# `train-grpo --importance-level sequence`. Short runs of each (the frontier below runs them longer),
+# 12 phases each: `train-grpo --world tiny --direction neg --seed 0 --num-phases 12 --eval-samples 64`, with
+# `--advantage-estimator rloo` or `--importance-level sequence` (each cell checks that yours agrees):
 
 # %%
 short = dict(num_phases=12, eval_samples=64) if is_tiny() else dict(num_phases=40)
@@ -295,15 +312,18 @@ for name, extra in [("GRPO", {}), ("GRPO + RLOO adv.", {"advantage_estimator": "
     r = rl_runs[name]
     print(f"{name}: reward {r.eval_initial['reward']:.3f} -> {r.eval_final['reward']:.3f}, "
           f"KL per token (k3) {r.eval_final['kl']:.3f}, {r.wall_seconds:.0f} s")
+    figures.agree(f"{name.lower()}_short", {"mean_reward_initial": r.eval_initial["reward"],
+                                            "mean_reward_final": r.eval_final["reward"], "kl_final": r.eval_final["kl"]})
 
 # %% [markdown]
 # RLOO's advantages are GRPO's without the division by the group's std (and scaled by $G/(G-1)$): with
-# rewards in $[0, 1]$ they are several times smaller. That alone does not slow the climb: Adam divides
-# each gradient by its own running scale, so a global rescale barely changes the step (chapter 04,
-# section 7, on Dr. GRPO's `scale="none"`). What changes is the balance inside the loss: the advantage
-# term shrinks while $\beta \cdot k_3$ does not, so the same `kl_coef` holds GRPO with RLOO advantages
-# closer to the reference: expect less KL than GRPO at the same setting (the frontier below shows it
-# over longer runs), not a slower climb in the first phases. GSPO with the token-level clip range
+# rewards in $[0, 1]$ they are several times smaller. That does not make GRPO with RLOO advantages climb more slowly: Adam
+# divides each gradient by a running estimate of its own scale, so a global rescale barely changes the
+# step (chapter 04, section 7). What it changes is the balance inside the objective: the advantage term
+# shrinks against $\beta \cdot k_3$, so the same `kl_coef` holds GRPO with RLOO advantages closer to the reference. On the reference
+# machine these runs end with GRPO + RLOO adv. at reward {{rloo_short.mean_reward_final:.2f}} and a KL of {{rloo_short.kl_final:.3f}} nats per token, GRPO at
+# {{grpo_short.mean_reward_final:.2f}} and {{grpo_short.kl_final:.3f}}: as high (one seed; a reward over 64 samples has a standard error
+# of about {{frontier_short.base.reward_se:.2f}}) at less KL. GSPO with the token-level clip range
 # (`clip_coef=0.2`) should clip far less often than GRPO does (a geometric mean of token ratios moves
 # much less than its most extreme token); the GSPO paper uses ranges of a few times $10^{-4}$.
 
@@ -324,21 +344,29 @@ for name, extra in [("GRPO", {}), ("GRPO + RLOO adv.", {"advantage_estimator": "
 # standard error. Per-token KLs (chapter 03's and 04's logs) would favour methods that write shorter
 # completions; the sequence KL is what the KL-regularised objective penalises.
 #
-# **The notebook runs a smaller grid than the CLI**: 2 strengths per method instead of 3, 8 phases per
-# RL run instead of 20, 2 DPO rounds over 128 pairs instead of 4 over 256, 64 evaluation samples per
-# point instead of 128 (about a minute of CPU time). The full grid is `python -m rlhf_tutorial frontier
-# --world tiny` (about 5 minutes of CPU; HTML report and JSON with every point).
+# **The notebook runs a smaller grid than the CLI**: 2 strengths per method instead of 3 (the middle and the
+# strongest tether: PPO's `kl_coef` 0.1 and 0.3, the other RL methods' beta 0.1 and 0.5, DPO's and IPO's
+# beta at both ends of the CLI's range), 6 DPO rounds over 128 pairs instead of 4 over 256 (the same 24
+# optimizer steps), 64 evaluation samples per point instead of 128. The RL runs keep the CLI's 20 phases:
+# shorter runs stop on the way up, where every method still looks alike. It is the run of `frontier --world
+# tiny --ppo-kl-coefs 0.1 0.3 --grpo-kl-coefs 0.1 0.5 --dpo-betas 0.03 0.5 --ipo-betas 0.02 0.5 --rl-phases 20
+# --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate` ({{frontier_short.wall_seconds:.0f}} s on the reference machine,
+# shared with other jobs; the cell checks that yours agrees). The full grid is `python -m rlhf_tutorial
+# frontier --world tiny` ({{frontier.wall_seconds:.0f}} s there; HTML report and JSON with every point).
 
 # %%
-frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.03, 0.3),
-                             grpo_kl_coefs=(0.01, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
-                             rl_phases=8, dpo_rounds=2, dpo_pairs=128, eval_samples=64)
+frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.1, 0.3),
+                             grpo_kl_coefs=(0.1, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
+                             rl_phases=20, dpo_rounds=6, dpo_pairs=128, eval_samples=64)
 if not is_tiny():
     frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
 if is_smoke():
     frontier_args.rl_phases, frontier_args.dpo_rounds, frontier_args.dpo_pairs, frontier_args.eval_samples = 1, 1, 4, 8
     frontier_args.dpo_min_reward_gap = 0.0
 frontier = run_frontier(frontier_args, progress=False)
+figures.agree("frontier_short", {"base.reward": frontier["base"]["reward"],
+                                 **{f"points.{i}.{key}": point[key] for i, point in enumerate(frontier["points"])
+                                    for key in ("reward", "kl")}})
 frontier_figure(frontier, title=f"Reward against sequence KL, {world} world (the notebook's small grid)")
 
 # %%
@@ -354,57 +382,66 @@ cost_figure(frontier)
 #
 # The same figure from the CLI's full grid (`frontier --world tiny`: 3 strengths per method, 20 phases
 # per RL run, 4 DPO rounds over 256 pairs, 128 evaluation samples per point; the JSON is in the
-# README), and what to read in it. Base policy: reward 0.286.
+# README), and what to read in it, on the reference machine. Base policy: reward {{frontier.base.reward:.3f}}.
 #
 # | method | strength: reward at sequence KL (nats) |
 # |---|---|
-# | PPO | kl_coef 0.3: 0.688 at 2.3; 0.1: 0.897 at 4.7; 0.03: 0.905 at 8.8 |
-# | GRPO | kl_coef 0.5: 0.679 at 1.6; 0.1: 0.817 at 4.0; 0.01: 0.926 at 13.2 |
-# | GRPO + RLOO adv. | kl_coef 0.5: 0.549 at 0.9; 0.1: 0.770 at 2.5; 0.01: 0.908 at 7.7 |
-# | GSPO | kl_coef 0.5: 0.662 at 1.6; 0.1: 0.850 at 10.0; 0.01: 0.996 at 50.1 |
-# | DPO | beta 0.5: 0.742 at 4.5; 0.1: 0.773 at 8.1; 0.03: 0.763 at 9.4 |
-# | IPO | beta 0.5: 0.359 at 0.06; 0.1: 0.664 at 1.6; 0.02: 0.773 at 8.7 |
+# | PPO | kl_coef 0.3: {{frontier.points.2.reward:.3f}} at {{frontier.points.2.kl:.1f}}; 0.1: {{frontier.points.1.reward:.3f}} at {{frontier.points.1.kl:.1f}}; 0.03: {{frontier.points.0.reward:.3f}} at {{frontier.points.0.kl:.1f}} |
+# | GRPO | kl_coef 0.5: {{frontier.points.5.reward:.3f}} at {{frontier.points.5.kl:.1f}}; 0.1: {{frontier.points.4.reward:.3f}} at {{frontier.points.4.kl:.1f}}; 0.01: {{frontier.points.3.reward:.3f}} at {{frontier.points.3.kl:.1f}} |
+# | GRPO + RLOO adv. | kl_coef 0.5: {{frontier.points.8.reward:.3f}} at {{frontier.points.8.kl:.1f}}; 0.1: {{frontier.points.7.reward:.3f}} at {{frontier.points.7.kl:.1f}}; 0.01: {{frontier.points.6.reward:.3f}} at {{frontier.points.6.kl:.1f}} |
+# | GSPO | kl_coef 0.5: {{frontier.points.11.reward:.3f}} at {{frontier.points.11.kl:.1f}}; 0.1: {{frontier.points.10.reward:.3f}} at {{frontier.points.10.kl:.1f}}; 0.01: {{frontier.points.9.reward:.3f}} at {{frontier.points.9.kl:.1f}} |
+# | DPO | beta 0.5: {{frontier.points.14.reward:.3f}} at {{frontier.points.14.kl:.1f}}; 0.1: {{frontier.points.13.reward:.3f}} at {{frontier.points.13.kl:.1f}}; 0.03: {{frontier.points.12.reward:.3f}} at {{frontier.points.12.kl:.1f}} |
+# | IPO | beta 0.5: {{frontier.points.17.reward:.3f}} at {{frontier.points.17.kl:.2f}}; 0.1: {{frontier.points.16.reward:.3f}} at {{frontier.points.16.kl:.1f}}; 0.02: {{frontier.points.15.reward:.3f}} at {{frontier.points.15.kl:.1f}} |
 #
-# (standard errors: about 0.03 on the reward, 0.02 to 0.7 nats on the KL.)
+# (Each point's standard errors are in the JSON and in the notebook's table above: about {{frontier.points.1.reward_se:.2f}} on a
+# reward near 0.9, {{frontier.points.2.reward_se:.2f}} near 0.7, and up to about a tenth of the KL.)
 #
-# - **The on-policy RL methods** (PPO, GRPO, GRPO + RLOO adv., GSPO) lie close to one curve: about 0.8 to 0.9 at
-#   4 to 5 nats and 0.9 at 8 to 9; the KL strength moves a point along it. At the same `kl_coef`, RLOO
-#   advantages spend less KL than GRPO's for a little less reward (0.77 at 2.5 against 0.82 at 4.0 nats
-#   at 0.1, and 0.91 at 7.7 against 0.93 at 13.2 at 0.01): a point further down the same curve, as the
-#   smaller advantages of section 6 predict.
+# - **PPO and GRPO (either advantage)** lie close to one curve: near 5 nats PPO (`kl_coef` 0.1) reaches {{frontier.points.1.reward:.2f}} at
+#   {{frontier.points.1.kl:.1f}} nats, GRPO (`kl_coef` 0.1) {{frontier.points.4.reward:.2f}} at {{frontier.points.4.kl:.1f}}, with RLOO advantages (`kl_coef` 0.01) {{frontier.points.6.reward:.2f}} at {{frontier.points.6.kl:.1f}}; the KL strength moves a point
+#   along it. GSPO starts on it (`kl_coef` 0.5: {{frontier.points.11.reward:.2f}} at {{frontier.points.11.kl:.1f}}, GRPO {{frontier.points.5.reward:.2f}} at {{frontier.points.5.kl:.1f}}) but at `kl_coef` 0.1 spends more than
+#   twice GRPO's KL for the same reward ({{frontier.points.10.reward:.2f}} at {{frontier.points.10.kl:.1f}} nats). At the same `kl_coef`, RLOO advantages spend less KL than GRPO for a little less
+#   reward ({{frontier.points.7.reward:.2f}} at {{frontier.points.7.kl:.1f}} against {{frontier.points.4.reward:.2f}} at {{frontier.points.4.kl:.1f}} nats at 0.1, and {{frontier.points.6.reward:.2f}} at {{frontier.points.6.kl:.1f}} against {{frontier.points.3.reward:.2f}} at
+#   {{frontier.points.3.kl:.1f}} at 0.01): a point further down the same curve (section 6 says why).
 # - **Offline DPO and IPO**, trained on pairs drawn once from the reference, sit below that curve: about
-#   0.77 at 8 to 9 nats, where the RL methods reach about 0.9, and more passes over the pairs add KL
-#   faster than reward (`train-dpo`'s 5 passes over 384 pairs: 0.83 at 18 nats). IPO's beta controls
-#   the KL directly (its target $h = 1/(2\beta)$: 0.06, 1.6 and 8.7 nats); DPO's beta only through
-#   where its loss saturates (4.5 to 9.4 nats).
-# - **GSPO with `kl_coef` = 0.01** ran away: reward 0.996 at 50 nats (more than 3 nats per token), almost
-#   four times the KL of GRPO with the same `kl_coef` (13 nats), and its samples degenerate into repeated
-#   phrases ("waste your time"). A likely reason: with the token-level clip range (0.2) a length-normalised
-#   sequence ratio almost never leaves it, so GSPO's updates here are in effect unclipped, and a
-#   KL weight of 0.01 does not hold the policy back.
+#   {{frontier.points.13.reward:.2f}} at {{frontier.points.13.kl:.0f}} to {{frontier.points.12.kl:.0f}} nats, where PPO reaches {{frontier.points.0.reward:.2f}} at {{frontier.points.0.kl:.0f}}, and {{frontier.points.14.reward:.2f}} at {{frontier.points.14.kl:.1f}} nats, where the
+#   RL methods reach {{frontier.points.1.reward:.2f}} (PPO) and {{frontier.points.4.reward:.2f}} (GRPO) at {{frontier.points.4.kl:.1f}}. More passes over the pairs add KL faster than reward (`train-dpo`'s 5
+#   passes over 384 pairs: {{dpo_offline.mean_reward_final:.2f}} at {{dpo_offline.kl_final:.0f}} nats). IPO's beta controls the KL directly (its target
+#   $h = 1/(2\beta)$: {{frontier.points.17.kl:.2f}}, {{frontier.points.16.kl:.1f}} and {{frontier.points.15.kl:.1f}} nats); DPO's beta only through where its loss saturates
+#   ({{frontier.points.14.kl:.1f}} to {{frontier.points.12.kl:.1f}} nats).
+# - **The weakest tether runs away.** With `kl_coef` = 0.01, GRPO reached {{frontier.points.3.reward:.2f}} at {{frontier.points.3.kl:.0f}} nats and GSPO
+#   {{frontier.points.9.reward:.3f}} at {{frontier.points.9.kl:.0f}} nats ({{frontier.points.9.kl_per_token:.1f}} per token), far beyond every other point, and their samples start to
+#   repeat themselves (3-gram repetition {{frontier.points.3.repetition:.3f}} and {{frontier.points.9.repetition:.3f}}, against {{frontier.base.repetition:.4f}} for the base policy).
+#   GSPO goes furthest. A likely reason: with the token-level clip range (0.2) a length-normalised
+#   sequence ratio almost never leaves it, so GSPO's updates here are in effect unclipped, and a KL
+#   weight of 0.01 does not hold the policy back.
 # - The DPO paper found DPO's frontier *above* PPO's on IMDb with GPT-2-large. Here, with a 2-layer
 #   model, a classifier that is easy to please and RL methods that sample 64 fresh completions of
-#   their current policy every phase, the on-policy methods are more KL-efficient, as later studies
+#   their current policy every phase, PPO and GRPO (either advantage) are more KL-efficient, as later studies
 #   comparing online and offline preference optimisation also report; section 5's online DPO moves
 #   DPO towards them.
-# - **Cost**: a DPO or IPO point trained in 3 to 4.5 s against 4 to 5 s for a GRPO (either advantage) or GSPO point
-#   and 11 to 15 s for a PPO point (the machine was loaded: compare them with each other), plus the shared pairs (4096 samples from the reference
-#   and one classifier pass, 23 to 43 s); peak memory above the start of a run was 9 to 115 MB for
-#   DPO and IPO (a forward and backward pass over 64 full rows) and up to 44 MB for the RL runs.
+# - **Cost**, on the reference machine (shared with other jobs: compare the methods with each other),
+#   training seconds for the 3 points of each method: PPO {{frontier.methods.ppo.train_seconds:.0f}}, GRPO {{frontier.methods.grpo.train_seconds:.0f}}, GRPO + RLOO adv. {{frontier.methods.rloo.train_seconds:.0f}},
+#   GSPO {{frontier.methods.gspo.train_seconds:.0f}}, DPO {{frontier.methods.dpo.train_seconds:.0f}}, IPO {{frontier.methods.ipo.train_seconds:.0f}}, plus the pairs DPO and IPO share (4096 samples from the
+#   reference and one classifier pass, {{frontier.methods.dpo.pairs_seconds_shared:.0f}} s). Peak memory above the start of a run: DPO {{frontier.methods.dpo.peak_memory_mb:.0f}} MB
+#   and IPO {{frontier.methods.ipo.peak_memory_mb:.0f}} MB (a forward and backward pass over 64 full rows), the RL methods {{frontier.methods.grpo.peak_memory_mb:.0f}} to
+#   {{frontier.methods.ppo.peak_memory_mb:.0f}} MB.
 #
-# The cell below compares the methods of *this* run at their largest reward:
+# The cell below reads *this* run's points the same way, at equal KL: each method's curve starts at the
+# base policy (every run starts there) and joins its points in order of KL, and `rewards_at_common_kl`
+# reads every curve at one KL that every method reached (comparing each method's highest point instead
+# would favour the methods that stopped early: reward per nat falls as a curve flattens).
 
 # %%
-best = {}
-for point in frontier["points"]:
-    if point["method"] not in best or point["reward"] > best[point["method"]]["reward"]:
-        best[point["method"]] = point
-print(f"base policy: reward {frontier['base']['reward']:.3f}")
-for method, point in sorted(best.items(), key=lambda kv: kv[1]["kl"]):
-    per_nat = (point["reward"] - frontier["base"]["reward"]) / max(point["kl"], 1e-6)
-    print(f"{method:>5} ({point['strength_name']} {point['strength']:g}): reward {point['reward']:.3f} ± {point['reward_se']:.3f} "
-          f"at KL {point['kl']:.2f} ± {point['kl_se']:.2f} nats: {per_nat:.3f} reward per nat; "
-          f"{frontier['methods'][method]['train_seconds']:.0f} s of training for its points")
+common_kl, rewards = rewards_at_common_kl(frontier)
+print(f"base policy: reward {frontier['base']['reward']:.3f}; every method reached a sequence KL of {common_kl:.2f} nats, "
+      "where (read on each method's curve):")
+for method, reward in sorted(rewards.items(), key=lambda kv: -kv[1]):
+    print(f"{method:>5}: reward {reward:.3f} ({frontier['methods'][method]['train_seconds']:.0f} s of training for its points)")
+
+# %% [markdown]
+# On the reference machine this cell puts every RL method above DPO and IPO at equal KL (GRPO + RLOO adv., GRPO
+# and PPO first), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
+# standard error of about {{frontier_short.base.reward_se:.2f}}, so neighbours in the ranking may swap places on another machine.
 
 # %%
 progress("06")

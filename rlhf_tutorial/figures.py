@@ -85,7 +85,30 @@ RUNS["bench_ppo"] = Run(("bench-trl", "--algo", "ppo"))
 RUNS["bench_memory"] = Run(("bench-memory",))
 
 # Chapters 04 and 06.
+_TINY_NEG = ("--world", "tiny", "--direction", "neg", "--seed", "0")
 RUNS.update({
+    # chapter 06 (section 6): the notebook's short GRPO run, and RLOO and GSPO beside it
+    **{name: Run(("train-grpo", *_TINY_NEG, "--num-phases", "12", "--eval-samples", "64", *extra))
+       for name, extra in {
+           "grpo_short": (),
+           "rloo_short": ("--advantage-estimator", "rloo"),
+           "gspo_short": ("--importance-level", "sequence"),
+       }.items()},
+    # chapter 04 (section 5) runs it with the learner's sample_group, which the trainer then samples with (not with
+    # its own faster sampler): --no-fast reproduces that run
+    "grpo_short_nofast": Run(("train-grpo", *_TINY_NEG, "--num-phases", "12", "--eval-samples", "64", "--no-fast")),
+    # chapter 06 (section 5): DPO, the CLI's runs and the notebook's two shortened ones
+    "dpo_offline": Run(("train-dpo", *_TINY_NEG)),
+    "dpo_online": Run(("train-dpo", *_TINY_NEG, "--online", "--group-size", "8", "--num-pairs", "256")),
+    "dpo_short": Run(("train-dpo", *_TINY_NEG, "--num-pairs", "192", "--rounds", "3", "--eval-samples", "64",
+                      "--eval-samples-per-round", "48")),
+    "dpo_prefs": Run(("train-dpo", *_TINY_NEG, "--pairs", "preferences", "--num-pairs", "384", "--rounds", "2",
+                      "--eval-samples", "64", "--eval-samples-per-round", "32")),
+    # chapter 06 (section 7): the full frontier grid, and the notebook's smaller one (in one process, as there)
+    "frontier": Run(("frontier", "--world", "tiny")),
+    "frontier_short": Run(("frontier", "--world", "tiny", "--ppo-kl-coefs", "0.1", "0.3", "--grpo-kl-coefs", "0.1", "0.5",
+                           "--dpo-betas", "0.03", "0.5", "--ipo-betas", "0.02", "0.5", "--rl-phases", "20",
+                           "--dpo-rounds", "6", "--dpo-pairs", "128", "--eval-samples", "64", "--no-isolate")),
 })
 
 #: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).

@@ -194,6 +194,29 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
             "base": base_point}
 
 
+def rewards_at_common_kl(result: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """Each method's reward at one sequence KL that every method of ``result`` (``run_frontier``'s) reached.
+
+    A method's curve starts at the base policy, (0, base reward), and joins its points in order of KL;
+    the common KL is the smallest of the methods' largest KLs, ``min_m max_i KL_{m,i}``, and a method's
+    reward there is read on the straight line between the two points around it:
+    ``r = r_0 + (r_1 - r_0) (KL - KL_0) / (KL_1 - KL_0)``. Returns (the common KL, {method: reward}).
+    """
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for point in result["points"]:
+        curves.setdefault(point["method"], [(0.0, result["base"]["reward"])]).append((point["kl"], point["reward"]))
+    common = min(max(kl for kl, _ in curve) for curve in curves.values())
+    rewards = {}
+    for method, curve in curves.items():
+        curve = sorted(curve)
+        rewards[method] = curve[-1][1]
+        for (kl0, r0), (kl1, r1) in zip(curve, curve[1:]):
+            if kl0 <= common <= kl1:
+                rewards[method] = r0 + (r1 - r0) * (common - kl0) / max(kl1 - kl0, 1e-9)
+                break
+    return common, rewards
+
+
 # ----------------------------------------------------------------------------------------------------
 # Command line: python -m rlhf_tutorial frontier --world tiny
 # ----------------------------------------------------------------------------------------------------
