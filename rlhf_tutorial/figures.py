@@ -76,6 +76,7 @@ RUNS["reward_model"] = Run(("train-reward-model", "--world", "tiny", "--seed", "
 RUNS["interp"] = Run(("interp-report", "--world", "tiny", "--seed", "0"))
 RUNS["world"] = Run(("world-info", "--world", "tiny"))
 RUNS["cartpole"] = Run(("train-ppo", "--env", "CartPole-v1", "--seed", "1"))
+RUNS["export"] = Run(("export-hf", "--world", "tiny", "--out", "/tmp/rlhf_tutorial_figures/policy_hf"))
 RUNS["cartpole_40k"] = Run(("train-ppo", "--env", "CartPole-v1", "--seed", "1", "--total-timesteps", "40000"))
 
 # The races against TRL and the GPT-2-sized memory probe (README; chapter 04 quotes the GRPO race).
@@ -115,7 +116,8 @@ RUNS.update({
 DROPPED_KEYS = ("texts",)
 
 _PLACEHOLDER = re.compile(r"\{\{([a-z0-9_]+)\.([A-Za-z0-9_.\-]+?)(?::([^{}]+))?\}\}")
-_README_FIGURE = re.compile(r"(?P<num>[-+]?\d+(?:\.\d+)?)(?P<tag><!--fig (?P<ref>[a-z0-9_]+\.[A-Za-z0-9_.\-]+)-->)")
+_README_FIGURE = re.compile(
+    r"(?P<num>[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?P<tag><!--fig (?P<ref>[a-z0-9_]+\.[A-Za-z0-9_.\-]+)-->)")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -166,13 +168,17 @@ def placeholders(text: str) -> list[str]:
 
 def sync_readme(text: str, figures: dict[str, Any] | None = None) -> str:
     """``text`` with the number before every ``<!--fig NAME.KEY-->`` rewritten to the recorded value, with
-    as many decimals (and the explicit ``+``) it had."""
+    as many decimals (and the explicit ``+``, and the scientific form ``5.7e-6``) it had."""
     figures = recorded() if figures is None else figures
 
     def one(m: re.Match) -> str:
-        decimals = len(m["num"].partition(".")[2])
+        mantissa, e, _ = m["num"].partition("e")
+        decimals = len(mantissa.partition(".")[2])
         sign = "+" if m["num"].startswith("+") else ""  # an explicit sign stays
-        return f"{float(lookup(m['ref'], figures)):{sign}.{decimals}f}{m['tag']}"
+        value = float(lookup(m["ref"], figures))
+        if e:  # scientific, written as 5.7e-6 (not Python's 5.7e-06)
+            return re.sub(r"e([-+])0*(\d)", r"e\1\2", f"{value:{sign}.{decimals}e}").replace("e+", "e") + m["tag"]
+        return f"{value:{sign}.{decimals}f}{m['tag']}"
 
     return _README_FIGURE.sub(one, text)
 

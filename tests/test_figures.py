@@ -58,6 +58,12 @@ def test_sync_readme_keeps_the_decimals_and_only_touches_tagged_numbers():
         "| 0.955<!--fig demo.mean_reward_final--> at KL +0.55<!--fig demo.kl_final--> in 40 phases, 0.917 |")
 
 
+def test_sync_readme_writes_scientific_figures_as_they_were_written():
+    figs = {"demo": {**FAKE["demo"], "summary": {"diff": 5.6619e-06, "big": 123456.0}}}
+    assert figures.sync_readme("at most 9.9e-9<!--fig demo.diff-->, 1.0e5<!--fig demo.big-->", figs) == (
+        "at most 5.7e-6<!--fig demo.diff-->, 1.2e5<!--fig demo.big-->")
+
+
 def test_a_stale_figure_fails_the_notebook_under_nbval(monkeypatch, capsys):
     """The text quotes 0.917 (stale) while the run prints 0.955: strict (CI's nbval) raises, a learner gets a note."""
     stale = json.loads(json.dumps(FAKE))
