@@ -2,6 +2,7 @@
 out here, independently of the checker's catalogue) fail with a message naming the mistake, and correct code
 written differently passes."""
 
+import inspect
 import math
 import re
 from fractions import Fraction
@@ -478,3 +479,21 @@ def test_best_of_n_kl_mistakes(wrong, fragment):
 def test_best_of_n_kl_written_differently():
     assert run_check("best_of_n_kl", lambda n: float(np.log(n) - 1 + 1 / n)).passed
     assert run_check("best_of_n_kl", lambda n: -math.log(1 / n) - sum(1 / n for _ in range(n - 1))).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# hints
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", EXERCISES)
+def test_hint_names_the_mistakes_without_the_code(name, capsys):
+    from rlhf_tutorial.checks import hint
+    from rlhf_tutorial.notebooks import BEGIN, END
+
+    hint(name)
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"[HINT] {name}: ") and len(shown) > 120, shown
+    source = inspect.getsource(getattr(reasoning, name))
+    region = source[source.index(BEGIN) + len(BEGIN):source.index(END)]
+    code = [line.split("#")[0].strip() for line in region.splitlines()]
+    for line in (c for c in code if len(c) > 12):
+        assert line not in shown, f"the hint of {name} gives away the line {line!r}"
