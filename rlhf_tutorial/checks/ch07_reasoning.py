@@ -365,8 +365,9 @@ def compare_gradient(candidate, reference, case: Case, wrt: int, *, arg_names: l
         raise CheckFailure(f"On {case.label}, your output has a gradient, but not from `{name}`: it is detached from "
                            f"`{name}` (a .detach() or a number turned back into a tensor on the way).",
                            hint=detached_hint)
-    diff = (got.to(want.device, torch.float64) - want.double()).abs()
-    if not torch.allclose(got.to(want.device, torch.float64), want.double(), atol=atol, rtol=rtol):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()  # the message's arithmetic, on the CPU
+    if not torch.allclose(got, want, atol=atol, rtol=rtol):
+        diff = (got - want).abs()
         where = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
         raise CheckFailure(
             f"On {case.label}, the values are right but the gradient with respect to `{name}` is not: at "
