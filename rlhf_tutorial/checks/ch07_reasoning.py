@@ -26,6 +26,7 @@ Regimes probed (where plausible implementations differ):
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -95,21 +96,15 @@ def _extract_first_line(text):
 
 
 def _strict_line(line):
-    import re
-
     return re.fullmatch(r"Answer: *(-?[0-9]+) *", line)
 
 
 def _extract_prefix_only(text):  # the number must start the rest of the line, anything may follow
-    import re
-
     found = [int(m.group(1)) for line in text.split("\n") if (m := re.match(r"Answer: *(-?[0-9]+)", line))]
     return found[-1] if found else None
 
 
 def _extract_unsigned(text):
-    import re
-
     found = [int(m.group(1)) for line in text.split("\n") if (m := re.fullmatch(r"Answer: *([0-9]+) *", line))]
     return found[-1] if found else None
 
@@ -131,30 +126,22 @@ def _extract_stripped(text):
 
 
 def _extract_anywhere_in_line(text):
-    import re
-
     found = [int(m.group(1)) for line in text.split("\n")
              if (m := re.search(r"answer: *(-?[0-9]+) *$", line, flags=re.IGNORECASE))]
     return found[-1] if found else None
 
 
 def _extract_last_number(text):
-    import re
-
     found = re.findall(r"-?[0-9]+", text)
     return int(found[-1]) if found else None
 
 
 def _extract_trailing_spaces_not_stripped(text):
-    import re
-
     found = [int(m.group(1)) for line in text.split("\n") if (m := re.fullmatch(r"Answer: *(-?[0-9]+)", line))]
     return found[-1] if found else None
 
 
 def _extract_one_space(text):
-    import re
-
     found = [int(m.group(1)) for line in text.split("\n") if (m := re.fullmatch(r"Answer: (-?[0-9]+) *", line))]
     return found[-1] if found else None
 
