@@ -1,4 +1,3 @@
-# Exercise statements for the notebook (formulas, edge cases; no code): /work/notes/ch07_exercise_text.md
 """Chapter 07: reasoning with verifiable rewards (RLVR), in a tiny arithmetic world.
 
 A worked solution ends with a line ``Answer: N``. Whether it is right needs no reward model: a
