@@ -470,6 +470,8 @@ def collect_rollout(
     m = rollout.mask.float()
     stats.update(
         kl=((approx_kl(old_logprobs, ref_logprobs, "k3") * m).sum() / m.sum()).item(),
+        # the policy's entropy per token, estimated on its own samples: mean of -log pi_old(token)
+        entropy=(-(old_logprobs * m).sum() / m.sum()).item(),
         completion_len=m.sum(-1).mean().item(),
         frac_finished=_frac_finished(rollout, eos),
     )
