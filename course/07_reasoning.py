@@ -63,6 +63,7 @@ from rlhf_tutorial.widgets.reasoning import (
     grpo_reasoning_curves,
     held_out_figure,
     pass_at_k_figure,
+    reasoning_dashboard,
 )
 from rlhf_tutorial.worlds import is_smoke, is_tiny, load_reasoning_policy, resolve_world
 
@@ -236,13 +237,17 @@ grpo_args = GRPOArgs.preset(world, task="arithmetic", seed=0, **grpo_sizes)
 if is_tiny() and not is_smoke():
     grpo_args.num_phases, grpo_args.groups_per_phase = 40, 32
 grpo_start = copy.deepcopy(base) if is_tiny() else copy.deepcopy(sft.policy)  # GPT-2 needs SFT on the format first
+dashboard = reasoning_dashboard("GRPO on arithmetic, strict verifier (live)")
 grpo = train_grpo(grpo_args, policy=grpo_start, reward_fn=arithmetic_reward_fn(extract_answer),
-                  evaluate_before_after=False, progress=False)
+                  evaluate_before_after=False, progress=False, callback=dashboard.update)
+dashboard.finish()
 grpo_eval = evaluate(grpo.policy, problems, n_eval, max_new, seed=1, extract_answer=extract_answer)
 print(f"GRPO ({grpo_args.num_phases} phases of {grpo_args.groups_per_phase} groups of {grpo_args.group_size}): "
       f"pass@1 {base_eval['pass_at_1']:.3f} -> {grpo_eval['pass_at_1']:.3f}")
 zero = [r["frac_reward_zero_std"] for r in grpo.history]
 print(f"groups with all-equal rewards (dropped by dynamic sampling): {sum(zero) / len(zero):.2f} on average")
+
+# %%
 grpo_reasoning_curves({"strict verifier": grpo.history, "lenient verifier (hacked)": hacked.history})
 
 # %% [markdown]

@@ -109,6 +109,7 @@ SPECS = [
         Visual("lens_explorer(records)", interact="dropdown"),
     ]),
     Spec("solutions/07_reasoning.ipynb", [
+        Visual("dashboard = reasoning_dashboard("),
         Visual("grpo_reasoning_curves("),
         Visual("pass_at_k_figure("),
         Visual("held_out_figure("),
