@@ -253,3 +253,23 @@ def test_cli_summaries_have_the_keys_the_tooling_reads():
     assert sft == {**_cli("train-sft", "--world", "tiny", "--seed", "0", "--n-demonstrations", "16",
                           "--eval-problems", "4", "--eval-samples", "4"), "wall_seconds": sft["wall_seconds"]}
 
+
+
+def test_the_arithmetic_world_is_package_data():
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["rlhf_tutorial"]
+    assert "tiny/artifacts_arith/**/*" in data
+
+
+def test_figures_draw_the_numbers_they_are_given():
+    from rlhf_tutorial.widgets import reasoning as figures
+
+    fig = figures.pass_at_k_figure({"base": {1: 0.3, 4: 0.7, 16: 0.95}, "GRPO": {"1": 0.6, "4": 0.8, "16": 0.9}})
+    assert [t.name for t in fig.data] == ["base", "GRPO"]
+    assert list(fig.data[0].x) == [1, 4, 16] and list(fig.data[1].y) == [0.6, 0.8, 0.9]
+    held = figures.held_out_figure({"base": {1: 0.3, 2: 0.05}})
+    assert list(held.data[0].y) == [0.3, 0.05]
+    history = [{"phase": 0, "reward": 0.3, "entropy": 0.25, "completion_len": 11.0}, {"phase": 1, "reward": 0.4}]
+    curves = figures.grpo_reasoning_curves({"run": history})
+    assert [list(t.y) for t in curves.data] == [[0.3, 0.4], [0.25], [11.0]]
