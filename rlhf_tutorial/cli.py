@@ -19,6 +19,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-tiny": ("rlhf_tutorial.tiny.build:main", "rebuild the offline tiny world from its seed"),
+    "build-arith": ("rlhf_tutorial.tiny.build_arith:main", "chapter 07: rebuild the tiny arithmetic world from its seed"),
     "world-info": ("rlhf_tutorial.worlds:info_main", "load a world and report what it contains"),
     "build-stand-in-hub": ("rlhf_tutorial.standin_hub:main",
                            "write stand-in GPT-2 repos (random weights) into a local HF cache, for tests"),
@@ -31,11 +32,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-memory": ("rlhf_tutorial.trainers.bench:main", "chapter 03: peak memory of one RLHF phase, GPT-2 sized"),
     "overoptimization": ("rlhf_tutorial.trainers.overoptimization:main",
                          "chapter 03: PPO against chapter 02's proxy reward model, gold reward vs KL"),
-    "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer"),
+    "train-grpo": ("rlhf_tutorial.trainers.grpo:main", "chapter 04: GRPO on a HookedTransformer (chapter 07: --task arithmetic)"),
     "build-tuned": ("rlhf_tutorial.trainers.interp_report:build_tuned_main", "chapter 05: train and ship the tiny world's tuned policy"),
     "interp-report": ("rlhf_tutorial.trainers.interp_report:main", "chapter 05: what RLHF changed inside the model (HTML)"),
     "train-dpo": ("rlhf_tutorial.trainers.dpo:main", "chapter 06: DPO / IPO on preference pairs"),
     "frontier": ("rlhf_tutorial.trainers.frontier:main", "chapter 06: every method on one reward-KL frontier"),
+    "train-sft": ("rlhf_tutorial.trainers.reasoning:sft_main", "chapter 07: supervised fine-tuning on correct worked solutions"),
+    "train-rejection-sampling": ("rlhf_tutorial.trainers.reasoning:rejection_sampling_main",
+                                 "chapter 07: rejection-sampling fine-tuning (expert iteration) on verified samples"),
+    "pass-at-k": ("rlhf_tutorial.trainers.reasoning:pass_at_k_main", "chapter 07: pass@k of the base model or after SFT / rejection sampling"),
     "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
     "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO, PPO or DPO trainer against TRL's on the same model and settings"),
 }

@@ -379,7 +379,11 @@ def collect_rollout(
     the groups are drawn by ``speed.fast_sample`` (a cache of our own), whose per-token log-probs are
     pi_old's, so step 5 runs the reference forward only. Sections are timed on ``CLOCK``.
 
-    Returns the rollout (None if every group was dropped) and the phase's rollout statistics.
+    Returns the rollout (None if every group was dropped) and the phase's rollout statistics: the
+    sampled groups' mean reward, the fraction of all-equal groups, and over the kept groups the k3 KL
+    to the reference, the policy's ``entropy`` per token (estimated on its own samples: the mean of
+    -log pi_old over completion tokens, whose expectation is the entropy), the completion length and
+    the fraction of completions that ended with EOS.
     """
     p, size = args.groups_per_phase, args.group_size
     eos = eos_id(policy)
@@ -470,6 +474,8 @@ def collect_rollout(
     m = rollout.mask.float()
     stats.update(
         kl=((approx_kl(old_logprobs, ref_logprobs, "k3") * m).sum() / m.sum()).item(),
+        # the policy's entropy per token, estimated on its own samples: mean of -log pi_old(token)
+        entropy=(-(old_logprobs * m).sum() / m.sum()).item(),
         completion_len=m.sum(-1).mean().item(),
         frac_finished=_frac_finished(rollout, eos),
     )

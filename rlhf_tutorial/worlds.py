@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 WORLDS = ("tiny", "gpt2")
 ENV_VAR = "RLHF_TUTORIAL_WORLD"
 TINY_DIR_ENV_VAR = "RLHF_TUTORIAL_TINY_DIR"
+ARITH_DIR_ENV_VAR = "RLHF_TUTORIAL_ARITH_DIR"
 GPT2_POLICY = "gpt2"
 GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_MODEL_ENV_VAR = "RLHF_TUTORIAL_GPT2"
@@ -349,9 +350,16 @@ def load_policy(world: str | None = None, device: Any = None, gpt2_model_name: s
                 model = HookedTransformer.from_pretrained(repo, device=device)
         return model.eval()
 
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    return _load_tiny_policy(tiny_dir(), device)
 
-    folder = tiny_dir() / "policy"
+
+def _load_tiny_policy(root: Path, device: Any) -> HookedTransformer:
+    """The HookedTransformer of a tiny build (``root/policy`` and ``root/tokenizer``), processed as
+    ``from_pretrained`` processes GPT-2, in eval mode on ``device``."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformers import AutoTokenizer
+
+    folder = root / "policy"
     config = json.loads((folder / "config.json").read_text())
     # Process the weights as from_pretrained("gpt2") does (fold each LayerNorm's weight and bias into the
     # next linear map, centre the writing weights and the unembedding), so both worlds behave alike:
@@ -365,11 +373,33 @@ def load_policy(world: str | None = None, device: Any = None, gpt2_model_name: s
             f"unexpected {sorted(set(state) - wanted)}. Rebuild with `python -m rlhf_tutorial build-tiny`."
         )
     cfg = HookedTransformerConfig(**{**config, "normalization_type": "LNPre"}, device=str(device), init_weights=False)
-    model = HookedTransformer(cfg, tokenizer=load_tokenizer("tiny"))  # parameters uninitialised on `device`
+    model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(str(root / "tokenizer")))  # parameters uninitialised on `device`
     model.load_and_process_state_dict(
         state, fold_ln=True, center_writing_weights=True, center_unembed=True, fold_value_biases=True
     )
     return model.eval()
+
+
+def arith_dir() -> Path:
+    """Folder of the tiny arithmetic world's artifacts (chapter 07; ``$RLHF_TUTORIAL_ARITH_DIR`` or the
+    package's own ``tiny/artifacts_arith``)."""
+    folder = Path(os.environ.get(ARITH_DIR_ENV_VAR) or Path(__file__).resolve().parent / "tiny" / "artifacts_arith")
+    if not (folder / "manifest.json").exists():
+        raise WorldUnavailable(
+            f"The arithmetic world's artifacts are missing from {folder}. Rebuild them with "
+            f"`python -m rlhf_tutorial build-arith` (or point {ARITH_DIR_ENV_VAR} at a build)."
+        )
+    return folder
+
+
+def load_reasoning_policy(world: str | None = None, device: Any = None,
+                          gpt2_model_name: str | None = None) -> HookedTransformer:
+    """Chapter 07's base model: in the tiny world the shipped arithmetic model (``build-arith``: a
+    small GPT-2-shaped model pretrained on worked solutions with realistic errors), in the GPT-2 world
+    GPT-2 itself (:func:`load_policy`; its presets fine-tune it on the generator's demonstrations first)."""
+    if resolve_world(world) == "gpt2":
+        return load_policy("gpt2", device, gpt2_model_name)
+    return _load_tiny_policy(arith_dir(), _default_device(device))
 
 
 def load_sentiment_classifier(world: str | None = None, device: Any = None):

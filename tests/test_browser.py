@@ -108,6 +108,13 @@ SPECS = [
     Spec("solutions/05_interpretability.ipynb", [
         Visual("lens_explorer(records)", interact="dropdown"),
     ]),
+    Spec("solutions/07_reasoning.ipynb", [
+        Visual("dashboard = reasoning_dashboard("),
+        Visual("grpo_reasoning_curves("),
+        Visual("pass_at_k_figure("),
+        Visual("held_out_figure("),
+        Visual("best_of_n_figure("),
+    ]),
 ]
 
 

@@ -138,16 +138,22 @@ def pad_right(seqs: list[list[int]], pad_id: int) -> tuple[Int[Tensor, "b s"], I
 
 
 # --- 2. tokenizer -----------------------------------------------------------------------------------------
-def train_bpe_tokenizer(texts: list[str], vocab_size: int, folder: Path):
+def train_bpe_tokenizer(texts: list[str], vocab_size: int, folder: Path, split_digits: bool = False):
     """Byte-level BPE as GPT-2 uses, saved with ``save_pretrained`` and reloaded from the folder.
 
-    Reloading matters: TransformerLens rebuilds a tokenizer from ``tokenizer.name_or_path``.
+    Reloading matters: TransformerLens rebuilds a tokenizer from ``tokenizer.name_or_path``. With
+    ``split_digits`` every digit is a token of its own (no merge crosses or joins digits), as the
+    arithmetic world needs: a model computes digit by digit.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, GPT2TokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

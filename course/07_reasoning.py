@@ -1,0 +1,336 @@
+# %% [markdown]
+# # 07. Reasoning with verifiable rewards: SFT, best-of-N, rejection sampling, then GRPO
+#
+# Chapters 03 and 04 rewarded the policy with a *learned* judge (a sentiment classifier). Since
+# DeepSeek-R1, reinforcement learning on language models is used above all where a program can check
+# the answer: maths with a known result, code with tests. That is **reinforcement learning with
+# verifiable rewards** (RLVR): no reward model, nothing to fool but the checker itself.
+#
+# The recipe of today's reasoning models, which this chapter runs end to end on a CPU:
+#
+# 1. a **base model** that can sometimes solve the problems (here: a small transformer pretrained on
+#    worked arithmetic written by fallible writers, who forget carries and slip by one or ten);
+# 2. **supervised fine-tuning** (SFT) on a few correct demonstrations;
+# 3. **best-of-N** and **rejection-sampling fine-tuning** (expert iteration): sample, keep what the
+#    verifier accepts, fine-tune on it;
+# 4. **GRPO** (chapter 04's trainer) with the verifier as the reward, with DAPO's fixes: dynamic
+#    sampling and clip-higher;
+# 5. what RL adds and what it does not: **pass@k** for k = 1 .. 64 (Yue et al. 2025 report that RL
+#    raises pass@1 but not pass@k at large k), and accuracy on **harder problems** no fine-tuning saw.
+#
+# The world: a problem chains additions and subtractions of one-digit numbers; the model writes one
+# line per step and ends with `Answer: N`.
+#
+# ```
+# Q: 7+8-9        <- the prompt
+# 7+8=15
+# 15-9=6
+# Answer: 6       <- what the verifier reads
+# ```
+#
+# The chapter trains on one-step problems (difficulty 1), where the base model is right about a third
+# of the time and nearly always within 16 tries, and measures two- and three-step problems that
+# pretraining showed but no fine-tuning does.
+
+# %% imports
+import copy
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial.devices import describe
+from rlhf_tutorial.reasoning import lenient_extract_answer
+from rlhf_tutorial.tiny import arith
+from rlhf_tutorial.trainers.grpo import GRPOArgs
+from rlhf_tutorial.trainers.grpo import train as train_grpo
+from rlhf_tutorial.trainers.reasoning import (
+    SFTArgs,
+    arithmetic_reward_fn,
+    evaluate,
+    learner_functions,
+    sample_completions,
+    split_problems,
+    train_rejection_sampling,
+    train_sft,
+)
+from rlhf_tutorial.widgets.reasoning import (
+    best_of_n_figure,
+    grpo_reasoning_curves,
+    held_out_figure,
+    pass_at_k_figure,
+    reasoning_dashboard,
+)
+from rlhf_tutorial.worlds import is_smoke, is_tiny, load_reasoning_policy, resolve_world
+
+# %%
+torch.manual_seed(0)
+world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
+if is_tiny():
+    torch.set_num_threads(1)  # the tiny model runs fastest on one thread
+base = load_reasoning_policy(world)  # tiny: the shipped arithmetic model; gpt2: GPT-2 itself
+difficulty = arith.TRAIN_DIFFICULTY
+problems = split_problems("eval", 8 if is_smoke() else 32, difficulty)  # fresh problems for every measurement
+n_eval = 4 if is_smoke() else 16  # samples per problem for pass@1
+max_new = 24
+example = problems[0]
+print(f"world: {world}; a problem: {example.prompt!r}, answer {example.answer}")
+print("a correct worked solution:\n" + example.solution())
+print("\nfour samples of the base model:")
+for text in sample_completions(base, [example.prompt], 4, max_new, seed=0)[0]:
+    print(repr(text))
+
+# %% [markdown]
+# ## 1. The verifier
+#
+# A worked solution is right when its **final answer** equals the true one. The verifier reads the
+# final answer strictly: among the lines of the exact form `Answer: N` (optional spaces, an optional
+# minus sign, digits, nothing else) it takes the **last**, wherever it stands, and returns `N` as an
+# integer, or `None` when there is no such line. Strictness is the point: `Answer: 12 apples`,
+# `answer: 12`, `The answer is 12.` are not answers. A verifier that accepts more is one a policy can
+# learn to satisfy without being right, as section 5 shows.
+
+# %% exercise rlhf_tutorial.reasoning:extract_answer | 10 min | difficulty 2 | importance 5
+
+# %% [markdown]
+# The reward of a completion is then
+#
+# $$r(x, y) = \mathbb{1}\big[\,\text{extract\_answer}(y) = a(x)\,\big] \in \{0, 1\}$$
+#
+# with $a(x)$ the true answer of problem $x$: binary, exact, and free to compute.
+
+# %% exercise rlhf_tutorial.reasoning:verifiable_reward | 5 min | difficulty 1 | importance 4
+
+# %%
+samples = sample_completions(base, [p.prompt for p in problems[:4]], 4, max_new, seed=1)
+for p, texts in zip(problems[:4], samples):
+    rewards = verifiable_reward(texts, [p.answer] * len(texts))
+    for text, r in zip(texts, rewards.tolist()):
+        print(f"{p.prompt.strip():<12} reward {r:.0f}   strict {extract_answer(text)!s:>5}   "
+              f"lenient {lenient_extract_answer(text)!s:>5}   {text!r}")
+
+# %% [markdown]
+# ## 2. Measuring: pass@k
+#
+# With a verifier, "how good is the model" becomes: sample $k$ solutions, is at least one right?
+# That is **pass@k**. Estimating it by drawing exactly $k$ samples is noisy; Chen et al. (2021) draw
+# $n \ge k$ samples, count the $c$ correct ones, and average over every subset of size $k$:
+#
+# $$\text{pass@}k = 1 - \frac{\binom{n - c}{k}}{\binom{n}{k}},$$
+#
+# the probability that $k$ samples drawn without replacement from the $n$ include a correct one
+# (unbiased for the model's true pass@k). When $n - c < k$ every subset holds a correct sample and the
+# estimate is 1. The binomials overflow a float for $n$ in the hundreds; their ratio does not:
+# $\binom{n-c}{k} / \binom{n}{k} = \prod_{i=0}^{k-1} \frac{n - c - i}{n - i}$, each factor in $[0, 1]$.
+
+# %% exercise rlhf_tutorial.reasoning:pass_at_k | 15 min | difficulty 3 | importance 5
+
+# %%
+# the same problems and sampling seed as every later "before / after" of the chapter (SFTArgs' seed + 1)
+base_eval = evaluate(base, problems, n_eval, max_new, seed=1, extract_answer=extract_answer, pass_at_k=pass_at_k)
+print(f"base model: pass@1 {base_eval['pass_at_1']:.3f}, pass@k {({k: round(v, 3) for k, v in base_eval['pass_at_k'].items()})}")
+
+# %% [markdown]
+# ## 3. Supervised fine-tuning on demonstrations
+#
+# SFT maximises the likelihood of correct worked solutions $y^*$ given their problems $x$, **on the
+# completion only**: the prompt is given, not something to learn to write.
+#
+# $$\mathcal{L}_\text{SFT} = -\frac{1}{N} \sum_{b} \sum_{t \ge 1:\, m_{b,t}} \log \pi_\theta(x_{b,t} \mid x_{b,<t}),
+# \qquad N = \sum_{b,\, t \ge 1} m_{b,t},$$
+#
+# where $m$ is the loss mask (True on the completion and its EOS). Position $t-1$'s logits predict
+# token $t$. One mean over every masked token of the batch, so a long solution weighs more than a short
+# one (a mean of per-row means would not).
+
+# %% exercise rlhf_tutorial.reasoning:sft_loss | 15 min | difficulty 3 | importance 5
+
+# %%
+sft_args = SFTArgs.preset(world, seed=0, eval_problems=len(problems), eval_samples=n_eval, max_new_tokens=max_new)
+if is_smoke():
+    sft_args.n_demonstrations, sft_args.rs_rounds, sft_args.rs_prompts, sft_args.rs_samples = 16, 1, 4, 4
+sft = train_sft(sft_args, policy=copy.deepcopy(base), progress=False, **learner_functions(globals()))
+print(f"SFT on {sft_args.n_demonstrations} demonstrations, {len(sft.losses)} steps: loss {sft.losses[0]:.3f} -> "
+      f"{sft.losses[-1]:.3f}; pass@1 {sft.eval_initial['pass_at_1']:.3f} -> {sft.eval_final['pass_at_1']:.3f}")
+
+# %% [markdown]
+# ## 4. Best-of-N and rejection sampling
+#
+# **Best-of-N**: sample $N$ solutions and return one the verifier accepts (any, if none is). Its
+# success rate on a problem is exactly pass@N: no training, $N$ times the compute at answer time.
+#
+# **Rejection-sampling fine-tuning** (expert iteration, STaR, RAFT) moves that compute into training:
+# sample $G$ solutions of each problem from the current model, keep the correct ones, fine-tune on them
+# with the SFT loss, repeat. No demonstrations needed: the model learns from its own verified work.
+# Easy problems would flood the kept set (right every time), so at most `max_per_prompt` of each
+# problem's correct samples are kept.
+
+# %% exercise rlhf_tutorial.reasoning:select_correct | 10 min | difficulty 2 | importance 4
+
+# %%
+rs = train_rejection_sampling(sft_args, policy=copy.deepcopy(base), progress=False, **learner_functions(globals()))
+for record in rs.rounds:
+    print(f"round {record['round']}: samples' pass rate {record['sample_pass_rate']:.3f}, kept {record['kept']}")
+print(f"rejection sampling: pass@1 {rs.eval_initial['pass_at_1']:.3f} -> {rs.eval_final['pass_at_1']:.3f}")
+
+# %% [markdown]
+# **How far is best-of-N from the model it samples?** For a continuous reward (no ties) the
+# distribution of the best of $N$ samples has, whatever the model and the reward,
+#
+# $$\mathrm{KL}\big(\pi_{\text{best-of-}N} \,\|\, \pi_\text{ref}\big) = \log N - \frac{N - 1}{N}$$
+#
+# nats (Beirami et al. 2024; often quoted as just $\log N$, an upper bound): the sample of rank $i$
+# out of $N$ is chosen with probability $N u^{N-1}$ at quantile $u$ of the reward, and
+# $\int_0^1 N u^{N-1} \log(N u^{N-1})\, du = \log N - (N-1)/N$. Section 7 puts it beside the KL
+# measured on our binary reward.
+
+# %% exercise rlhf_tutorial.reasoning:best_of_n_kl | 5 min | difficulty 1 | importance 3
+
+# %% [markdown]
+# ## 5. A verifier that can be hacked
+#
+# Suppose the verifier were written the quick way: "the answer is the first number in the text"
+# (`lenient_extract_answer`). On a worked solution that reads the first operand, so it almost never
+# agrees with the true answer; but the one-sentence answers some writers gave ("The answer is 15.")
+# start with their number. GRPO against the lenient verifier finds that: the policy drops the working
+# and the `Answer:` line. The lenient reward climbs while the strict verifier, which wants the
+# `Answer: N` line, sees the policy get *worse*.
+
+# %%
+grpo_sizes = dict(num_phases=2, groups_per_phase=2, group_size=4) if is_smoke() else dict(num_phases=30, groups_per_phase=16)
+hack_args = GRPOArgs.preset(world, task="arithmetic", seed=0, verifier="lenient", **grpo_sizes)
+hacked = train_grpo(hack_args, policy=copy.deepcopy(base), reward_fn=arithmetic_reward_fn(lenient_extract_answer),
+                    evaluate_before_after=False, progress=False)
+hacked_eval = evaluate(hacked.policy, problems, n_eval, max_new, seed=1, extract_answer=extract_answer)
+print(f"lenient reward during training: {hacked.history[0]['reward']:.3f} (phase 0) -> {hacked.history[-1]['reward']:.3f}")
+print(f"strict pass@1: base {base_eval['pass_at_1']:.3f} -> hacked {hacked_eval['pass_at_1']:.3f}; "
+      f"lenient pass@1 of the same samples: {base_eval['pass_at_1_lenient']:.3f} -> {hacked_eval['pass_at_1_lenient']:.3f}")
+print("samples of the hacked policy:", hacked_eval["samples"])
+
+# %% [markdown]
+# The fix is the strict verifier of section 1: the same run with `verifier="strict"` is section 6.
+# The general lesson: the policy optimises the checker you wrote, not the one you meant; read samples.
+#
+# ## 6. GRPO with the verifiable reward
+#
+# Chapter 04's trainer, unchanged, with `task="arithmetic"`: the prompts are problems of the training
+# difficulty, the reward is `verifiable_reward` read through the prompt, and DAPO's settings:
+#
+# - **dynamic sampling**: with a binary reward many groups are all right or all wrong; their
+#   group-relative advantages are all zero and they teach nothing. They are dropped and more are
+#   sampled (up to `max_sampling_rounds`);
+# - **clip-higher**: the ratio is clipped to $[1 - 0.2,\, 1 + 0.28]$. A symmetric clip stops a rare
+#   correct token (small $\pi_\text{old}$) from growing fast, while a common token can still be pushed
+#   down, so the distribution sharpens and the **entropy collapses**; a higher upper clip slows that;
+# - token-level averaging (`loss_type="dapo"`) and no KL term.
+#
+# The policy's entropy per token (estimated on its own samples: the mean of $-\log \pi_\text{old}$ over
+# completion tokens) and the completion length are tracked per phase.
+
+# %%
+grpo_args = GRPOArgs.preset(world, task="arithmetic", seed=0, **grpo_sizes)
+if is_tiny() and not is_smoke():
+    grpo_args.num_phases, grpo_args.groups_per_phase = 40, 32
+grpo_start = copy.deepcopy(base) if is_tiny() else copy.deepcopy(sft.policy)  # GPT-2 needs SFT on the format first
+dashboard = reasoning_dashboard("GRPO on arithmetic, strict verifier (live)")
+grpo = train_grpo(grpo_args, policy=grpo_start, reward_fn=arithmetic_reward_fn(extract_answer),
+                  evaluate_before_after=False, progress=False, callback=dashboard.update)
+dashboard.finish()
+grpo_eval = evaluate(grpo.policy, problems, n_eval, max_new, seed=1, extract_answer=extract_answer)
+print(f"GRPO ({grpo_args.num_phases} phases of {grpo_args.groups_per_phase} groups of {grpo_args.group_size}): "
+      f"pass@1 {base_eval['pass_at_1']:.3f} -> {grpo_eval['pass_at_1']:.3f}")
+zero = [r["frac_reward_zero_std"] for r in grpo.history]
+print(f"groups with all-equal rewards (dropped by dynamic sampling): {sum(zero) / len(zero):.2f} on average")
+
+# %%
+grpo_reasoning_curves({"strict verifier": grpo.history, "lenient verifier (hacked)": hacked.history})
+
+# %% [markdown]
+# ## 7. What RL adds: pass@k, harder problems, and best-of-N's KL
+#
+# pass@k for k = 1 .. 64 of the four models on the same problems (64 samples each).
+
+# %%
+n_big = 8 if is_smoke() else 64
+models = {"base": base, "SFT": sft.policy, "rejection sampling": rs.policy, "GRPO": grpo.policy}
+big = {name: evaluate(model, problems, n_big, max_new, seed=3, extract_answer=extract_answer, pass_at_k=pass_at_k)
+       for name, model in models.items()}
+pass_at_k_figure({name: r["pass_at_k"] for name, r in big.items()},
+                 title=f"pass@k on {len(problems)} problems of difficulty {difficulty} ({world} world)")
+
+# %% [markdown]
+# Accuracy on harder problems (two and three steps), which pretraining showed but no fine-tuning did:
+
+# %%
+held_out = {name: {difficulty: r["pass_at_1"]} for name, r in big.items()}
+for d in arith.HELD_OUT_DIFFICULTIES:
+    harder = split_problems("eval", 8 if is_smoke() else 32, d)
+    for name, model in models.items():
+        held_out[name][d] = evaluate(model, harder, 2 if is_smoke() else 8, 48, seed=4, extract_answer=extract_answer)["pass_at_1"]
+held_out_figure(held_out)
+
+# %% [markdown]
+# **Best-of-N on the reward-KL plane.** With our binary reward the formula's "no ties" assumption
+# fails: best-of-N picks a correct sample with probability $q = 1 - (1-p)^N$ ($p$: the base model's
+# success rate on that problem) and, among correct (or wrong) samples, one as the base model would.
+# Its KL is then exactly that of the two outcomes,
+# $q \log \frac{q}{p} + (1 - q) \log \frac{1 - q}{1 - p}$, measured below from each problem's $p$
+# (64 samples), and below the analytic value: ties make best-of-N cheaper than the formula says.
+
+# %%
+ns = [1, 2, 4, 8, 16, 32, 64][: 4 if is_smoke() else 7]
+p_hat = [c / n_big for c in big["base"]["correct"]]
+
+
+def binary_best_of_n_kl(p: float, n: int) -> float:
+    q = 1 - (1 - p) ** n
+    if p in (0.0, 1.0):
+        return 0.0
+    return q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
+
+
+bon_reward = [sum(1 - (1 - p) ** n for p in p_hat) / len(p_hat) for n in ns]
+bon_kl_measured = [sum(binary_best_of_n_kl(p, n) for p in p_hat) / len(p_hat) for n in ns]
+bon_kl_analytic = [best_of_n_kl(n) for n in ns]
+for n, r, km, ka in zip(ns, bon_reward, bon_kl_measured, bon_kl_analytic):
+    print(f"N = {n:>2}: pass rate {r:.3f}, KL measured {km:.3f} nats, analytic {ka:.3f}")
+best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
+
+# %% [markdown]
+# What to read in these figures. In the tiny world with seed 0 (this notebook's sizes; 32 problems,
+# 64 samples each), pass@1 / pass@64 were: base 0.295 / 1.0, SFT 0.438 / 1.0, rejection sampling
+# 0.472 / 1.0, GRPO (40 phases) 0.511 / 0.969; at two and three steps, pass@1 0.055 / 0.027 (base),
+# 0.098 / 0.055 (SFT), 0.109 / 0.035 (rejection sampling), 0.086 / 0.035 (GRPO). The CLI's longer
+# runs are in the README.
+#
+# - **pass@1** rises with every method, GRPO's the most (the CLI's 100 phases: 0.29 -> 0.65).
+# - **pass@k at large k** does not rise, and falls for GRPO (pass@64 0.969 against the base model's
+#   1.0; the CLI's run: pass@16 0.97 -> 0.875): the base model already found a right answer within 64
+#   tries on every problem. RL sharpens the distribution onto answers it could already produce (the
+#   entropy falls from about 0.25 to 0.1 nats per token) and loses a few it could, which is what Yue et
+#   al. (2025) report for large models. SFT and rejection sampling, trained on whole solutions with a
+#   likelihood loss, keep more of the spread.
+# - **Harder problems**: a one-step skill made more reliable helps chains of steps only a little
+#   (two steps: 0.055 -> about 0.1); none of the methods trains on them.
+# - **Best-of-N** reaches a pass rate of 0.93 at N = 16 without training, at 1.1 nats measured
+#   (1.8 by the formula); the price is paid at answer time, N samples per question.
+
+# %%
+progress("07")
+
+# %% [markdown]
+# ## What to try next
+#
+# - `train-grpo --world tiny --task arithmetic --clip-coef-high 0.2` (no clip-higher): measured with
+#   seed 0, pass@1 reached 0.551 instead of 0.649 and the entropy ended a little lower (0.082 against
+#   0.087 nats per token over the last 10 phases). Try other seeds: is the gap real?
+#   `--no-dynamic-sampling`: how many phases are wasted on all-equal groups?
+# - `train-grpo --task arithmetic --init sft`: RL after SFT, the R1 recipe, against RL from the base
+#   ("R1-Zero").
+# - `pass-at-k --method rejection-sampling --samples 64`: where does expert iteration's pass@64 land?
+# - A harder training difficulty: `SFTArgs(difficulty=2)`; the base model's pass@1 there is below 0.1.

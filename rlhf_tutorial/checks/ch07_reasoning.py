@@ -1,0 +1,563 @@
+"""Checkers for chapter 07: reasoning with verifiable rewards.
+
+Regimes probed (where plausible implementations differ):
+- extract_answer: two answer lines (the last wins, and text after it is ignored), a negative answer,
+  ``Answer:`` with text after the number on the same line, no space / several spaces after the colon,
+  trailing spaces, an indented or lower-case ``answer:`` line, ``+7``, ``1_000`` and ``1.5`` (``int()``
+  accepts the first two), a number in the working before the answer line, no answer at all, an empty
+  completion, and the return type (a Python int, never a str, float or bool);
+- verifiable_reward: right, wrong and missing answers, a missing answer when the true answer is 0
+  (None must not count as 0), negative answers, two answer lines, an empty batch, a batch of 1; dtype
+  float32;
+- sft_loss: rows of very different completion lengths (one mean over tokens, not a mean of per-row
+  means), a prompt-only row (no True: a per-row mean is 0 / 0 there), prompt and padding to mask, an
+  all-True mask (``loss_mask[:, 0]`` must be ignored, in the sum and in the count), large logits (x60:
+  log(softmax) underflows), a batch of 1; then the gradient w.r.t. the logits on a seeded case, against
+  the reference's (a detached or no_grad output, or a detached input, is named);
+- pass_at_k: k = 1, k = n, c = 0, c = n, n - c == k (one all-wrong subset: not yet 1.0), n - c < k, and
+  n = 1024 with k up to 1023 (factorials overflow a float from 171!, int64 products wrap), compared
+  with the exact value to 1e-8;
+- select_correct: a cap per prompt (not over the batch), the first correct samples of a prompt (not the
+  last), a prompt with none and one with all correct, a cap of 1 and one above G, no correct sample at
+  all (an empty int64 result), one prompt;
+- best_of_n_kl: n = 1 (0.0), 2, 3, 16 and 1024 (log(n) alone is the bound, not the value).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from rlhf_tutorial import reasoning
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    describe_exception,
+    expect_tensor,
+    fmt,
+    seeded,
+    to_device,
+)
+
+CHAPTER = "07_reasoning"
+
+
+def _returns(kind: type, what: str, candidate):
+    """``candidate`` wrapped so that an output that is not a ``kind`` (a Python int or float; never a
+    bool, a str or a tensor) fails with a message, before any value is compared."""
+
+    def strict(*args, **kwargs):
+        out = call(candidate, *args, **kwargs)
+        if out is None and kind is int:
+            return out  # "no answer" is a value of extract_answer
+        ok = isinstance(out, (int, float) if kind is float else int) and not isinstance(out, bool)
+        if not ok:
+            got = "None (did you forget a `return`?)" if out is None else f"a {type(out).__name__}: {fmt(out)}"
+            raise CheckFailure(f"{what} should return a Python {kind.__name__}, got {got}.",
+                               hint=f"Convert at the end: {kind.__name__}(...) (a tensor: .item()); the "
+                               "code that reads this value (pass@k curves, JSON summaries) expects a plain "
+                               "Python number.")
+        return out
+
+    return strict
+
+
+# ----------------------------------------------------------------------------------------------------
+# extract_answer
+# ----------------------------------------------------------------------------------------------------
+
+_ANSWER_TEXTS = [
+    ("a worked solution", "12 + 7 = 19\n19 * 2 = 38\nAnswer: 38"),
+    ("two answer lines (the last wins)", "Answer: 12\nwait, 12 + 3 = 15\nAnswer: 15"),
+    ("a negative answer", "3 - 10 = -7\nAnswer: -7"),
+    ("text after the number on the answer line (not an answer)", "5 * 5 = 25\nAnswer: 25 apples"),
+    ("an answer line, then one with text after the number", "Answer: 8\nAnswer: 9 or so"),
+    ("text after the answer line (ignored)", "2 + 2 = 4\nAnswer: 4\nDone. 17 is my favourite number."),
+    ("no space after the colon, then trailing spaces", "1 + 1 = 2\nAnswer:2   "),
+    ("several spaces after the colon", "Answer:    -30"),
+    ("no answer line", "12 + 7 = 19\nthe result is 19"),
+    ("an empty completion", ""),
+    ("an indented and a lower-case answer line (neither counts)", "so 4 + 1 = 5\n  Answer: 5\nanswer: 6"),
+    ("'+7', '1_000' and '1.5' (not plain digits)", "Answer: +7\nAnswer: 1_000\nAnswer: 1.5"),
+    ("'Answer:' with no number, after a real answer", "Answer: 3\nAnswer:"),
+    ("a leading zero", "Answer: 007"),
+]
+
+
+def _extract_first_line(text):
+    found = [int(m.group(1)) for line in text.split("\n") if (m := _strict_line(line))]
+    return found[0] if found else None
+
+
+def _strict_line(line):
+    return re.fullmatch(r"Answer: *(-?[0-9]+) *", line)
+
+
+def _extract_prefix_only(text):  # the number must start the rest of the line, anything may follow
+    found = [int(m.group(1)) for line in text.split("\n") if (m := re.match(r"Answer: *(-?[0-9]+)", line))]
+    return found[-1] if found else None
+
+
+def _extract_unsigned(text):
+    found = [int(m.group(1)) for line in text.split("\n") if (m := re.fullmatch(r"Answer: *([0-9]+) *", line))]
+    return found[-1] if found else None
+
+
+def _extract_via_int(text):  # int() accepts '+7', '1_000', ' 5 ' and tabs
+    answer = None
+    for line in text.split("\n"):
+        if line.startswith("Answer:"):
+            try:
+                answer = int(line[len("Answer:"):])
+            except ValueError:
+                pass
+    return answer
+
+
+def _extract_stripped(text):
+    found = [int(m.group(1)) for line in text.split("\n") if (m := _strict_line(line.strip()))]
+    return found[-1] if found else None
+
+
+def _extract_anywhere_in_line(text):
+    found = [int(m.group(1)) for line in text.split("\n")
+             if (m := re.search(r"answer: *(-?[0-9]+) *$", line, flags=re.IGNORECASE))]
+    return found[-1] if found else None
+
+
+def _extract_last_number(text):
+    found = re.findall(r"-?[0-9]+", text)
+    return int(found[-1]) if found else None
+
+
+def _extract_trailing_spaces_not_stripped(text):
+    found = [int(m.group(1)) for line in text.split("\n") if (m := re.fullmatch(r"Answer: *(-?[0-9]+)", line))]
+    return found[-1] if found else None
+
+
+def _extract_one_space(text):
+    found = [int(m.group(1)) for line in text.split("\n") if (m := re.fullmatch(r"Answer: (-?[0-9]+) *", line))]
+    return found[-1] if found else None
+
+
+def _extract_last_line_only(text):
+    lines = text.rstrip("\n").split("\n")
+    m = _strict_line(lines[-1]) if lines else None
+    return int(m.group(1)) if m else None
+
+
+EXTRACT_MISTAKES = [
+    Mistake("You took the first answer line: the contract takes the last one (a solution may correct itself).",
+            _extract_first_line),
+    Mistake("You read only the last line: the answer line may stand anywhere (text after it is ignored); "
+            "take the last line that has the form.", _extract_last_line_only),
+    Mistake("A line with text after the number counted ('Answer: 25 apples'): the whole line must be "
+            "'Answer:', spaces, the number and optional spaces, nothing else (match the whole line).",
+            _extract_prefix_only),
+    Mistake("Negative answers are missed: the number may start with '-'.", _extract_unsigned),
+    Mistake("int() decided what a number is: it also accepts '+7', '1_000', spaces and tabs. The contract "
+            "allows only an optional '-' and ASCII digits, with plain spaces around.", _extract_via_int),
+    Mistake("An indented answer line counted (the line was stripped first): the line must start with 'Answer:' "
+            "itself; spaces are allowed only after the colon and after the number.", _extract_stripped),
+    Mistake("Your line need not start with 'Answer:' exactly (a lower-case or indented 'answer:' counted): "
+            "the line must start with 'Answer:', capital A, no indentation.", _extract_anywhere_in_line),
+    Mistake("You returned the last number of the text: only a line of the form 'Answer: N' counts, and "
+            "without one the result is None.", _extract_last_number),
+    Mistake("Trailing spaces after the number are allowed ('Answer: 2   ' is 2).",
+            _extract_trailing_spaces_not_stripped),
+    Mistake("The spaces after 'Answer:' are optional and may be several ('Answer:2', 'Answer:    -30').",
+            _extract_one_space),
+    Mistake("That is the lenient parser (the first number anywhere): the strict one reads the last "
+            "'Answer: N' line only.", reasoning.lenient_extract_answer),
+]
+
+
+@checker(
+    "extract_answer",
+    chapter=CHAPTER,
+    hint="Split on newlines and look at every line; keep the last line that is exactly 'Answer:', optional spaces, "
+    "an optional minus sign, digits and optional trailing spaces, with nothing else (a regular expression matched "
+    "against the whole line states it best). Return the number as an int, or None. Common slips: taking the "
+    "first answer line, letting 'Answer: 25 apples' count, losing the minus sign, and int() accepting '+7' or "
+    "'1_000'.",
+)
+def check_extract_answer(candidate) -> str:
+    cases = [Case(f"{label}: {text!r}", (text,)) for label, text in _ANSWER_TEXTS]
+    compare_to_reference(_returns(int, "extract_answer", candidate), reasoning.extract_answer, cases,
+                         mistakes=EXTRACT_MISTAKES, atol=0, rtol=0, arg_names=["completion"])
+    return (f"matches the reference on {len(cases)} completions ("
+            + ", ".join(label for label, _ in _ANSWER_TEXTS) + ").")
+
+
+# ----------------------------------------------------------------------------------------------------
+# verifiable_reward
+# ----------------------------------------------------------------------------------------------------
+
+_REWARD_TEXTS = ["4 + 5 = 9\nAnswer: 9", "4 + 5 = 8\nAnswer: 8", "no idea", "Answer: -3", "Answer: 1\nAnswer: 2",
+                 "Answer: 12 apples", "2 - 2 = 0\nAnswer: 0"]
+
+
+def _reward_variant(*, parse=reasoning.extract_answer, wrong=0.0, none_as=None, text_compare=False):
+    def fn(completions, answers):
+        out = []
+        for text, answer in zip(completions, answers):
+            got = parse(text)
+            got = none_as if got is None else got
+            if text_compare:
+                got = str(got)
+            out.append(1.0 if got == answer else wrong)
+        return torch.tensor(out, dtype=torch.float32)
+
+    return fn
+
+
+@checker(
+    "verifiable_reward",
+    chapter=CHAPTER,
+    hint="Parse each completion with extract_answer and compare the result with its true answer: 1.0 when they are "
+    "equal, 0.0 otherwise, a missing answer (None) included, whatever the true answer is (0 too). Return one "
+    "float32 tensor of shape [len(completions)]. If extract_answer does not pass its own check yet, fix it first: "
+    "this function uses it.",
+)
+def check_verifiable_reward(candidate) -> str:
+    cases = [
+        Case("right, wrong, missing, negative, two answer lines, trailing text", (_REWARD_TEXTS, [9, 9, 9, -3, 2, 12, 0])),
+        Case("no answer line while the true answer is 0", (["the result is zero", "Answer:", "Answer: 0"], [0, 0, 0])),
+        Case("every answer wrong", (["Answer: 1", "Answer: -1"], [2, 1])),
+        Case("a batch of 1", (["Answer: 42"], [42])),
+        Case("an empty batch", ([], [])),
+    ]
+    return compare_to_reference(candidate, reasoning.verifiable_reward, cases, arg_names=["completions", "answers"],
+                                mistakes=[
+        Mistake("A missing answer scored as 0 (None treated as the number 0): a completion without an answer line "
+                "gets 0.0, even when the true answer is 0.", _reward_variant(none_as=0)),
+        Mistake("Wrong answers get -1: the verifiable reward is 1.0 for right and 0.0 for wrong.",
+                _reward_variant(wrong=-1.0)),
+        Mistake("You compared a str with an int (always unequal): compare extract_answer's int with the answer.",
+                _reward_variant(text_compare=True)),
+        Mistake("That is the lenient parser (the first number anywhere): score with extract_answer.",
+                _reward_variant(parse=reasoning.lenient_extract_answer)),
+    ])
+
+
+# ----------------------------------------------------------------------------------------------------
+# sft_loss
+# ----------------------------------------------------------------------------------------------------
+
+
+def _completion_mask(spans: list[tuple[int, int]], s: int) -> torch.Tensor:
+    """Rows of [s]: True from ``start`` for ``n`` tokens (a prompt before, padding after)."""
+    pos = torch.arange(s)[None, :]
+    start = torch.tensor([a for a, _ in spans])[:, None]
+    n = torch.tensor([b for _, b in spans])[:, None]
+    return (pos >= start) & (pos < start + n)
+
+
+def _sft_cases() -> list[Case]:
+    g = seeded(70)
+    b, s, v = 4, 10, 13
+    logits = 2 * torch.randn(b, s, v, generator=g)
+    tokens = torch.randint(0, v, (b, s), generator=g)
+    lengths = _completion_mask([(3, 7), (2, 1), (4, 4), (5, 2)], s)  # 7 tokens beside 1: per-row means differ
+    prompt_only = _completion_mask([(3, 5), (0, 0), (6, 4)], s)  # row 1 has no True at all
+    all_true = torch.ones(3, 6, dtype=torch.bool)
+    big = 60 * torch.randn(3, 7, 11, generator=g)
+    big_tokens = big.argmin(-1).roll(1, dims=1)  # the least likely tokens: log-probs near -100
+    return [
+        Case("4 rows: prompt, completion of 7, 1, 4 and 2 tokens, padding", (logits, tokens, lengths)),
+        Case("a prompt-only row (no True in row 1)", (logits[:3], tokens[:3], prompt_only)),
+        Case("an all-True mask (loss_mask[:, 0] must be ignored)", (logits[:3, :6], tokens[:3, :6], all_true)),
+        Case("large logits (x60) and unlikely tokens", (big, big_tokens, _completion_mask([(2, 5), (1, 3), (4, 3)], 7))),
+        Case("a batch of 1", (logits[:1], tokens[:1], lengths[:1])),
+    ]
+
+
+def _sft_variant(*, shift=True, mask_shift=True, reduce="tokens", use_mask=True, stable=True, sign=-1,
+                 count_first=False):
+    def fn(logits, tokens, loss_mask):
+        lp = logits.log_softmax(-1) if stable else logits.softmax(-1).log()
+        if shift:
+            token_lp = lp[:, :-1].gather(-1, tokens[:, 1:, None]).squeeze(-1)
+            m = loss_mask[:, 1:] if mask_shift else loss_mask[:, :-1]
+        else:
+            token_lp, m = lp.gather(-1, tokens[:, :, None]).squeeze(-1), loss_mask
+        m = m.float() if use_mask else torch.ones_like(token_lp)
+        total = sign * (token_lp * m)
+        if reduce == "rows":
+            return (total.sum(-1) / m.sum(-1)).mean()
+        if reduce == "sum":
+            return total.sum()
+        count = loss_mask.float().sum() if count_first else m.sum()
+        return total.sum() / count
+
+    return fn
+
+
+SFT_MISTAKES = [
+    Mistake("The logits are not shifted: logits[:, t - 1] predicts token t, so compare logits[:, :-1] with "
+            "tokens[:, 1:].", _sft_variant(shift=False)),
+    Mistake("The mask is shifted the wrong way: it marks the tokens to predict, so pair tokens[:, 1:] with "
+            "loss_mask[:, 1:].", _sft_variant(mask_shift=False)),
+    Mistake("You took a mean of per-row means: the contract is one mean over every masked token of the batch "
+            "(a long completion counts more; a row with no True would be 0 / 0).", _sft_variant(reduce="rows")),
+    Mistake("The prompt is not masked: only the positions where loss_mask is True count.", _sft_variant(use_mask=False)),
+    Mistake("You summed the token losses: divide by the number of masked tokens.", _sft_variant(reduce="sum")),
+    Mistake("The sign is flipped: that is the mean log-likelihood; the loss is its negative.", _sft_variant(sign=1)),
+    Mistake("The count includes loss_mask[:, 0]: position 0 has no prediction, so count only loss_mask[:, 1:].",
+            _sft_variant(count_first=True)),
+    Mistake("log(softmax(x)) underflows to log(0) = -inf for large logits: use log_softmax.",
+            _sft_variant(stable=False)),
+]
+
+
+def compare_gradient(candidate, reference, case: Case, wrt: int, *, arg_names: list[str], atol: float = 1e-6,
+                     rtol: float = 1e-4) -> None:
+    """Fail unless the candidate's scalar output on ``case`` has the reference's gradient with respect to
+    positional argument ``wrt`` (``torch.autograd.grad`` of both, on fresh leaves on the check device).
+
+    A candidate whose output carries no gradient (a ``.detach()``, ``torch.no_grad()``, a detached input, a
+    number turned back into a tensor) is told so, by name."""
+    case = to_device(case)
+    name = arg_names[wrt]
+
+    def with_leaf() -> list:
+        args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in case.args]
+        args[wrt] = args[wrt].requires_grad_(True)
+        return args
+
+    ref_args = with_leaf()
+    (want,) = torch.autograd.grad(reference(*ref_args, **case.kwargs).sum(), ref_args[wrt])
+    args = with_leaf()
+    out = expect_tensor(call(candidate, *args, _arg_names=arg_names, **case.kwargs), what="your output")
+    detached_hint = (f"Training differentiates this output with respect to `{name}`: compute it from `{name}` with "
+                     "torch operations only, with no .detach(), no torch.no_grad() and no .item() / float() on "
+                     "the way.")
+    if not out.requires_grad:
+        raise CheckFailure(
+            f"On {case.label}, the values are right but carry no gradient (requires_grad is False): your output is "
+            f"detached from `{name}` (a .detach() on it or on an input, a torch.no_grad() block, or a number "
+            "turned back into a tensor).", hint=detached_hint)
+    try:
+        (got,) = torch.autograd.grad(out.sum(), args[wrt], allow_unused=True)
+    except Exception as exc:  # noqa: BLE001 - the learner's graph may fail to backpropagate
+        raise CheckFailure(f"On {case.label}, backpropagating through your output raised {describe_exception(exc)}",
+                           hint=detached_hint) from None
+    if got is None:
+        raise CheckFailure(f"On {case.label}, your output has a gradient, but not from `{name}`: it is detached from "
+                           f"`{name}` (a .detach() or a number turned back into a tensor on the way).",
+                           hint=detached_hint)
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()  # the message's arithmetic, on the CPU
+    if not torch.allclose(got, want, atol=atol, rtol=rtol):
+        diff = (got - want).abs()
+        where = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+        raise CheckFailure(
+            f"On {case.label}, the values are right but the gradient with respect to `{name}` is not: at "
+            f"{name}[{', '.join(map(str, where))}] it is {got[where].item():.4g}, expected {want[where].item():.4g} "
+            f"(the largest difference, {diff.max().item():.3g}).",
+            hint="Part of the computation is detached (a .detach() on the normaliser, a log-sum-exp or a count "
+            "computed from .item()), or is a constant that happens to have the right value here.")
+
+
+@checker(
+    "sft_loss",
+    chapter=CHAPTER,
+    hint="Position t - 1 predicts token t: take the log-softmax of every position but the last, pick the log-prob of "
+    "the next token (the tokens without the first), and keep it where the mask without its first column is True. "
+    "The loss is minus the sum of those log-probs divided by their count: one mean over all masked tokens, not a "
+    "mean of per-row means (a prompt-only row has no tokens). Keep it differentiable: no .detach() or .item().",
+)
+def check_sft_loss(candidate) -> str:
+    arg_names = ["logits", "tokens", "loss_mask"]
+    detail = compare_to_reference(candidate, reasoning.sft_loss, _sft_cases(), mistakes=SFT_MISTAKES,
+                                  arg_names=arg_names)
+    compare_gradient(candidate, reasoning.sft_loss, _sft_cases()[0], 0, arg_names=arg_names)
+    return detail + " Its gradient with respect to the logits matches too."
+
+
+# ----------------------------------------------------------------------------------------------------
+# pass_at_k
+# ----------------------------------------------------------------------------------------------------
+
+_PASS_CASES = [  # (label, n, c, k)
+    ("k = 1 (pass@1 = c / n)", 10, 3, 1),
+    ("n = 10, c = 3, k = 4", 10, 3, 4),
+    ("c = 0 (never right)", 20, 0, 5),
+    ("c = n (always right)", 20, 20, 5),
+    ("n - c == k (one all-wrong subset)", 10, 5, 5),
+    ("n - c < k", 10, 7, 5),
+    ("k = n, c = 1", 16, 1, 16),
+    ("k = n, c = 0", 16, 0, 16),
+    ("n = 1", 1, 1, 1),
+    ("n = 1024, c = 3, k = 512", 1024, 3, 512),
+    ("n = 1024, c = 1, k = 1", 1024, 1, 1),
+    ("n = 1024, c = 100, k = 64", 1024, 100, 64),
+    ("n = 1024, c = 2, k = 1023", 1024, 2, 1023),
+]
+
+
+def _pass_diagnose(case: Case, got, expected) -> str | None:
+    n, c, k = case.args
+    if n >= 1024 and isinstance(got, float) and math.isfinite(got) and abs(got - expected) < 1e-3:
+        return ("Right for small n, slightly off for n = 1024: precision is lost there (float32, or log-gammas "
+                "of large numbers in float32). Multiply the k ratios (n - c - i) / (n - i) in Python floats, or keep "
+                "Python's exact integers until one final division.")
+    if n >= 1024:
+        return ("Right for small n, wrong for n = 1024: a product of many integers overflows int64 (numpy, torch) "
+                "and factorials overflow a float from 171!. Multiply the k ratios (n - c - i) / (n - i), each in [0, 1], "
+                "or keep Python's exact integers until one final division.")
+    return None
+
+
+def _pass_no_overflow(candidate):
+    """``candidate`` whose OverflowError says why (a factorial or binomial of n = 1024 in floats)."""
+    strict = _returns(float, "pass_at_k", candidate)
+
+    def fn(n, c, k):
+        try:
+            return strict(n, c, k)
+        except CheckFailure as failed:
+            if "OverflowError" in failed.message:
+                raise CheckFailure(
+                    f"On n = {n}, c = {c}, k = {k}, {failed.message}",
+                    hint="A factorial (or a binomial) of n = 1024 does not fit in a float: 171! already overflows. "
+                    "Write the ratio C(n - c, k) / C(n, k) as a product of k factors (n - c - i) / (n - i), each "
+                    "in [0, 1], or divide Python's exact integers only once at the end.") from None
+            raise
+
+    return fn
+
+
+@checker(
+    "pass_at_k",
+    chapter=CHAPTER,
+    hint="pass@k is one minus the chance that k samples drawn without replacement are all wrong, C(n - c, k) / C(n, k). "
+    "That ratio is a product of k fractions, each at most 1, so nothing overflows even at n = 1024 (factorials and "
+    "binomials in floats do). When n - c < k every draw holds a correct sample: 1.0; when n - c == k exactly one "
+    "draw is all wrong, so the value is just below 1. 1 - (1 - c / n) ** k is the biased, with-replacement version.",
+)
+def check_pass_at_k(candidate) -> str:
+    cases = [Case(label, (n, c, k)) for label, n, c, k in _PASS_CASES]
+    return compare_to_reference(_pass_no_overflow(candidate), reasoning.pass_at_k, cases, atol=1e-8, rtol=1e-6,
+                                diagnose=_pass_diagnose, mistakes=[
+        Mistake("That is 1 - (1 - c / n) ** k, the estimate with replacement (biased): pass@k draws k of the n "
+                "samples without replacement, 1 - C(n - c, k) / C(n, k).", lambda n, c, k: 1 - (1 - c / n) ** k),
+        Mistake("That is the chance that all k samples are wrong: pass@k is one minus it.",
+                lambda n, c, k: math.comb(n - c, k) / math.comb(n, k)),
+        Mistake("The shortcut is off by one: 1.0 only when n - c < k. When n - c == k one k-subset is all wrong, "
+                "and pass@k = 1 - 1 / C(n, k).",
+                lambda n, c, k: 1.0 if n - c <= k else 1 - math.comb(n - c, k) / math.comb(n, k)),
+        Mistake("The shortcut returns 0.0: when n - c < k every k samples include a correct one, so pass@k = 1.0.",
+                lambda n, c, k: 0.0 if n - c < k else 1 - math.comb(n - c, k) / math.comb(n, k)),
+        Mistake("k is ignored: c / n is pass@1 only.", lambda n, c, k: c / n),
+    ])
+
+
+# ----------------------------------------------------------------------------------------------------
+# select_correct
+# ----------------------------------------------------------------------------------------------------
+
+
+def _select_cases() -> list[Case]:
+    g = seeded(71)
+    rewards = (torch.rand(4, 6, generator=g) < 0.5).float()
+    rewards[1] = 0.0  # a prompt with no correct sample
+    rewards[2] = 1.0  # one right every time
+    rewards[0, :4] = torch.tensor([0.0, 1.0, 1.0, 1.0])  # three correct: a cap of 2 keeps the first two
+    return [
+        Case("4 prompts of 6, no cap", (rewards,)),
+        Case("4 prompts of 6, max_per_prompt=2", (rewards,), {"max_per_prompt": 2}),
+        Case("max_per_prompt=1", (rewards,), {"max_per_prompt": 1}),
+        Case("max_per_prompt above G", (rewards,), {"max_per_prompt": 10}),
+        Case("no correct sample at all", (torch.zeros(3, 4),), {"max_per_prompt": 2}),
+        Case("one prompt", (torch.tensor([[1.0, 0.0, 1.0, 1.0, 0.0]]),), {"max_per_prompt": 2}),
+    ]
+
+
+def _select_variant(*, cap="prompt", which="first", flat=True):
+    def fn(rewards, max_per_prompt=None):
+        p, G = rewards.shape
+        correct = rewards == 1.0
+        if which == "last":
+            correct = correct.flip(-1)
+        if max_per_prompt is not None and cap == "prompt":
+            correct = correct & (correct.long().cumsum(-1) <= max_per_prompt)
+        if which == "last":
+            correct = correct.flip(-1)
+        idx = correct.flatten().nonzero().squeeze(-1)
+        if max_per_prompt is not None and cap == "batch":
+            idx = idx[:max_per_prompt]
+        return idx if flat else idx % G
+
+    return fn
+
+
+def _select_pairs(rewards, max_per_prompt=None):
+    flat = reasoning.select_correct(rewards, max_per_prompt)
+    return torch.stack([flat // rewards.shape[1], flat % rewards.shape[1]], dim=-1)
+
+
+def _select_diagnose(case: Case, got, expected) -> str | None:
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got.sort().values, expected):
+        return "The right samples, in another order: return the indices in increasing order (sort them)."
+    return None
+
+
+@checker(
+    "select_correct",
+    chapter=CHAPTER,
+    hint="Mark the samples whose reward is 1.0; with a cap, keep in each prompt's row only those whose running count "
+    "of correct samples (counted along the row) is at most max_per_prompt; then return the positions of the kept "
+    "samples in the flattened [p * G] order. Slips: a cap over the whole batch instead of per prompt, keeping the "
+    "last correct samples instead of the first, returning column indices j instead of i * G + j.",
+)
+def check_select_correct(candidate) -> str:
+    return compare_to_reference(candidate, reasoning.select_correct, _select_cases(), arg_names=["rewards"],
+                                diagnose=_select_diagnose, mistakes=[
+        Mistake("The cap counts over the whole batch: max_per_prompt limits each prompt's samples separately.",
+                _select_variant(cap="batch")),
+        Mistake("The cap is ignored: keep at most max_per_prompt correct samples of each prompt.",
+                _select_variant(cap="none")),
+        Mistake("You kept each prompt's last correct samples: keep its first ones.", _select_variant(which="last")),
+        Mistake("Those are column indices j: return flat indices i * G + j (into rewards.flatten()).",
+                _select_variant(flat=False)),
+        Mistake("Those are (prompt, sample) pairs: return flat indices i * G + j, one per kept sample.",
+                _select_pairs),
+    ])
+
+
+# ----------------------------------------------------------------------------------------------------
+# best_of_n_kl
+# ----------------------------------------------------------------------------------------------------
+
+
+def _bon_diagnose(case: Case, got, expected) -> str | None:
+    if case.args[0] == 1:
+        return "best-of-1 is the reference itself: its KL is 0.0, and log(1) - 0 / 1 gives exactly that."
+    return None
+
+
+@checker(
+    "best_of_n_kl",
+    chapter=CHAPTER,
+    hint="The KL of best-of-n from the reference is log(n) minus (n - 1) / n, in nats (natural log). It is 0 at "
+    "n = 1 and stays below log(n), the bound often quoted. Return a Python float.",
+)
+def check_best_of_n_kl(candidate) -> str:
+    cases = [Case(f"n = {n}", (n,)) for n in (1, 2, 3, 16, 1024)]
+    return compare_to_reference(_returns(float, "best_of_n_kl", candidate), reasoning.best_of_n_kl, cases,
+                                atol=1e-8, rtol=1e-6, diagnose=_bon_diagnose, mistakes=[
+        Mistake("That is log(n), the bound often quoted: the exact KL is log(n) - (n - 1) / n.", lambda n: math.log(n)),
+        Mistake("The sign is flipped: log(n) - (n - 1) / n (a KL is never negative).",
+                lambda n: (n - 1) / n - math.log(n)),
+        Mistake("That is in bits (log2): the course measures KL in nats, the natural log.",
+                lambda n: math.log2(n) - (n - 1) / n),
+        Mistake("The second term is (n - 1) / n, not n - 1.", lambda n: math.log(n) - (n - 1)),
+        Mistake("log(n) - 1 is the limit for large n: the term is (n - 1) / n.", lambda n: math.log(n) - 1),
+    ])
+
