@@ -88,6 +88,10 @@ RUNS["bench_memory"] = Run(("bench-memory",))
 RUNS.update({
 })
 
+# TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 10; README).
+RUNS["scale_grpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "grpo"))
+RUNS["scale_dpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "dpo"))
+
 #: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).
 DROPPED_KEYS = ("texts",)
 

@@ -407,6 +407,7 @@ def run(ns: ScaleTRLArgs, work: Path) -> dict[str, Any]:
         "peak_memory_mb_per_process": [r["peak_memory_mb"] for r in ranks],
         "process_peak_rss_mb_per_process": [r["process_peak_rss_mb"] for r in ranks],
         "train_seconds_per_process": [r["train_seconds"] for r in ranks],
+        "train_seconds_per_phase": round(max(r["train_seconds"] for r in ranks) / len(totals), 4),
         "wall_seconds": round(wall, 1),
         **comparison,
         "weights_changed": ranks[0]["weights_sha256"] != ranks[0]["initial_weights_sha256"],
