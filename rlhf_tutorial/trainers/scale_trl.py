@@ -363,7 +363,10 @@ def run(ns: ScaleTRLArgs, work: Path) -> dict[str, Any]:
     package_root = str(Path(__file__).resolve().parents[2])  # this checkout's package in every process
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(ns.threads)}
-    if use_cpu:  # TRL's config (bench_trl.trl_config) asks for the CPU when torch sees no GPU
+    # The processes compute on the CPU or on their GPU, never on the simulated one (simgpu is installed when
+    # the package is imported, so it is set here); TRL's config asks for the CPU when torch sees no GPU.
+    env["RLHF_TUTORIAL_DEVICE"] = "cpu" if use_cpu else "cuda"
+    if use_cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = launch_command(spec_path, ns.num_processes, free_port())
     start = time.perf_counter()
