@@ -1,5 +1,6 @@
-"""Several processes, for real: chapter 04's GRPO run (or chapter 06's DPO run) on TRL, launched by
-``accelerate`` with N data-parallel processes.
+"""Chapter 04's GRPO run (or chapter 06's DPO run) on TRL, with N data-parallel processes (accelerate).
+
+What it does:
 
 ``python -m rlhf_tutorial scale-trl --world tiny --num-processes 2 --algo grpo`` (or ``--algo dpo``)
 
@@ -38,6 +39,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -334,6 +336,8 @@ def run(ns: ScaleTRLArgs, work: Path) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     for old in [*work.glob("rank*.json"), *work.glob("rank*.safetensors")]:
         old.unlink()  # a rerun into the same folder must not read the last run's processes
+    for old in (work / TRAINED_DIR, work / "pairs"):
+        shutil.rmtree(old, ignore_errors=True)
 
     from rlhf_tutorial.trainers.export import export_hf
 
