@@ -568,6 +568,27 @@ progress("04")
 # completions a phase (TRL checks that the global batch is a multiple of `num_generations`);
 # `accelerate config` sets up DeepSpeed or FSDP when the model no longer fits one GPU.
 #
+# **Several processes, on this machine.** `scale-trl` runs this chapter's run through that path: it
+# exports the policy, starts TRL with `accelerate launch` and N processes (on a CPU they talk over
+# gloo; on a machine with N GPUs the same command starts one process per GPU), with the settings of
+# the table shared between the processes as above, and loads the trained weights back into a
+# `HookedTransformer` to measure them as this chapter does:
+#
+# ```bash
+# python -m rlhf_tutorial scale-trl --world tiny --num-processes 2 --algo grpo   # --algo dpo: chapter 06's DPO
+# ```
+#
+# On the reference machine's CPU: {{scale_grpo.samples_per_phase}} completions a phase,
+# {{scale_grpo.samples_per_phase_per_process.0}} sampled by each process; mean reward
+# {{scale_grpo.reward_before:.2f}} -> {{scale_grpo.reward_after:.2f}} in {{scale_grpo.phases}} phases
+# ({{scale_grpo.train_seconds_per_phase:.2f}} s a phase; peak memory
+# {{scale_grpo.peak_memory_mb_per_process.0:.0f}} and {{scale_grpo.peak_memory_mb_per_process.1:.0f}} MB
+# per process while training). The two processes sampled different completions (each seeds its sampler
+# with its rank), yet they end with the same weights to the last bit: before every optimizer step,
+# data-parallel training averages the gradients over the processes (an all-reduce), so each process
+# takes the same step. `make test` checks this with two processes on every run
+# (`tests/test_scale_trl.py`), and that the result loads back into a `HookedTransformer`.
+#
 # **How fast are ours?** `python -m rlhf_tutorial bench-trl --algo grpo` races our trainer against
 # TRL's on the exported tiny policy with the settings above, alternating runs over seeds 0-3, and
 # prints each side's time per phase (split into sampling, scoring, old and reference log-probs and

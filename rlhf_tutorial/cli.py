@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pass-at-k": ("rlhf_tutorial.trainers.reasoning:pass_at_k_main", "chapter 07: pass@k of the base model or after SFT / rejection sampling"),
     "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
     "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO, PPO or DPO trainer against TRL's on the same model and settings"),
+    "scale-trl": ("rlhf_tutorial.trainers.scale_trl:main",
+                  "chapter 04's GRPO (or 06's DPO) on TRL with N data-parallel processes (accelerate launch)"),
 }
 
 

@@ -112,6 +112,10 @@ RUNS.update({
                            "--dpo-rounds", "6", "--dpo-pairs", "128", "--eval-samples", "64", "--no-isolate")),
 })
 
+# TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 10; README).
+RUNS["scale_grpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "grpo"))
+RUNS["scale_dpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "dpo"))
+
 #: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).
 DROPPED_KEYS = ("texts",)
 

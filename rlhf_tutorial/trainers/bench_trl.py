@@ -85,12 +85,16 @@ class RewardRecorder:
         }
 
 
-def trl_config(args: grpo.GRPOArgs, seed: int, out: str):
-    """``args`` as a TRL ``GRPOConfig`` (CPU, float32, no checkpoints, no logging to services)."""
+def trl_config(args: grpo.GRPOArgs, seed: int, out: str, num_processes: int = 1):
+    """``args`` as a TRL ``GRPOConfig`` (CPU, float32, no checkpoints, no logging to services).
+
+    With ``num_processes`` data-parallel processes (``scale-trl``) a phase keeps its p * G completions
+    and an optimizer step its ``p * G / num_minibatches``: each process samples and trains on its share,
+    ``per_device_train_batch_size = p * G / (num_minibatches * num_processes)``."""
     from trl import GRPOConfig
 
     rows = args.groups_per_phase * args.group_size
-    minibatch = rows // args.num_minibatches
+    minibatch = per_process(rows // args.num_minibatches, num_processes, "a minibatch (p * G / num_minibatches)")
     return GRPOConfig(
         output_dir=out, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=10**6,
@@ -106,6 +110,14 @@ def trl_config(args: grpo.GRPOArgs, seed: int, out: str):
         beta=args.kl_coef, epsilon=args.clip_coef, epsilon_high=args.clip_coef_high or args.clip_coef,
         loss_type=args.loss_type, scale_rewards=args.scale,
     )
+
+
+def per_process(rows: int, num_processes: int, what: str) -> int:
+    """``rows / num_processes``: one process's share of a batch that all processes together make."""
+    share, rest = divmod(rows, num_processes)
+    if rest or share == 0:
+        raise ValueError(f"{what} has {rows} rows, which {num_processes} processes cannot share evenly")
+    return share
 
 
 def _peak():

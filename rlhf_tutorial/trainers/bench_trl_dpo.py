@@ -53,7 +53,7 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import dpo as dpo_fns
 from rlhf_tutorial.speed import REWARD_TARGET
 from rlhf_tutorial.trainers import dpo
-from rlhf_tutorial.trainers.bench_trl import _loadavg, _median, _peak, _ratio, common_flags
+from rlhf_tutorial.trainers.bench_trl import _loadavg, _median, _peak, _ratio, common_flags, per_process
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
 
 #: Where TRL's DPOTrainer differs from ours with the settings mapped as closely as it allows.
@@ -90,15 +90,18 @@ def prompt_lengths(policy: HookedTransformer, args: dpo.DPOArgs) -> dict[str, in
     return {p: policy.to_tokens(p, prepend_bos=args.prepend_bos).shape[1] for p in args.prompts}
 
 
-def trl_config(args: dpo.DPOArgs, seed: int, out: str, max_prompt_tokens: int):
-    """``args`` as a TRL ``DPOConfig`` (CPU, float32, no checkpoints, no logging to services)."""
+def trl_config(args: dpo.DPOArgs, seed: int, out: str, max_prompt_tokens: int, num_processes: int = 1):
+    """``args`` as a TRL ``DPOConfig`` (CPU, float32, no checkpoints, no logging to services). With
+    ``num_processes`` data-parallel processes (``scale-trl``) an optimizer step keeps its ``batch_size``
+    pairs: each process takes ``batch_size / num_processes`` of them."""
     from trl import DPOConfig
 
     return DPOConfig(
         output_dir=out, seed=seed, data_seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
         gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=10**6,
         disable_tqdm=True, dataloader_num_workers=0, dataloader_drop_last=False,
-        per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=1,
+        per_device_train_batch_size=per_process(args.batch_size, num_processes, "a batch (batch_size)"),
+        gradient_accumulation_steps=1,
         num_train_epochs=args.rounds * args.epochs, max_steps=-1,
         learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=args.max_grad_norm,
