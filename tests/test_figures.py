@@ -64,9 +64,16 @@ def test_sync_readme_writes_scientific_figures_as_they_were_written():
         "at most 5.7e-6<!--fig demo.diff-->, 1.2e5<!--fig demo.big-->")
 
 
+def here_fake() -> dict:
+    """FAKE, recorded on this very machine."""
+    from rlhf_tutorial.buildinfo import build_info
+
+    return {"demo": {**json.loads(json.dumps(FAKE["demo"])), "machine": build_info()}}  # a deep copy
+
+
 def test_a_stale_figure_fails_the_notebook_under_nbval(monkeypatch, capsys):
-    """The text quotes 0.917 (stale) while the run prints 0.955: strict (CI's nbval) raises, a learner gets a note."""
-    stale = json.loads(json.dumps(FAKE))
+    """The text quotes 0.867 (stale) while the run prints 0.955: strict (CI's nbval) raises, a learner gets a note."""
+    stale = here_fake()
     stale["demo"]["summary"]["mean_reward_final"] = 0.917 - 0.05  # beyond the reward band of 0.05
     monkeypatch.setattr(figures, "recorded", lambda path=None: stale)
     monkeypatch.setitem(figures.RUNS, "demo", Run(("demo",)))
@@ -78,13 +85,29 @@ def test_a_stale_figure_fails_the_notebook_under_nbval(monkeypatch, capsys):
     assert "this run differs" in capsys.readouterr().out
     # Within the bands: a reward 0.04 away, a KL 30% away (another CPU), a time (never compared).
     assert figures.agree("demo", {"kl_final": 0.5452 * 1.3, "seconds_per_phase.sampling": 9.0}, world="tiny", smoke=False)
-    monkeypatch.setattr(figures, "recorded", lambda path=None: FAKE)
+    monkeypatch.setattr(figures, "recorded", lambda path=None: here_fake())
     assert figures.agree("demo", {"mean_reward_final": 0.955 - 0.04}, world="tiny", smoke=False)
     # Another world's run, or a smoke run, is not held to the tiny world's figures.
     monkeypatch.setattr(figures, "recorded", lambda path=None: stale)
     monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
     assert figures.agree("demo", {"mean_reward_final": 0.955}, world="gpt2", smoke=False)
     assert figures.agree("demo", {"mean_reward_final": 0.955}, world="tiny", smoke=True)
+
+
+def test_another_cpu_gets_wider_bands_but_not_unlimited_ones(monkeypatch):
+    """Recorded on another CPU (FAKE's 'Test CPU'), a run rounds differently from its first step: a reward
+    0.15 off is within the wide band there, 0.25 off is not; on this machine's own recording 0.15 fails."""
+    assert not figures.same_machine(FAKE["demo"]["machine"])
+    assert figures.same_machine(here_fake()["demo"]["machine"])
+    monkeypatch.setenv("RLHF_TUTORIAL_STRICT", "1")
+    monkeypatch.setitem(figures.RUNS, "demo", Run(("demo",)))
+    monkeypatch.setattr(figures, "recorded", lambda path=None: FAKE)
+    assert figures.agree("demo", {"mean_reward_final": 0.955 - 0.15}, world="tiny", smoke=False)
+    with pytest.raises(AssertionError, match="rounds differently"):
+        figures.agree("demo", {"mean_reward_final": 0.955 - 0.25}, world="tiny", smoke=False)
+    monkeypatch.setattr(figures, "recorded", lambda path=None: here_fake())
+    with pytest.raises(AssertionError, match="computes like it"):
+        figures.agree("demo", {"mean_reward_final": 0.955 - 0.15}, world="tiny", smoke=False)
 
 
 def test_a_kl_off_by_a_third_more_than_its_band_fails():
