@@ -751,7 +751,8 @@ print("beta while KL is below target, then above:", trace)
 #
 # Everything you wrote now runs together: `learner_functions(globals())` hands the trainer your
 # versions of every exercise. The settings are the world's preset (`RLHFArgs.preset`): in the tiny
-# world 50 phases of 64 samples of 16 tokens, {{rlhf_neg.wall_seconds:.0f}} s on the reference machine (a 2-core CPU).
+# world 50 phases of 64 samples of 16 tokens: {{rlhf_neg.wall_seconds:.0f}} s when it was recorded on the reference
+# machine, a 2-core CPU shared with other jobs (less on an idle one).
 #
 # The dashboard updates after every phase: the mean reward of the rollout, the KL to the reference
 # (per token, k3 estimate), the policy's entropy, the value loss, the clip fraction, $\beta$ and the
