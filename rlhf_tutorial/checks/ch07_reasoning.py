@@ -476,6 +476,8 @@ def _select_cases() -> list[Case]:
         Case("max_per_prompt above G", (rewards,), {"max_per_prompt": 10}),
         Case("no correct sample at all", (torch.zeros(3, 4),), {"max_per_prompt": 2}),
         Case("one prompt", (torch.tensor([[1.0, 0.0, 1.0, 1.0, 0.0]]),), {"max_per_prompt": 2}),
+        # one kept sample: still a 1-D tensor of one index (a bare .squeeze() makes it 0-d)
+        Case("a single correct sample", (torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]),)),
     ]
 
 

@@ -31,6 +31,7 @@ BENIGN = {
     ("ppo_learning_phase", 1): "a minibatch of one: the value loss of shape () values equals that of [1]",
     ("RewardModel", 1): "'mean_scores' of one row: pool_mean broadcasts the [s] scores against the [1, s] mask",
     ("sequence_logprobs", 0): "one row: the [s-1] log-probs broadcast against mask[:, 1:] of [1, s-1] before the sum",
+    ("sft_loss", 0): "one row: torch.where broadcasts the [s-1] log-probs against mask[:, 1:] of [1, s-1] before the sum",
 }
 
 
