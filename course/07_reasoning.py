@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe
 from rlhf_tutorial.reasoning import lenient_extract_answer
 from rlhf_tutorial.tiny import arith
@@ -51,6 +51,7 @@ from rlhf_tutorial.trainers.grpo import train as train_grpo
 from rlhf_tutorial.trainers.reasoning import (
     SFTArgs,
     arithmetic_reward_fn,
+    binary_best_of_n_kl,
     evaluate,
     learner_functions,
     sample_completions,
@@ -134,6 +135,9 @@ for p, texts in zip(problems[:4], samples):
 # the same problems and sampling seed as every later "before / after" of the chapter (SFTArgs' seed + 1)
 base_eval = evaluate(base, problems, n_eval, max_new, seed=1, extract_answer=extract_answer, pass_at_k=pass_at_k)
 print(f"base model: pass@1 {base_eval['pass_at_1']:.3f}, pass@k {({k: round(v, 3) for k, v in base_eval['pass_at_k'].items()})}")
+# the text's figures come from `python -m rlhf_tutorial compare-reasoning --world tiny --seed 0`, this notebook's
+# run with the reference functions; each cell checks that yours agrees
+figures.agree("compare", {"base_pass_at_1": base_eval["pass_at_1"]})
 
 # %% [markdown]
 # ## 3. Supervised fine-tuning on demonstrations
@@ -157,6 +161,7 @@ if is_smoke():
 sft = train_sft(sft_args, policy=copy.deepcopy(base), progress=False, **learner_functions(globals()))
 print(f"SFT on {sft_args.n_demonstrations} demonstrations, {len(sft.losses)} steps: loss {sft.losses[0]:.3f} -> "
       f"{sft.losses[-1]:.3f}; pass@1 {sft.eval_initial['pass_at_1']:.3f} -> {sft.eval_final['pass_at_1']:.3f}")
+figures.agree("compare", {"sft.pass_at_1_final": sft.eval_final["pass_at_1"]})
 
 # %% [markdown]
 # ## 4. Best-of-N and rejection sampling
@@ -177,6 +182,7 @@ rs = train_rejection_sampling(sft_args, policy=copy.deepcopy(base), progress=Fal
 for record in rs.rounds:
     print(f"round {record['round']}: samples' pass rate {record['sample_pass_rate']:.3f}, kept {record['kept']}")
 print(f"rejection sampling: pass@1 {rs.eval_initial['pass_at_1']:.3f} -> {rs.eval_final['pass_at_1']:.3f}")
+figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["pass_at_1"]})
 
 # %% [markdown]
 # **How far is best-of-N from the model it samples?** For a continuous reward (no ties) the
@@ -211,6 +217,9 @@ print(f"lenient reward during training: {hacked.history[0]['reward']:.3f} (phase
 print(f"strict pass@1: base {base_eval['pass_at_1']:.3f} -> hacked {hacked_eval['pass_at_1']:.3f}; "
       f"lenient pass@1 of the same samples: {base_eval['pass_at_1_lenient']:.3f} -> {hacked_eval['pass_at_1_lenient']:.3f}")
 print("samples of the hacked policy:", hacked_eval["samples"])
+figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["reward"],
+                          "hacked.pass_at_1": hacked_eval["pass_at_1"],
+                          "hacked.pass_at_1_lenient": hacked_eval["pass_at_1_lenient"]})
 
 # %% [markdown]
 # The fix is the strict verifier of section 1: the same run with `verifier="strict"` is section 6.
@@ -246,6 +255,10 @@ print(f"GRPO ({grpo_args.num_phases} phases of {grpo_args.groups_per_phase} grou
       f"pass@1 {base_eval['pass_at_1']:.3f} -> {grpo_eval['pass_at_1']:.3f}")
 zero = [r["frac_reward_zero_std"] for r in grpo.history]
 print(f"groups with all-equal rewards (dropped by dynamic sampling): {sum(zero) / len(zero):.2f} on average")
+entropy = [r["entropy"] for r in grpo.history if "entropy" in r]
+print(f"entropy per token (on the policy's own samples): {entropy[0]:.3f} (phase 1) -> {entropy[-1]:.3f} (phase {len(entropy)})")
+figures.agree("compare", {"grpo.pass_at_1": grpo_eval["pass_at_1"], "grpo.entropy_first": entropy[0],
+                          "grpo.entropy_last": entropy[-1]})
 
 # %%
 grpo_reasoning_curves({"strict verifier": grpo.history, "lenient verifier (hacked)": hacked.history})
@@ -262,6 +275,11 @@ big = {name: evaluate(model, problems, n_big, max_new, seed=3, extract_answer=ex
        for name, model in models.items()}
 pass_at_k_figure({name: r["pass_at_k"] for name, r in big.items()},
                  title=f"pass@k on {len(problems)} problems of difficulty {difficulty} ({world} world)")
+for name, r in big.items():
+    print(f"{name:<20} pass@1 {r['pass_at_k'][1]:.3f}   pass@{n_big} {r['pass_at_k'][n_big]:.3f}")
+summary_key = {"base": "base", "SFT": "sft", "rejection sampling": "rejection_sampling", "GRPO": "grpo"}
+figures.agree("compare", {f"pass_at_k.{summary_key[name]}.{k}": r["pass_at_k"][k] for name, r in big.items()
+                          for k in (1, n_big)})
 
 # %% [markdown]
 # Accuracy on harder problems (two and three steps), which pretraining showed but no fine-tuning did:
@@ -273,6 +291,10 @@ for d in arith.HELD_OUT_DIFFICULTIES:
     for name, model in models.items():
         held_out[name][d] = evaluate(model, harder, 2 if is_smoke() else 8, 48, seed=4, extract_answer=extract_answer)["pass_at_1"]
 held_out_figure(held_out)
+for name, by_d in held_out.items():
+    print(f"{name:<20} " + "   ".join(f"difficulty {d}: {v:.3f}" for d, v in by_d.items()))
+figures.agree("compare", {f"held_out_pass_at_1.{summary_key[name]}.{d}": v for name, by_d in held_out.items()
+                          for d, v in by_d.items()})
 
 # %% [markdown]
 # **Best-of-N on the reward-KL plane.** With our binary reward the formula's "no ties" assumption
@@ -280,26 +302,20 @@ held_out_figure(held_out)
 # success rate on that problem) and, among correct (or wrong) samples, one as the base model would.
 # Its KL is then exactly that of the two outcomes,
 # $q \log \frac{q}{p} + (1 - q) \log \frac{1 - q}{1 - p}$, measured below from each problem's $p$
-# (64 samples), and below the analytic value: ties make best-of-N cheaper than the formula says.
+# (64 samples; `binary_best_of_n_kl`), and below the analytic value: ties make best-of-N cheaper than the
+# formula says.
 
 # %%
 ns = [1, 2, 4, 8, 16, 32, 64][: 4 if is_smoke() else 7]
 p_hat = [c / n_big for c in big["base"]["correct"]]
-
-
-def binary_best_of_n_kl(p: float, n: int) -> float:
-    q = 1 - (1 - p) ** n
-    if p in (0.0, 1.0):
-        return 0.0
-    return q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
-
-
 bon_reward = [sum(1 - (1 - p) ** n for p in p_hat) / len(p_hat) for n in ns]
 bon_kl_measured = [sum(binary_best_of_n_kl(p, n) for p in p_hat) / len(p_hat) for n in ns]
 bon_kl_analytic = [best_of_n_kl(n) for n in ns]
 for n, r, km, ka in zip(ns, bon_reward, bon_kl_measured, bon_kl_analytic):
     print(f"N = {n:>2}: pass rate {r:.3f}, KL measured {km:.3f} nats, analytic {ka:.3f}")
 best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
+figures.agree("compare", {f"best_of_n.{n}.{key}": v for n, r, km in zip(ns, bon_reward, bon_kl_measured)
+                          for key, v in (("reward", r), ("kl_measured", km))})
 
 # %% [markdown]
 # What to read in these figures. In the tiny world with seed 0 (this notebook's sizes; 32 problems,
