@@ -255,10 +255,11 @@ print(f"GRPO ({grpo_args.num_phases} phases of {grpo_args.groups_per_phase} grou
       f"pass@1 {base_eval['pass_at_1']:.3f} -> {grpo_eval['pass_at_1']:.3f}")
 zero = [r["frac_reward_zero_std"] for r in grpo.history]
 print(f"groups with all-equal rewards (dropped by dynamic sampling): {sum(zero) / len(zero):.2f} on average")
-entropy = [r["entropy"] for r in grpo.history if "entropy" in r]
-print(f"entropy per token (on the policy's own samples): {entropy[0]:.3f} (phase 1) -> {entropy[-1]:.3f} (phase {len(entropy)})")
-figures.agree("compare", {"grpo.pass_at_1": grpo_eval["pass_at_1"], "grpo.entropy_first": entropy[0],
-                          "grpo.entropy_last": entropy[-1]})
+figures.agree("compare", {"grpo.pass_at_1": grpo_eval["pass_at_1"]})
+entropy = [r["entropy"] for r in grpo.history if "entropy" in r]  # none in a phase that kept no group
+if entropy:
+    print(f"entropy per token (on the policy's own samples): {entropy[0]:.3f} (first phase) -> {entropy[-1]:.3f} (last)")
+    figures.agree("compare", {"grpo.entropy_first": entropy[0], "grpo.entropy_last": entropy[-1]})
 
 # %%
 grpo_reasoning_curves({"strict verifier": grpo.history, "lenient verifier (hacked)": hacked.history})

@@ -388,13 +388,15 @@ def train_rejection_sampling(
 
 
 def pass_summary(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
-    """The summary keys every chapter 07 command shares: ``pass_at_1_initial``, ``pass_at_1_final`` and
-    ``pass_at_k`` (k -> value, of the final policy), rounded to 4 places."""
+    """The summary keys every chapter 07 command shares: ``pass_at_1_initial``, ``pass_at_1_final``,
+    ``pass_at_k`` (k -> value, of the final policy) and ``pass_at_k_initial`` (the starting policy's),
+    rounded to 4 places."""
     out = {"pass_at_1_final": round(after["pass_at_1"], 4),
            "pass_at_k": {str(k): round(v, 4) for k, v in after["pass_at_k"].items()},
            "samples_final": after["samples"]}
     if before is not None:
         out["pass_at_1_initial"] = round(before["pass_at_1"], 4)
+        out["pass_at_k_initial"] = {str(k): round(v, 4) for k, v in before["pass_at_k"].items()}
     return out
 
 
@@ -592,7 +594,7 @@ def compare_reasoning(args: CompareArgs, progress: bool = False) -> dict[str, An
                           "kl_measured": sum(binary_best_of_n_kl(p, k) for p in p_hat) / len(p_hat),
                           "kl_analytic": reasoning.best_of_n_kl(k)}
                  for k in PASS_KS if k <= args.pass_samples}
-    entropy = [r["entropy"] for r in grpo.history if "entropy" in r]
+    entropy = [r["entropy"] for r in grpo.history if "entropy" in r]  # none in a phase that kept no group
     zero = [r["frac_reward_zero_std"] for r in grpo.history]
 
     def r4(x: Any) -> Any:
@@ -618,7 +620,7 @@ def compare_reasoning(args: CompareArgs, progress: bool = False) -> dict[str, An
                    "samples": hacked_eval["samples"]},
         "grpo": {"phases": len(grpo.history), "pass_at_1": grpo_eval["pass_at_1"],
                  "frac_reward_zero_std": sum(zero) / len(zero),
-                 "entropy_first": entropy[0], "entropy_last": entropy[-1]},
+                 "entropy_first": entropy[0] if entropy else None, "entropy_last": entropy[-1] if entropy else None},
         "pass_at_k": {name: r["pass_at_k"] for name, r in big.items()},
         "held_out_pass_at_1": held_out,
         "best_of_n": best_of_n,
