@@ -222,6 +222,10 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
                           "hacked.pass_at_1_lenient": hacked_eval["pass_at_1_lenient"]})
 
 # %% [markdown]
+# In the recorded run (`compare-reasoning`) the lenient reward rose from {{compare.hacked.lenient_reward_first:.3f}}
+# to {{compare.hacked.lenient_reward_last:.3f}} in {{compare.args.hack_phases}} phases while strict pass@1 fell from
+# {{compare.base_pass_at_1:.3f}} to {{compare.hacked.pass_at_1:.3f}}.
+#
 # The fix is the strict verifier of section 1: the same run with `verifier="strict"` is section 6.
 # The general lesson: the policy optimises the checker you wrote, not the one you meant; read samples.
 #
@@ -319,23 +323,33 @@ figures.agree("compare", {f"best_of_n.{n}.{key}": v for n, r, km in zip(ns, bon_
                           for key, v in (("reward", r), ("kl_measured", km))})
 
 # %% [markdown]
-# What to read in these figures. In the tiny world with seed 0 (this notebook's sizes; 32 problems,
-# 64 samples each), pass@1 / pass@64 were: base 0.295 / 1.0, SFT 0.438 / 1.0, rejection sampling
-# 0.472 / 1.0, GRPO (40 phases) 0.511 / 0.969; at two and three steps, pass@1 0.055 / 0.027 (base),
-# 0.098 / 0.055 (SFT), 0.109 / 0.035 (rejection sampling), 0.086 / 0.035 (GRPO). The CLI's longer
-# runs are in the README.
+# What to read in these figures. In the tiny world with seed 0 (this notebook's run, as
+# `python -m rlhf_tutorial compare-reasoning --world tiny --seed 0` recorded it on the reference machine;
+# 32 problems, 64 samples each), pass@1 / pass@64 were: base {{compare.pass_at_k.base.1:.3f}} /
+# {{compare.pass_at_k.base.64:.3f}}, SFT {{compare.pass_at_k.sft.1:.3f}} / {{compare.pass_at_k.sft.64:.3f}}, rejection sampling
+# {{compare.pass_at_k.rejection_sampling.1:.3f}} / {{compare.pass_at_k.rejection_sampling.64:.3f}}, GRPO ({{compare.grpo.phases}} phases)
+# {{compare.pass_at_k.grpo.1:.3f}} / {{compare.pass_at_k.grpo.64:.3f}}; at two and three steps, pass@1
+# {{compare.held_out_pass_at_1.base.2:.3f}} / {{compare.held_out_pass_at_1.base.3:.3f}} (base),
+# {{compare.held_out_pass_at_1.sft.2:.3f}} / {{compare.held_out_pass_at_1.sft.3:.3f}} (SFT),
+# {{compare.held_out_pass_at_1.rejection_sampling.2:.3f}} / {{compare.held_out_pass_at_1.rejection_sampling.3:.3f}} (rejection sampling),
+# {{compare.held_out_pass_at_1.grpo.2:.3f}} / {{compare.held_out_pass_at_1.grpo.3:.3f}} (GRPO). The CLI's longer runs are in
+# the README.
 #
-# - **pass@1** rises with every method, GRPO's the most (the CLI's 100 phases: 0.29 -> 0.65).
-# - **pass@k at large k** does not rise, and falls for GRPO (pass@64 0.969 against the base model's
-#   1.0; the CLI's run: pass@16 0.97 -> 0.875): the base model already found a right answer within 64
-#   tries on every problem. RL sharpens the distribution onto answers it could already produce (the
-#   entropy falls from about 0.25 to 0.1 nats per token) and loses a few it could, which is what Yue et
-#   al. (2025) report for large models. SFT and rejection sampling, trained on whole solutions with a
-#   likelihood loss, keep more of the spread.
+# - **pass@1** rises with every method, GRPO's the most (the CLI's 100 phases:
+#   {{grpo_arith.pass_at_1_initial:.2f}} -> {{grpo_arith.pass_at_1_final:.2f}}).
+# - **pass@k at large k** does not rise, and falls for GRPO (pass@64 {{compare.pass_at_k.grpo.64:.3f}} against the base
+#   model's {{compare.pass_at_k.base.64:.3f}}; the CLI's run: pass@16 {{grpo_arith.pass_at_k_initial.16:.2f}} ->
+#   {{grpo_arith.pass_at_k.16:.3f}}): the base model already found a right answer within 64 tries on every
+#   problem. RL sharpens the distribution onto answers it could already produce (the entropy falls from
+#   {{compare.grpo.entropy_first:.2f}} nats per token in the first phase to {{compare.grpo.entropy_last:.2f}} in the last) and loses a
+#   few it could, which is what Yue et al. (2025) report for large models. SFT and rejection sampling,
+#   trained on whole solutions with a likelihood loss, keep more of the spread.
 # - **Harder problems**: a one-step skill made more reliable helps chains of steps only a little
-#   (two steps: 0.055 -> about 0.1); none of the methods trains on them.
-# - **Best-of-N** reaches a pass rate of 0.93 at N = 16 without training, at 1.1 nats measured
-#   (1.8 by the formula); the price is paid at answer time, N samples per question.
+#   (two steps: {{compare.held_out_pass_at_1.base.2:.3f}} for the base model, {{compare.held_out_pass_at_1.grpo.2:.3f}} to
+#   {{compare.held_out_pass_at_1.rejection_sampling.2:.3f}} after the three methods); none of them trains on them.
+# - **Best-of-N** reaches a pass rate of {{compare.best_of_n.16.reward:.2f}} at N = 16 without training, at
+#   {{compare.best_of_n.16.kl_measured:.1f}} nats measured ({{compare.best_of_n.16.kl_analytic:.1f}} by the formula); the price is paid at
+#   answer time, N samples per question.
 
 # %%
 progress("07")
@@ -344,8 +358,9 @@ progress("07")
 # ## What to try next
 #
 # - `train-grpo --world tiny --task arithmetic --clip-coef-high 0.2` (no clip-higher): measured with
-#   seed 0, pass@1 reached 0.551 instead of 0.649 and the entropy ended a little lower (0.082 against
-#   0.087 nats per token over the last 10 phases). Try other seeds: is the gap real?
+#   seed 0, pass@1 reached {{grpo_arith_noclip.pass_at_1_final:.3f}} instead of {{grpo_arith.pass_at_1_final:.3f}} and the entropy
+#   ended a little lower ({{grpo_arith_noclip.entropy_last_10:.3f}} against {{grpo_arith.entropy_last_10:.3f}} nats per token over
+#   the last 10 phases). Try other seeds: is the gap real?
 #   `--no-dynamic-sampling`: how many phases are wasted on all-equal groups?
 # - `train-grpo --task arithmetic --init sft`: RL after SFT, the R1 recipe, against RL from the base
 #   ("R1-Zero").
