@@ -597,14 +597,14 @@ def compare_reasoning(args: CompareArgs, progress: bool = False) -> dict[str, An
     entropy = [r["entropy"] for r in grpo.history if "entropy" in r]  # none in a phase that kept no group
     zero = [r["frac_reward_zero_std"] for r in grpo.history]
 
-    def r4(x: Any) -> Any:
+    def r6(x: Any) -> Any:  # 6 places: the text's 3 decimals round as the notebook's prints do
         if isinstance(x, dict):
-            return {str(k): r4(v) for k, v in x.items()}
+            return {str(k): r6(v) for k, v in x.items()}
         if isinstance(x, list):
-            return [r4(v) for v in x]
-        return round(x, 4) if isinstance(x, float) else x
+            return [r6(v) for v in x]
+        return round(x, 6) if isinstance(x, float) else x
 
-    return r4({
+    return r6({
         "world": world,
         "seed": args.seed,
         "base_pass_at_1": base_eval["pass_at_1"],
