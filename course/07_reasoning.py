@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe
 from rlhf_tutorial.reasoning import lenient_extract_answer
 from rlhf_tutorial.tiny import arith
@@ -51,6 +51,7 @@ from rlhf_tutorial.trainers.grpo import train as train_grpo
 from rlhf_tutorial.trainers.reasoning import (
     SFTArgs,
     arithmetic_reward_fn,
+    binary_best_of_n_kl,
     evaluate,
     learner_functions,
     sample_completions,
@@ -134,6 +135,9 @@ for p, texts in zip(problems[:4], samples):
 # the same problems and sampling seed as every later "before / after" of the chapter (SFTArgs' seed + 1)
 base_eval = evaluate(base, problems, n_eval, max_new, seed=1, extract_answer=extract_answer, pass_at_k=pass_at_k)
 print(f"base model: pass@1 {base_eval['pass_at_1']:.3f}, pass@k {({k: round(v, 3) for k, v in base_eval['pass_at_k'].items()})}")
+# the text's figures come from `python -m rlhf_tutorial compare-reasoning --world tiny --seed 0`, this notebook's
+# run with the reference functions; each cell checks that yours agrees
+figures.agree("compare", {"base_pass_at_1": base_eval["pass_at_1"]})
 
 # %% [markdown]
 # ## 3. Supervised fine-tuning on demonstrations
@@ -157,6 +161,7 @@ if is_smoke():
 sft = train_sft(sft_args, policy=copy.deepcopy(base), progress=False, **learner_functions(globals()))
 print(f"SFT on {sft_args.n_demonstrations} demonstrations, {len(sft.losses)} steps: loss {sft.losses[0]:.3f} -> "
       f"{sft.losses[-1]:.3f}; pass@1 {sft.eval_initial['pass_at_1']:.3f} -> {sft.eval_final['pass_at_1']:.3f}")
+figures.agree("compare", {"sft.pass_at_1_final": sft.eval_final["pass_at_1"]})
 
 # %% [markdown]
 # ## 4. Best-of-N and rejection sampling
@@ -177,6 +182,7 @@ rs = train_rejection_sampling(sft_args, policy=copy.deepcopy(base), progress=Fal
 for record in rs.rounds:
     print(f"round {record['round']}: samples' pass rate {record['sample_pass_rate']:.3f}, kept {record['kept']}")
 print(f"rejection sampling: pass@1 {rs.eval_initial['pass_at_1']:.3f} -> {rs.eval_final['pass_at_1']:.3f}")
+figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["pass_at_1"]})
 
 # %% [markdown]
 # **How far is best-of-N from the model it samples?** For a continuous reward (no ties) the
@@ -211,8 +217,15 @@ print(f"lenient reward during training: {hacked.history[0]['reward']:.3f} (phase
 print(f"strict pass@1: base {base_eval['pass_at_1']:.3f} -> hacked {hacked_eval['pass_at_1']:.3f}; "
       f"lenient pass@1 of the same samples: {base_eval['pass_at_1_lenient']:.3f} -> {hacked_eval['pass_at_1_lenient']:.3f}")
 print("samples of the hacked policy:", hacked_eval["samples"])
+figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["reward"],
+                          "hacked.pass_at_1": hacked_eval["pass_at_1"],
+                          "hacked.pass_at_1_lenient": hacked_eval["pass_at_1_lenient"]})
 
 # %% [markdown]
+# In the recorded run (`compare-reasoning`) the lenient reward rose from {{compare.hacked.lenient_reward_first:.3f}}
+# to {{compare.hacked.lenient_reward_last:.3f}} in {{compare.args.hack_phases}} phases while strict pass@1 fell from
+# {{compare.base_pass_at_1:.3f}} to {{compare.hacked.pass_at_1:.3f}}.
+#
 # The fix is the strict verifier of section 1: the same run with `verifier="strict"` is section 6.
 # The general lesson: the policy optimises the checker you wrote, not the one you meant; read samples.
 #
@@ -246,6 +259,11 @@ print(f"GRPO ({grpo_args.num_phases} phases of {grpo_args.groups_per_phase} grou
       f"pass@1 {base_eval['pass_at_1']:.3f} -> {grpo_eval['pass_at_1']:.3f}")
 zero = [r["frac_reward_zero_std"] for r in grpo.history]
 print(f"groups with all-equal rewards (dropped by dynamic sampling): {sum(zero) / len(zero):.2f} on average")
+figures.agree("compare", {"grpo.pass_at_1": grpo_eval["pass_at_1"]})
+entropy = [r["entropy"] for r in grpo.history if "entropy" in r]  # none in a phase that kept no group
+if entropy:
+    print(f"entropy per token (on the policy's own samples): {entropy[0]:.3f} (first phase) -> {entropy[-1]:.3f} (last)")
+    figures.agree("compare", {"grpo.entropy_first": entropy[0], "grpo.entropy_last": entropy[-1]})
 
 # %%
 grpo_reasoning_curves({"strict verifier": grpo.history, "lenient verifier (hacked)": hacked.history})
@@ -262,6 +280,11 @@ big = {name: evaluate(model, problems, n_big, max_new, seed=3, extract_answer=ex
        for name, model in models.items()}
 pass_at_k_figure({name: r["pass_at_k"] for name, r in big.items()},
                  title=f"pass@k on {len(problems)} problems of difficulty {difficulty} ({world} world)")
+for name, r in big.items():
+    print(f"{name:<20} pass@1 {r['pass_at_k'][1]:.3f}   pass@{n_big} {r['pass_at_k'][n_big]:.3f}")
+summary_key = {"base": "base", "SFT": "sft", "rejection sampling": "rejection_sampling", "GRPO": "grpo"}
+figures.agree("compare", {f"pass_at_k.{summary_key[name]}.{k}": r["pass_at_k"][k] for name, r in big.items()
+                          for k in (1, n_big)})
 
 # %% [markdown]
 # Accuracy on harder problems (two and three steps), which pretraining showed but no fine-tuning did:
@@ -273,6 +296,10 @@ for d in arith.HELD_OUT_DIFFICULTIES:
     for name, model in models.items():
         held_out[name][d] = evaluate(model, harder, 2 if is_smoke() else 8, 48, seed=4, extract_answer=extract_answer)["pass_at_1"]
 held_out_figure(held_out)
+for name, by_d in held_out.items():
+    print(f"{name:<20} " + "   ".join(f"difficulty {d}: {v:.3f}" for d, v in by_d.items()))
+figures.agree("compare", {f"held_out_pass_at_1.{summary_key[name]}.{d}": v for name, by_d in held_out.items()
+                          for d, v in by_d.items()})
 
 # %% [markdown]
 # **Best-of-N on the reward-KL plane.** With our binary reward the formula's "no ties" assumption
@@ -280,45 +307,49 @@ held_out_figure(held_out)
 # success rate on that problem) and, among correct (or wrong) samples, one as the base model would.
 # Its KL is then exactly that of the two outcomes,
 # $q \log \frac{q}{p} + (1 - q) \log \frac{1 - q}{1 - p}$, measured below from each problem's $p$
-# (64 samples), and below the analytic value: ties make best-of-N cheaper than the formula says.
+# (64 samples; `binary_best_of_n_kl`), and below the analytic value: ties make best-of-N cheaper than the
+# formula says.
 
 # %%
 ns = [1, 2, 4, 8, 16, 32, 64][: 4 if is_smoke() else 7]
 p_hat = [c / n_big for c in big["base"]["correct"]]
-
-
-def binary_best_of_n_kl(p: float, n: int) -> float:
-    q = 1 - (1 - p) ** n
-    if p in (0.0, 1.0):
-        return 0.0
-    return q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
-
-
 bon_reward = [sum(1 - (1 - p) ** n for p in p_hat) / len(p_hat) for n in ns]
 bon_kl_measured = [sum(binary_best_of_n_kl(p, n) for p in p_hat) / len(p_hat) for n in ns]
 bon_kl_analytic = [best_of_n_kl(n) for n in ns]
 for n, r, km, ka in zip(ns, bon_reward, bon_kl_measured, bon_kl_analytic):
     print(f"N = {n:>2}: pass rate {r:.3f}, KL measured {km:.3f} nats, analytic {ka:.3f}")
 best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
+figures.agree("compare", {f"best_of_n.{n}.{key}": v for n, r, km in zip(ns, bon_reward, bon_kl_measured)
+                          for key, v in (("reward", r), ("kl_measured", km))})
 
 # %% [markdown]
-# What to read in these figures. In the tiny world with seed 0 (this notebook's sizes; 32 problems,
-# 64 samples each), pass@1 / pass@64 were: base 0.295 / 1.0, SFT 0.438 / 1.0, rejection sampling
-# 0.472 / 1.0, GRPO (40 phases) 0.511 / 0.969; at two and three steps, pass@1 0.055 / 0.027 (base),
-# 0.098 / 0.055 (SFT), 0.109 / 0.035 (rejection sampling), 0.086 / 0.035 (GRPO). The CLI's longer
-# runs are in the README.
+# What to read in these figures. In the tiny world with seed 0 (this notebook's run, as
+# `python -m rlhf_tutorial compare-reasoning --world tiny --seed 0` recorded it on the reference machine;
+# 32 problems, 64 samples each), pass@1 / pass@64 were: base {{compare.pass_at_k.base.1:.3f}} /
+# {{compare.pass_at_k.base.64:.3f}}, SFT {{compare.pass_at_k.sft.1:.3f}} / {{compare.pass_at_k.sft.64:.3f}}, rejection sampling
+# {{compare.pass_at_k.rejection_sampling.1:.3f}} / {{compare.pass_at_k.rejection_sampling.64:.3f}}, GRPO ({{compare.grpo.phases}} phases)
+# {{compare.pass_at_k.grpo.1:.3f}} / {{compare.pass_at_k.grpo.64:.3f}}; at two and three steps, pass@1
+# {{compare.held_out_pass_at_1.base.2:.3f}} / {{compare.held_out_pass_at_1.base.3:.3f}} (base),
+# {{compare.held_out_pass_at_1.sft.2:.3f}} / {{compare.held_out_pass_at_1.sft.3:.3f}} (SFT),
+# {{compare.held_out_pass_at_1.rejection_sampling.2:.3f}} / {{compare.held_out_pass_at_1.rejection_sampling.3:.3f}} (rejection sampling),
+# {{compare.held_out_pass_at_1.grpo.2:.3f}} / {{compare.held_out_pass_at_1.grpo.3:.3f}} (GRPO). The CLI's longer runs are in
+# the README.
 #
-# - **pass@1** rises with every method, GRPO's the most (the CLI's 100 phases: 0.29 -> 0.65).
-# - **pass@k at large k** does not rise, and falls for GRPO (pass@64 0.969 against the base model's
-#   1.0; the CLI's run: pass@16 0.97 -> 0.875): the base model already found a right answer within 64
-#   tries on every problem. RL sharpens the distribution onto answers it could already produce (the
-#   entropy falls from about 0.25 to 0.1 nats per token) and loses a few it could, which is what Yue et
-#   al. (2025) report for large models. SFT and rejection sampling, trained on whole solutions with a
-#   likelihood loss, keep more of the spread.
+# - **pass@1** rises with every method, GRPO's the most (the CLI's 100 phases:
+#   {{grpo_arith.pass_at_1_initial:.2f}} -> {{grpo_arith.pass_at_1_final:.2f}}).
+# - **pass@k at large k** does not rise, and falls for GRPO (pass@64 {{compare.pass_at_k.grpo.64:.3f}} against the base
+#   model's {{compare.pass_at_k.base.64:.3f}}; the CLI's run: pass@16 {{grpo_arith.pass_at_k_initial.16:.2f}} ->
+#   {{grpo_arith.pass_at_k.16:.3f}}): the base model already found a right answer within 64 tries on every
+#   problem. RL sharpens the distribution onto answers it could already produce (the entropy falls from
+#   {{compare.grpo.entropy_first:.2f}} nats per token in the first phase to {{compare.grpo.entropy_last:.2f}} in the last) and loses a
+#   few it could, which is what Yue et al. (2025) report for large models. SFT and rejection sampling,
+#   trained on whole solutions with a likelihood loss, keep more of the spread.
 # - **Harder problems**: a one-step skill made more reliable helps chains of steps only a little
-#   (two steps: 0.055 -> about 0.1); none of the methods trains on them.
-# - **Best-of-N** reaches a pass rate of 0.93 at N = 16 without training, at 1.1 nats measured
-#   (1.8 by the formula); the price is paid at answer time, N samples per question.
+#   (two steps: {{compare.held_out_pass_at_1.base.2:.3f}} for the base model, {{compare.held_out_pass_at_1.grpo.2:.3f}} to
+#   {{compare.held_out_pass_at_1.rejection_sampling.2:.3f}} after the three methods); none of them trains on them.
+# - **Best-of-N** reaches a pass rate of {{compare.best_of_n.16.reward:.2f}} at N = 16 without training, at
+#   {{compare.best_of_n.16.kl_measured:.1f}} nats measured ({{compare.best_of_n.16.kl_analytic:.1f}} by the formula); the price is paid at
+#   answer time, N samples per question.
 
 # %%
 progress("07")
@@ -327,8 +358,9 @@ progress("07")
 # ## What to try next
 #
 # - `train-grpo --world tiny --task arithmetic --clip-coef-high 0.2` (no clip-higher): measured with
-#   seed 0, pass@1 reached 0.551 instead of 0.649 and the entropy ended a little lower (0.082 against
-#   0.087 nats per token over the last 10 phases). Try other seeds: is the gap real?
+#   seed 0, pass@1 reached {{grpo_arith_noclip.pass_at_1_final:.3f}} instead of {{grpo_arith.pass_at_1_final:.3f}} and the entropy
+#   ended a little lower ({{grpo_arith_noclip.entropy_last_10:.3f}} against {{grpo_arith.entropy_last_10:.3f}} nats per token over
+#   the last 10 phases). Try other seeds: is the gap real?
 #   `--no-dynamic-sampling`: how many phases are wasted on all-equal groups?
 # - `train-grpo --task arithmetic --init sft`: RL after SFT, the R1 recipe, against RL from the base
 #   ("R1-Zero").

@@ -116,6 +116,21 @@ RUNS.update({
 RUNS["scale_grpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "grpo"))
 RUNS["scale_dpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "dpo"))
 
+# Chapter 07.
+_TINY_0 = ("--world", "tiny", "--seed", "0")
+RUNS.update({
+    "sft": Run(("train-sft", *_TINY_0)),
+    "rejection_sampling": Run(("train-rejection-sampling", *_TINY_0)),
+    "grpo_arith": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0")),
+    "grpo_arith_noclip": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0",
+                              "--clip-coef-high", "0.2")),
+    "pass_at_k": Run(("pass-at-k", "--world", "tiny", "--samples", "64")),
+    # the notebook's own run (its sizes and seeds, the reference functions): every figure of its summary
+    "compare": Run(("compare-reasoning", "--world", "tiny", "--seed", "0")),
+    # the shipped world rebuilt elsewhere (the shipped artifacts stay as they are)
+    "arith_build": Run(("build-arith", "--out", "/tmp/rlhf_tutorial_figures/artifacts_arith")),
+})
+
 #: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).
 DROPPED_KEYS = ("texts",)
 

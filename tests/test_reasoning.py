@@ -6,6 +6,7 @@ deterministic for a seed, the learner's functions plugged in) and the commands' 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -253,6 +254,36 @@ def test_cli_summaries_have_the_keys_the_tooling_reads():
     assert sft == {**_cli("train-sft", "--world", "tiny", "--seed", "0", "--n-demonstrations", "16",
                           "--eval-problems", "4", "--eval-samples", "4"), "wall_seconds": sft["wall_seconds"]}
 
+
+
+def test_binary_best_of_n_kl_is_the_kl_of_the_two_outcomes():
+    for p in (0.05, 0.3, 0.7):
+        for n in (1, 2, 8, 64):
+            q = 1 - (1 - p) ** n
+            direct = sum(a * math.log(a / b) for a, b in ((q, p), (1 - q, 1 - p)) if a > 0)
+            assert run.binary_best_of_n_kl(p, n) == pytest.approx(direct, abs=1e-12)
+            assert run.binary_best_of_n_kl(p, n) <= reasoning.best_of_n_kl(n) + 1e-12  # ties make it cheaper
+        assert run.binary_best_of_n_kl(p, 1) == pytest.approx(0.0, abs=1e-12)
+    assert run.binary_best_of_n_kl(0.0, 16) == run.binary_best_of_n_kl(1.0, 16) == 0.0  # nothing to choose between
+    assert run.binary_best_of_n_kl(0.3, 4) < run.binary_best_of_n_kl(0.3, 16)
+
+
+def test_compare_reasoning_summary_is_consistent():
+    summary = _cli("compare-reasoning", "--world", "tiny", "--eval-problems", "4", "--eval-samples", "4",
+                   "--pass-samples", "8", "--held-out-samples", "2", "--hack-phases", "1", "--hack-groups", "2",
+                   "--num-phases", "2", "--groups-per-phase", "2")
+    models = {"base", "sft", "rejection_sampling", "grpo"}
+    assert set(summary["pass_at_k"]) == set(summary["held_out_pass_at_1"]) == models
+    for name in models:
+        assert set(summary["pass_at_k"][name]) == {"1", "2", "4", "8"}
+        assert summary["held_out_pass_at_1"][name]["1"] == summary["pass_at_k"][name]["1"]  # the same samples
+        assert set(summary["held_out_pass_at_1"][name]) == {"1", *map(str, arith.HELD_OUT_DIFFICULTIES)}
+    # best-of-1 is the base model: its pass rate is pass@1, its KL zero
+    assert summary["best_of_n"]["1"]["reward"] == pytest.approx(summary["pass_at_k"]["base"]["1"], abs=1e-4)
+    assert summary["best_of_n"]["1"]["kl_measured"] == 0.0
+    assert summary["grpo"]["phases"] == 2 and summary["sft"]["steps"] == 32
+    assert summary["sft"]["pass_at_1_initial"] == summary["base_pass_at_1"]  # the same problems and sampling seed
+    assert len(summary["rejection_sampling"]["kept"]) == 3
 
 
 def test_the_arithmetic_world_is_package_data():

@@ -151,7 +151,8 @@ def _build(args: ArithBuildArgs) -> dict:
         "val_loss": round(policy_stats["val_loss"], 4),
         "base_pass_at_k": measured,
         "n_files": len(manifest),
-        "size_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
+        "size_bytes": (size := sum(p.stat().st_size for p in out.rglob("*") if p.is_file())),
+        "size_mb": round(size / 1e6, 2),
         "build_seconds": metadata["build_seconds"],
         "seconds": seconds,
     }

@@ -534,6 +534,9 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
     def per_phase(key: str) -> list[float | None]:
         return [round(r[key], 4) if key in r else None for r in history]
 
+    entropies = [r["entropy"] for r in history if "entropy" in r]
+    lengths = [r["completion_len"] for r in history if "completion_len" in r]
+
     return {
         "world": args.world,
         "task": args.task,
@@ -549,6 +552,10 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
         "held_out_pass_at_1_final": {str(d): round(after[d]["pass_at_1"], 4) for d in arith.HELD_OUT_DIFFICULTIES},
         "reward_per_phase": per_phase("reward"),
         "entropy_per_phase": per_phase("entropy"),
+        # means over the first and the last ten phases (one phase's estimate is noisy)
+        **{f"entropy_{where}_10": round(sum(e) / len(e), 4) if e else None
+           for where, e in (("first", entropies[:10]), ("last", entropies[-10:]))},
+        "completion_len_range": [round(min(lengths), 2), round(max(lengths), 2)] if lengths else None,
         "completion_len_per_phase": per_phase("completion_len"),
         "frac_reward_zero_std_per_phase": per_phase("frac_reward_zero_std"),
         "groups_sampled_per_phase": [r["groups_sampled"] for r in history],
