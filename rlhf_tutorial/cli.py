@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-rejection-sampling": ("rlhf_tutorial.trainers.reasoning:rejection_sampling_main",
                                  "chapter 07: rejection-sampling fine-tuning (expert iteration) on verified samples"),
     "pass-at-k": ("rlhf_tutorial.trainers.reasoning:pass_at_k_main", "chapter 07: pass@k of the base model or after SFT / rejection sampling"),
-    "compare-reasoning": ("rlhf_tutorial.trainers.reasoning:compare_main",
+    "compare-reasoning": ("rlhf_tutorial.trainers.reasoning_compare:compare_main",
                           "chapter 07: the notebook's run (base, SFT, rejection sampling, GRPO) compared by pass@k"),
     "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
     "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO, PPO or DPO trainer against TRL's on the same model and settings"),
