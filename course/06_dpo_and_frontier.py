@@ -304,16 +304,17 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 short = dict(num_phases=12, eval_samples=64) if is_tiny() else dict(num_phases=40)
 short.update(smoke_sizes(num_phases=2, eval_samples=16))
 rl_runs = {}
-for name, extra in [("GRPO", {}), ("GRPO + RLOO adv.", {"advantage_estimator": "rloo"}),
-                    ("GSPO", {"importance_level": "sequence"})]:
+for name, run_name, extra in [("GRPO", "grpo_short", {}),
+                              ("GRPO + RLOO adv.", "rloo_short", {"advantage_estimator": "rloo"}),
+                              ("GSPO", "gspo_short", {"importance_level": "sequence"})]:
     run_args = GRPOArgs.preset(world, direction=direction, seed=0, **short, **extra)
     rl_runs[name] = train_grpo(run_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, progress=False,
                                **grpo_learner_functions(globals()))
     r = rl_runs[name]
     print(f"{name}: reward {r.eval_initial['reward']:.3f} -> {r.eval_final['reward']:.3f}, "
           f"KL per token (k3) {r.eval_final['kl']:.3f}, {r.wall_seconds:.0f} s")
-    figures.agree(f"{name.lower()}_short", {"mean_reward_initial": r.eval_initial["reward"],
-                                            "mean_reward_final": r.eval_final["reward"], "kl_final": r.eval_final["kl"]})
+    figures.agree(run_name, {"mean_reward_initial": r.eval_initial["reward"],  # the text below quotes these runs
+                             "mean_reward_final": r.eval_final["reward"], "kl_final": r.eval_final["kl"]})
 
 # %% [markdown]
 # RLOO's advantages are GRPO's without the division by the group's std (and scaled by $G/(G-1)$): with
