@@ -278,13 +278,13 @@ n_big = 8 if is_smoke() else 64
 models = {"base": base, "SFT": sft.policy, "rejection sampling": rs.policy, "GRPO": grpo.policy}
 big = {name: evaluate(model, problems, n_big, max_new, seed=3, extract_answer=extract_answer, pass_at_k=pass_at_k)
        for name, model in models.items()}
-pass_at_k_figure({name: r["pass_at_k"] for name, r in big.items()},
-                 title=f"pass@k on {len(problems)} problems of difficulty {difficulty} ({world} world)")
 for name, r in big.items():
     print(f"{name:<20} pass@1 {r['pass_at_k'][1]:.3f}   pass@{n_big} {r['pass_at_k'][n_big]:.3f}")
 summary_key = {"base": "base", "SFT": "sft", "rejection sampling": "rejection_sampling", "GRPO": "grpo"}
 figures.agree("compare", {f"pass_at_k.{summary_key[name]}.{k}": r["pass_at_k"][k] for name, r in big.items()
                           for k in (1, n_big)})
+pass_at_k_figure({name: r["pass_at_k"] for name, r in big.items()},
+                 title=f"pass@k on {len(problems)} problems of difficulty {difficulty} ({world} world)")
 
 # %% [markdown]
 # Accuracy on harder problems (two and three steps), which pretraining showed but no fine-tuning did:
@@ -295,11 +295,11 @@ for d in arith.HELD_OUT_DIFFICULTIES:
     harder = split_problems("eval", 8 if is_smoke() else 32, d)
     for name, model in models.items():
         held_out[name][d] = evaluate(model, harder, 2 if is_smoke() else 8, 48, seed=4, extract_answer=extract_answer)["pass_at_1"]
-held_out_figure(held_out)
 for name, by_d in held_out.items():
     print(f"{name:<20} " + "   ".join(f"difficulty {d}: {v:.3f}" for d, v in by_d.items()))
 figures.agree("compare", {f"held_out_pass_at_1.{summary_key[name]}.{d}": v for name, by_d in held_out.items()
                           for d, v in by_d.items()})
+held_out_figure(held_out)
 
 # %% [markdown]
 # **Best-of-N on the reward-KL plane.** With our binary reward the formula's "no ties" assumption
@@ -318,9 +318,9 @@ bon_kl_measured = [sum(binary_best_of_n_kl(p, n) for p in p_hat) / len(p_hat) fo
 bon_kl_analytic = [best_of_n_kl(n) for n in ns]
 for n, r, km, ka in zip(ns, bon_reward, bon_kl_measured, bon_kl_analytic):
     print(f"N = {n:>2}: pass rate {r:.3f}, KL measured {km:.3f} nats, analytic {ka:.3f}")
-best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 figures.agree("compare", {f"best_of_n.{n}.{key}": v for n, r, km in zip(ns, bon_reward, bon_kl_measured)
                           for key, v in (("reward", r), ("kl_measured", km))})
+best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 
 # %% [markdown]
 # What to read in these figures. In the tiny world with seed 0 (this notebook's run, as
