@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from rlhf_tutorial.buildinfo import build_info
 from rlhf_tutorial.tiny import corpus
 from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.runtime import torch_threads
 from rlhf_tutorial.trainers.schedules import warmup_then_cosine
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -405,12 +406,8 @@ def parse_args(argv: list[str]) -> BuildArgs:
 
 def build(args: BuildArgs) -> dict:
     """Run every step into ``args.out`` and return the summary (also in ``metadata.json``)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _build(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _build(args: BuildArgs) -> dict:

@@ -40,6 +40,7 @@ from rlhf_tutorial.tiny.build import (
     write_manifest,
 )
 from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.runtime import torch_threads
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts_arith"
 
@@ -80,12 +81,8 @@ def parse_args(argv: list[str]) -> ArithBuildArgs:
 
 def build(args: ArithBuildArgs) -> dict:
     """Run every step into ``args.out`` and return the summary (also in ``metadata.json``)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _build(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _build(args: ArithBuildArgs) -> dict:
