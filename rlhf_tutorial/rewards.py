@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -75,12 +76,13 @@ def reward_fn_sentiment(
     return torch.cat(probs)
 
 
-def sentiment_reward_fn(world: str | None, direction: str) -> Callable[[list[str]], Float[Tensor, "batch"]]:
-    """The task reward of chapters 03 and 04: ``reward_fn_sentiment`` with the world's classifier,
-    as a function of the texts alone."""
+def sentiment_reward_fn(world: str | None, direction: str,
+                        device: Any = None) -> Callable[[list[str]], Float[Tensor, "batch"]]:
+    """The task reward of chapters 03 and 04: ``reward_fn_sentiment`` with the world's classifier (on
+    ``device``, default the course's), as a function of the texts alone."""
     from rlhf_tutorial.worlds import load_sentiment_classifier
 
-    classifier, tokenizer = load_sentiment_classifier(world)
+    classifier, tokenizer = load_sentiment_classifier(world, device=device)
 
     def reward_fn(texts: list[str]) -> Float[Tensor, "batch"]:
         return reward_fn_sentiment(texts, classifier, tokenizer, direction)

@@ -248,3 +248,66 @@ def test_a_librarys_not_implemented_error_is_not_an_untouched_stub(scratch_check
     assert "not implemented yet" in run_check("_scratch", stub).message
     library = run_check("_scratch", lambda x: torch.ones(2).to_sparse().view(-1, 1))
     assert "not implemented yet" not in library.message and "your code raised" in library.message
+
+
+def _passes() -> tuple[str, ...]:
+    """The devices a check runs on here: the CPU first when the course's device is another one."""
+    from rlhf_tutorial.devices import course_device
+
+    device = str(course_device())
+    return ("cpu",) if device == "cpu" else ("cpu", device)
+
+
+def test_a_check_runs_on_the_cpu_first_and_then_on_the_courses_device(scratch_checker):
+    """On a GPU (or the simulated one) a right candidate runs on the CPU, then on the device; on a
+    CPU-only machine once. What the candidate saw is what ``devices`` says."""
+    seen = []
+
+    def learner(x):
+        seen.append(str(x.device))
+        return x * 2
+
+    result = run_check("_scratch", learner)
+    assert result.passed and result.devices == _passes() and tuple(seen) == _passes()
+
+
+def test_a_mistake_found_on_the_cpu_never_reaches_the_device(scratch_checker):
+    """An out-of-range index (a device-side assert on CUDA, which loses the kernel's CUDA context) is
+    reported from the CPU pass, with the usual message and the learner's line; the device never runs it."""
+    seen = []
+
+    def learner(x):
+        seen.append(str(x.device))
+        return x[torch.tensor([5])]  # x has 2 elements
+
+    result = run_check("_scratch", learner)
+    assert not result.passed and result.devices == ("cpu",) and seen == ["cpu"]
+    assert "IndexError" in result.message and "x[torch.tensor([5])]" in result.message
+
+
+def test_a_device_mix_found_on_the_cpu_is_judged_on_the_device(scratch_checker):
+    """A failure about devices on the CPU pass (a candidate that builds on a fixed device) is not a
+    verdict: the device pass judges it, and names the mix as the learner's."""
+    def learner(x):
+        raise RuntimeError(MIXED)
+
+    result = run_check("_scratch", learner)
+    assert result.devices == _passes() and result.message.startswith("your code mixed devices")
+
+
+@pytest.mark.parametrize("where", ["learner", "checker"])
+def test_a_cuda_error_says_the_context_is_lost_and_the_kernel_must_restart(scratch_checker, where):
+    error = RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+                         "reported at some other API call")
+
+    def learner(x):
+        if where == "learner":
+            raise error
+        return x
+
+    if where == "checker":  # the next GPU operation after the learner's call raises it
+        scratch_checker["checker_raises"] = error
+    result = run_check("_scratch", learner)
+    assert not result.passed and "bug in the checker" not in result.message
+    assert "CUDA context of this kernel is lost" in result.message and "Restart the kernel" in result.message
+    assert "index out of range" in result.message  # why, and the likely cause

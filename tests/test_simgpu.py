@@ -161,3 +161,56 @@ out.update(bug=[bug.passed, bug.message], ref=[ref.passed, ref.message])
     assert out["ref"][0], out["ref"][1]
     assert not out["bug"][0]
     assert "value head is on cpu" in out["bug"][1] and "simgpu:0" in out["bug"][1], out["bug"][1]
+
+
+def test_a_check_runs_the_candidate_on_the_cpu_before_the_gpu():
+    """On a GPU a check runs first on the CPU: chapter 05's hook that indexes the batch dim with a position
+    (out of range: on CUDA a device-side assert that loses the kernel's CUDA context) is reported from the
+    CPU pass with its usual hint and never reaches the GPU; the reference runs on both; a hook that builds
+    its output on the CPU passes the CPU pass and is caught on the GPU; a CUDA error on the GPU pass says the
+    kernel must be restarted."""
+    out = run_simgpu("""
+        from rlhf_tutorial import interp
+        from rlhf_tutorial.checks import run_check
+
+        def run(fn):
+            seen = set()
+
+            def patch_activation(activation, hook, source, positions=None):
+                seen.add(str(activation.device))
+                return fn(activation, hook, source, positions)
+
+            result = run_check("patch_activation", patch_activation)
+            return {"passed": result.passed, "devices": list(result.devices), "seen": sorted(seen),
+                    "message": result.message}
+
+        def batch_dim(activation, hook, source, positions=None):
+            if positions is None:
+                return source.clone()
+            activation[positions] = source[positions]
+            return activation
+
+        def on_the_cpu(activation, hook, source, positions=None):
+            return interp.patch_activation(activation.cpu(), hook, source.cpu(), positions)
+
+        def assert_on_the_gpu(activation, hook, source, positions=None):
+            if activation.device.type != "cpu":
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return interp.patch_activation(activation, hook, source, positions)
+
+        out["batch_dim"] = run(batch_dim)
+        out["reference"] = run(interp.patch_activation)
+        out["on_the_cpu"] = run(on_the_cpu)
+        out["assert"] = run(assert_on_the_gpu)
+    """)
+    wrong = out["batch_dim"]
+    assert not wrong["passed"] and wrong["devices"] == wrong["seen"] == ["cpu"]
+    assert "IndexError" in wrong["message"] and "indexed the batch dim" in wrong["message"]
+    right = out["reference"]
+    assert right["passed"] and right["devices"] == right["seen"] == ["cpu", "simgpu:0"]
+    cpu_bug = out["on_the_cpu"]
+    assert not cpu_bug["passed"] and cpu_bug["devices"] == ["cpu", "simgpu:0"]
+    assert "is on cpu" in cpu_bug["message"]
+    lost = out["assert"]
+    assert not lost["passed"] and lost["devices"] == ["cpu", "simgpu:0"]
+    assert "CUDA context of this kernel is lost" in lost["message"] and "Restart the kernel" in lost["message"]

@@ -55,6 +55,7 @@ from rlhf_tutorial.checks.core import (
     CheckFailure,
     Mistake,
     call,
+    check_device,
     checker,
     compare_to_reference,
     expect_tensor,
@@ -901,11 +902,16 @@ def check_get_optimizer(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 # get_samples (on the tiny world's policy: it needs a tokenizer)
 # ----------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
 def tiny_policy():
+    """The tiny world's policy on the running check's device (loaded once per device)."""
+    return _tiny_policy_on(str(check_device()))
+
+
+@functools.lru_cache(maxsize=2)
+def _tiny_policy_on(device: str):
     from rlhf_tutorial.worlds import load_policy
 
-    return load_policy("tiny").eval()
+    return load_policy("tiny", device=device).eval()
 
 
 def _decodings(model, tokens: torch.Tensor, n_bos: int) -> tuple[list[str], list[str]]:
@@ -1013,7 +1019,8 @@ def on_device(tensor: torch.Tensor, where: Any, what: str, other: str) -> torch.
     problem = mismatch(what, tensor, where, other)
     if problem:
         raise CheckFailure(problem, hint="The same code must run on a CPU and on a GPU: keep every tensor on the "
-                           "device of the inputs (index them, or build new ones with device=x.device).")
+                           "device of the inputs (index them, or build new ones with device=x.device).",
+                           about_devices=True)
     return tensor
 
 
@@ -1110,8 +1117,13 @@ def check_replay_memory(candidate) -> str:
 # ----------------------------------------------------------------------------------------------------
 # compute_rlhf_objective
 # ----------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def _objective_setup(prefix_len: int = 4) -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.ReplayMinibatch]:
+def _objective_setup(prefix_len: int = 4):
+    """The objective's fixtures on the running check's device (built once per device and prefix)."""
+    return _objective_setup_on(prefix_len, str(check_device()))
+
+
+@functools.lru_cache(maxsize=4)
+def _objective_setup_on(prefix_len: int, device: str) -> tuple[rlhf.TransformerWithValueHead, Any, int, rlhf.ReplayMinibatch]:
     torch.manual_seed(5)
     model = rlhf.TransformerWithValueHead(small_model(seed=5))
     ref = small_model(seed=5)
@@ -1363,16 +1375,26 @@ def phase_args(**overrides: Any) -> RLHFArgs:
     return RLHFArgs.preset("tiny", **{**base, **overrides})
 
 
-@functools.lru_cache(maxsize=4)
 def _tiny_reward(direction: str) -> Callable:
-    return sentiment_reward_fn("tiny", direction)
+    """The tiny world's sentiment reward, its classifier on the running check's device."""
+    return _tiny_reward_on(direction, str(check_device()))
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=4)
+def _tiny_reward_on(direction: str, device: str) -> Callable:
+    return sentiment_reward_fn("tiny", direction, device=device)
+
+
 def _tiny_policy_weights():
+    """The tiny world's policy on the running check's device (to copy: the checks train copies)."""
+    return _tiny_policy_weights_on(str(check_device()))
+
+
+@functools.lru_cache(maxsize=2)
+def _tiny_policy_weights_on(device: str):
     from rlhf_tutorial.worlds import load_policy
 
-    return load_policy("tiny")
+    return load_policy("tiny", device=device)
 
 
 def make_trainer(args: RLHFArgs, **overrides: Callable) -> RLHFTrainer:

@@ -376,7 +376,7 @@ def check_patch_activation(candidate) -> str:
         if problem:
             raise CheckFailure(f"On {label}, {problem}",
                                hint="A hook must return the activation on its own device: patch it in place, or "
-                               "build new tensors with device=activation.device.")
+                               "build new tensors with device=activation.device.", about_devices=True)
         if not torch.equal(out, expected):
             wrong = None
             for mistake in _PATCH_MISTAKES:

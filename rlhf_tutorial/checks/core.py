@@ -37,6 +37,7 @@ class CheckResult:
     passed: bool
     message: str
     hint: str | None = None
+    devices: tuple[str, ...] = ()  # where the check ran, in order: ("cpu", "cuda:0"), or ("cpu",) when the CPU pass failed
 
     def how_to_ask(self) -> str:
         """What a failed verdict says instead of the hint: how to see it, when the learner wants to."""
@@ -94,12 +95,15 @@ class Hint:
 
 
 class CheckFailure(Exception):
-    """Raised inside a checker to fail the exercise with a message (and optionally a targeted hint)."""
+    """Raised inside a checker to fail the exercise with a message (and optionally a targeted hint).
+    ``about_devices``: the failure is a device mix or a result on the wrong device (which the CPU pass
+    of :func:`run_check` cannot judge: there every input is on the CPU)."""
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, about_devices: bool = False):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.about_devices = about_devices
 
 
 @dataclass
@@ -219,6 +223,34 @@ def is_device_mix(exc: BaseException) -> bool:
     return isinstance(exc, (RuntimeError, TypeError)) and any(text in str(exc) for text in _DEVICE_MIX)
 
 
+_ACCELERATOR_ERROR = getattr(torch, "AcceleratorError", ())  # torch >= 2.8: CUDA errors have their own type
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error (a device-side assert, an illegal memory access): after one, the
+    process's CUDA context is lost and every later GPU operation fails with it."""
+    text = str(exc)
+    return isinstance(exc, _ACCELERATOR_ERROR) or "CUDA error" in text or "device-side assert" in text
+
+
+CONTEXT_LOST = (
+    "the GPU stopped on a CUDA error: {error}. The CUDA context of this kernel is lost: CUDA cannot recover "
+    "from an error inside a GPU operation (most often an index out of range: indexing, `gather`, an embedding "
+    "lookup or `cross_entropy` targets beyond their size), so every later GPU operation in this kernel fails "
+    "the same way, whatever the code. Restart the kernel (Kernel > Restart) and run the cells above again. "
+    "The check ran your code on the CPU first and it passed there, so the mistake shows only on the GPU: to "
+    "read its exact line, run your function once on CPU tensors, or start Jupyter with "
+    "RLHF_TUTORIAL_DEVICE=cpu."
+)
+
+
+def cuda_error_failure(exc: BaseException) -> CheckFailure:
+    """The failure for a CUDA error: the kernel must be restarted, and why (:data:`CONTEXT_LOST`)."""
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CheckFailure(CONTEXT_LOST.format(error=f"{type(exc).__name__}: {first_line}"),
+                        hint="Restart the kernel: a lost CUDA context does not come back.")
+
+
 def _input_device(args: tuple, kwargs: dict) -> torch.device | None:
     """The device of the inputs: of their first tensor of one or more dimensions, else of the first
     module's parameters; None when there is neither."""
@@ -300,6 +332,8 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     except CheckFailure:
         raise
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
+        if is_cuda_error(exc):
+            raise cuda_error_failure(exc) from None
         if is_device_mix(exc):
             where = _input_device(args, kwargs)
             inputs = f"The inputs are on {where}: build" if where is not None else "Build"
@@ -308,6 +342,7 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
                 hint=_device_hint or f"{inputs} every new tensor on an input's device "
                 "(`device=x.device`) and every new layer with `.to(...)` that device; the same code must run "
                 "on a CPU and on a GPU.",
+                about_devices=True,
             ) from None
         raise CheckFailure(f"your code raised {describe_exception(exc)}") from None
     for path, tensor, before in snapshot:
@@ -321,7 +356,7 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     problem = device_problem(out, _input_device(args, kwargs))
     if problem:
         raise CheckFailure(problem, hint="The same code must run on a CPU and on a GPU: create tensors and layers "
-                           "on the device of the inputs, never on the default device.")
+                           "on the device of the inputs, never on the default device.", about_devices=True)
     return out
 
 
@@ -513,6 +548,9 @@ def _check_output_form(out: Any, expected: Any, label: str) -> None:
         raise CheckFailure(f"On {label}, your function returned None: did you forget a `return`?")
 
 
+DEVICE_MISMATCH = "the tensor is on"  # how form_mismatch's device difference begins
+
+
 def form_mismatch(out: Any, expected: Any) -> str | None:
     """The first dtype or device difference between two outputs of the same structure, in words
     ("the dtype is float64: return float32"), or None when there is none."""
@@ -523,7 +561,7 @@ def form_mismatch(out: Any, expected: Any) -> str | None:
                    else f"an explicit dtype=torch.{want} where you build the tensor, or .to(torch.{want})")
             return f"the dtype is {_dtype_name(out.dtype)}: return {want} ({how})"
         if out.device != expected.device:
-            return (f"the tensor is on {out.device}: return it on {expected.device}, the device of the inputs "
+            return (f"{DEVICE_MISMATCH} {out.device}: return it on {expected.device}, the device of the inputs "
                     "(build new tensors with device=... of an input)")
     elif isinstance(expected, (tuple, list)) and isinstance(out, (tuple, list)):
         for i, (o, e) in enumerate(zip(out, expected)):
@@ -617,6 +655,7 @@ def compare_to_reference(
                 f"On {case.label}, the values are right, but {mismatch}.",
                 hint="Only the dtype (or device) differs: the training code downstream expects exactly the "
                 "reference's, and mixing dtypes fails there, far from here.",
+                about_devices=DEVICE_MISMATCH in mismatch,
             )
         if _close(got, expected, atol, rtol):
             continue
@@ -749,52 +788,83 @@ def load_all() -> None:
 
 
 def run_check(name: str, candidate: Any) -> CheckResult:
-    """Run the checker of exercise ``name`` on ``candidate``. Never raises because of the candidate."""
+    """Run the checker of exercise ``name`` on ``candidate``. Never raises because of the candidate.
+
+    On a GPU, the check runs twice: first on the CPU (every case and fixture built there), then, only
+    when the candidate passed there, on the GPU. A mistake that indexes out of range (a position used as
+    a batch index, a gather beyond the vocabulary) raises a readable IndexError on the CPU, but on CUDA it
+    is an asynchronous device-side assert that loses the kernel's CUDA context for good: the CPU pass
+    reports such mistakes, and wrong values, shapes and dtypes, with the usual messages, before the
+    candidate ever touches the GPU. The GPU pass then judges what only it can see: a tensor or a layer
+    left on the CPU beside a model on the GPU. A failure of the CPU pass about devices (the candidate
+    built something on a fixed device) is left to the GPU pass to judge. ``CheckResult.devices`` says
+    which passes ran.
+    """
     load_all()
     if name not in REGISTRY:
         known = ", ".join(sorted(REGISTRY)) or "none"
         return CheckResult(name, False, f"there is no exercise called {name!r}. Exercises: {known}")
     entry = REGISTRY[name]
-    try:
-        from rlhf_tutorial.devices import rng_devices
+    from rlhf_tutorial.devices import resolve
 
-        # a check draws from seeded generators and leaves the notebook's random streams (the GPU's too) as
-        # they were
-        _running_on.append(entry.device)
-        try:
-            with torch.random.fork_rng(devices=rng_devices(check_device())):
-                torch.manual_seed(0)
-                detail = entry.fn(candidate)
-        finally:
-            _running_on.pop()
-        result = CheckResult(name, True, detail or "all checks passed.")
-    except CheckFailure as failed:
-        message = failed.message
-        if failed.hint and nudge(failed.hint) not in message:  # what is wrong, in the verdict itself
-            message = f"{message}\n  {nudge(failed.hint)}"
-        result = CheckResult(name, False, message, failed.hint or entry.hint)
-    except RecursionError:
-        result = CheckResult(name, False, "your code recursed without end (RecursionError).", entry.hint)
-    except Exception as exc:  # noqa: BLE001 - never show a traceback of the checker itself
-        if is_device_mix(exc):  # the learner's code ran on one device (call() checks that): ours mixed them
-            result = CheckResult(
-                name, False,
-                f"checking stopped on a device mix inside the checker, not in your code: {describe_exception(exc)}. "
-                "This is a bug in the checker: please report it with this message. (Your code may be right.)",
-                entry.hint,
-            )
-            RESULTS[name] = False
-            return result
-        result = CheckResult(
-            name,
-            False,
-            f"checking stopped on {describe_exception(exc)}. If your code looks right, this may be a bug in "
-            "the checker: please report it with this message.",
-            entry.hint,
-        )
+    device = resolve(entry.device)
+    passes = ["cpu", entry.device] if device.type != "cpu" else [entry.device]
+    devices: list[str] = []
+    for where in passes:
+        result, conclusive = _run_pass(entry, candidate, where)
+        devices.append(str(resolve(where)))
+        if where == "cpu" and len(passes) > 1 and (result.passed or not conclusive):
+            continue  # on to the GPU pass
+        break  # the verdict; on the CPU pass, the learner's mistake, which the GPU then never runs
+    result.devices = tuple(devices)
     RESULTS[name] = result.passed
     if result.passed:
         LAST_FAILURE_HINT.pop(name, None)
     elif result.hint:
         LAST_FAILURE_HINT[name] = result.hint
     return result
+
+
+def _run_pass(entry: Checker, candidate: Any, where: str | None) -> tuple[CheckResult, bool]:
+    """One run of ``entry``'s checker with its cases on ``where`` (None: the course's device), and
+    whether its verdict stands: a failure about devices, or a device mix inside the checker, does not
+    on the CPU pass (the GPU pass judges it)."""
+    name = entry.name
+    try:
+        from rlhf_tutorial.devices import rng_devices
+
+        # a check draws from seeded generators and leaves the notebook's random streams (the GPU's too) as
+        # they were
+        _running_on.append(where)
+        try:
+            with torch.random.fork_rng(devices=rng_devices(check_device())):
+                torch.manual_seed(0)
+                detail = entry.fn(candidate)
+        finally:
+            _running_on.pop()
+        return CheckResult(name, True, detail or "all checks passed."), True
+    except CheckFailure as failed:
+        message = failed.message
+        if failed.hint and nudge(failed.hint) not in message:  # what is wrong, in the verdict itself
+            message = f"{message}\n  {nudge(failed.hint)}"
+        return CheckResult(name, False, message, failed.hint or entry.hint), not failed.about_devices
+    except RecursionError:
+        return CheckResult(name, False, "your code recursed without end (RecursionError).", entry.hint), True
+    except Exception as exc:  # noqa: BLE001 - never show a traceback of the checker itself
+        if is_cuda_error(exc):  # raised outside call(): on the checker's next GPU operation, or restoring the RNG
+            failed = cuda_error_failure(exc)
+            return CheckResult(name, False, failed.message, failed.hint), True
+        if is_device_mix(exc):  # the learner's code ran on one device (call() checks that): ours mixed them
+            return CheckResult(
+                name, False,
+                f"checking stopped on a device mix inside the checker, not in your code: {describe_exception(exc)}. "
+                "This is a bug in the checker: please report it with this message. (Your code may be right.)",
+                entry.hint,
+            ), False
+        return CheckResult(
+            name,
+            False,
+            f"checking stopped on {describe_exception(exc)}. If your code looks right, this may be a bug in "
+            "the checker: please report it with this message.",
+            entry.hint,
+        ), True
