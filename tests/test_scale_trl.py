@@ -39,6 +39,32 @@ def run_cli(*argv: str) -> tuple[dict, float]:
     return summary, seconds
 
 
+def expect_processes_device(summary: dict, n: int) -> None:
+    """The processes ran where a learner expects: one per GPU (nccl) when there are ``n`` GPUs on a GPU
+    run, else on the CPU over gloo, which a GPU run with fewer GPUs says in ``device_note``."""
+    from rlhf_tutorial.devices import course_device
+
+    on_gpu = course_device().type == "cuda"
+    if on_gpu and torch.cuda.device_count() >= n:
+        assert (summary["processes_device"], summary["backend"]) == ("cuda", "nccl")
+        return
+    assert summary["processes_device"] == "cpu"
+    assert (summary["distributed_type"], summary["backend"]) == ("MULTI_CPU", "gloo")
+    assert ("device_note" in summary) == on_gpu
+
+
+def test_fewer_gpus_than_processes_run_on_the_cpu_and_say_so():
+    """A learner's one GPU and the default 2 processes: the processes run on the CPU (gloo), with a note;
+    enough GPUs: one process each; no GPU (or the simulated one): the CPU, nothing to explain."""
+    cuda = torch.device("cuda")
+    use_cpu, note = scale_trl.processes_device(cuda, 2, 1)
+    assert use_cpu and "2 processes need 2 GPUs and torch sees 1" in note and "CPU (gloo)" in note
+    assert scale_trl.processes_device(cuda, 2, 2) == (False, None)
+    assert scale_trl.processes_device(cuda, 1, 1) == (False, None)
+    assert scale_trl.processes_device(torch.device("cpu"), 2, 0) == (True, None)
+    assert scale_trl.processes_device(torch.device("meta"), 2, 0) == (True, None)  # any device but CUDA: the CPU
+
+
 def assert_processes_trained_the_same_weights(out: Path, n: int) -> dict[str, torch.Tensor]:
     states = [load_file(str(out / f"rank{r}.safetensors")) for r in range(n)]
     for rank, state in enumerate(states[1:], start=1):
@@ -81,7 +107,7 @@ def test_grpo_with_two_processes_trains_identical_weights(tmp_path):
                                "--out", str(out))
     print(f"scale-trl --algo grpo --smoke: {seconds:.1f} s")
     assert summary["num_processes"] == 2
-    assert (summary["distributed_type"], summary["backend"]) == ("MULTI_CPU", "gloo")
+    expect_processes_device(summary, 2)
     smoke = scale_trl.SMOKE["grpo"]
     rows = smoke["groups_per_phase"] * smoke["group_size"]
     assert summary["samples_per_phase"] == rows and summary["samples_per_phase_per_process"] == [rows // 2] * 2
@@ -102,7 +128,8 @@ def test_dpo_with_two_processes_trains_identical_weights(tmp_path):
     out = tmp_path / "run"
     summary = scale_trl.main(["--num-processes", "2", "--algo", "dpo", "--smoke", "--out", str(out)])
     assert "error" not in summary, summary["error"]
-    assert (summary["num_processes"], summary["backend"]) == (2, "gloo")
+    assert summary["num_processes"] == 2
+    expect_processes_device(summary, 2)
     smoke = scale_trl.SMOKE["dpo"]
     assert summary["phases"] == smoke["rounds"]
     # a step takes batch_size pairs, half from each process; a pass covers every pair (the last batch

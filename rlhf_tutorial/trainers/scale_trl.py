@@ -10,8 +10,9 @@ What it does:
 2. runs ``accelerate launch --multi_gpu --num_processes N -m rlhf_tutorial.trainers.scale_trl SPEC``
    (``launch_command``). On a machine without a GPU, ``use_cpu=True`` in the TRL config makes each of
    the N processes a CPU process and the group talks over gloo; on a machine with N GPUs the same
-   command runs one process per GPU (nccl). Each process (:func:`worker`) builds TRL's ``GRPOTrainer``
-   or ``DPOTrainer`` with the course's settings mapped as ``bench-trl`` maps them
+   command runs one process per GPU (nccl); with fewer GPUs than processes they run on the CPU, and
+   the summary's ``device_note`` says so (:func:`processes_device`). Each process (:func:`worker`)
+   builds TRL's ``GRPOTrainer`` or ``DPOTrainer`` with the course's settings mapped as ``bench-trl`` maps them
    (``bench_trl.trl_config`` / ``bench_trl_dpo.trl_config`` with ``num_processes``: a phase keeps its
    ``p * G`` completions and an optimizer step its rows, each process taking ``1 / N`` of them) and the
    course's reward, trains, and writes its final weights and what it saw;
@@ -23,8 +24,8 @@ What it does:
    and measures the base policy and the trained one the same way (``policy_eval.evaluate_policy``,
    the same seed), on the course's device.
 
-The summary (last line) gives ``num_processes``, the backend, the samples per phase (counted: all
-processes together and per process), the reward before and after, each process's peak memory
+The summary (last line) gives ``num_processes``, the backend and ``processes_device`` (``cpu`` or
+``cuda``), the samples per phase (counted: all processes together and per process), the reward before and after, each process's peak memory
 (``PeakMemory`` from building TRL's trainer to the end of training: on a CPU the resident set above
 what the process held before, on a GPU CUDA's peak allocation; and the whole process's peak resident
 set) and training time, and the
@@ -329,9 +330,8 @@ def run(ns: ScaleTRLArgs, work: Path) -> dict[str, Any]:
     world = resolve_world(ns.world)
     args = run_args(ns, world)
     device = course_device()
-    use_cpu = device.type != "cuda"  # a simulated GPU (simgpu) computes on the CPU: TRL runs there
-    if not use_cpu and torch.cuda.device_count() < ns.num_processes:
-        return {"error": f"{ns.num_processes} processes need as many GPUs; torch sees {torch.cuda.device_count()}"}
+    use_cpu, device_note = processes_device(device, ns.num_processes,
+                                            torch.cuda.device_count() if device.type == "cuda" else 0)
     torch.set_num_threads(ns.threads)
     work.mkdir(parents=True, exist_ok=True)
     for old in [*work.glob("rank*.json"), *work.glob("rank*.safetensors")]:
@@ -395,6 +395,7 @@ def run(ns: ScaleTRLArgs, work: Path) -> dict[str, Any]:
         "num_processes": ns.num_processes,
         "distributed_type": ranks[0]["distributed_type"],
         "backend": ranks[0]["backend"],
+        "processes_device": "cpu" if use_cpu else "cuda",
         "trl_version": trl.__version__,
         "accelerate_version": accelerate.__version__,
         "launch_command": shown(cmd),
@@ -432,9 +433,24 @@ def run(ns: ScaleTRLArgs, work: Path) -> dict[str, Any]:
     else:
         summary.update(pairs=pair_stats["pairs_kept"] - pair_stats["pairs_dropped"],
                        pairs_dropped=pair_stats["pairs_dropped"])
+    if device_note:
+        summary["device_note"] = device_note
     if ns.out is not None:
         summary["out"] = str(work)
     return summary
+
+
+def processes_device(device: torch.device, num_processes: int, gpus: int) -> tuple[bool, str | None]:
+    """Whether the processes run on the CPU (gloo), and why when the course's device is a GPU: one process
+    per GPU (nccl) when there are at least ``num_processes`` GPUs; with fewer (a learner's one GPU and the
+    default 2 processes) every process runs on the CPU, as on a machine without a GPU, and the note says so.
+    A simulated GPU (simgpu) computes on the CPU: the processes run there."""
+    if device.type != "cuda":
+        return True, None
+    if gpus < num_processes:
+        return True, (f"{num_processes} processes need {num_processes} GPUs and torch sees {gpus}: every process "
+                      "ran on the CPU (gloo); the evaluation ran on the GPU")
+    return False, None
 
 
 def compare_processes(work: Path, num_processes: int) -> dict[str, Any]:
