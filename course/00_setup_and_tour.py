@@ -47,7 +47,9 @@
 # the model it is given, and so must your code: a tensor or a layer you create goes on the device of
 # the inputs (`torch.zeros(n, device=x.device)`, `nn.Linear(d, 1).to(next(model.parameters()).device)`).
 # Code that forgets runs on a CPU and fails on a GPU; the checks run your code on the course's device
-# and tell you which tensor is where.
+# and tell you which tensor is where. On a GPU they run it on the CPU first: a mistake such as an index
+# out of range gets a readable message there, before it can reach the GPU (where it would lose the
+# kernel's CUDA context until you restart the kernel).
 
 # %% imports
 import torch

@@ -7,7 +7,7 @@ import torch
 
 from rlhf_tutorial import rewards
 from rlhf_tutorial.checks.ch02_rewards import small_model, tiny_classifier
-from rlhf_tutorial.devices import course_device, device_of
+from rlhf_tutorial.devices import course_device, device_of, same_device
 from rlhf_tutorial.trainers import rewards as rewards_trainer
 
 # small_model() and tiny_classifier() are on the course's device (the CPU, a GPU, or the simulated GPU
@@ -168,7 +168,8 @@ def test_reward_model_head_is_created_on_the_base_models_device():
     for head_hidden in (None, 8):
         base = small_model(seed=3)
         rm = rewards.RewardModel(base, head_hidden=head_hidden)
-        assert {p.device for p in rm.head.parameters()} == {device_of(base)} == {course_device()}
+        assert {p.device for p in rm.head.parameters()} == {device_of(base)}  # cuda:0, a parameter's own
+        assert same_device(device_of(base), course_device())  # the rule's `cuda` is cuda:0
         tokens, mask = _on(rm, *_padded([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], "right"))
         assert rm(tokens, mask).device == device_of(base) == rm(tokens).device  # the default mask too
 

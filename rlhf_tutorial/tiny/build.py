@@ -276,7 +276,9 @@ def train_policy(args: BuildArgs, tokenizer, train_texts: list[str], val_texts: 
     bar.close()
     val_loss = lm_eval_loss(model, val, pad)
 
-    cfg = HookedTransformerConfig(**policy_config(args, len(tokenizer)))
+    # on the CPU, beside the GPT-2 it is converted from (the build runs on the CPU on every machine: the
+    # config's default device would be a GPU where there is one)
+    cfg = HookedTransformerConfig(**policy_config(args, len(tokenizer)), device="cpu")
     hooked = HookedTransformer(cfg, tokenizer=tokenizer)
     hooked.load_state_dict(convert_gpt2_weights(model, cfg), strict=False)
     hooked.eval()

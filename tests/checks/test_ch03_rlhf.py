@@ -467,7 +467,10 @@ def value_head_on(act_name_fn, on_model_device: bool = True):
             self.base_model = base_model
             d = base_model.cfg.d_model
             self.value_head = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, 1))
-            if on_model_device:
+            for layer, gain in ((self.value_head[0], 2**0.5), (self.value_head[2], 1.0)):  # as layer_init does
+                nn.init.orthogonal_(layer.weight, gain=gain)
+                nn.init.zeros_(layer.bias)
+            if on_model_device:  # the one mistake of each version is elsewhere (or is this one)
                 self.value_head.to(device_of(base_model))
 
         def forward(self, tokens):
