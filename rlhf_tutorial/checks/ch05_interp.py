@@ -314,6 +314,9 @@ def _patch_dropping_empty(activation, hook, source, positions=None):
 def _patch_batch_dim(activation, hook, source, positions=None):
     if positions is None:
         return source.clone()
+    if any(not -activation.shape[0] <= p < activation.shape[0] for p in positions):
+        # bounds checked in Python: on a GPU the indexing itself would be a device-side assert
+        raise IndexError(f"positions {positions} do not fit the batch of {activation.shape[0]}")
     activation[positions] = source[positions]
     return activation
 

@@ -34,6 +34,7 @@ import re
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -412,44 +413,56 @@ def build(args: BuildArgs) -> dict:
         return _build(args)
 
 
-def _build(args: BuildArgs) -> dict:
-    t_start = time.perf_counter()
-    out = Path(args.out)
+def start_build(out_dir: str) -> tuple[Path, dict[str, float], Callable[[str | None], float]]:
+    """A build's preamble, shared by ``build-tiny`` and ``build-arith``: ``out_dir`` emptied (removed,
+    then made again), and a stopwatch. Returns the folder, ``seconds`` (each step's seconds, by name) and
+    ``lap(name)``, which records under ``name`` the seconds since the previous lap (or the start; no
+    record for ``None``) and returns the seconds since the start."""
+    out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     seconds: dict[str, float] = {}
+    start = last = time.perf_counter()
 
-    def lap(name: str, t0: float) -> float:
-        seconds[name] = round(time.perf_counter() - t0, 2)
-        return time.perf_counter()
+    def lap(name: str | None) -> float:
+        nonlocal last
+        now = time.perf_counter()
+        if name is not None:
+            seconds[name] = round(now - last, 2)
+        last = now
+        return round(now - start, 2)
 
-    t = time.perf_counter()
+    return out, seconds, lap
+
+
+def _build(args: BuildArgs) -> dict:
+    out, seconds, lap = start_build(args.out)
     train_reviews = corpus.ReviewGenerator(sub_seed(args.seed, "train")).reviews(args.n_train_reviews)
     val_reviews = corpus.ReviewGenerator(sub_seed(args.seed, "val")).reviews(args.n_val_reviews)
     eval_reviews = corpus.ReviewGenerator(sub_seed(args.seed, "eval")).reviews(args.n_eval_reviews)
     texts = [r.text for r in train_reviews]
-    t = lap("corpus", t)
+    lap("corpus")
 
     bpe = train_bpe_tokenizer(texts, args.bpe_vocab, out / "tokenizer")
-    t = lap("tokenizer", t)
+    lap("tokenizer")
 
     policy, policy_stats = train_policy(args, bpe, texts, [r.text for r in val_reviews])
     save_policy(policy, policy_config(args, len(bpe)), out / "policy")
-    t = lap("policy", t)
+    lap("policy")
 
     wordpiece = train_wordpiece_tokenizer(texts, args.wordpiece_vocab, out / "classifier")
     classifier, clf_stats = train_classifier(args, wordpiece, train_reviews)
     classifier.save_pretrained(str(out / "classifier"), safe_serialization=True)
     clf_stats.update(classifier_accuracy(classifier, wordpiece, eval_reviews, sub_seed(args.seed, "eval-cut")))
-    t = lap("classifier", t)
+    lap("classifier")
 
     pair_stats = {}
     for split, n in (("train", args.n_pairs_train), ("test", args.n_pairs_test)):
         pairs = corpus.preference_pairs(n, sub_seed(args.seed, f"pairs-{split}"))
         write_jsonl(pairs, out / "preferences" / f"{split}.jsonl")
         pair_stats[split] = corpus.pair_statistics(pairs)
-    t = lap("preferences", t)
+    lap("preferences")
 
     metadata = {
         "seed": args.seed,
@@ -469,7 +482,7 @@ def _build(args: BuildArgs) -> dict:
         "preference_rule": corpus.PREFERENCE_RULE,
         "seconds": seconds,
     }
-    metadata["build_seconds"] = round(time.perf_counter() - t_start, 2)
+    metadata["build_seconds"] = lap(None)
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1, sort_keys=True) + "\n")
     manifest = write_manifest(out)
     return {

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from rlhf_tutorial.tiny import arith
 from rlhf_tutorial.tiny.build import (
     policy_config,
     save_policy,
+    start_build,
     sub_seed,
     train_bpe_tokenizer,
     train_policy,
@@ -89,30 +88,19 @@ def _build(args: ArithBuildArgs) -> dict:
     from rlhf_tutorial.trainers.reasoning import evaluate
     from rlhf_tutorial.worlds import _load_tiny_policy
 
-    t_start = time.perf_counter()
-    out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    seconds: dict[str, float] = {}
-
-    def lap(name: str, t0: float) -> float:
-        seconds[name] = round(time.perf_counter() - t0, 2)
-        return time.perf_counter()
-
-    t = time.perf_counter()
+    out, seconds, lap = start_build(args.out)
     writer = arith.Writer(step_error=args.step_error, bad_format=args.bad_format, no_working=args.no_working)
     train_texts = arith.corpus(args.n_train, sub_seed(args.seed, "arith-train"), writer)
     val_texts = arith.corpus(args.n_val, sub_seed(args.seed, "arith-val"), writer)
-    t = lap("corpus", t)
+    lap("corpus")
 
     bpe = train_bpe_tokenizer(train_texts, args.bpe_vocab, out / "tokenizer", split_digits=True)
-    t = lap("tokenizer", t)
+    lap("tokenizer")
 
     policy, policy_stats = train_policy(args, bpe, train_texts, val_texts)
     config = {**policy_config(args, len(bpe)), "model_name": "tiny-arithmetic-gpt2"}
     save_policy(policy, config, out / "policy")
-    t = lap("policy", t)
+    lap("policy")
 
     model = _load_tiny_policy(out, "cpu")  # as the course loads it (LayerNorm folded)
     measured = {}
@@ -120,7 +108,7 @@ def _build(args: ArithBuildArgs) -> dict:
         problems = arith.problems(args.eval_problems, sub_seed(args.seed, "arith-measure"), difficulty)
         result = evaluate(model, problems, args.eval_samples, args.max_new_tokens, seed=sub_seed(args.seed, "arith-sample"))
         measured[str(difficulty)] = {f"pass_at_{k}": round(v, 4) for k, v in result["pass_at_k"].items()}
-    t = lap("measure", t)
+    lap("measure")
 
     metadata = {
         "seed": args.seed,
@@ -139,7 +127,7 @@ def _build(args: ArithBuildArgs) -> dict:
         "base_pass_at_k": measured,
         "seconds": seconds,
     }
-    metadata["build_seconds"] = round(time.perf_counter() - t_start, 2)
+    metadata["build_seconds"] = lap(None)
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1, sort_keys=True) + "\n")
     manifest = write_manifest(out)
     return {
