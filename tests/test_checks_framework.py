@@ -196,15 +196,15 @@ MIXED = ("Expected all tensors to be on the same device, but found at least two 
 
 @pytest.fixture
 def scratch_checker():
-    """A throwaway exercise ``_scratch`` whose checker calls the candidate on a tensor, then raises
-    ``checker_raises`` itself (None: it passes); removed afterwards."""
+    """A throwaway exercise ``_scratch`` whose checker calls the candidate on a tensor (on the check's
+    device), then raises ``checker_raises`` itself (None: it passes); removed afterwards."""
     from rlhf_tutorial.checks import core
 
     state = {"checker_raises": None}
 
     @core.checker("_scratch", chapter="test", hint="a hint")
     def check_scratch(candidate):
-        core.call(candidate, torch.ones(2))
+        core.call(candidate, core.to_device(torch.ones(2)))  # on the running pass's device, as checkers build
         if state["checker_raises"] is not None:
             raise state["checker_raises"]
 

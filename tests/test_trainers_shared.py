@@ -13,7 +13,7 @@ import torch
 
 from rlhf_tutorial import display
 from rlhf_tutorial.ppo import clip_diagnostics
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
+from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, parse_command
 from rlhf_tutorial.trainers.plug import DIFFERENTIATED, NoGradientError, bind, learner_functions_for
 from rlhf_tutorial.trainers.schedules import warmup_then_cosine, warmup_then_linear_to_zero
 
@@ -114,6 +114,21 @@ def test_flags_are_generated_from_the_fields():
     preset = argparse.ArgumentParser()
     add_flags(preset, DemoArgs, from_preset=True)
     assert given_flags(DemoArgs, preset.parse_args(["--items", "p"])) == {"items": ("p",)}
+
+
+def test_a_command_parses_its_fields_threads_and_progress():
+    """parse_command: the dataclass's flags, --threads (applied to torch) and --no-progress, for every command
+    built on it (train-sft, train-rejection-sampling, pass-at-k, compare-reasoning)."""
+    threads = torch.get_num_threads()
+    try:
+        ns = parse_command("demo", DemoArgs, ["--rate", "0.25", "--items", "p", "--threads", "2", "--no-progress"],
+                           description=None, from_preset=False)
+        assert (ns.threads, ns.no_progress, torch.get_num_threads()) == (2, True, 2)
+        assert DemoArgs(**given_flags(DemoArgs, ns)) == DemoArgs(rate=0.25, items=("p",))
+        ns = parse_command("demo", DemoArgs, [], description=None, from_preset=True)
+        assert (given_flags(DemoArgs, ns), ns.threads, ns.no_progress) == ({}, 1, False)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_clip_diagnostics_definitions_and_mask():

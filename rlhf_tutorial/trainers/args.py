@@ -3,7 +3,9 @@ command-line flags generated from those fields.
 
 - ``arg(default, help)``: a dataclass field with its help string;
 - ``add_flags(parser, Args, ...)``: one ``--field-name`` flag per field (``--x/--no-x`` for a bool);
-- ``given_flags(Args, namespace)``: the fields given on the command line, to build the dataclass.
+- ``given_flags(Args, namespace)``: the fields given on the command line, to build the dataclass;
+- ``parse_command(prog, Args, argv, ...)``: a command's whole parser: the fields' flags, ``--threads``
+  (applied to torch) and ``--no-progress``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,23 @@ def given_flags(args_cls: type, namespace: argparse.Namespace) -> dict[str, Any]
         if value is not None:
             given[f.name] = tuple(value) if str(f.type).startswith("tuple") else value
     return given
+
+
+def parse_command(prog: str, args_cls: type, argv: list[str], *, description: str | None, from_preset: bool,
+                  threads_help: str = "torch CPU threads") -> argparse.Namespace:
+    """Parse ``argv`` of ``python -m rlhf_tutorial {prog}``: one flag per field of ``args_cls``
+    (:func:`add_flags`; ``from_preset``: a flag not given is None, keeping the world's preset), plus
+    ``--threads N`` (default 1, set with ``torch.set_num_threads`` here) and ``--no-progress``. Build the
+    dataclass with :func:`given_flags`."""
+    import torch
+
+    parser = argparse.ArgumentParser(prog=f"python -m rlhf_tutorial {prog}", description=description)
+    add_flags(parser, args_cls, from_preset=from_preset)
+    parser.add_argument("--threads", type=int, default=1, help=threads_help)
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    ns = parser.parse_args(argv)
+    torch.set_num_threads(ns.threads)
+    return ns
 
 
 #: How a trainer's GPT-2 preset changes with the model's size (``RLHF_TUTORIAL_GPT2``). The directions

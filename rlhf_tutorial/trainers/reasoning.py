@@ -41,7 +41,7 @@ from rlhf_tutorial.devices import device_of, rng_devices
 from rlhf_tutorial.grpo import completion_mask, decode_completions, eos_id, sample_group
 from rlhf_tutorial.speed import can_fast_sample, fast_sample
 from rlhf_tutorial.tiny import arith
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
+from rlhf_tutorial.trainers.args import arg, given_flags, parse_command
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 
 #: The exercises the trainers here run (a notebook's versions replace them by keyword).
@@ -403,12 +403,7 @@ def pass_summary(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[s
 def _parse(prog: str, description: str, argv: list[str]) -> tuple[SFTArgs, argparse.Namespace]:
     from rlhf_tutorial.worlds import resolve_world
 
-    parser = argparse.ArgumentParser(prog=f"python -m rlhf_tutorial {prog}", description=description)
-    add_flags(parser, SFTArgs, from_preset=True)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    ns = parser.parse_args(argv)
-    torch.set_num_threads(ns.threads)
+    ns = parse_command(prog, SFTArgs, argv, description=description, from_preset=True)
     world = resolve_world(ns.world)
     given = given_flags(SFTArgs, ns)
     given.pop("world", None)
@@ -468,13 +463,8 @@ def pass_at_k_main(argv: list[str]) -> dict:
     ``pass_at_k_by_difficulty`` every difficulty's; ``pass_at_1_initial`` is the base model's."""
     from rlhf_tutorial.worlds import load_reasoning_policy, resolve_world
 
-    parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial pass-at-k", description=pass_at_k_main.__doc__)
-    add_flags(parser, PassAtKArgs, from_preset=False)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    ns = parser.parse_args(argv)
-    torch.set_num_threads(ns.threads)
-    args = PassAtKArgs(**{f: getattr(ns, f) for f in PassAtKArgs.__dataclass_fields__})
+    ns = parse_command("pass-at-k", PassAtKArgs, argv, description=pass_at_k_main.__doc__, from_preset=False)
+    args = PassAtKArgs(**given_flags(PassAtKArgs, ns))
     args.world = resolve_world(args.world)
     start = time.perf_counter()
     policy = load_reasoning_policy(args.world)

@@ -8,7 +8,6 @@ importing the other both ways would be a cycle).
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 
 from rlhf_tutorial import reasoning
 from rlhf_tutorial.tiny import arith
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import arg, given_flags, parse_command
 from rlhf_tutorial.trainers.reasoning import (
     PASS_KS,
     SFTArgs,
@@ -134,13 +133,9 @@ def compare_main(argv: list[str]) -> dict:
     """``compare-reasoning``: chapter 07's notebook run as one command (see ``compare_reasoning``)."""
     from rlhf_tutorial.worlds import resolve_world
 
-    parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial compare-reasoning", description=compare_main.__doc__)
-    add_flags(parser, CompareArgs, from_preset=False)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the notebook runs on 1)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    ns = parser.parse_args(argv)
-    torch.set_num_threads(ns.threads)
-    args = CompareArgs(**{f: getattr(ns, f) for f in CompareArgs.__dataclass_fields__})
+    ns = parse_command("compare-reasoning", CompareArgs, argv, description=compare_main.__doc__, from_preset=False,
+                       threads_help="torch CPU threads (the notebook runs on 1)")
+    args = CompareArgs(**given_flags(CompareArgs, ns))
     args.world = resolve_world(args.world)
     start = time.perf_counter()
     torch.manual_seed(0)  # as the notebook's first cell
