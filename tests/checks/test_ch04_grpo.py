@@ -349,9 +349,9 @@ def test_completion_mask_built_on_the_cpu_is_named():
 # ----------------------------------------------------------------------------------------------------
 # sample_group
 # ----------------------------------------------------------------------------------------------------
-def _generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature):
+def _generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature, top_k=None):
     return model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=max_new_tokens,
-                          eos_token_id=eos_token_id, temperature=temperature, verbose=False)
+                          eos_token_id=eos_token_id, temperature=temperature, top_k=top_k, verbose=False)
 
 
 def _pad(tokens, length, eos):
@@ -449,8 +449,9 @@ def test_sample_group_written_differently():
 
 def sample_mask_on_the_cpu(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
                            top_k=None):
-    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature).clone(),
-                  len(prompt_tokens) + max_new_tokens, eos_token_id)
+    # its one mistake is the mask's device (a CPU pass of the check sees nothing else wrong)
+    tokens = _pad(_generate(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature,
+                            top_k).clone(), len(prompt_tokens) + max_new_tokens, eos_token_id)
     mask = torch.ones(group_size, max_new_tokens, dtype=torch.bool)  # no device=: the CPU
     for t in range(1, max_new_tokens):
         mask[:, t] = mask[:, t - 1] & (tokens[:, len(prompt_tokens) + t - 1] != eos_token_id)
