@@ -261,14 +261,19 @@ def _passes() -> tuple[str, ...]:
 def test_a_check_runs_on_the_cpu_first_and_then_on_the_courses_device(scratch_checker):
     """On a GPU (or the simulated one) a right candidate runs on the CPU, then on the device; on a
     CPU-only machine once. What the candidate saw is what ``devices`` says."""
-    seen = []
+    from rlhf_tutorial.checks.core import is_cpu_pass
+
+    seen, cpu_first = [], []
 
     def learner(x):
         seen.append(str(x.device))
+        cpu_first.append(is_cpu_pass())  # what a checker may consult to skip a repeated training run
         return x * 2
 
     result = run_check("_scratch", learner)
     assert result.passed and result.devices == _passes() and tuple(seen) == _passes()
+    assert cpu_first == ([True, False] if len(_passes()) == 2 else [False])
+    assert not is_cpu_pass()  # outside a check
 
 
 def test_a_mistake_found_on_the_cpu_never_reaches_the_device(scratch_checker):

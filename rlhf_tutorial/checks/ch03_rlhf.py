@@ -62,6 +62,7 @@ from rlhf_tutorial.checks.core import (
     failure,
     fmt,
     get_attr,
+    is_cpu_pass,
     mismatch,
     seeded,
     to_device,
@@ -1716,6 +1717,8 @@ def check_learning_phase(candidate) -> str:
     if improvement <= 0:
         raise CheckFailure("the update lowered the log-probs of high-advantage tokens: the optimizer must "
                            "maximise the objective (maximize=True), not minimise it.")
+    if is_cpu_pass():  # the training run below repeats the code run above: the GPU pass runs it
+        return "the update matches the reference on the CPU."
     before_reward, after_reward = reward_moves(candidate)
     if not after_reward > before_reward:
         raise CheckFailure(f"after {MOVE_PHASES} phases with your learning_phase the mean reward went from "

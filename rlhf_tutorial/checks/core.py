@@ -117,6 +117,7 @@ class Checker:
 
 REGISTRY: dict[str, Checker] = {}
 _running_on: list[str | None] = []  # the device of the checker now running (a stack: checks may nest)
+_cpu_first: list[bool] = []  # whether it is the CPU pass before a GPU pass (same stack)
 
 
 def checker(name: str, *, chapter: str, hint: str, device: str | None = None) -> Callable:
@@ -195,6 +196,13 @@ def check_device() -> torch.device:
     from rlhf_tutorial.devices import course_device, resolve
 
     return resolve(_running_on[-1]) if _running_on and _running_on[-1] else course_device()
+
+
+def is_cpu_pass() -> bool:
+    """Whether the running check is the CPU pass that precedes a GPU pass (see :func:`run_check`). A
+    checker may leave out there what only repeats code the pass has already run on the CPU (a few phases
+    of training with the candidate): the GPU pass runs it, and the CPU pass stays cheap."""
+    return bool(_cpu_first and _cpu_first[-1])
 
 
 def to_device(obj: Any, device: torch.device | None = None) -> Any:
@@ -811,7 +819,7 @@ def run_check(name: str, candidate: Any) -> CheckResult:
     passes = ["cpu", entry.device] if device.type != "cpu" else [entry.device]
     devices: list[str] = []
     for where in passes:
-        result, conclusive = _run_pass(entry, candidate, where)
+        result, conclusive = _run_pass(entry, candidate, where, cpu_first=len(passes) > 1 and where == "cpu")
         devices.append(str(resolve(where)))
         if where == "cpu" and len(passes) > 1 and (result.passed or not conclusive):
             continue  # on to the GPU pass
@@ -825,10 +833,11 @@ def run_check(name: str, candidate: Any) -> CheckResult:
     return result
 
 
-def _run_pass(entry: Checker, candidate: Any, where: str | None) -> tuple[CheckResult, bool]:
+def _run_pass(entry: Checker, candidate: Any, where: str | None, cpu_first: bool = False) -> tuple[CheckResult, bool]:
     """One run of ``entry``'s checker with its cases on ``where`` (None: the course's device), and
     whether its verdict stands: a failure about devices, or a device mix inside the checker, does not
-    on the CPU pass (the GPU pass judges it)."""
+    on the CPU pass (the GPU pass judges it). ``cpu_first``: the CPU pass before a GPU pass
+    (:func:`is_cpu_pass`)."""
     name = entry.name
     try:
         from rlhf_tutorial.devices import rng_devices
@@ -836,12 +845,14 @@ def _run_pass(entry: Checker, candidate: Any, where: str | None) -> tuple[CheckR
         # a check draws from seeded generators and leaves the notebook's random streams (the GPU's too) as
         # they were
         _running_on.append(where)
+        _cpu_first.append(cpu_first)
         try:
             with torch.random.fork_rng(devices=rng_devices(check_device())):
                 torch.manual_seed(0)
                 detail = entry.fn(candidate)
         finally:
             _running_on.pop()
+            _cpu_first.pop()
         return CheckResult(name, True, detail or "all checks passed."), True
     except CheckFailure as failed:
         message = failed.message
