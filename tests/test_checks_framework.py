@@ -300,10 +300,18 @@ def test_a_device_mix_found_on_the_cpu_is_judged_on_the_device(scratch_checker):
     assert result.devices == _passes() and result.message.startswith("your code mixed devices")
 
 
-@pytest.mark.parametrize("where", ["learner", "checker"])
-def test_a_cuda_error_says_the_context_is_lost_and_the_kernel_must_restart(scratch_checker, where):
+@pytest.mark.parametrize("where", ["learner", "checker", "earlier cell"])
+def test_a_cuda_error_says_the_context_is_lost_and_the_kernel_must_restart(scratch_checker, where, monkeypatch):
+    """Raised by the learner's code, by the checker's next GPU operation, or already lost before the check
+    (an earlier cell: then seeding the check's random streams raises it)."""
     error = RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
                          "reported at some other API call")
+
+    def lost_context(seed):
+        raise error
+
+    if where == "earlier cell":
+        monkeypatch.setattr(torch, "manual_seed", lost_context)
 
     def learner(x):
         if where == "learner":

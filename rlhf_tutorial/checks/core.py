@@ -244,11 +244,11 @@ def is_cuda_error(exc: BaseException) -> bool:
 CONTEXT_LOST = (
     "the GPU stopped on a CUDA error: {error}. The CUDA context of this kernel is lost: CUDA cannot recover "
     "from an error inside a GPU operation (most often an index out of range: indexing, `gather`, an embedding "
-    "lookup or `cross_entropy` targets beyond their size), so every later GPU operation in this kernel fails "
-    "the same way, whatever the code. Restart the kernel (Kernel > Restart) and run the cells above again. "
-    "The check ran your code on the CPU first and it passed there, so the mistake shows only on the GPU: to "
-    "read its exact line, run your function once on CPU tensors, or start Jupyter with "
-    "RLHF_TUTORIAL_DEVICE=cpu."
+    "lookup or `cross_entropy` targets beyond their size), here or in an earlier cell, so every later GPU "
+    "operation in this kernel fails the same way, whatever the code. Restart the kernel (Kernel > Restart) and "
+    "run the cells above again. Checks run your code on the CPU before the GPU, where such a mistake gets a "
+    "readable message; to find one that shows only on the GPU, run your function once on CPU tensors, or start "
+    "Jupyter with RLHF_TUTORIAL_DEVICE=cpu."
 )
 
 
