@@ -8,8 +8,11 @@
 # **How exercises work.** An exercise cell holds a function whose body is
 # `raise NotImplementedError(...)`. Replace that line with your code and run the cell, then run the
 # `check(...)` cell below it: it compares your function with a reference on several inputs and tells
-# you what differs, naming the mistake when it is a known one. The full hint waits until you ask:
-# `hint("name")`, or the collapsed **Hint** cell between the two. `progress()` shows which exercises
+# you what differs, naming the mistake when it is a known one. The hints wait until you ask, and come
+# as a ladder: `hint("name")` gives a nudge (which quantity, which torch function), `hint("name", 2)`
+# the approach or formula, `hint("name", 3)` the code; the collapsed **Hint** cell between the two
+# cells nests the same three rungs. Try each rung before the next: the exercises are there to make you
+# think, and the text above each says what to compute, never how to write it. `progress()` shows which exercises
 # you have passed, in every chapter, and remembers them across kernel restarts.
 #
 # ## The RLHF map

@@ -10,7 +10,8 @@
 #
 # The reference code lives in `rlhf_tutorial/ppo.py` (one readable file, in the style of CleanRL). After
 # each exercise, the `check(...)` cell compares your function with the reference on several cases and
-# tells you what looks wrong; `hint("name")` shows the hint again.
+# tells you what looks wrong; `hint("name")`, `hint("name", 2)` and `hint("name", 3)` climb the hint
+# ladder (a nudge, the approach, the code).
 #
 # **Plan.** 1. policy gradients and the clipped objective · 2. the agent · 3. advantages (GAE) ·
 # 4. the three terms of the objective · 5. rollouts · 6. the learning phase · 7. probe environments ·

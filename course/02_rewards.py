@@ -175,9 +175,10 @@ print("the policy's samples, p(NEGATIVE):",
 # on purpose: with a single prompt, subtracting the batch's mean score is a baseline, the same one
 # GRPO uses per group in chapter 04; chapter 03 says what it costs.
 #
-# **Predict, then check.** The cell after the check whitens ten rewards, five near 1 and five near 0.
-# Before you run it: with `shift_mean=True`, what are the mean and the (biased) standard deviation of
-# the result? With `shift_mean=False`, what is the mean, and can any whitened reward be negative?
+# **Predict, then check.** The cell after the check whitens the classifier's rewards of the ten reviews
+# above (five positive, five negative). Before you run it: with `shift_mean=True`, what are the mean
+# and the (biased) standard deviation of the result, whatever the rewards were? With
+# `shift_mean=False`, what is the mean, and can a whitened reward be negative?
 
 # %% exercise rlhf_tutorial.rewards:whiten | 5 min | difficulty 1 | importance 4
 
