@@ -110,11 +110,13 @@ for text, r in zip(toy_texts, reward_fn_char_count(toy_texts)):
 # classifier trained on the synthetic reviews. Both say which output is which label in
 # `classifier.config.label2id`: read the index from there, never assume it.
 #
-# Write `reward_fn_sentiment(samples, classifier, tokenizer, direction="pos")`:
-# tokenize all samples at once (`padding=True, truncation=True, return_tensors="pt"`), put the tensors
-# on the classifier's device, run the classifier under `torch.no_grad()` with the `input_ids` **and** the
-# `attention_mask` (without it, the padding added to the shorter samples changes their score), and take
-# the probability of the label.
+# Write `reward_fn_sentiment(samples, classifier, tokenizer, direction="pos")`: a list of $B$ strings in,
+# $r(x)$ for each out, a `[B]` float32 tensor on the classifier's device. Score the whole list in one
+# padded batch (truncated to what the classifier accepts), on the classifier's device and without
+# gradients (a reward is a number, not something to differentiate). The classifier must see which
+# positions are padding: without the attention mask, the padding added to the shorter samples changes
+# their score (the checker scores batches of reviews of different lengths, with a classifier whose
+# `label2id` does not put POSITIVE at index 1).
 
 # %%
 classifier, cls_tokenizer = load_sentiment_classifier(world)
