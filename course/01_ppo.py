@@ -131,8 +131,21 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 #
 # **Exercise.** `compute_gae(rewards, values, next_value, dones, gamma, gae_lambda)`, all `[steps, env]`
 # except `next_value: [env]`; `dones` is a bool tensor (convert with `.float()` before arithmetic).
+# The check probes a single step, random episode ends, an episode end at every step, and
+# $\lambda \in \{0, 1\}$.
+#
+# **Predict, then check.** One env, four steps, every reward 1, every value 0, `next_value` 0, no episode
+# end, $\gamma = 1$. What is $\hat A_0$ with $\lambda = 0$? With $\lambda = 1$? And with $\lambda = 1$ if the
+# episode ends at step 1 (`dones[1]` True)? The cell after the check prints the three.
 
 # %% exercise rlhf_tutorial.ppo:compute_gae | 20 min | difficulty 3 | importance 5
+
+# %%
+ones, zeros = torch.ones(4, 1), torch.zeros(4, 1)
+no_end, end_at_1 = torch.zeros(4, 1, dtype=torch.bool), torch.tensor([[False], [True], [False], [False]])
+for lam, dones, label in [(0.0, no_end, "lambda 0"), (1.0, no_end, "lambda 1"), (1.0, end_at_1, "lambda 1, end at step 1")]:
+    adv = compute_gae(ones, zeros, torch.zeros(1), dones, gamma=1.0, gae_lambda=lam)
+    print(f"{label:>24}: A = {adv[:, 0].tolist()}")
 
 # %% [markdown]
 # ## 4. The objective: three terms
