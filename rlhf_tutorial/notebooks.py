@@ -142,6 +142,33 @@ def solution_source(obj: Any) -> str:
     return "\n".join(line for line in src.splitlines() if line.strip() not in {BEGIN, END})
 
 
+def solution_code(obj: Any) -> str:
+    """The code a learner writes for the exercise ``obj``, as the last rung of its hint: a ```python
+    fence around the marked region (regions joined by ``...``), else the function's body after its
+    docstring, else (a class) the whole class. One home: the reference is the code."""
+    src = textwrap.dedent(inspect.getsource(obj))
+    lines = src.splitlines()
+    if any(line.strip() == BEGIN for line in lines):
+        regions, current = [], None
+        for line in lines:
+            if line.strip() == BEGIN:
+                current = []
+            elif line.strip() == END:
+                regions.append(textwrap.dedent("\n".join(current)))
+                current = None
+            elif current is not None:
+                current.append(line)
+        code = "\n...\n".join(regions)
+    elif inspect.isclass(obj):
+        code = src
+    else:
+        body = ast.parse(src).body[0].body
+        has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+        first = body[0].end_lineno if has_doc and len(body) > 1 else body[0].lineno - 1
+        code = textwrap.dedent("\n".join(lines[first:]))
+    return f"```python\n{code.strip()}\n```"
+
+
 def stub_source(obj: Any, name: str) -> str:
     """The reference's source with the learner's part replaced by ``raise NotImplementedError``.
 
@@ -186,12 +213,20 @@ def stub_source(obj: Any, name: str) -> str:
 
 
 def hint_markdown(name: str) -> str:
+    """The collapsed hint cell after an exercise: its three rungs as nested ``<details>`` (a nudge;
+    inside it the approach; inside that the code), so each opens only after the one before."""
     from rlhf_tutorial.checks.core import REGISTRY, load_all
 
     load_all()
     if name not in REGISTRY:
         raise ValueError(f"exercise {name!r} has no registered checker: every exercise needs one")
-    return f"<details><summary><b>Hint</b> for <code>{name}</code></summary>\n\n{REGISTRY[name].hint}\n\n</details>"
+    rungs = REGISTRY[name].hint
+    if len(rungs) == 1:  # a chapter not yet on the ladder
+        return f"<details><summary><b>Hint</b> for <code>{name}</code></summary>\n\n{rungs[0]}\n\n</details>"
+    labels = (f"<b>Hint 1</b> for <code>{name}</code>: a nudge", "<b>Hint 2</b>: the approach",
+              "<b>Hint 3</b>: the code")
+    opened = "\n\n".join(f"<details><summary>{label}</summary>\n\n{text}" for label, text in zip(labels, rungs))
+    return opened + "\n\n" + "\n".join("</details>" for _ in rungs)
 
 
 def how_to_work(stem: str, variant: str) -> str:
@@ -202,9 +237,10 @@ def how_to_work(stem: str, variant: str) -> str:
     return (
         "> **How to work through this chapter.** Run the cells from the top, one at a time (Shift+Enter). "
         "At each exercise, replace the `raise NotImplementedError(...)` line with your code, run the cell, "
-        "then run the `check(...)` cell below it. Stuck? `hint(\"name\")` (or the collapsed **Hint** cell) "
-        f"gives a hint, and `solutions/{stem}.ipynb` the answer (in the file browser: one folder up, then "
-        "`solutions/`). `progress()` lists what you have passed, across kernel restarts.\n>\n"
+        "then run the `check(...)` cell below it. Stuck? The hints are a ladder: `hint(\"name\")` gives a nudge, "
+        "`hint(\"name\", 2)` the approach, `hint(\"name\", 3)` the code (or open the collapsed **Hint** cell, "
+        f"one rung inside the other); `solutions/{stem}.ipynb` has the solved chapter (in the file browser: one "
+        "folder up, then `solutions/`). `progress()` lists what you have passed, across kernel restarts.\n>\n"
         "> **Run All stops at the first exercise you have not written yet**, with a `NotImplementedError` "
         "that names it: that is expected, and it marks where to continue."
     )
