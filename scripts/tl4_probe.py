@@ -462,14 +462,12 @@ def checks(probe: Probe, world: str, load) -> None:
         store = {}
         policy.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", lambda x, hook: store.update(h=x))])
         store["h"].sum().backward()  # a value head's loss, as in chapter 03
-        with torch.no_grad():
-            copy_logits = policy(tokens)
         try:
             reference = copy.deepcopy(base)
         except RuntimeError as err:
-            raise Fail(f"deepcopy(base) after a gradient forward of an earlier deepcopy(base) raises: {str(err)[:120]}")
+            raise Fail(f"deepcopy(base) after a gradient forward of an earlier deepcopy(base) raises: "
+                       f"{str(err)[:120]}") from err
         torch.testing.assert_close(reference(tokens), base(tokens))
-        expect(not torch.equal(copy_logits, copy_logits * 0), "no output")
         return "deepcopy(base) again after training a copy"
 
     probe.run(p + "deepcopy_after_a_copy_trained", deepcopy_after_a_copy_trained)
@@ -478,7 +476,8 @@ def checks(probe: Probe, world: str, load) -> None:
         try:
             from transformer_lens import HookedTransformer
         except ImportError as err:
-            raise Fail(f"{err}: speed.can_fast_sample, the trainers' type hints and 9 modules' imports use it")
+            raise Fail(f"{err}: 19 package modules and the chapter sources import it at the top, "
+                       "speed.can_fast_sample tests isinstance") from err
         expect(isinstance(m, HookedTransformer), f"{type(m).__name__} is not a HookedTransformer")
         return "isinstance(model, HookedTransformer)"
 
