@@ -380,6 +380,17 @@ def checks(probe: Probe, world: str, load) -> None:
 
     probe.run(p + "optimizer_step_on_parameters", train_step)
 
+    def train_mode_deterministic():
+        model = fresh().train()  # the trainers train the policy in train mode
+        with torch.no_grad():
+            a, b = model(tokens), model(tokens)
+        diff = (a - b).abs().max().item()
+        expect(diff == 0, f"two forwards in train mode differ by {diff:.3g}: dropout is on (3.x's HookedTransformer "
+               "has none; PPO's first ratio would not be 1, the reference and the policy would disagree)")
+        return "no dropout"
+
+    probe.run(p + "train_mode_deterministic", train_mode_deterministic)
+
     def state_dict_roundtrip():
         sd = m.state_dict()
         other = fresh()
