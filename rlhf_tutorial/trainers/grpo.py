@@ -299,6 +299,7 @@ def train(
     callback: Callable[[dict[str, Any]], None] | None = None,
     evaluate_before_after: bool = True,
     progress: bool = True,
+    lora_functions: dict[str, Callable] | None = None,
     **overrides: Callable,
 ) -> GRPOResult:
     """Train the policy with GRPO; any function named in ``PLUGGABLE`` can be replaced by keyword.
@@ -310,7 +311,9 @@ def train(
     of the policy every k phases (the iterative variant; the phases' ``kl`` is then to the current
     reference, the evaluations' to the starting policy). ``callback(record)`` gets each phase's
     record. Wall time and peak memory (on the policy's device) cover everything after the models are
-    loaded, evaluations included.
+    loaded, evaluations included. With ``args.lora_rank > 0`` the policy is frozen and LoRA adapters are
+    attached and trained instead (``trainers.lora.apply_lora``; ``lora_functions``: the learner's ``LoRA``,
+    ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``).
     """
     if args.importance_level not in ("token", "sequence"):
         raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
@@ -339,7 +342,7 @@ def train(
         raise ValueError("lora_rank > 0 with ref_refresh_every: the reference would be refreshed without the adapters' "
                          "update (it lives in hooks, not in the weights); use one or the other")
     # chapter 08: with lora_rank > 0 the policy is frozen and adapters are attached (after the reference's copy)
-    adapters = apply_lora(policy, args.lora_rank, args.lora_alpha, seed=args.seed)
+    adapters = apply_lora(policy, args.lora_rank, args.lora_alpha, seed=args.seed, **(lora_functions or {}))
     # fused (one kernel for all parameters, the same update) when the speed-ups are on: 5x faster on a CPU
     optimizer = torch.optim.AdamW(trainable(policy, adapters), lr=args.learning_rate, weight_decay=0.0,
                                   maximize=True, fused=args.fast or None)
