@@ -136,8 +136,8 @@ RUNS.update({
 RUNS.update({
     "lora_grpo_r1": Run(("train-grpo", "--world", "tiny", "--seed", "0", "--lora-rank", "1", "--learning-rate", "3e-3")),
     "lora_rl": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seed", "0")),
-    "lora_scan": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seed", "0", "--ranks", "0", "1",
-                      "--lr-multipliers", "0.3", "1", "3", "--num-phases", "12")),
+    "lora_scan": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seed", "0", "--lr-multipliers", "1", "3",
+                      "--num-phases", "12")),
     "lora_sft": Run(("compare-lora", "--world", "tiny", "--task", "arithmetic", "--seed", "0")),
     "lora_spectrum": Run(("compare-lora", "--world", "tiny", "--task", "spectrum")),
 })

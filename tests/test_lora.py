@@ -130,3 +130,33 @@ def test_sft_with_lora_leaves_the_base_weights(tmp_path):
     assert result.adapters is not None and len(result.losses) == 2
     assert all(torch.equal(p, q) for p, q in zip(policy.parameters(), before))
     assert any(bool(a.B.ne(0).any()) for a in result.adapters.values())
+
+
+def test_spectrum_counts_the_directions_of_a_known_change():
+    import copy
+
+    from rlhf_tutorial.trainers.lora_compare import spectrum
+
+    base = small_model(seed=2)
+    tuned = copy.deepcopy(base)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a rank-2 change of layer 0's W_in, nothing else
+        tuned.blocks[0].mlp.W_in += (torch.randn(32, 2, generator=g) @ torch.randn(2, 128, generator=g)).to(base.cfg.device)
+    out = spectrum(base, tuned)
+    assert out["matrices"]["L0_mlp_in"]["k_90"] <= 2 and out["matrices"]["L0_mlp_in"]["k_50"] == 1
+    assert all(m["k_90"] == 0 for key, m in out["matrices"].items() if key != "L0_mlp_in")
+    assert out["random_median_k_90"] > 10
+    assert 0 < out["fraction_changed"] < 0.1
+
+
+def test_compare_lora_summarises_every_rank_and_the_scan():
+    from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, compare_lora
+
+    args = CompareLoRAArgs(world="tiny", ranks=(0, 2), lr_multipliers=(1.0, 3.0), num_phases=1, groups_per_phase=2,
+                           eval_samples=4)
+    out = compare_lora(args)
+    assert set(out["runs"]) == {"0", "2"} and set(out["scan"]["2"]) == {"1", "3"}
+    assert out["runs"]["0"]["learning_rate"] == 3e-4 and out["runs"]["2"]["learning_rate"] == 3e-3
+    assert out["runs"]["2"]["trainable_parameters"] < out["runs"]["0"]["trainable_parameters"] / 10
+    assert out["runs"]["2"]["optimizer_state_mb"] < out["runs"]["0"]["optimizer_state_mb"] / 10
+    assert out["best_multiplier"]["0"] in ("1", "3")

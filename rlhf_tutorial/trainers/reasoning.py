@@ -325,16 +325,19 @@ def train_sft(
     policy: HookedTransformer | None = None,
     evaluate_before_after: bool = True,
     progress: bool = True,
+    lora_functions: dict[str, Callable] | None = None,
     **overrides: Callable,
 ) -> SFTResult:
     """Supervised fine-tuning on ``args.n_demonstrations`` correct worked solutions of the training
     difficulty (``arith.demonstrations`` of the 'sft' split), the prompt masked out of the loss:
     ``fns["sft_loss"]``. ``policy`` defaults to the world's base model (``load_reasoning_policy``),
-    trained in place. Any function of ``PLUGGABLE`` can be replaced by keyword."""
+    trained in place. Any function of ``PLUGGABLE`` can be replaced by keyword; with ``args.lora_rank > 0``
+    LoRA adapters are trained instead of the weights (``lora_functions``: the learner's LoRA pieces, as
+    ``trainers.lora.learner_functions`` gives them)."""
     policy, fns = _start(args, policy, overrides)
     start = time.perf_counter()
     before = _measure(policy, args, fns) if evaluate_before_after else None
-    adapters = apply_lora(policy, args.lora_rank, args.lora_alpha, seed=args.seed)  # chapter 08; None at rank 0
+    adapters = apply_lora(policy, args.lora_rank, args.lora_alpha, seed=args.seed, **(lora_functions or {}))
     pairs = arith.demonstrations(split_problems("sft", args.n_demonstrations, args.difficulty, args.seed))
     generator = torch.Generator().manual_seed(args.seed)
     losses = fine_tune(policy, pairs, args, args.epochs, fns["sft_loss"], generator, progress, adapters=adapters)
