@@ -44,8 +44,8 @@ from rlhf_tutorial.lora import (
     HOOK_POINTS,
     TARGETS,
     adapter_key,
-    attach,
-    detach,
+    attach_lora,
+    detach_lora,
     make_adapters,
     trainable_parameters,
     weight_matrices,
@@ -206,7 +206,7 @@ rank_curves({**{r: rec for r, rec in recorded_rl.items() if r != "1"}, "1": rank
 
 # %% [markdown]
 # The policy's weights did not move; the update lives in the adapters. Merged, it is an ordinary model
-# (what `train-rlhf --lora-rank 1 --save DIR` writes and `export-hf --checkpoint DIR` exports):
+# (what `train-rlhf --lora-rank 1 --save DIR` writes and `export-hf --checkpoint DIR --out OUT` exports):
 
 # %%
 trained = rank1["_result"]

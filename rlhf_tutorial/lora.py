@@ -168,16 +168,16 @@ def lora_hooks(model: HookedTransformer, adapters: nn.ModuleDict) -> list[tuple[
     # <<< exercise
 
 
-def attach(model: HookedTransformer, adapters: nn.ModuleDict,
+def attach_lora(model: HookedTransformer, adapters: nn.ModuleDict,
            hooks_fn: Callable[[HookedTransformer, nn.ModuleDict], list] | None = None) -> None:
-    """Attach the adapters to ``model`` for good (until ``detach``): ``lora_hooks``'s hooks added as
+    """Attach the adapters to ``model`` for good (until ``detach_lora``): ``lora_hooks``'s hooks added as
     permanent hooks, so that ``run_with_hooks`` elsewhere (which removes the temporary ones) keeps them;
     ``hooks_fn`` replaces ``lora_hooks`` (a learner's version)."""
     for name, fn in (hooks_fn or lora_hooks)(model, adapters):
         model.add_hook(name, fn, is_permanent=True)
 
 
-def detach(model: HookedTransformer) -> None:
+def detach_lora(model: HookedTransformer) -> None:
     """Remove every hook from ``model``, the permanent ones (an attached LoRA) included."""
     model.reset_hooks(including_permanent=True)
 

@@ -491,7 +491,7 @@ def check_merge_lora(candidate) -> str:
     adapters = _random_adapters(model, [lora.adapter_key(layer, t) for layer in range(2) for t in lora.TARGETS], 16)
     tokens = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=seeded(17)).to(check_device())
     want = model.run_with_hooks(tokens, fwd_hooks=lora.lora_hooks(model, adapters)).detach()
-    lora.attach(model, adapters)
+    lora.attach_lora(model, adapters)
     weights, ab = _state_digest(model), _state_digest(adapters)
     try:
         merged = call(candidate, model, adapters)
@@ -511,7 +511,7 @@ def check_merge_lora(candidate) -> str:
         if not any(hp.fwd_hooks for hp in model.hook_dict.values()):
             raise CheckFailure("merge_lora removed the hooks of the model it was given: remove them from the copy only.")
     finally:
-        lora.detach(model)
+        lora.detach_lora(model)
     return f"{verdicts[0]} (LN), {verdicts[1]} (LNPre); merged logits equal the hooked ones to 1e-5, " \
            "also from a model with its LoRA attached; the model and adapters are unchanged."
 

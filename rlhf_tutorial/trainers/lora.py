@@ -47,7 +47,7 @@ def apply_lora(policy: HookedTransformer, rank: int, alpha: float, seed: int = 0
     fns = bind(lora, PLUGGABLE, overrides)
     policy.requires_grad_(False)
     adapters = lora.make_adapters(policy, rank, alpha, seed=seed, lora_cls=fns["LoRA"])
-    lora.attach(policy, adapters, hooks_fn=fns["lora_hooks"])
+    lora.attach_lora(policy, adapters, hooks_fn=fns["lora_hooks"])
     return adapters
 
 
