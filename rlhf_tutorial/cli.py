@@ -45,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pass-at-k": ("rlhf_tutorial.trainers.reasoning:pass_at_k_main", "chapter 07: pass@k of the base model or after SFT / rejection sampling"),
     "compare-reasoning": ("rlhf_tutorial.trainers.reasoning_compare:compare_main",
                           "chapter 07: the notebook's run (base, SFT, rejection sampling, GRPO) compared by pass@k"),
+    "compare-lora": ("rlhf_tutorial.trainers.lora_compare:compare_main",
+                     "chapter 08: LoRA ranks vs full fine-tuning (GRPO on sentiment, SFT on arithmetic), a fine-tune's spectrum"),
     "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
     "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO, PPO or DPO trainer against TRL's on the same model and settings"),
     "scale-trl": ("rlhf_tutorial.trainers.scale_trl:main",

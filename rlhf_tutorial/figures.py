@@ -131,6 +131,19 @@ RUNS.update({
     "arith_build": Run(("build-arith", "--out", "/tmp/rlhf_tutorial_figures/artifacts_arith")),
 })
 
+# Chapter 08: LoRA at ranks 1, 4, 16 against full fine-tuning. lora_rl and lora_sft are the notebook's runs
+# (it runs ranks 0 and 1 of them and checks its numbers); lora_grpo_r1 is the README's acceptance command.
+RUNS.update({
+    "lora_grpo_r1": Run(("train-grpo", "--world", "tiny", "--seed", "0", "--lora-rank", "1", "--learning-rate", "3e-3")),
+    "lora_rl": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seed", "0")),
+    "lora_scan": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seed", "0", "--lr-multipliers", "1", "3",
+                      "--num-phases", "12")),
+    "lora_sft": Run(("compare-lora", "--world", "tiny", "--task", "arithmetic", "--seed", "0")),
+    "lora_spectrum": Run(("compare-lora", "--world", "tiny", "--task", "spectrum")),
+    # chapter 03's PPO with a rank-1 LoRA (the value head trains in full), at about 3x the preset's learning rate (10x, 7e-3, diverged)
+    "lora_ppo_r1": Run(("train-rlhf", "--world", "tiny", "--seed", "0", "--lora-rank", "1", "--learning-rate", "2e-3")),
+})
+
 #: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).
 DROPPED_KEYS = ("texts",)
 

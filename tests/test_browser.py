@@ -115,6 +115,11 @@ SPECS = [
         Visual("held_out_figure("),
         Visual("best_of_n_figure("),
     ]),
+    Spec("solutions/08_lora.ipynb", [
+        Visual("rank_curves("),
+        Visual("cost_figure("),
+        Visual("spectrum_figure("),
+    ]),
 ]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
@@ -43,6 +43,8 @@ from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.speed import REWARD_TARGET, harness_speedups, time_split, time_to_reward
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
+from rlhf_tutorial.trainers.lora import ALPHA_HELP, RANK_HELP, apply_lora, optimizer_state_mb, trainable
+from rlhf_tutorial.trainers.lora import summary as lora_summary
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.records import add_stats, mean_stats
 from rlhf_tutorial.trainers.runtime import PeakMemory, peak_memory_mb
@@ -120,6 +122,9 @@ class GRPOArgs:
     # harness speed (what a learner's functions compute is unchanged)
     fast: bool = arg(True, "harness speed-ups (speed.py): a hook-free forward, and with the reference "
                      "sample_group our own sampler, whose log-probs are pi_old's (no second forward)")
+    # chapter 08
+    lora_rank: int = arg(0, RANK_HELP)
+    lora_alpha: float = arg(16.0, ALPHA_HELP)
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> GRPOArgs:
@@ -277,6 +282,8 @@ class GRPOResult:
     wall_seconds: float
     peak_memory_mb: float
     note: str | None = None  # set when dynamic sampling kept no group in any phase (nothing was trained)
+    adapters: nn.ModuleDict | None = None  # lora_rank > 0: the trained adapters, attached to `policy` by hooks
+    optimizer_state_mb: float = 0.0  # megabytes of the optimizer's state at the end (trainers.lora)
 
     @property
     def reward_per_phase(self) -> list[float]:
@@ -292,6 +299,7 @@ def train(
     callback: Callable[[dict[str, Any]], None] | None = None,
     evaluate_before_after: bool = True,
     progress: bool = True,
+    lora_functions: dict[str, Callable] | None = None,
     **overrides: Callable,
 ) -> GRPOResult:
     """Train the policy with GRPO; any function named in ``PLUGGABLE`` can be replaced by keyword.
@@ -303,7 +311,9 @@ def train(
     of the policy every k phases (the iterative variant; the phases' ``kl`` is then to the current
     reference, the evaluations' to the starting policy). ``callback(record)`` gets each phase's
     record. Wall time and peak memory (on the policy's device) cover everything after the models are
-    loaded, evaluations included.
+    loaded, evaluations included. With ``args.lora_rank > 0`` the policy is frozen and LoRA adapters are
+    attached and trained instead (``trainers.lora.apply_lora``; ``lora_functions``: the learner's ``LoRA``,
+    ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``).
     """
     if args.importance_level not in ("token", "sequence"):
         raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
@@ -328,9 +338,14 @@ def train(
     # its reference, so it keeps a copy of the start for that.
     anchor = copy.deepcopy(reference) if args.ref_refresh_every else reference
     reward_fn = reward_fn or make_reward_fn(args)
+    if args.lora_rank and args.ref_refresh_every:
+        raise ValueError("lora_rank > 0 with ref_refresh_every: the reference would be refreshed without the adapters' "
+                         "update (it lives in hooks, not in the weights); use one or the other")
+    # chapter 08: with lora_rank > 0 the policy is frozen and adapters are attached (after the reference's copy)
+    adapters = apply_lora(policy, args.lora_rank, args.lora_alpha, seed=args.seed, **(lora_functions or {}))
     # fused (one kernel for all parameters, the same update) when the speed-ups are on: 5x faster on a CPU
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0, maximize=True,
-                                  fused=args.fast or None)
+    optimizer = torch.optim.AdamW(trainable(policy, adapters), lr=args.learning_rate, weight_decay=0.0,
+                                  maximize=True, fused=args.fast or None)
     generator = torch.Generator().manual_seed(args.seed)
 
     history: list[dict[str, Any]] = []
@@ -384,6 +399,8 @@ def train(
         wall_seconds=time.perf_counter() - start,
         peak_memory_mb=memory.peak_mb,
         note=note,
+        adapters=adapters,
+        optimizer_state_mb=optimizer_state_mb(optimizer),
     )
 
 
@@ -478,6 +495,8 @@ def main(argv: list[str]) -> dict:
         **time_to_reward(history, REWARD_TARGET),
         "peak_memory_mb": round(peak_memory_mb(device_of(result.policy)), 1),
         "peak_memory_training_mb": round(result.peak_memory_mb, 1),
+        "optimizer_state_mb": round(result.optimizer_state_mb, 3),
+        **lora_summary(result.policy, result.adapters, args.lora_rank, args.lora_alpha),
         "device": str(device_of(result.policy)),
         "torch_threads": ns.threads,
         "args": asdict(args),

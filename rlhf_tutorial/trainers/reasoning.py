@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
@@ -42,6 +42,8 @@ from rlhf_tutorial.grpo import completion_mask, decode_completions, eos_id, samp
 from rlhf_tutorial.speed import can_fast_sample, fast_sample
 from rlhf_tutorial.tiny import arith
 from rlhf_tutorial.trainers.args import arg, given_flags, parse_command
+from rlhf_tutorial.trainers.lora import ALPHA_HELP, RANK_HELP, apply_lora, trainable
+from rlhf_tutorial.trainers.lora import summary as lora_summary
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 
 #: The exercises the trainers here run (a notebook's versions replace them by keyword).
@@ -198,6 +200,9 @@ class SFTArgs:
     temperature: float = arg(1.0, "sampling temperature (the measurements' too)")
     eval_problems: int = arg(64, "fresh problems of the training difficulty that pass@k is measured on")
     eval_samples: int = arg(16, "samples per problem for pass@k (k up to this)")
+    # chapter 08
+    lora_rank: int = arg(0, RANK_HELP)
+    lora_alpha: float = arg(16.0, ALPHA_HELP)
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> SFTArgs:
@@ -254,11 +259,14 @@ def fine_tune(
     generator: torch.Generator,
     progress: bool = True,
     desc: str = "SFT",
+    adapters: nn.ModuleDict | None = None,
 ) -> list[float]:
     """Minimise ``sft_loss`` over ``pairs`` (prompt, completion) for ``epochs`` passes in shuffled
     minibatches of ``args.batch_size`` (AdamW, no weight decay, gradient norm clipped). Returns the
-    loss of every step."""
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    loss of every step. With ``adapters`` (``lora_rank > 0``, attached by ``apply_lora``) only their
+    A and B are trained."""
+    params = list(trainable(policy, adapters))
+    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     losses: list[float] = []
     steps = epochs * math.ceil(len(pairs) / args.batch_size)
     bar = tqdm(total=steps, desc=desc, disable=not progress, file=sys.stderr, leave=False)
@@ -272,7 +280,7 @@ def fine_tune(
                 raise FloatingPointError(f"the SFT loss is {loss.item()} at step {len(losses)}: check sft_loss")
             optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
             losses.append(loss.item())
             bar.update(1)
@@ -292,6 +300,7 @@ class SFTResult:
     eval_initial: dict[str, Any] | None
     eval_final: dict[str, Any] | None
     wall_seconds: float
+    adapters: nn.ModuleDict | None = None  # lora_rank > 0: the trained adapters, attached to `policy` by hooks
 
 
 def _measure(policy: HookedTransformer, args: SFTArgs, fns: dict[str, Callable]) -> dict[str, Any]:
@@ -316,20 +325,24 @@ def train_sft(
     policy: HookedTransformer | None = None,
     evaluate_before_after: bool = True,
     progress: bool = True,
+    lora_functions: dict[str, Callable] | None = None,
     **overrides: Callable,
 ) -> SFTResult:
     """Supervised fine-tuning on ``args.n_demonstrations`` correct worked solutions of the training
     difficulty (``arith.demonstrations`` of the 'sft' split), the prompt masked out of the loss:
     ``fns["sft_loss"]``. ``policy`` defaults to the world's base model (``load_reasoning_policy``),
-    trained in place. Any function of ``PLUGGABLE`` can be replaced by keyword."""
+    trained in place. Any function of ``PLUGGABLE`` can be replaced by keyword; with ``args.lora_rank > 0``
+    LoRA adapters are trained instead of the weights (``lora_functions``: the learner's LoRA pieces, as
+    ``trainers.lora.learner_functions`` gives them)."""
     policy, fns = _start(args, policy, overrides)
     start = time.perf_counter()
     before = _measure(policy, args, fns) if evaluate_before_after else None
+    adapters = apply_lora(policy, args.lora_rank, args.lora_alpha, seed=args.seed, **(lora_functions or {}))
     pairs = arith.demonstrations(split_problems("sft", args.n_demonstrations, args.difficulty, args.seed))
     generator = torch.Generator().manual_seed(args.seed)
-    losses = fine_tune(policy, pairs, args, args.epochs, fns["sft_loss"], generator, progress)
+    losses = fine_tune(policy, pairs, args, args.epochs, fns["sft_loss"], generator, progress, adapters=adapters)
     after = _measure(policy, args, fns) if evaluate_before_after else None
-    return SFTResult(policy, losses, [], before, after, time.perf_counter() - start)
+    return SFTResult(policy, losses, [], before, after, time.perf_counter() - start, adapters)
 
 
 def train_rejection_sampling(
@@ -354,6 +367,7 @@ def train_rejection_sampling(
     policy, fns = _start(args, policy, overrides)
     start = time.perf_counter()
     before = _measure(policy, args, fns) if evaluate_before_after else None
+    adapters = apply_lora(policy, args.lora_rank, args.lora_alpha, seed=args.seed)  # chapter 08; None at rank 0
     generator = torch.Generator().manual_seed(args.seed)
     losses, rounds = [], []
     for r in range(args.rs_rounds):
@@ -366,7 +380,7 @@ def train_rejection_sampling(
         chosen = fns["select_correct"](rewards, args.rs_max_per_prompt).tolist()
         pairs = [(problems[i // args.rs_samples].prompt, flat[i]) for i in chosen]
         round_losses = fine_tune(policy, pairs, args, args.rs_epochs, fns["sft_loss"], generator, progress,
-                                 desc=f"round {r + 1}") if pairs else []
+                                 desc=f"round {r + 1}", adapters=adapters) if pairs else []
         losses += round_losses
         record = {
             "round": r,
@@ -379,7 +393,7 @@ def train_rejection_sampling(
         if callback is not None:
             callback(record)
     after = _measure(policy, args, fns) if evaluate_before_after else None
-    return SFTResult(policy, losses, rounds, before, after, time.perf_counter() - start)
+    return SFTResult(policy, losses, rounds, before, after, time.perf_counter() - start, adapters)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -415,6 +429,7 @@ def _summary(args: SFTArgs, result: SFTResult, wall: float) -> dict[str, Any]:
         "world": args.world,
         "seed": args.seed,
         **pass_summary(result.eval_initial, result.eval_final),
+        **lora_summary(result.policy, result.adapters, args.lora_rank, args.lora_alpha),
         "loss_first": round(result.losses[0], 4) if result.losses else None,
         "loss_last": round(result.losses[-1], 4) if result.losses else None,
         "steps": len(result.losses),

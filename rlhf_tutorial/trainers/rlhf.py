@@ -13,6 +13,7 @@ summary; ``--report reports/demo.html`` also writes an HTML report with curves a
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 import types
@@ -41,6 +42,8 @@ from rlhf_tutorial.speed import (
 )
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_tuned_policy, save_tuned_policy  # noqa: F401
+from rlhf_tutorial.trainers.lora import ALPHA_HELP, RANK_HELP, apply_lora, merged, optimizer_state_mb
+from rlhf_tutorial.trainers.lora import summary as lora_summary
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.records import add_stats
 from rlhf_tutorial.trainers.runtime import default_threads, peak_memory_mb
@@ -112,6 +115,9 @@ class RLHFArgs:
     eval_samples: int = arg(128, "samples drawn before and after training to measure the reward")
     n_logged_samples: int = arg(6, "samples kept per phase for the tables")
     # harness speed (what a learner's functions compute is unchanged)
+    # chapter 08
+    lora_rank: int = arg(0, RANK_HELP)
+    lora_alpha: float = arg(16.0, ALPHA_HELP)
     fast: bool = arg(False, "harness speed-ups (speed.py) where the reference pieces run: our own KV-cache sampler in "
                      "place of the reference get_samples and a hook-free forward for the reference "
                      "TransformerWithValueHead (the same distribution, the same numbers to float rounding). Off by "
@@ -241,6 +247,8 @@ class RLHFTrainer:
         # then the sampling stream of train(), depend on args.seed alone.
         torch.manual_seed(args.seed)
         self.device = device_of(model)  # the trainer follows the policy's device (devices.py)
+        # chapter 08: lora_rank > 0 freezes the policy's weights and attaches adapters (the value head still trains)
+        self.adapters = apply_lora(model, args.lora_rank, args.lora_alpha, seed=args.seed)
         self.model = self.fns["TransformerWithValueHead"](model).to(self.device).train()
         if args.fast and type(self.model) is rlhf.TransformerWithValueHead:
             self.model.forward = types.MethodType(_fast_value_head_forward, self.model)
@@ -249,6 +257,8 @@ class RLHFTrainer:
         self.generator = torch.Generator().manual_seed(args.seed)
 
         self.optimizer = self.fns["get_optimizer"](self.model, args.learning_rate, args.head_lr)
+        if self.adapters is not None:  # the adapters live beside the model: their group, at the policy's rate
+            self.optimizer.add_param_group({"params": list(self.adapters.parameters()), "lr": args.learning_rate})
         schedule = self.fns["lr_schedule"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: schedule(step, args.warmup_steps, args.num_phases, args.final_scale)
@@ -262,6 +272,16 @@ class RLHFTrainer:
         )
         self.phase = 0
         self.history: list[dict[str, Any]] = []
+
+    def model_to_save(self) -> rlhf.TransformerWithValueHead:
+        """The policy with its value head as it should be saved or exported: ``self.model`` itself, or under
+        LoRA a copy whose transformer is ``trainers.lora.merged`` (the adapters folded into the weights, no
+        hooks), so that ``load_tuned_policy`` and ``export-hf`` read an ordinary checkpoint."""
+        if self.adapters is None:
+            return self.model
+        out = copy.deepcopy(self.model)
+        out.base_model = merged(self.model.base_model, self.adapters)
+        return out
 
     def _fast_get_samples(
         self, model: HookedTransformer, prompt: str, batch_size: int, gen_len: int,
@@ -452,8 +472,10 @@ def main(argv: list[str]) -> dict:
         "torch_threads": threads,
         "args": {k: v for k, v in asdict(args).items()},
     }
+    summary.update(optimizer_state_mb=round(optimizer_state_mb(trainer.optimizer), 3),
+                   **lora_summary(trainer.model.base_model, trainer.adapters, args.lora_rank, args.lora_alpha))
     if ns.save:
-        summary["saved_to"] = str(save_tuned_policy(trainer.model, ns.save, args, summary=summary))
+        summary["saved_to"] = str(save_tuned_policy(trainer.model_to_save(), ns.save, args, summary=summary))
     if dashboard is not None:
         from rlhf_tutorial.widgets.rlhf import write_report
 

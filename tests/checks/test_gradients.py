@@ -189,7 +189,7 @@ def test_correct_versions_written_differently_pass_the_gradient_case(name, candi
 # ----------------------------------------------------------------------------------------------------
 # The modules whose forward training differentiates: the same generic wrappers, on forward
 # ----------------------------------------------------------------------------------------------------
-MODULES = ["TransformerWithValueHead", "RewardModel"]
+MODULES = ["TransformerWithValueHead", "RewardModel", "LoRA"]
 
 
 def with_forward(reference: type, wrap) -> type:

@@ -1,0 +1,342 @@
+# %% [markdown]
+# # 08. LoRA on hooks: how few parameters does reinforcement learning need?
+#
+# Every chapter so far trained **every** weight of the policy. Whoever takes RLHF to a real model
+# trains far fewer: a **LoRA** adapter (Hu et al. 2021) freezes each weight matrix $W$ and learns a
+# low-rank change of it,
+#
+# $$W' = W + \frac{\alpha}{r}\, A^\top B^\top, \qquad A \in \mathbb{R}^{r \times d_\text{in}},\;
+# B \in \mathbb{R}^{d_\text{out} \times r},$$
+#
+# $r (d_\text{in} + d_\text{out})$ numbers instead of $d_\text{in} d_\text{out}$ (TransformerLens multiplies
+# on the right, $y = x W$, so $W$ is $d_\text{in} \times d_\text{out}$ and the layer's output gains
+# $\Delta y = \frac{\alpha}{r} (x A^\top) B^\top$). The optimizer keeps its two moments for those numbers
+# only, and the frozen base can be shared between the policy and the reference.
+#
+# **Why RL should need very little.** A policy-gradient episode ends with one scalar reward: compared
+# with its group's mean, about **one bit** (better or worse than usual). A phase of chapter 04's GRPO
+# samples 64 completions: some 64 bits of information for an update of millions of numbers. Supervised
+# fine-tuning gets, per token, the whole target (a choice among the vocabulary: $\log_2 V$ bits, and many
+# tokens per example). So a rank-1 adapter, a few thousand numbers here, should hold everything GRPO can
+# learn in a run, while SFT, which carries many more bits, may need more. "LoRA Without Regret"
+# (Thinking Machines, 2025) reports exactly that at scale: rank 1 matches full fine-tuning in RL and
+# falls behind in SFT. This chapter measures it in the tiny world, on chapter 04's sentiment task and
+# chapter 07's arithmetic.
+#
+# The plan: (1) the adapter, (2) attached through **hooks**, without touching a base weight,
+# (3) **merged** into the weights for export, (4) GRPO and SFT at ranks 1, 4 and 16 against full
+# fine-tuning, (5) how many directions chapter 03's full fine-tune actually moved.
+
+# %% imports
+import copy
+import math
+from collections.abc import Callable
+
+import einops
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens import HookedTransformer
+
+from rlhf_tutorial import check, figures, hint, progress
+from rlhf_tutorial.devices import describe
+from rlhf_tutorial.lora import (
+    HOOK_POINTS,
+    TARGETS,
+    adapter_key,
+    attach_lora,
+    detach_lora,
+    make_adapters,
+    trainable_parameters,
+    weight_matrices,
+)
+from rlhf_tutorial.tiny.tuned import tuned_dir
+from rlhf_tutorial.trainers.checkpoint import load_tuned_policy
+from rlhf_tutorial.trainers.lora import learner_functions
+from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, learning_rate, run_grpo, run_sft
+from rlhf_tutorial.widgets.lora import cost_figure, rank_curves, spectrum_figure
+from rlhf_tutorial.worlds import is_smoke, is_tiny, load_policy, load_reasoning_policy, resolve_world
+
+# %%
+torch.manual_seed(0)
+world = resolve_world(None)
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
+if is_tiny():
+    torch.set_num_threads(1)  # the tiny model runs fastest on one thread
+base = load_policy(world)
+cfg = base.cfg
+print(f"world: {world}; {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads of {cfg.d_head}, "
+      f"d_mlp {cfg.d_mlp}: {sum(p.numel() for p in base.parameters()):,} parameters")
+
+# %% [markdown]
+# ## 1. One adapter
+#
+# An adapter holds $A$ (rank $\times$ $d_\text{in}$) and $B$ ($d_\text{out}$ $\times$ rank) and returns the
+# change of its matrix's output,
+#
+# $$\Delta y = s\,(x A^\top) B^\top, \qquad s = \alpha / r,$$
+#
+# computed through the rank-$r$ bottleneck: $x A^\top$ first ($r$ numbers per position), never the full
+# $d_\text{in} \times d_\text{out}$ matrix. Three choices make it train well:
+#
+# - **$B = 0$ at the start**, so $\Delta y = 0$: the tuned model starts *equal* to the base (its KL to
+#   the reference is 0 at step 0, as in every other chapter);
+# - **$A$ small and random** (standard normal draws divided by $\sqrt{d_\text{in}}$, from the generator
+#   given, so that a seed fixes it): if $A$ were zero too, every gradient would be zero forever, since
+#   $\partial L / \partial B = s\, (\partial L / \partial \Delta y)^\top (x A^\top)$ and
+#   $\partial L / \partial A$ goes through $B$;
+# - **the scale $\alpha / r$**: the update's size stays about the same when the rank changes, so one
+#   learning rate serves every rank (and a larger rank is not a larger step).
+#
+# Both are `nn.Parameter`s on the `device` given; `scale` is a plain float; a rank below 1 raises
+# `ValueError` (the given first lines). `forward` takes any leading shape `[*b, d_in]`.
+
+# %% exercise rlhf_tutorial.lora:LoRA | 15 min | difficulty 2 | importance 5
+
+# %% [markdown]
+# ## 2. Attaching through hooks
+#
+# A TransformerLens model exposes its activations at **hook points**; a forward hook may return a new
+# value that replaces the activation. LoRA needs two per matrix: one where the matrix's **input** $x$
+# lives (it only remembers $x$), and one where its **output** lives (it returns the output plus
+# $\Delta y$). Per layer $L$ (prefix `blocks.L.`), the adapters of `TARGETS` use:
+#
+# | target | weight | read $x$ at | add $\Delta y$ at | $\Delta y$ shape |
+# |---|---|---|---|---|
+# | `q`, `k`, `v` | `attn.W_Q`, `W_K`, `W_V` | `ln1.hook_normalized` | `attn.hook_q`, `hook_k`, `hook_v` | `[b, s, head, d_head]` |
+# | `o` | `attn.W_O` | `attn.hook_z`, heads flattened | `hook_attn_out` | `[b, s, d_model]` |
+# | `mlp_in` | `mlp.W_in` | `ln2.hook_normalized` | `mlp.hook_pre` | `[b, s, d_mlp]` |
+# | `mlp_out` | `mlp.W_out` | `mlp.hook_post` | `hook_mlp_out` | `[b, s, d_model]` |
+#
+# Why those points: `ln1.hook_normalized` is exactly what $W_Q$, $W_K$, $W_V$ multiply (after the
+# LayerNorm's scale, weight and bias), while `hook_resid_pre` is the residual stream before the
+# LayerNorm; `hook_q` holds $x W_Q + b_Q$ before the attention scores use it, so adding there *is*
+# changing $W_Q$. $W_O$ reads the heads' outputs $z$, all heads side by side (a vector of
+# $\text{head} \cdot d_\text{head}$ numbers, flattened head-major: head 0's $d_\text{head}$ numbers
+# first), and `hook_attn_out` is its output before it joins the residual stream. `mlp.hook_pre` is
+# $W_\text{in}$'s output *before* the nonlinearity; `mlp.hook_post` the activation *after* it, which
+# $W_\text{out}$ multiplies. The delta of q, k, v is computed as `[b, s, head * d_head]` and must be
+# split into heads the same way.
+#
+# `adapters` maps keys `"L{layer}_{target}"` (`adapter_key`) to adapters; a matrix without one is left
+# alone, and no adapters give no hooks. Return the list of `(hook_name, hook_fn)` pairs; a hook returns a
+# new tensor (no in-place edit: training differentiates through it). The base weights are never touched.
+# A trap: hooks made in a loop must each capture *their own* adapter and store (Python closures see the
+# loop variable's last value unless it is bound when the function is made).
+
+# %% exercise rlhf_tutorial.lora:lora_hooks | 25 min | difficulty 4 | importance 5
+
+# %%
+adapters = make_adapters(base, rank=2, alpha=4.0, seed=0, lora_cls=LoRA)  # your LoRA, B = 0
+tokens = base.to_tokens(["This movie was", "I expected more from"], prepend_bos=True)
+plain = base(tokens)
+hooked = base.run_with_hooks(tokens, fwd_hooks=lora_hooks(base, adapters))
+print(f"B = 0: largest logit change {float((hooked - plain).abs().max()):.2e} (the tuned model starts at the base)")
+with torch.no_grad():
+    for adapter in adapters.values():
+        adapter.B.normal_(std=0.05)
+hooked = base.run_with_hooks(tokens, fwd_hooks=lora_hooks(base, adapters))
+print(f"B random: largest logit change {float((hooked - plain).abs().max()):.3f}; "
+      f"adapters hold {trainable_parameters(adapters):,} parameters, "
+      f"{trainable_parameters(adapters) / sum(p.numel() for p in base.parameters()):.2%} of the model's")
+
+# %% [markdown]
+# ## 3. Merging for export
+#
+# Hooks are a training device. To ship the tuned model (or hand it to another library, as `export-hf`
+# does), fold each adapter into its matrix: $W' = W + s\, A^\top B^\top$, the $d_\text{in} \times
+# d_\text{out}$ update mapped back to TransformerLens's shapes. $W_Q, W_K, W_V$ are stored
+# `[head, d_model, d_head]` and $W_O$ `[head, d_head, d_model]`: split the concatenated heads exactly as
+# the hooks flattened them. Work on a deep copy with every hook removed (permanent ones too: a copy
+# keeps the hooks of a model whose LoRA is attached, and the update would then count twice), without
+# gradients; the model and its adapters stay as they were. The merged copy needs no hook and gives the
+# same logits, to float rounding.
+
+# %% exercise rlhf_tutorial.lora:merge_lora | 20 min | difficulty 3 | importance 4
+
+# %%
+merged = merge_lora(base, adapters)
+gap = float((merged(tokens) - base.run_with_hooks(tokens, fwd_hooks=lora_hooks(base, adapters))).abs().max())
+print(f"merged vs hooked: largest logit difference {gap:.2e}")
+assert gap < 1e-4
+
+# %% [markdown]
+# ## 4. GRPO at rank 1: does one bit per episode fit in a few thousand numbers?
+#
+# Chapter 04's GRPO trainer takes LoRA through one field: `GRPOArgs(lora_rank=1, lora_alpha=16.0)` (on the
+# command line `train-grpo --lora-rank 1`; chapter 03's `RLHFArgs` and chapter 07's `SFTArgs` have the
+# same two fields). The trainer freezes the policy, attaches one adapter per layer and matrix through
+# your hooks, and hands the optimizer only the adapters' $A$ and $B$. The reference model is copied
+# before the adapters are attached, so it stays the base.
+#
+# **Learning rate.** An adapter's update starts from $B = 0$ and moves through a bottleneck, so the same
+# step size moves the function far less than a full fine-tune's. LoRA wants a larger rate. The runs below
+# use {{lora_rl.learning_rates.lora:g}} for every rank against full fine-tuning's {{lora_rl.learning_rates.full:g}} (chapter 04's preset), {{lora_rl.lora_lr_ratio:.0f}} times
+# larger. That choice was measured, not assumed: `compare-lora --lr-multipliers 1 3 --num-phases 12` ran
+# every rank at its rate and at three times it ({{lora_scan.args.num_phases}} phases, seed 0). Final mean rewards:
+#
+# | | rate | 3 x rate |
+# |---|---|---|
+# | full fine-tuning | {{lora_scan.scan.0.1.mean_reward_final:.2f}} (KL {{lora_scan.scan.0.1.kl_final:.2f}}) | {{lora_scan.scan.0.3.mean_reward_final:.2f}} (KL {{lora_scan.scan.0.3.kl_final:.2f}}) |
+# | rank 16 | {{lora_scan.scan.16.1.mean_reward_final:.2f}} (KL {{lora_scan.scan.16.1.kl_final:.2f}}) | {{lora_scan.scan.16.3.mean_reward_final:.2f}} (KL {{lora_scan.scan.16.3.kl_final:.1f}}) |
+# | rank 4 | {{lora_scan.scan.4.1.mean_reward_final:.2f}} (KL {{lora_scan.scan.4.1.kl_final:.2f}}) | {{lora_scan.scan.4.3.mean_reward_final:.2f}} (KL {{lora_scan.scan.4.3.kl_final:.1f}}) |
+# | rank 1 | {{lora_scan.scan.1.1.mean_reward_final:.2f}} (KL {{lora_scan.scan.1.1.kl_final:.2f}}) | {{lora_scan.scan.1.3.mean_reward_final:.2f}} (KL {{lora_scan.scan.1.3.kl_final:.1f}}) |
+#
+# Every rank did best at the LoRA rate and broke down at three times it, while full fine-tuning, over
+# these few phases, gained from three times its preset (the preset is chosen for 40 stable phases). So
+# the best LoRA rate is about 3 to 10 times the full fine-tune's here, and, because the scale is
+# $\alpha / r$, one rate serves every rank.
+#
+# The cell runs **your** LoRA at rank 1 (about a minute in the tiny world); the other ranks come from
+# the recorded run of the same settings, `python -m rlhf_tutorial compare-lora --world tiny --task sentiment`.
+
+# %%
+lora_args = CompareLoRAArgs(world=world, num_phases=2, groups_per_phase=2, eval_samples=8) if is_smoke() else CompareLoRAArgs(world=world)
+rank1 = run_grpo(lora_args, 1, learning_rate("sentiment", 1), policy=copy.deepcopy(base), **learner_functions(globals()))
+print(f"rank 1: mean reward {rank1['mean_reward_initial']:.3f} -> {rank1['mean_reward_final']:.3f}, KL {rank1['kl_final']:.3f}, "
+      f"{rank1['trainable_parameters']:,} trained parameters of {rank1['policy_parameters']:,}, "
+      f"optimizer state {rank1['optimizer_state_mb'] * 1024:.1f} KB, reward 0.9 first reached at phase {rank1['phases_to_target']}")
+print("samples:", rank1["samples_final"])
+figures.agree("lora_rl", {"runs.1.mean_reward_final": rank1["mean_reward_final"], "runs.1.kl_final": rank1["kl_final"]})
+
+# %%
+# the other ranks: the recorded run of the same settings (the tiny world's; none at smoke size)
+recorded_rl = figures.recorded()["lora_rl"]["summary"]["runs"] if is_tiny() and not is_smoke() else {}
+rank_curves({**{r: rec for r, rec in recorded_rl.items() if r != "1"}, "1": rank1})
+
+# %% [markdown]
+# The policy's weights did not move; the update lives in the adapters. Merged, it is an ordinary model
+# (what `train-rlhf --lora-rank 1 --save DIR` writes and `export-hf --checkpoint DIR --out OUT` exports):
+
+# %%
+trained = rank1["_result"]
+merged_policy = merge_lora(trained.policy, trained.adapters)
+check_tokens = base.to_tokens(["This movie was"], prepend_bos=True)
+print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.policy.parameters(), base.parameters()))}; "
+      f"merged vs hooked logits: {float((merged_policy(check_tokens) - trained.policy(check_tokens)).abs().max()):.1e}")
+
+# %% [markdown]
+# In the recorded run ({{lora_rl.args.num_phases}} phases of {{lora_rl.args.groups_per_phase}} groups of 8, seed 0, the tiny world), the final mean reward
+# (64 samples) and the KL per token were:
+#
+# | | trained parameters | optimizer state | final reward | KL | phases to 0.9 |
+# |---|---|---|---|---|---|
+# | full fine-tuning | {{lora_rl.runs.0.trainable_parameters:,}} | {{lora_rl.runs.0.optimizer_state_mb:.2f}} MB | {{lora_rl.runs.0.mean_reward_final:.2f}} | {{lora_rl.runs.0.kl_final:.2f}} | {{lora_rl.runs.0.phases_to_target}} |
+# | LoRA rank 16 | {{lora_rl.runs.16.trainable_parameters:,}} | {{lora_rl.runs.16.optimizer_state_mb:.3f}} MB | {{lora_rl.runs.16.mean_reward_final:.2f}} | {{lora_rl.runs.16.kl_final:.2f}} | {{lora_rl.runs.16.phases_to_target}} |
+# | LoRA rank 4 | {{lora_rl.runs.4.trainable_parameters:,}} | {{lora_rl.runs.4.optimizer_state_mb:.3f}} MB | {{lora_rl.runs.4.mean_reward_final:.2f}} | {{lora_rl.runs.4.kl_final:.2f}} | {{lora_rl.runs.4.phases_to_target}} |
+# | LoRA rank 1 | {{lora_rl.runs.1.trainable_parameters:,}} | {{lora_rl.runs.1.optimizer_state_mb:.3f}} MB | {{lora_rl.runs.1.mean_reward_final:.2f}} | {{lora_rl.runs.1.kl_final:.2f}} | {{lora_rl.runs.1.phases_to_target}} |
+#
+# Rank 1, about half a percent of the model's numbers, kept up with full fine-tuning: the reward GRPO
+# learns in a few hundred episodes fits in one direction per matrix. It paid for it with a larger KL (its
+# one direction moved far); ranks 4 and 16 at the same rate moved less (a smaller KL) and were slower
+# to climb in these {{lora_rl.args.num_phases}} phases, and at three times the rate they broke down (the scan above):
+# their best rate lies between, unscanned here. What the table does not show is a rank too small for
+# the task: none was.
+#
+# The optimizer state is AdamW's two moments per trained number (float32), so it shrinks exactly with the
+# trained parameters; on a GPU with a large model that is the memory LoRA saves (the frozen weights and the
+# activations stay). `train-grpo --world tiny --lora-rank 1 --learning-rate 3e-3` (40 phases, the preset)
+# reached {{lora_grpo_r1.mean_reward_final:.2f}} with a KL of {{lora_grpo_r1.kl_final:.2f}}, first crossing 0.9 at phase {{lora_grpo_r1.phases_to_target}}.
+#
+# PPO is less forgiving. Chapter 03's trainer with the same field (`train-rlhf --world tiny --lora-rank 1
+# --learning-rate 2e-3`, about three times its preset's rate; its value head still trains in full)
+# climbed from {{lora_ppo_r1.mean_reward_initial:.2f}} to {{lora_ppo_r1.mean_reward_final:.2f}} in {{lora_ppo_r1.phases}} phases at a KL of {{lora_ppo_r1.kl_final:.2f}}, where the full fine-tune
+# reaches {{rlhf_neg.mean_reward_final:.2f}}; ten times the preset's rate made it diverge within a dozen phases. Its rate
+# was not scanned: between the two is the next experiment to run.
+
+# %% [markdown]
+# ## 5. SFT at the same ranks: many bits per example
+#
+# Supervised fine-tuning on chapter 07's worked arithmetic gives the model, at every token of every
+# demonstration, the token to write: far more information per example than a reward's one bit. If
+# capacity is what LoRA lacks, SFT is where a small rank should show it. One pass over
+# {{lora_sft.args.n_demonstrations}} demonstrations (the world has a few hundred distinct one-step problems: they repeat),
+# then pass@1 on {{lora_sft.args.eval_problems}} fresh problems ({{lora_sft.args.pass_samples}} samples each). The cell runs full fine-tuning and your
+# rank 1; the other ranks come from `compare-lora --world tiny --task arithmetic`.
+
+# %%
+sft_args = CompareLoRAArgs(world=world, task="arithmetic", n_demonstrations=32, eval_problems=4) if is_smoke() else CompareLoRAArgs(world=world, task="arithmetic")
+arith_base = load_reasoning_policy(world)
+sft_runs = {str(rank): run_sft(sft_args, rank, learning_rate("arithmetic", rank), base=arith_base, **learner_functions(globals()))
+            for rank in (0, 1)}
+for rank, record in sft_runs.items():
+    print(f"rank {rank}: pass@1 {record['pass_at_1_final']:.3f}, loss {record['loss_first']:.3f} -> {record['loss_last_5']:.3f} "
+          f"({record['trainable_parameters']:,} trained parameters)")
+figures.agree("lora_sft", {f"runs.{rank}.pass_at_1_final": record["pass_at_1_final"] for rank, record in sft_runs.items()})
+
+# %%
+recorded_sft = figures.recorded()["lora_sft"]["summary"]["runs"] if is_tiny() and not is_smoke() else sft_runs
+cost_figure({**recorded_rl, "1": rank1} if recorded_rl else {"1": rank1}, sft=recorded_sft)
+
+# %% [markdown]
+# The recorded SFT run (seed 0, {{lora_sft.runs.0.steps}} steps): pass@1 {{lora_sft.runs.0.pass_at_1_final:.3f}} after full fine-tuning,
+# {{lora_sft.runs.16.pass_at_1_final:.3f}} at rank 16, {{lora_sft.runs.4.pass_at_1_final:.3f}} at rank 4 and {{lora_sft.runs.1.pass_at_1_final:.3f}} at rank 1; the training loss
+# of the last steps tells the same story more steadily: {{lora_sft.runs.0.loss_last_5:.4f}}, {{lora_sft.runs.16.loss_last_5:.4f}}, {{lora_sft.runs.4.loss_last_5:.4f}} and
+# {{lora_sft.runs.1.loss_last_5:.4f}} nats per token. Here rank 1 **falls behind**, while in RL it kept up: SFT's targets carry
+# more than one direction per matrix can hold, GRPO's rewards do not. Read both with their sizes in
+# mind: {{lora_sft.args.eval_problems}} problems x {{lora_sft.args.pass_samples}} samples and 64 samples of reward are noisy (standard errors of a few
+# hundredths), and one seed is one draw.
+
+# %% [markdown]
+# ## 6. How many directions did a full fine-tune move?
+#
+# A weight change $\Delta = W_\text{tuned} - W_\text{base}$ has singular values
+# $s_1 \ge s_2 \ge \dots$, and its squared size splits over them: $\|\Delta\|_F^2 = \sum_i s_i^2$. The
+# number of directions that carry a fraction $f$ of the change is the smallest $k$ with
+#
+# $$\sum_{i \le k} s_i^2 \ \ge\ f \sum_i s_i^2 .$$
+#
+# If $k$ is small for every matrix, a rank-$k$ adapter could have made the same change. Return the
+# singular values (largest first, `float32`, computed in `float64`: a float32 SVD loses the small ones
+# next to large ones) and $k$ as an int; "reaches" means $\ge$ (allow a relative $10^{-6}$ for rounding,
+# so that $f = 1$ counts the nonzero values); a zero change or $f = 0$ gives $k = 0$.
+
+# %% exercise rlhf_tutorial.lora:update_rank_profile | 10 min | difficulty 2 | importance 4
+
+# %%
+if is_tiny():
+    # chapter 03's full fine-tune as chapter 05 reads it: the shipped tuned policy against the base
+    tuned_policy = load_tuned_policy(tuned_dir()).base_model
+    spectrum_base, spectrum_what = base, "chapter 03's PPO fine-tune (the shipped tuned policy)"
+else:
+    # the GPT-2 world ships no tuned policy: section 5's full SFT run stands in for it
+    tuned_policy = sft_runs["0"]["_result"].policy
+    spectrum_base, spectrum_what = arith_base, "section 5's full SFT run"
+before, after = weight_matrices(spectrum_base), weight_matrices(tuned_policy)
+spectra, ks = {}, {}
+for key in before:
+    values, k90 = update_rank_profile(after[key] - before[key], 0.9)
+    spectra[key], ks[key] = values, (update_rank_profile(after[key] - before[key], 0.5)[1], k90)
+gaussian, _ = update_rank_profile(torch.randn(*before["L0_q"].shape, generator=torch.Generator().manual_seed(0)))
+for key in list(spectra)[:6]:
+    print(f"{key:>10} {tuple(before[key].shape)}: k(50%) = {ks[key][0]:>3}, k(90%) = {ks[key][1]:>3}")
+if is_tiny():
+    figures.agree("lora_spectrum", {"median_k_90": sorted(k[1] for k in ks.values())[len(ks) // 2],
+                                    "median_k_50": sorted(k[0] for k in ks.values())[len(ks) // 2]})
+spectrum_figure(spectra, ks, random=gaussian, title=f"How many directions {spectrum_what} moved")
+
+# %% [markdown]
+# Chapter 05 found that chapter 03's fine-tune changed {{lora_spectrum.fraction_changed:.0%}} of the entries: a
+# dense update. Its spectrum says how many *directions* that dense change spans: half of each matrix's
+# squared change lies in a median of {{lora_spectrum.median_k_50}} directions, 90% in {{lora_spectrum.median_k_90}} (at most {{lora_spectrum.max_k_90}}),
+# out of {{lora_spectrum.min_dim_median}} for the typical matrix; a Gaussian matrix of the same shape needs
+# {{lora_spectrum.random_median_k_90}} for 90%. So the full fine-tune is neither rank 1 nor noise: its largest direction
+# holds a median {{lora_spectrum.median_top1_share:.0%}} of the change, and the rest is spread over tens of directions.
+# Section 4 is the other half of the argument: a rank-1 adapter, which can move each matrix in one
+# direction only, reached the same reward. Most of what a full fine-tune moves is not needed for the
+# reward: Adam's per-entry steps spread a few bits of signal over every entry, with noise.
+
+# %%
+progress("08")
+
+# %% [markdown]
+# ## What to try next
+#
+# - `train-grpo --world tiny --lora-rank 1 --learning-rate 3e-4`: the full fine-tune's rate. How far does
+#   rank 1 get in 40 phases?
+# - LoRA on attention only: `make_adapters(base, 1, 16.0, targets=("q", "k", "v", "o"))` and GRPO with
+#   `lora_functions` (see `trainers.lora.apply_lora`). Which matrices does the sentiment task need?
+# - `train-rlhf --world tiny --lora-rank 4 --learning-rate 7e-3 --save DIR`, then `export-hf --checkpoint DIR --out OUT`:
+#   PPO with LoRA, merged and exported (the value head is trained in full: it starts from scratch).
+# - SFT with more data (`compare-lora --task arithmetic --n-demonstrations 2048`): does rank 1 fall
+#   further behind when there are more bits to learn?

@@ -1,0 +1,95 @@
+"""Chapter 08's figures (plotly): GRPO's reward and KL per phase at each LoRA rank, what each rank trains
+and keeps in the optimizer, SFT's pass@1 per rank, and the spectrum of a full fine-tune's weight change.
+They draw numbers that ``trainers.lora_compare`` and ``lora.update_rank_profile`` computed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+
+def _label(rank: int | str) -> str:
+    return "full fine-tuning" if int(rank) == 0 else f"LoRA rank {rank}"
+
+
+def _colour(i: int) -> str:
+    return f"hsl({(i * 137) % 360}, 60%, 45%)"
+
+
+def rank_curves(runs: Mapping[str, Mapping[str, Any]], title: str = "GRPO on the sentiment task, by LoRA rank") -> go.Figure:
+    """Two panels, one line per run (``compare-lora``'s records: ``reward_per_phase``, ``kl_per_phase``)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["mean reward of the phase's samples", "KL to the reference (per token)"])
+    for i, (rank, record) in enumerate(runs.items()):
+        for col, key in ((1, "reward_per_phase"), (2, "kl_per_phase")):
+            ys = record[key]
+            fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines", name=_label(rank),
+                                     legendgroup=str(rank), showlegend=col == 1, line=dict(color=_colour(i))),
+                          row=1, col=col)
+            fig.update_xaxes(title_text="phase", row=1, col=col)
+    fig.add_hline(y=0.9, line_dash="dot", line_color="grey", row=1, col=1)
+    fig.update_layout(title=title, height=380, legend=dict(orientation="h", yanchor="top", y=-0.22),
+                      margin=dict(b=90))
+    return fig
+
+
+def cost_figure(runs: Mapping[str, Mapping[str, Any]], sft: Mapping[str, Mapping[str, Any]] | None = None) -> go.Figure:
+    """Per rank: trained parameters (log axis), the optimizer's state (MB), GRPO's final mean reward and,
+    with ``sft``, SFT's pass@1."""
+    panels = ["trained parameters", "optimizer state (MB)", "GRPO: final mean reward"] + (["SFT: pass@1"] if sft else [])
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
+    labels = [_label(r) for r in runs]
+    colours = [_colour(i) for i in range(len(runs))]
+    values = [[r["trainable_parameters"] for r in runs.values()], [r["optimizer_state_mb"] for r in runs.values()],
+              [r["mean_reward_final"] for r in runs.values()]]
+    if sft:
+        values.append([sft[r]["pass_at_1_final"] if r in sft else None for r in runs])
+    for col, ys in enumerate(values, start=1):
+        fig.add_trace(go.Bar(x=labels, y=ys, marker_color=colours, showlegend=False), row=1, col=col)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_yaxes(range=[0, 1], row=1, col=3)
+    if sft:
+        fig.update_yaxes(range=[0, 1], row=1, col=4)
+    fig.update_layout(title="What each rank costs, and what it reaches", height=380)
+    return fig
+
+
+def spectrum_figure(spectra: Mapping[str, Any], ks: Mapping[str, tuple[int, int]], random: Any | None = None,
+                    title: str = "") -> go.Figure:
+    """Left: the share of each weight change's squared norm carried by its top k singular directions
+    (one line per matrix; ``spectra`` maps a name to its singular values, largest first), with a
+    Gaussian matrix's for comparison (``random``). Right: ``ks[name]`` = (k for 50%, k for 90%), as
+    ``update_rank_profile`` counted them."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["share of ||change||² in the top k directions",
+                                                         "directions needed per matrix"])
+    ks50, ks90, names = [], [], []
+    for i, (name, values) in enumerate(spectra.items()):
+        energy = [float(v) ** 2 for v in values]
+        total = sum(energy) or 1.0
+        running, shares = 0.0, []
+        for e in energy:
+            running += e
+            shares.append(running / total)
+        fig.add_trace(go.Scatter(x=list(range(1, len(shares) + 1)), y=shares, mode="lines", name=name,
+                                 line=dict(color=_colour(i), width=1), showlegend=False), row=1, col=1)
+        names.append(name)
+        ks50.append(ks[name][0])
+        ks90.append(ks[name][1])
+    if random is not None:
+        energy = [float(v) ** 2 for v in random]
+        total, running, shares = sum(energy), 0.0, []
+        for e in energy:
+            running += e
+            shares.append(running / total)
+        fig.add_trace(go.Scatter(x=list(range(1, len(shares) + 1)), y=shares, mode="lines", name="a Gaussian matrix",
+                                 line=dict(color="black", dash="dash")), row=1, col=1)
+    fig.add_trace(go.Bar(x=names, y=ks50, name="k for 50%"), row=1, col=2)
+    fig.add_trace(go.Bar(x=names, y=ks90, name="k for 90%"), row=1, col=2)
+    fig.update_xaxes(title_text="k (singular directions)", type="log", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
+    fig.update_layout(title=title or "How many directions a full fine-tune moved", height=420, barmode="group",
+                      legend=dict(orientation="h", yanchor="top", y=-0.3), margin=dict(b=110))
+    return fig

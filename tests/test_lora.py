@@ -1,0 +1,163 @@
+"""LoRA in the trainers (chapter 08): one mechanism, ``lora_rank`` / ``lora_alpha`` in the args of GRPO,
+RLHF and SFT (``trainers.lora``). Only A and B receive gradients, the base weights never move, the
+merged policy gives the hooked one's logits, a saved LoRA run exports, a run is deterministic for a seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_tutorial import lora
+from rlhf_tutorial.checks.fixtures import small_model
+from rlhf_tutorial.trainers import grpo as grpo_trainer
+from rlhf_tutorial.trainers import lora as lora_trainer
+from rlhf_tutorial.trainers.args import add_flags
+
+
+def test_only_a_and_b_receive_gradients():
+    model = small_model(seed=1)
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    adapters = lora_trainer.apply_lora(model, rank=2, alpha=4.0, seed=0)
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, 8), generator=torch.Generator().manual_seed(0)).to(model.cfg.device)
+    assert torch.equal(model(tokens), model(tokens))
+    optimizer = torch.optim.AdamW(lora_trainer.trainable(model, adapters), lr=1e-2)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(tokens).log_softmax(-1)[..., 0].mean().backward()
+        assert all(p.grad is None for p in model.parameters()), "a base weight received a gradient"
+        assert all(p.grad is not None for p in adapters.parameters())
+        optimizer.step()
+    assert all(bool(a.A.grad.ne(0).any()) and bool(a.B.grad.ne(0).any()) for a in adapters.values())
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters()), "a base weight moved"
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {id(p) for p in adapters.parameters()}
+
+
+def test_rank_zero_is_full_fine_tuning_and_a_negative_rank_is_refused():
+    model = small_model(seed=1)
+    assert lora_trainer.apply_lora(model, 0, 16.0) is None
+    assert all(p.requires_grad for p in model.parameters())
+    assert not any(hp.fwd_hooks for hp in model.hook_dict.values())
+    assert lora_trainer.merged(model, None) is model
+    with pytest.raises(ValueError, match="lora_rank"):
+        lora_trainer.apply_lora(model, -1, 16.0)
+
+
+@pytest.mark.parametrize("args_cls", ["GRPOArgs", "RLHFArgs", "SFTArgs"])
+def test_every_trainer_has_the_same_two_fields_and_flags(args_cls):
+    import argparse
+
+    from rlhf_tutorial.trainers import grpo, reasoning, rlhf
+
+    cls = {"GRPOArgs": grpo.GRPOArgs, "RLHFArgs": rlhf.RLHFArgs, "SFTArgs": reasoning.SFTArgs}[args_cls]
+    args = cls()
+    assert args.lora_rank == 0 and args.lora_alpha == 16.0
+    parser = argparse.ArgumentParser()
+    add_flags(parser, cls, from_preset=True)
+    ns = parser.parse_args(["--lora-rank", "4", "--lora-alpha", "8"])
+    assert (ns.lora_rank, ns.lora_alpha) == (4, 8.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_policy():
+    from rlhf_tutorial.worlds import load_policy
+
+    return load_policy("tiny")
+
+
+def _grpo(tiny_policy, **overrides):
+    import copy
+
+    args = grpo_trainer.GRPOArgs.preset("tiny", groups_per_phase=2, group_size=4, max_new_tokens=8, num_phases=2,
+                                        eval_samples=8, num_minibatches=2, lora_rank=1, learning_rate=3e-3,
+                                        **overrides)
+    return grpo_trainer.train(args, policy=copy.deepcopy(tiny_policy), progress=False)
+
+
+def test_grpo_with_lora_trains_the_adapters_only_and_merges_exactly(tiny_policy):
+    result = _grpo(tiny_policy)
+    assert result.adapters is not None and len(result.adapters) == tiny_policy.cfg.n_layers * len(lora.TARGETS)
+    assert all(torch.equal(p, q) for p, q in zip(result.policy.parameters(), tiny_policy.parameters()))
+    assert any(bool(a.B.ne(0).any()) for a in result.adapters.values()), "the adapters did not move"
+    assert not any(hp.fwd_hooks for hp in result.reference.hook_dict.values()), "the reference carries the LoRA"
+    # AdamW keeps two moments (plus a step counter) per adapter parameter: nothing for the frozen weights
+    n_trained = sum(p.numel() for p in result.adapters.parameters())
+    assert n_trained == sum(r * (i + o) for i, o in lora.weight_shapes(tiny_policy).values() for r in [1]) * tiny_policy.cfg.n_layers
+    assert result.optimizer_state_mb * 2**20 < 3 * 4 * n_trained
+    tokens = tiny_policy.to_tokens(["This movie was", "The acting"], prepend_bos=True)
+    merged = lora_trainer.merged(result.policy, result.adapters)
+    assert not any(hp.fwd_hooks for hp in merged.hook_dict.values())
+    assert torch.allclose(merged(tokens), result.policy(tokens), atol=1e-5, rtol=0)
+    assert (merged(tokens) - tiny_policy(tokens)).abs().max() > 0
+
+
+def test_grpo_with_lora_is_deterministic_for_a_seed(tiny_policy):
+    first, second = _grpo(tiny_policy, seed=3), _grpo(tiny_policy, seed=3)
+    assert first.reward_per_phase == second.reward_per_phase
+    assert all(torch.equal(a, b) for a, b in zip(first.adapters.parameters(), second.adapters.parameters()))
+
+
+def test_a_saved_rlhf_lora_run_is_merged_and_exports(tiny_policy, tmp_path):
+    import copy
+
+    from rlhf_tutorial.rewards import sentiment_reward_fn
+    from rlhf_tutorial.trainers import export, rlhf
+    from rlhf_tutorial.trainers.checkpoint import load_tuned_policy, save_tuned_policy
+
+    args = rlhf.RLHFArgs.preset("tiny", batch_size=8, gen_len=6, num_minibatches=2, update_epochs=1, num_phases=1,
+                                warmup_steps=0, early_stopping=False, eval_samples=8, lora_rank=2)
+    trainer = rlhf.RLHFTrainer(args, copy.deepcopy(tiny_policy), copy.deepcopy(tiny_policy),
+                               sentiment_reward_fn("tiny", "neg"))
+    trainer.train(progress=False)
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.base_model.parameters(), tiny_policy.parameters()))
+    saved = save_tuned_policy(trainer.model_to_save(), tmp_path / "run", args)
+    loaded = load_tuned_policy(saved, device=tiny_policy.cfg.device)
+    tokens = tiny_policy.to_tokens(["This movie was"], prepend_bos=True)
+    with torch.no_grad():
+        assert torch.allclose(loaded.base_model(tokens), trainer.model.base_model(tokens), atol=1e-5, rtol=0)
+    summary = export.main(["--checkpoint", str(saved), "--out", str(tmp_path / "hf")])
+    assert "error" not in summary and summary["value_head"], summary
+    assert summary["max_abs_logit_diff"] < 1e-4
+
+
+def test_sft_with_lora_leaves_the_base_weights(tmp_path):
+    from rlhf_tutorial.trainers import reasoning
+    from rlhf_tutorial.worlds import load_reasoning_policy
+
+    policy = load_reasoning_policy("tiny")
+    before = [p.detach().clone() for p in policy.parameters()]
+    args = reasoning.SFTArgs.preset("tiny", n_demonstrations=32, lora_rank=1, learning_rate=3e-3)
+    result = reasoning.train_sft(args, policy=policy, evaluate_before_after=False, progress=False)
+    assert result.adapters is not None and len(result.losses) == 2
+    assert all(torch.equal(p, q) for p, q in zip(policy.parameters(), before))
+    assert any(bool(a.B.ne(0).any()) for a in result.adapters.values())
+
+
+def test_spectrum_counts_the_directions_of_a_known_change():
+    import copy
+
+    from rlhf_tutorial.trainers.lora_compare import spectrum
+
+    base = small_model(seed=2)
+    tuned = copy.deepcopy(base)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a rank-2 change of layer 0's W_in, nothing else
+        tuned.blocks[0].mlp.W_in += (torch.randn(32, 2, generator=g) @ torch.randn(2, 128, generator=g)).to(base.cfg.device)
+    out = spectrum(base, tuned)
+    assert out["matrices"]["L0_mlp_in"]["k_90"] <= 2 and out["matrices"]["L0_mlp_in"]["k_50"] == 1
+    assert all(m["k_90"] == 0 for key, m in out["matrices"].items() if key != "L0_mlp_in")
+    assert out["random_median_k_90"] > 10
+    total = sum(p.numel() for p in base.parameters())
+    assert abs(out["fraction_changed"] - base.blocks[0].mlp.W_in.numel() / total) < 1e-3  # every entry of W_in moved
+
+
+def test_compare_lora_summarises_every_rank_and_the_scan():
+    from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, compare_lora
+
+    args = CompareLoRAArgs(world="tiny", ranks=(0, 2), lr_multipliers=(1.0, 3.0), num_phases=1, groups_per_phase=2,
+                           eval_samples=4)
+    out = compare_lora(args)
+    assert set(out["runs"]) == {"0", "2"} and set(out["scan"]["2"]) == {"1", "3"}
+    assert out["runs"]["0"]["learning_rate"] == 3e-4 and out["runs"]["2"]["learning_rate"] == 3e-3
+    assert out["runs"]["2"]["trainable_parameters"] < out["runs"]["0"]["trainable_parameters"] / 10
+    assert out["runs"]["2"]["optimizer_state_mb"] < out["runs"]["0"]["optimizer_state_mb"] / 10
+    assert out["best_multiplier"]["0"] in ("1", "3")
