@@ -469,3 +469,35 @@ def steering_hook(vector: Float[Tensor, "d"], coef: float) -> Callable:
         return resid + coef * vector
 
     return hook_fn
+
+
+def vocab_ranks(vector: Float[Tensor, "d"], W_U: Float[Tensor, "d v"]) -> Float[Tensor, "v"]:
+    """Each token's rank when the vocabulary is sorted by ``vector @ W_U`` (largest first), as a fraction
+    of the vocabulary: 0 is the top token, 1 the bottom."""
+    scores = vector @ W_U
+    return scores.argsort(descending=True).argsort().float() / len(scores)
+
+
+@torch.no_grad()
+def word_rank_baseline(vector: Float[Tensor, "d"], W_U: Float[Tensor, "d v"], pos_ids: Tensor, neg_ids: Tensor,
+                       n_random: int = 1000, seed: int = 0) -> dict[str, float]:
+    """How far ``vector`` separates the negative words from the positive ones in the unembedding, against
+    random directions of the residual stream.
+
+        gap(u) = mean rank of the positive words - mean rank of the negative words   (ranks: vocab_ranks(u))
+
+    positive when the negative words rank higher (nearer the top). For ``vector`` and for ``n_random``
+    directions drawn uniformly on the unit sphere (seeded; a rank ignores the length): the mean ranks
+    of both lists for ``vector``, the random gaps' mean and standard deviation, and the fraction of
+    random directions whose gap is at least ``vector``'s (near 0: the separation is unlikely by chance).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    directions = torch.randn(n_random, W_U.shape[0], generator=gen).to(W_U.device, W_U.dtype)  # [n d]
+    ranks = torch.cat([vector[None].to(W_U.dtype), directions]) @ W_U  # [1 + n, v]: scores, then ranks
+    ranks = ranks.argsort(dim=-1, descending=True).argsort(dim=-1).float() / W_U.shape[1]
+    neg, pos = ranks[:, neg_ids.to(W_U.device)].mean(-1), ranks[:, pos_ids.to(W_U.device)].mean(-1)  # [1 + n]
+    gaps = pos - neg
+    return {"negative_words_mean_rank": float(neg[0]), "positive_words_mean_rank": float(pos[0]),
+            "gap": float(gaps[0]), "random_gap_mean": float(gaps[1:].mean()), "random_gap_std": float(gaps[1:].std()),
+            "random_negative_rank_mean": float(neg[1:].mean()),
+            "random_at_least_gap": float((gaps[1:] >= gaps[0]).float().mean())}

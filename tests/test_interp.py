@@ -124,8 +124,29 @@ def test_widgets_live_and_static(pair):
     assert "base + 2 x lens" in view.html and "bad" in repr(view)
     box = w.steering_explorer([(" bad", 1.0)], [(" good", -1.0)], sample, 2.0, static=False)
     slider, out = box.children
+    # a frontend that draws no widget shows the bundle's text/plain: the numbers, not "VBox(...)"
+    plain = box._repr_mimebundle_()["text/plain"]
+    assert "mean reward 0.700" in plain and "text 2.0" in plain
     slider.value = -1.0
     assert "text -1.0" in out.value and calls[-1] == -1.0
+
+
+def test_explorers_show_numbers_without_a_widget_frontend(pair, monkeypatch):
+    """In a kernel whose frontend renders no widget, the lens explorer's plain text holds the lens values."""
+    from rlhf_tutorial.widgets import interp as w
+    from rlhf_tutorial.widgets import live
+
+    base, tuned, direction, _ = pair
+    records = interp.lens_records(base, tuned, direction, ["This movie was really bad."])
+    shown = []
+    monkeypatch.setattr(live, "widgets_available", lambda: True)
+    monkeypatch.setattr(live, "_display", lambda obj, **kw: shown.append(obj))
+    w.lens_explorer(records, static=False)._ipython_display_()
+    plain = shown[0]._repr_mimebundle_()["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in shown[0]._repr_mimebundle_()
+    value = records[0]["value_tuned"][-1][-1]
+    assert f"{value:.3f}" in plain and "value lens" in plain and "tuned - base" in plain
+    assert "value lens" in repr(w.lens_explorer(records, static=True))  # the static form's text too
 
 
 def test_a_missing_checkpoint_is_a_message_and_a_json_error(tmp_path, capsys):
