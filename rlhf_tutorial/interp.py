@@ -79,7 +79,7 @@ def logit_lens_score(
     """The logit lens through the sentiment direction: what the logit difference would be if the model
     stopped at each layer and went straight to the final LayerNorm and the unembedding:
 
-        score[l] = ln_pre(resid_stack[l]) @ direction
+        score[l, ...] = <ln_pre(x_l), direction>       for every vector x_l of the stack
     """
     # >>> exercise
     return ln_pre(resid_stack, eps) @ direction
@@ -92,7 +92,7 @@ def value_lens(
     """The value lens: the trained value head (which reads ``ln_final.hook_normalized``) applied to
     the residual stream at every layer:
 
-        value[l] = value_head(ln_pre(resid_stack[l])).squeeze(-1)
+        value[l, ...] = V(ln_pre(x_l))        one number per vector x_l of the stack (V: the head)
 
     Reading must not change the head: not its parameters, not their ``.grad`` (a plain forward pass
     does neither; the output may or may not carry gradients).
@@ -139,7 +139,7 @@ def patch_activation(
 ) -> Float[Tensor, "b s *rest"]:
     """A TransformerLens hook function: the activation with ``positions`` replaced by ``source``'s.
 
-        activation[:, t] = source[:, t]  for t in positions (every position when None)
+        activation[b, t, ...] <- source[b, t, ...]   for every b and every t in positions (all t when None)
 
     Positions use Python indexing (``[-1]`` is the last, ``[]`` none). Use it with
     ``functools.partial(patch_activation, source=..., positions=...)`` in ``run_with_hooks``. It edits
