@@ -186,12 +186,20 @@ def stub_source(obj: Any, name: str) -> str:
 
 
 def hint_markdown(name: str) -> str:
+    """The collapsed hint cell after an exercise: its three rungs as nested ``<details>`` (a nudge;
+    inside it the approach; inside that the code), so each opens only after the one before."""
     from rlhf_tutorial.checks.core import REGISTRY, load_all
 
     load_all()
     if name not in REGISTRY:
         raise ValueError(f"exercise {name!r} has no registered checker: every exercise needs one")
-    return f"<details><summary><b>Hint</b> for <code>{name}</code></summary>\n\n{REGISTRY[name].hint}\n\n</details>"
+    rungs = REGISTRY[name].hint
+    if len(rungs) == 1:  # a chapter not yet on the ladder
+        return f"<details><summary><b>Hint</b> for <code>{name}</code></summary>\n\n{rungs[0]}\n\n</details>"
+    labels = (f"<b>Hint 1</b> for <code>{name}</code>: a nudge", "<b>Hint 2</b>: the approach",
+              "<b>Hint 3</b>: the code")
+    opened = "\n\n".join(f"<details><summary>{label}</summary>\n\n{text}" for label, text in zip(labels, rungs))
+    return opened + "\n\n" + "\n".join("</details>" for _ in rungs)
 
 
 def how_to_work(stem: str, variant: str) -> str:
@@ -202,9 +210,10 @@ def how_to_work(stem: str, variant: str) -> str:
     return (
         "> **How to work through this chapter.** Run the cells from the top, one at a time (Shift+Enter). "
         "At each exercise, replace the `raise NotImplementedError(...)` line with your code, run the cell, "
-        "then run the `check(...)` cell below it. Stuck? `hint(\"name\")` (or the collapsed **Hint** cell) "
-        f"gives a hint, and `solutions/{stem}.ipynb` the answer (in the file browser: one folder up, then "
-        "`solutions/`). `progress()` lists what you have passed, across kernel restarts.\n>\n"
+        "then run the `check(...)` cell below it. Stuck? The hints are a ladder: `hint(\"name\")` gives a nudge, "
+        "`hint(\"name\", 2)` the approach, `hint(\"name\", 3)` the code (or open the collapsed **Hint** cell, "
+        f"one rung inside the other); `solutions/{stem}.ipynb` has the solved chapter (in the file browser: one "
+        "folder up, then `solutions/`). `progress()` lists what you have passed, across kernel restarts.\n>\n"
         "> **Run All stops at the first exercise you have not written yet**, with a `NotImplementedError` "
         "that names it: that is expected, and it marks where to continue."
     )

@@ -1,5 +1,7 @@
 """The checking framework: verdicts for every way a candidate can go wrong, never an exception."""
 
+import html
+
 import pytest
 import torch
 
@@ -87,14 +89,14 @@ def test_a_failed_verdict_says_how_to_ask_for_the_hint_and_does_not_show_it(caps
     monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
     stub = load_stub("01_ppo", "compute_gae")
     result = run_check("compute_gae", stub)
-    general = REGISTRY["compute_gae"].hint
+    general = REGISTRY["compute_gae"].hint[0]  # the first rung: a nudge
     assert not result.passed and "not implemented yet" in result.message
     for form in (str(result), result._repr_html_()):
         assert general not in form and general[:40] not in form
         assert "hint(" in form and "compute_gae" in form
     hint("compute_gae")  # asked: now it is shown, as a hint box's text form
     out = capsys.readouterr().out
-    assert out.startswith("[HINT] compute_gae") and general in out and not out.startswith("'")
+    assert out.startswith(("[HINT] compute_gae", "[HINT 1/3] compute_gae")) and general in out and not out.startswith("'")
 
 
 def test_hint_renders_as_html_like_the_verdicts():
@@ -248,3 +250,78 @@ def test_a_librarys_not_implemented_error_is_not_an_untouched_stub(scratch_check
     assert "not implemented yet" in run_check("_scratch", stub).message
     library = run_check("_scratch", lambda x: torch.ones(2).to_sparse().view(-1, 1))
     assert "not implemented yet" not in library.message and "your code raised" in library.message
+
+
+LADDER = ("Nudge: which quantity, `torch.sort`.", "Approach: sort, then take the middle one.",
+          "```python\nreturn torch.sort(x).values[len(x) // 2]\n```")
+
+
+@pytest.fixture
+def ladder_exercise(monkeypatch):
+    """A registered exercise with a three-rung hint, removed again after the test."""
+    from rlhf_tutorial.checks import core
+
+    def reference(x):
+        return torch.sort(x).values[len(x) // 2]
+
+    @core.checker("toy_median", chapter="00_setup_and_tour", hint=LADDER)
+    def check_toy_median(candidate):
+        return core.compare_to_reference(candidate, reference, [core.Case("three values", (torch.tensor([4., 1., 2.]),))],
+                                         mistakes=[core.Mistake(fn=lambda x: x.mean(), hint="You took the mean: the median "
+                                                                "is the middle value. Use `torch.sort`.")])
+
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    yield "toy_median"
+    for table in (core.REGISTRY, core.HINT_SHOWN, core.LAST_FAILURE_HINT, core.RESULTS):
+        table.pop("toy_median", None)
+
+
+def test_a_hint_is_three_rungs_shown_one_at_a_time_each_pointing_to_the_next(ladder_exercise, capsys):
+    for rung in (1, 2, 3):
+        hint(ladder_exercise, rung)
+        out = capsys.readouterr().out
+        assert out.startswith(f"[HINT {rung}/3] toy_median: ")
+        assert (LADDER[rung - 1] if rung < 3 else "return torch.sort(x).values[len(x) // 2]") in out
+        assert all(other not in out for i, other in enumerate(LADDER[:2], start=1) if i != rung)
+        assert (f'hint("toy_median", {rung + 1})' in out) == (rung < 3)
+    assert "```" not in out  # the code rung shows code, not its markdown fence
+    hint(ladder_exercise, 4)
+    assert "the rung is 1" in capsys.readouterr().out
+
+
+def test_a_failed_check_points_to_the_next_rung_never_to_the_code(ladder_exercise, capsys):
+    wrong = lambda x: x.mean()  # noqa: E731
+    result = run_check(ladder_exercise, wrong)
+    assert not result.passed and "You took the mean" in result.message
+    assert 'hint("toy_median")' in str(result) and "gives a nudge" in str(result)
+    hint(ladder_exercise)  # the nudge, with what the last attempt got wrong, without its fix
+    out = capsys.readouterr().out
+    assert "About your last attempt: You took the mean." in out and "torch.sort`" not in out.split("attempt:")[1]
+    result = run_check(ladder_exercise, wrong)
+    assert 'hint("toy_median", 2)' in str(result) and 'hint("toy_median", 2)' in html.unescape(result._repr_html_())
+    hint(ladder_exercise, 3)  # the code rung: now the whole diagnosis, fix included
+    out = capsys.readouterr().out
+    assert "You took the mean: the median is the middle value. Use `torch.sort`." in out
+    result = run_check(ladder_exercise, wrong)  # after the code: pointed back to the approach, not the code
+    for form in (str(result), html.unescape(result._repr_html_())):
+        assert 'hint("toy_median", 2)' in form and 'hint("toy_median", 3)' not in form
+        assert "solutions/" not in form and "return torch.sort" not in form
+    assert run_check(ladder_exercise, lambda x: x.sort().values[1]).passed
+
+
+def test_the_hint_cell_nests_the_three_rungs_the_third_labelled_the_code(ladder_exercise):
+    from rlhf_tutorial.notebooks import hint_markdown
+
+    cell = hint_markdown(ladder_exercise)
+    assert cell.count("<details>") == 3 and cell.count("</details>") == 3
+    first, second, third = (cell.index(text) for text in LADDER)
+    assert first < second < third and cell.rindex("<details>") < third < cell.index("</details>")
+    assert "Hint 3</b>: the code" in cell[second:third] and "Hint 2</b>: the approach" in cell[first:second]
+
+
+def test_a_hint_that_is_not_three_rungs_is_refused_at_registration():
+    from rlhf_tutorial.checks import core
+
+    for bad in (("one", "two"), ("one", "two", " "), ("a", "b", "c", "d")):
+        with pytest.raises(ValueError, match="rungs"):
+            core.checker("toy_bad", chapter="00_setup_and_tour", hint=bad)

@@ -12,11 +12,10 @@ from typing import Any
 
 from rlhf_tutorial.checks import learner_progress as _progress
 from rlhf_tutorial.checks.core import (
-    LAST_FAILURE_HINT,
     REGISTRY,
     CheckResult,
-    Hint,
     chapter_modules,
+    hint_rung,
     load_all,
     run_check,
 )
@@ -48,10 +47,16 @@ def check(obj: Any, name: str | None = None) -> None:
         raise ExerciseFailed(str(result))
 
 
-def hint(name: str) -> None:
-    """Show the hint of exercise ``name`` (and, after a failed check, what your last attempt got wrong)."""
+def hint(name: str, rung: int = 1) -> None:
+    """Show rung ``rung`` of exercise ``name``'s hint ladder: 1 a nudge (which quantity, which torch
+    function), 2 the approach or formula, 3 the code; after a failed check, also what your last attempt
+    got wrong."""
     load_all()
     if name not in REGISTRY:
         show(CheckResult(str(name), False, f"there is no exercise called {name!r}. Exercises: {', '.join(REGISTRY)}"))
         return
-    show(Hint(name, REGISTRY[name].hint, LAST_FAILURE_HINT.get(name)))
+    if not isinstance(rung, int) or isinstance(rung, bool) or not 1 <= rung <= len(REGISTRY[name].hint):
+        show(CheckResult(name, False, f"hint({name!r}, {rung!r}): the rung is 1 (a nudge), 2 (the approach) "
+                         f"or 3 (the code)."))
+        return
+    show(hint_rung(name, rung))

@@ -37,10 +37,15 @@ class CheckResult:
     passed: bool
     message: str
     hint: str | None = None
+    next_rung: int = 1  # the hint rung a failed verdict points to (:func:`next_rung`): never the code's
 
     def how_to_ask(self) -> str:
-        """What a failed verdict says instead of the hint: how to see it, when the learner wants to."""
-        return f'Stuck? hint("{self.name}") shows a hint (or open the Hint cell above); the solutions/ notebook has the answer.'
+        """What a failed verdict says instead of the hint: which rung of the ladder to ask for next
+        (a nudge, then the approach); it never points to the code."""
+        call = f'hint("{self.name}")' if self.next_rung == 1 else f'hint("{self.name}", {self.next_rung})'
+        what = "a nudge" if self.next_rung == 1 else "the approach"
+        again = " again" if self.next_rung <= HINT_SHOWN.get(self.name, 0) else ""
+        return f"Stuck? {call} gives {what}{again} (or open the Hint cell above)."
 
     def __str__(self) -> str:
         mark = "PASSED" if self.passed else "FAILED"
@@ -68,29 +73,71 @@ def verdict_box(colour: str, title: str, body_html: str, footer_html: str = "", 
     )
 
 
+RUNGS = 3
+RUNG_NAMES = ("a nudge", "the approach", "the code")
+
+
+def rungs_of(hint: str | Sequence[str]) -> tuple[str, ...]:
+    """An exercise's hint as its ladder of rungs: (nudge, approach, code). A single string (the form
+    before the ladder) is one rung."""
+    return (hint,) if isinstance(hint, str) else tuple(hint)
+
+
+def _strip_fences(text: str) -> str:
+    """Markdown code fences (```python ... ```) removed, for a box that shows the code as it is."""
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith("```")).strip("\n")
+
+
 @dataclass
 class Hint:
-    """An exercise's hint, shown only when asked (``hint("name")``), in the verdicts' box."""
+    """One rung of an exercise's hint ladder, shown only when asked (``hint("name", rung)``), in the
+    verdicts' box: 1 a nudge (which quantity, which torch function), 2 the approach or formula, 3 the
+    code."""
 
     name: str
     text: str
     last_failure: str | None = None  # the more specific hint of the learner's last failed check, if any
+    rung: int = 1
+    rungs: int = 1  # how many rungs the ladder has
+
+    def _about_last(self) -> str | None:
+        """What the last attempt got wrong: below the code rung, without the fix (its nudge)."""
+        if not self.last_failure or self.last_failure == self.text:
+            return None
+        return self.last_failure if self.rung >= self.rungs else nudge(self.last_failure)
+
+    def _title(self) -> str:
+        if self.rungs == 1:
+            return f"Hint for {self.name}"
+        return f"Hint {self.rung} of {self.rungs} ({RUNG_NAMES[self.rung - 1]}) for {self.name}"
+
+    def _next(self) -> str | None:
+        if self.rung >= self.rungs:
+            return None
+        return f'Still stuck? hint("{self.name}", {self.rung + 1}) gives {RUNG_NAMES[self.rung]}.'
 
     def __str__(self) -> str:
-        text = f"[HINT] {self.name}: {self.text}"
-        if self.last_failure and self.last_failure != self.text:
-            text += f"\n  About your last attempt: {self.last_failure}"
+        head = "[HINT]" if self.rungs == 1 else f"[HINT {self.rung}/{self.rungs}]"
+        text = f"{head} {self.name}: {_strip_fences(self.text) if self.rung == RUNGS else self.text}"
+        about = self._about_last()
+        if about:
+            text += f"\n  About your last attempt: {about}"
+        if self._next():
+            text += f"\n  {self._next()}"
         return text
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        extra = ""
-        if self.last_failure and self.last_failure != self.text:
-            extra = f"<div style='margin-top:4px'><b>About your last attempt:</b> {html.escape(self.last_failure)}</div>"
-        return verdict_box("#0969da", f"Hint for {html.escape(self.name)}", html.escape(self.text), extra,
-                           monospace=False)
+        extra, about = "", self._about_last()
+        if about:
+            extra += f"<div style='margin-top:4px'><b>About your last attempt:</b> {html.escape(about)}</div>"
+        if self._next():
+            extra += f"<div style='margin-top:4px;color:#57606a'>{html.escape(self._next())}</div>"
+        code = self.rung == RUNGS
+        body = _strip_fences(self.text) if code else self.text
+        return verdict_box("#0969da", html.escape(self._title()), html.escape(body), extra, monospace=code)
 
 
 class CheckFailure(Exception):
@@ -106,27 +153,39 @@ class CheckFailure(Exception):
 class Checker:
     name: str
     chapter: str
-    hint: str
+    hint: tuple[str, ...]  # the ladder of rungs: (nudge, approach, code); one string before the ladder
     fn: Callable[[Any], str | None]
     device: str | None = None  # where its cases live; None: the course's device
+
+    @property
+    def first_rung(self) -> str:
+        """The general hint a failure without a more specific one carries: the nudge."""
+        return self.hint[0]
 
 
 REGISTRY: dict[str, Checker] = {}
 _running_on: list[str | None] = []  # the device of the checker now running (a stack: checks may nest)
 
 
-def checker(name: str, *, chapter: str, hint: str, device: str | None = None) -> Callable:
+def checker(name: str, *, chapter: str, hint: str | tuple[str, str, str], device: str | None = None) -> Callable:
     """Register ``fn(candidate) -> str | None`` as the checker of exercise ``name``.
 
-    ``hint`` is the general hint shown in the notebook's hint cell and on failures that have no more
-    specific hint. ``device``: where the exercise's code runs in its chapter when that is not the
-    course's device (chapter 01 trains gymnasium agents on the CPU on every machine).
+    ``hint`` is the exercise's hint ladder, three rungs shown one at a time (``hint("name", k)``, and
+    nested in the notebook's collapsed hint cell): 1 a nudge (which quantity, which torch function),
+    2 the approach or formula, 3 the code (markdown; a ```python fence). None of the first two
+    contains a line of the solution (tests/checks/test_exercise_text.py). A single string is the
+    one-rung form of the chapters not yet converted. ``device``: where the exercise's code runs in its
+    chapter when that is not the course's device (chapter 01 trains gymnasium agents on the CPU on
+    every machine).
     """
+    rungs = rungs_of(hint)
+    if len(rungs) not in (1, RUNGS) or not all(isinstance(r, str) and r.strip() for r in rungs):
+        raise ValueError(f"exercise {name!r}: the hint is {RUNGS} non-empty rungs (nudge, approach, code)")
 
     def register(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         if name in REGISTRY and REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"two checkers for exercise {name!r}")
-        REGISTRY[name] = Checker(name=name, chapter=chapter, hint=hint, fn=fn, device=device)
+        REGISTRY[name] = Checker(name=name, chapter=chapter, hint=rungs, fn=fn, device=device)
         return fn
 
     return register
@@ -730,6 +789,25 @@ def compare_gradients(candidate: Callable, reference: Callable, case: Case, wrt:
 # ----------------------------------------------------------------------------------------------------
 RESULTS: dict[str, bool] = {}  # this kernel's latest verdict per exercise
 LAST_FAILURE_HINT: dict[str, str] = {}  # the hint of the latest failure per exercise (for hint())
+HINT_SHOWN: dict[str, int] = {}  # the highest hint rung this kernel has shown per exercise
+
+
+def next_rung(name: str) -> int:
+    """The rung a failed verdict points to: the one after the highest shown, but never the code's (a
+    learner who has read the approach is pointed back to it; the code is theirs to ask for)."""
+    entry = REGISTRY.get(name)
+    top = min(len(entry.hint), RUNGS - 1) if entry else 1
+    return max(1, min(HINT_SHOWN.get(name, 0) + 1, top))
+
+
+def hint_rung(name: str, rung: int = 1) -> Hint:
+    """Rung ``rung`` (1 a nudge, 2 the approach, 3 the code) of exercise ``name``'s hint, with what the
+    learner's last failed attempt got wrong; remembered, so the next failed verdict points one rung up."""
+    load_all()
+    rungs = REGISTRY[name].hint
+    rung = max(1, min(int(rung), len(rungs)))
+    HINT_SHOWN[name] = max(HINT_SHOWN.get(name, 0), rung)
+    return Hint(name, rungs[rung - 1], LAST_FAILURE_HINT.get(name), rung=rung, rungs=len(rungs))
 _loaded = False
 
 
@@ -772,29 +850,33 @@ def run_check(name: str, candidate: Any) -> CheckResult:
         message = failed.message
         if failed.hint and nudge(failed.hint) not in message:  # what is wrong, in the verdict itself
             message = f"{message}\n  {nudge(failed.hint)}"
-        result = CheckResult(name, False, message, failed.hint or entry.hint)
+        result = CheckResult(name, False, message, failed.hint or entry.first_rung)
     except RecursionError:
-        result = CheckResult(name, False, "your code recursed without end (RecursionError).", entry.hint)
+        result = CheckResult(name, False, "your code recursed without end (RecursionError).", entry.first_rung)
     except Exception as exc:  # noqa: BLE001 - never show a traceback of the checker itself
         if is_device_mix(exc):  # the learner's code ran on one device (call() checks that): ours mixed them
             result = CheckResult(
                 name, False,
                 f"checking stopped on a device mix inside the checker, not in your code: {describe_exception(exc)}. "
                 "This is a bug in the checker: please report it with this message. (Your code may be right.)",
-                entry.hint,
+                entry.first_rung,
             )
             RESULTS[name] = False
+            result.next_rung = next_rung(name)
             return result
         result = CheckResult(
             name,
             False,
             f"checking stopped on {describe_exception(exc)}. If your code looks right, this may be a bug in "
             "the checker: please report it with this message.",
-            entry.hint,
+            entry.first_rung,
         )
     RESULTS[name] = result.passed
     if result.passed:
         LAST_FAILURE_HINT.pop(name, None)
-    elif result.hint:
+    elif result.hint and result.hint not in entry.hint:  # a diagnosis of this attempt, not the ladder's nudge
         LAST_FAILURE_HINT[name] = result.hint
+    else:
+        LAST_FAILURE_HINT.pop(name, None)
+    result.next_rung = next_rung(name)
     return result
