@@ -175,7 +175,8 @@ def analyse(base: HookedTransformer, tuned: TransformerWithValueHead, world: str
         per_text.append(float(ranks[setup["pos_ids"]].mean() - ranks[setup["neg_ids"]].mean()))
     delta_sentiment = {"cosine_with_direction": round(float(torch.cosine_similarity(delta, direction, dim=0)), 4),
                        **{k: round(v, 4) for k, v in baseline.items()},
-                       "gap_per_text": [round(g, 4) for g in per_text]}
+                       "gap_per_text": [round(g, 4) for g in per_text],
+                       "gap_per_text_min": round(min(per_text), 4), "gap_per_text_max": round(max(per_text), 4)}
     reward_fn = sentiment_reward_fn(world, "neg")
     with torch.random.fork_rng(devices=rng_devices(device_of(tm))):
         torch.manual_seed(seed + 1)
