@@ -100,7 +100,7 @@ print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 # %% [markdown]
 # **Predict, then check.** The cell below prints the three scales on three groups of 4: two successes
 # among four 0/1 rewards, four successes, and four graded rewards. Before running it, write down: the
-# `"group"` advantages of the first row (the unbiased std of 1, 0, 0, 1 is about 0.58), which row is all
+# `"group"` advantages of the first row (the unbiased std of 1, 0, 0, 1 is $1/\sqrt{3}$), which row is all
 # zeros under every scale, and whether `"batch"` makes the third row's advantages larger or smaller
 # than `"group"` does (is that row's own spread larger or smaller than the whole batch's?).
 #

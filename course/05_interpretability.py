@@ -215,7 +215,7 @@ print(f"{'sum':>34}: {sum(parts.values()):+.3f}   (the tuned logits: {float(logi
 # head gives {{interp.value_final.base:.2f}} on the base model's final residual and
 # {{interp.value_final.tuned:.2f}} on the tuned model's, although the tuned model's samples of the
 # course prompt score a mean P(NEGATIVE) of {{interp.tuned_reward_prompt0:.2f}} (16 samples) against the
-# base model's ~0.3. Both values are negative and close: the head learned a baseline, not the reward.
+# base model's {{interp.steering_reward.before:.2f}} (the same 16-sample measurement). Both values are negative and close: the head learned a baseline, not the reward.
 # Read the value lens for **where along the layers it changes**, not for its level or its sign.
 #
 # ### Exercise: `ln_pre`
@@ -480,7 +480,7 @@ figures.agree("interp", {"activation_difference_sentiment.gap": baseline["gap"],
 # The steering below is the other test: does adding $\delta$ make the base model's reviews more negative?
 # Recorded: a mean P(NEGATIVE) of {{interp.steering_reward.before:.2f}} without it and
 # {{interp.steering_reward.after:.2f}} with $4\delta$, over 16 samples each: with 16 values in $[0, 1]$ a mean's
-# standard error can reach 0.125, so a change this small is within noise. The method is
+# standard error can reach $\tfrac{1}{2} / \sqrt{16} = \tfrac18$, so a change this small is within noise. The method is
 # the one model-diffing work uses on large models, where narrow fine-tunes leave a much stronger trace;
 # a two-layer model trained for a minute is a hard case for it. Try it on your own GPT-2 run.
 

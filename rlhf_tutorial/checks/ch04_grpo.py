@@ -810,7 +810,7 @@ def check_grpo_step(candidate) -> str:
                                    f"{fmt(out)}")
         if d1.norm() == 0:
             raise CheckFailure(f"{label}: the parameters did not change after a step.",
-                               hint="Call objective.backward() and optimizer.step().")
+                               hint="No parameter moved: the step must backpropagate the objective and then step the optimizer.")
         e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
         objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
         objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)

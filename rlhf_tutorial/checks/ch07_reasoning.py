@@ -231,8 +231,8 @@ def _reward_variant(*, parse=reasoning.extract_answer, wrong=0.0, none_as=None, 
         "r_i = 1.0 when the answer parsed from completion i equals answers[i], else 0.0 (a missing "
         "answer, None, never equals, even a true answer of 0). A float32 tensor of shape "
         "[len(completions)], on the CPU. If extract_answer does not pass its own check yet, fix it first.",
-        "```python\nrewards = [1.0 if extract_answer(text) == answer else 0.0\n           for text, answer "
-        "in zip(completions, answers)]\nreturn torch.tensor(rewards, dtype=torch.float32)\n```",
+        "```python\nrewards = [1.0 if extract_answer(text) == answer else 0.0 for text, answer in "
+        "zip(completions, answers)]\nreturn torch.tensor(rewards, dtype=torch.float32)\n```",
     ),
 )
 def check_verifiable_reward(candidate) -> str:
