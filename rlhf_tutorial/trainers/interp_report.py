@@ -10,7 +10,11 @@ JSON summary on the last line:
 - ``best_single_layer_patch``: the attention or MLP output whose patch restores most of the shift;
 - ``final_resid_patch_restored``: the sanity check (patching the last residual restores all of it);
 - ``attribution_closure_error``: |sum of component attributions - total| (bookkeeping);
+- ``value_final``: the tuned model's value head on each model's final residual at the last prompt token
+  (averaged over the prompts), and ``tuned_reward_prompt0``: the tuned samples' mean P(NEGATIVE);
 - ``top_activation_difference_tokens``, ``steering_reward``: the activation-difference lens;
+  ``activation_difference_sentiment``: where the negative and positive words rank under it, against 1000
+  random directions (``interp.word_rank_baseline``) and for each unrelated text alone;
 - ``fraction_changed_fp32`` / ``fraction_changed_bf16``: how sparse the update is, and in which precision.
 
 Everything is seeded (``--seed``); with one torch thread the same seed gives the same summary.
