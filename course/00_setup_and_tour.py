@@ -8,8 +8,11 @@
 # **How exercises work.** An exercise cell holds a function whose body is
 # `raise NotImplementedError(...)`. Replace that line with your code and run the cell, then run the
 # `check(...)` cell below it: it compares your function with a reference on several inputs and tells
-# you what differs, naming the mistake when it is a known one. The full hint waits until you ask:
-# `hint("name")`, or the collapsed **Hint** cell between the two. `progress()` shows which exercises
+# you what differs, naming the mistake when it is a known one. The hints wait until you ask, and come
+# as a ladder: `hint("name")` gives a nudge (which quantity, which torch function), `hint("name", 2)`
+# the approach or formula, `hint("name", 3)` the code; the collapsed **Hint** cell between the two
+# cells nests the same three rungs. Try each rung before the next: the exercises are there to make you
+# think, and the text above each says what to compute, never how to write it. `progress()` shows which exercises
 # you have passed, in every chapter, and remembers them across kernel restarts.
 #
 # ## The RLHF map
@@ -84,8 +87,20 @@ print("tokens", tuple(tokens.shape), "logits", tuple(logits.shape))
 # %% [markdown]
 # ### Exercise: the next-token distribution
 #
-# The policy $\pi_\theta(x_s \mid x_{<s})$ is the softmax of the logits at the last position. Write
-# `next_token_probs(model, tokens)` returning a `[batch, vocab]` tensor of probabilities.
+# The policy is a distribution over the next token. With $z_t \in \mathbb{R}^{V}$ the logits at position
+# $t$ (they score token $t+1$), a sequence of $s$ tokens continues with
+#
+# $$\pi_\theta(x_{s} \mid x_{<s}) = \operatorname{softmax}(z_{s-1}), \qquad
+#   \operatorname{softmax}(z)_v = \frac{e^{z_v}}{\sum_{u} e^{z_u}}.$$
+#
+# Write `next_token_probs(model, tokens)`: `tokens` is `[batch, seq]`, the result `[batch, vocab]`, every
+# row a probability distribution, on the model's device. The check probes a batch of 1 and one-token
+# rows (both dimensions must survive), and logits in the hundreds, where $e^{z}$ written by hand
+# overflows (why does subtracting $\max_u z_u$ first change nothing in the result?).
+#
+# **Predict, then check.** Position 0 holds the beginning-of-sequence token. If you read the logits
+# there instead of at the last position, would the distribution depend on the prompt? Decide, then
+# run the cell after the check, which compares two prompts.
 
 # %% exercise rlhf_tutorial.tour:next_token_probs | 10 min | difficulty 1 | importance 3
 
@@ -94,6 +109,14 @@ probs = next_token_probs(policy, tokens)[0]
 top = probs.topk(8)
 for p, i in zip(top.values, top.indices):
     print(f"{p.item():6.3f}  {policy.to_single_str_token(int(i))!r}")
+
+# %%
+# your prediction, checked: the distribution after position 0 and after the last position, for two prompts
+two = [policy.to_tokens(text) for text in ("The film was dull and", "What a wonderful, moving")]
+first_position = [policy(t).softmax(-1)[0, 0] for t in two]  # the distribution after the BOS token
+last_position = [next_token_probs(policy, t)[0] for t in two]
+print("after position 0, max |prompt 1 - prompt 2| =", (first_position[0] - first_position[1]).abs().max().item())
+print("after the last position, max |prompt 1 - prompt 2| =", (last_position[0] - last_position[1]).abs().max().item())
 
 # %% [markdown]
 # ## Hooks: reading (and changing) activations
@@ -119,13 +142,21 @@ print("ln_final.hook_normalized:", tuple(cache["ln_final.hook_normalized"].shape
 # ### Exercise: read the final normalised residual stream with a hook
 #
 # Write `final_normalized_residual(model, tokens)` that returns the activation at
-# `ln_final.hook_normalized` (shape `[batch, seq, d_model]`), captured by a hook function passed to
-# `run_with_hooks`.
+# `ln_final.hook_normalized` (shape `[batch, seq, d_model]`), captured by a hook of your own during a
+# forward pass (not the cache: chapter 03's value head reads it the same way, in the same forward pass
+# that makes the logits). A hook is called with the activation and the hook point; what it returns
+# replaces the activation, so a hook that only *reads* returns nothing. The check compares with the
+# neighbouring activations (the residual before the final LayerNorm, the last block's other LayerNorm,
+# the logits) and probes a batch of 1 and one-token rows: return the activation as stored.
+#
+# **Predict, then check.** The unembedding reads exactly this activation. What should
+# `resid @ W_U + b_U` be, and how far from it, in float32? The cell after the check tells.
 
 # %% exercise rlhf_tutorial.tour:final_normalized_residual | 15 min | difficulty 2 | importance 3
 
 # %% [markdown]
-# Because this activation is what the unembedding reads, `resid @ W_U + b_U` gives back the logits:
+# Because this activation is what the unembedding reads, `resid @ W_U + b_U` gives back the logits (up
+# to float32 rounding):
 
 # %%
 resid = final_normalized_residual(policy, tokens)

@@ -10,7 +10,8 @@
 #
 # The reference code lives in `rlhf_tutorial/ppo.py` (one readable file, in the style of CleanRL). After
 # each exercise, the `check(...)` cell compares your function with the reference on several cases and
-# tells you what looks wrong; `hint("name")` shows the hint again.
+# tells you what looks wrong; `hint("name")`, `hint("name", 2)` and `hint("name", 3)` climb the hint
+# ladder (a nudge, the approach, the code).
 #
 # **Plan.** 1. policy gradients and the clipped objective · 2. the agent · 3. advantages (GAE) ·
 # 4. the three terms of the objective · 5. rollouts · 6. the learning phase · 7. probe environments ·
@@ -158,8 +159,17 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # **Entropy.** A bonus $c_2\, \operatorname{mean}_t H[\pi_\theta(\cdot \mid s_t)]$, $H(p) = -\sum_a p_a \log p_a$,
 # $c_2$ = `ent_coef`, keeps the policy from collapsing onto one action too early. Compute it from
 # `log_softmax` (with `softmax` then `log`, a logit of 1e4 gives $0 \cdot \log 0$ = NaN).
+#
+# **Predict, then check.** With `ent_coef = 1`, what bonus do all-zero logits over 2 actions give? Over
+# 4 actions? And logits `[1e4, 0]`? Write your three numbers down; the cell after the check prints them.
 
 # %% exercise rlhf_tutorial.ppo:calc_entropy_bonus | 5 min | difficulty 1 | importance 3
+
+# %%
+# your prediction, checked: the entropy of a uniform policy over n actions is log n; a certain one, 0
+for logits in (torch.zeros(1, 2), torch.zeros(1, 4), torch.tensor([[1e4, 0.0]])):
+    print(logits.tolist(), "->", round(calc_entropy_bonus(logits, 1.0).item(), 4))
+print("log 2 =", round(math.log(2), 4), " log 4 =", round(math.log(4), 4))
 
 # %% [markdown]
 # **The combined objective**, maximised by Adam with `maximize=True`:
@@ -186,10 +196,13 @@ print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze
 # (`autoreset_mode=SAME_STEP`), so the observation it returns is already the next episode's first one;
 # `dones[t]` tells GAE not to bootstrap across.
 #
-# **Exercise.** `rollout_step(agent, envs, obs, buffer, step)`: sample actions from
-# `Categorical(logits=agent.actor(obs))` without gradients, step the envs once, store the transition at
-# index `step` and return the next observation as a float32 tensor. An episode ends when it is
-# `terminated` *or* `truncated` (CartPole truncates at 500 steps).
+# **Exercise.** `rollout_step(agent, envs, obs, buffer, step)`: sample $a \sim \pi_\theta(\cdot \mid s)$, the
+# categorical distribution over the actor's logits, without gradients (acting is not learning); step
+# the envs once; store the transition at index `step`, namely the observation the action was chosen in
+# (not the next one), $a$, $\log \pi_\theta(a \mid s)$, $V(s)$ as a `[env]` vector, the rewards (float32) and
+# whether the episode ended; return the next observation as a float32 tensor. An episode ends when it
+# is `terminated` *or* `truncated` (CartPole truncates at 500 steps): a truncated episode must stop
+# GAE's bootstrapping too, or the next episode's values leak into this one's advantages.
 
 # %% exercise rlhf_tutorial.ppo:rollout_step | 20 min | difficulty 3 | importance 4
 

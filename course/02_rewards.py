@@ -20,6 +20,8 @@
 # sample. (Chapter 03 adds a per-token KL term to the zeros; the score itself stays at the end.)
 
 # %% imports
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -73,8 +75,8 @@ for s in samples:
 # ## A toy reward, and how a policy would hack it
 #
 # The simplest reward you can write counts something. `reward_fn_char_count(samples, char=".")` returns
-# the number of times `char` occurs in each sample, as a float32 tensor. (One line per sample with
-# `str.count`; mind the dtype.)
+# the number of times `char` occurs in each sample, $r(x) = \#\{i : x_i = \texttt{char}\}$, as a `[batch]`
+# float32 tensor (a tensor built from Python integers is int64: the trainers downstream expect floats).
 
 # %% exercise rlhf_tutorial.rewards:reward_fn_char_count | 5 min | difficulty 1 | importance 2
 
@@ -172,6 +174,11 @@ print("the policy's samples, p(NEGATIVE):",
 # advantages with the mean shifted.) Chapter 03's trainer centres its scores anyway (`shift_mean=True`),
 # on purpose: with a single prompt, subtracting the batch's mean score is a baseline, the same one
 # GRPO uses per group in chapter 04; chapter 03 says what it costs.
+#
+# **Predict, then check.** The cell after the check whitens the classifier's rewards of the ten reviews
+# above (five positive, five negative). Before you run it: with `shift_mean=True`, what are the mean
+# and the (biased) standard deviation of the result, whatever the rewards were? With
+# `shift_mean=False`, what is the mean, and can a whitened reward be negative?
 
 # %% exercise rlhf_tutorial.rewards:whiten | 5 min | difficulty 1 | importance 4
 
@@ -276,10 +283,20 @@ print(f"shaped reward (coef {repetition_coef}): real reviews min {hack_shaped[:n
 # arbitrary (another reason to whiten). Once trained, $r_\phi(x, y)$ plays exactly the part the
 # classifier played above: one number per completion, at its last token. Compute $\log\sigma$ with `F.logsigmoid`:
 # in float32, `torch.sigmoid(z)` underflows to 0 from about $z = -89$, and `torch.log` of it is $-\infty$.
+#
+# Write `bradley_terry_loss(chosen_rewards, rejected_rewards)`: two `[batch]` tensors in, the scalar
+# $\mathcal{L}$ out, differentiable in both.
+#
+# **Predict, then check.** What is $\mathcal{L}$ for a reward model that scores every answer the same
+# (an untrained head)? For one whose margin $r_c - r_r$ is $+5$ on every pair? And $-5$? The cell after
+# the check prints all three, then the two ways of computing $\log\sigma$.
 
 # %% exercise rlhf_tutorial.rewards:bradley_terry_loss | 10 min | difficulty 2 | importance 5
 
 # %%
+for margin in (0.0, 5.0, -5.0):
+    print(f"margin {margin:+.0f}: loss {bradley_terry_loss(torch.full((4,), margin), torch.zeros(4)).item():.4f}")
+print(f"log 2 = {math.log(2):.4f}")
 z = torch.tensor([-200.0, -20.0, 0.0, 20.0])
 print("log(sigmoid(z)):", torch.log(torch.sigmoid(z)))
 print("logsigmoid(z):  ", F.logsigmoid(z))

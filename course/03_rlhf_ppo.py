@@ -128,11 +128,12 @@ print(f"policy: {policy.cfg.n_layers} layers, d_model={policy.cfg.d_model}, voca
 #
 # ### Exercise: `TransformerWithValueHead`
 #
-# Store `base_model`, build `value_head = Sequential(Linear(d_model, 4 d_model), ReLU,
-# Linear(4 d_model, 1))`, both linears initialised with chapter 01's `layer_init` (orthogonal weights
-# with std $\sqrt 2$ then 1, zero biases), and in `forward` run the base model with a hook on
-# `ln_final.hook_normalized` that computes and stores `value_head(resid).squeeze(-1)`. Return
-# `(logits, values)`: shapes `[b, s, vocab]` and `[b, s]`. The hook must not return anything (a
+# Store `base_model` and build `value_head`, the MLP $V_\phi$ above with a hidden width of
+# $4\, d_\text{model}$, both linear layers initialised with chapter 01's `layer_init` (orthogonal weights
+# with std $\sqrt 2$ for the hidden layer and 1 for the output, zero biases). In `forward`, one pass of
+# the base model must give both the logits and $V_\phi(h_t)$ at every position $t$, computed by a hook
+# on `ln_final.hook_normalized`. Return `(logits, values)`: shapes `[b, s, vocab]` and `[b, s]` (one
+# number per position, no trailing dimension of size 1). The hook must not return anything (a
 # returned tensor would replace the activation), and it must read the residual without detaching it
 # (no `.detach()`, no `run_with_cache`, whose activations are detached): the value loss's gradient has
 # to reach the transformer, the shared trunk, not only the head. The checker tests both the
@@ -170,11 +171,15 @@ print("values before training (random head):", [round(v, 3) for v in values[0].t
 #
 # ### Exercise: `get_samples`
 #
-# Tokenize the prompt (with or without BOS, as asked), repeat it `batch_size` times, call
-# `model.generate` with `max_new_tokens=gen_len`, `stop_at_eos=False`, the temperature and `top_k`,
-# and `verbose=False`. `generate` runs under `torch.inference_mode()`: `.clone()` its output, or the
-# tokens cannot enter a forward pass that needs gradients. Decode the texts without special tokens
-# (`model.tokenizer.batch_decode(tokens, skip_special_tokens=True)`). Return `(tokens, texts)`.
+# `get_samples(model, prompt, batch_size, gen_len, temperature, top_k, prepend_bos)` returns
+# `(tokens, texts)`. `tokens` is `[batch_size, prompt_len + gen_len]`: the prompt (with a BOS token in
+# front exactly when `prepend_bos`) followed by **exactly** `gen_len` tokens drawn from
+# $\mathrm{softmax}(\text{logits}_t/\tau)$ (restricted to the `top_k` most likely when it is set), with no stop
+# at the end-of-text token. It must be an ordinary tensor: `model.generate` runs under
+# `torch.inference_mode()`, and an inference tensor cannot enter a forward pass that needs gradients.
+# `texts` are the decoded rows without special tokens (BOS, EOS), what the reward reads. The checker
+# compares your tokens with the reference's under the same seed, so draw them with `model.generate` in
+# one call for the whole batch.
 
 # %% exercise rlhf_tutorial.rlhf:get_samples | 15 min | difficulty 2 | importance 4
 
@@ -337,7 +342,15 @@ print(f"beta = {beta}: J(pi*) = {J(opt_probs).item():.4f} = beta log Z = "
 #
 # ### Exercise: `approx_kl`
 #
-# Return the per-token estimate (same shape as the inputs, no mean) for `estimator` in k1, k2, k3.
+# `approx_kl(logprobs, ref_logprobs, estimator)`: the log-probs of the sampled tokens under the policy
+# and the reference (any shape, the same for both); return the per-token estimate for `estimator` in
+# `"k1"`, `"k2"`, `"k3"` (same shape as the inputs, no mean), and raise a `ValueError` naming the
+# accepted values for anything else. Mind the sign of $\log r$: reference minus policy.
+#
+# **Predict, then check.** The cell after the check draws 100,000 tokens from $p$ and averages each
+# estimator. Before you run it: for two nearby distributions, which estimator has the smallest spread,
+# and about what share of k1's values is negative? Which one will be badly biased for two distributions
+# far apart?
 
 # %% exercise rlhf_tutorial.rlhf:approx_kl | 10 min | difficulty 2 | importance 3
 
@@ -455,10 +468,15 @@ print("checked: k1 -> 0, k2 -> grad KL(policy || ref), k3 -> grad KL(ref || poli
 # $$\hat A_t = \begin{cases} V(s_{t+1}) - V(s_t) & t < T \\ r - V(s_T) & t = T \end{cases}$$
 #
 # In tensor terms, `values[:, t]` is $V$ of the state ending at position $t$, which chooses token
-# $t+1$. So the generated tokens were chosen by the states `values[:, prefix_len - 1:-1]`, and their
-# one-step $Q$ estimates are `values[:, prefix_len:-1]` followed by the reward.
+# $t+1$, and the $g$ generated tokens sit at positions `prefix_len` to $s - 1$.
 #
 # ### Exercise: `compute_advantages`
+#
+# `compute_advantages(values, rewards, prefix_len)`: `values` `[b, s]`, `rewards` `[b]`, the result
+# `[b, g]` with $g = s - \text{prefix\_len}$, $\hat A$ above for every generated token. Work out on the
+# position table of the log-probs section which position's value is $V(s_t)$ for generated token $i$,
+# and which is $V(s_{t+1})$; the last token has no next state. The check includes a single generated
+# token ($g = 1$: its advantage is $r - V$) and a batch of 1.
 
 # %% exercise rlhf_tutorial.rlhf:compute_advantages | 20 min | difficulty 3 | importance 5
 
@@ -477,8 +495,24 @@ print("checked: k1 -> 0, k2 -> grad KL(policy || ref), k3 -> grad KL(ref || poli
 # the objective below drops its own KL term.
 #
 # ### Exercise: `compute_per_token_rewards`
+#
+# `compute_per_token_rewards(scores, logprobs, ref_logprobs, kl_coef)`: `scores` `[b]` (one score per
+# sample), the log-probs of the generated tokens under the policy and the reference `[b, g]`; return
+# the $r_t$ above, `[b, g]`. The score goes to the last position of its own row only, and the inputs
+# stay as they were (the rollout reuses them).
+#
+# **Predict, then check.** With `kl_coef = 0.1` and a policy identical to the reference, what is
+# $\sum_t r_t$ for a sample with score 0.8? And if every generated token has log-prob 0.5 higher under
+# the policy than under the reference, over 16 tokens? The cell after the check computes both.
 
 # %% exercise rlhf_tutorial.rlhf:compute_per_token_rewards | 15 min | difficulty 3 | importance 4
+
+# %%
+same = torch.full((1, 16), -2.0)
+print("identical policy:       sum of r_t =",
+      round(compute_per_token_rewards(torch.tensor([0.8]), same, same, 0.1).sum().item(), 4))
+print("policy 0.5 nats higher: sum of r_t =",
+      round(compute_per_token_rewards(torch.tensor([0.8]), same + 0.5, same, 0.1).sum().item(), 4))
 
 # %% [markdown]
 # ### Why the score is paid once, at the last token
@@ -536,9 +570,9 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 #
 # ### Exercise: `ReplayMemory.get_minibatches`
 #
-# Compute `returns = advantages + values`; then for each pass draw
-# `torch.randperm(batch, generator=generator)`, reshape it to `[num_minibatches, -1]`, and build a
-# `ReplayMinibatch` from the same rows of every tensor. Its fields, all indexed by the minibatch's
+# The value targets are the returns $\hat R = \hat A + V$. Each of the `update_epochs` passes visits every
+# row exactly once, in a fresh random order drawn from `generator` (so a seed fixes it), cut into
+# `num_minibatches` equal minibatches; a `ReplayMinibatch` takes the same rows of every tensor. Its fields, all indexed by the minibatch's
 # rows: `tokens` `[mb, s]`, `logprobs` `[mb, g]` (the rollout policy's, pi_old), `ref_logprobs`
 # `[mb, g]`, `advantages` `[mb, g]` and `returns` `[mb, g]` (there is no `values` field: the values
 # enter through `returns`). The permutation stays on the CPU, where `generator` is: CPU indices select
@@ -727,7 +761,7 @@ print("beta while KL is below target, then above:", trace)
 # ```
 #
 # You write the two phases. Keep the memory rule in mind: the rollout's forward passes run **one
-# chunk of `args.minibatch_size` rows at a time** (`tokens.split(args.minibatch_size)`) under
+# chunk of `args.minibatch_size` rows at a time** under
 # `torch.no_grad()`, and only log-probs and values are kept. The KL coefficient of the per-token
 # rewards (GAE) is the trainer's **current** one, `trainer.kl_coef` (the adaptive controller's value
 # when `args.adaptive_kl` is on; `args.kl_coef` is only its start). Whiten the shaped rewards only when

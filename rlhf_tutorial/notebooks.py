@@ -142,6 +142,33 @@ def solution_source(obj: Any) -> str:
     return "\n".join(line for line in src.splitlines() if line.strip() not in {BEGIN, END})
 
 
+def solution_code(obj: Any) -> str:
+    """The code a learner writes for the exercise ``obj``, as the last rung of its hint: a ```python
+    fence around the marked region (regions joined by ``...``), else the function's body after its
+    docstring, else (a class) the whole class. One home: the reference is the code."""
+    src = textwrap.dedent(inspect.getsource(obj))
+    lines = src.splitlines()
+    if any(line.strip() == BEGIN for line in lines):
+        regions, current = [], None
+        for line in lines:
+            if line.strip() == BEGIN:
+                current = []
+            elif line.strip() == END:
+                regions.append(textwrap.dedent("\n".join(current)))
+                current = None
+            elif current is not None:
+                current.append(line)
+        code = "\n...\n".join(regions)
+    elif inspect.isclass(obj):
+        code = src
+    else:
+        body = ast.parse(src).body[0].body
+        has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+        first = body[0].end_lineno if has_doc and len(body) > 1 else body[0].lineno - 1
+        code = textwrap.dedent("\n".join(lines[first:]))
+    return f"```python\n{code.strip()}\n```"
+
+
 def stub_source(obj: Any, name: str) -> str:
     """The reference's source with the learner's part replaced by ``raise NotImplementedError``.
 

@@ -186,11 +186,13 @@ def approx_kl(
 ) -> Float[Tensor, "*b"]:
     """Per-token estimates of KL(policy || ref) from tokens the policy sampled.
 
-    With ``logr = ref_logprobs - logprobs = log(p_ref / p)`` at the sampled token:
+    With r = p_ref(y) / p(y) at the sampled token y (log r from the two log-probs):
 
-        k1 = -logr                     unbiased, high variance, can be negative
-        k2 = logr ** 2 / 2             biased (low for small KL), low variance, >= 0
-        k3 = (exp(logr) - 1) - logr    unbiased, low variance, >= 0
+        k1 = -log r                 unbiased, high variance, can be negative
+        k2 = (log r)^2 / 2          biased (low for small KL), low variance, >= 0
+        k3 = (r - 1) - log r        unbiased, low variance, >= 0
+
+    Any other ``estimator`` is a ValueError.
     """
     # >>> exercise
     logr = ref_logprobs - logprobs
@@ -216,10 +218,11 @@ def compute_advantages(
 
     State ``s_t`` (the text up to position t) chooses token t+1; ``values[:, t]`` is V(s_t). The
     one-step estimate of Q is the next state's value, except after the last token, where the episode
-    is over and the score is known::
+    is over and the score is known. For the generated token i = 0 .. g - 1 (position prefix_len + i,
+    g = s - prefix_len), chosen by the state at position t = prefix_len - 1 + i::
 
-        Q = cat(values[:, prefix_len:-1], rewards[:, None])      # [b g]
-        A = Q - values[:, prefix_len - 1:-1]                       # [b g], g = s - prefix_len
+        A[b, i] = values[b, t + 1] - values[b, t]     for i < g - 1
+        A[b, g - 1] = rewards[b] - values[b, s - 2]
     """
     # >>> exercise
     one_step_q = torch.cat([values[:, prefix_len:-1], rewards[:, None]], dim=-1)
@@ -364,8 +367,8 @@ def compute_rlhf_objective(
     """The RLHF objective of one minibatch (to maximise) and its diagnostics.
 
     One forward pass of the policy gives logits and values; the logits are divided by the sampling
-    temperature; ``gen = slice(prefix_len - 1, -1)`` picks the g positions whose logits predict the
-    generated tokens (and whose values are the states that chose them)::
+    temperature; ``gen``, a slice of positions prefix_len - 1 .. s - 2, picks the g positions whose
+    logits predict the generated tokens (and whose values are the states that chose them)::
 
         objective = L_clip(logprobs, old logprobs, advantages)      chapter 01, clip_coef
                   - L_value(values[:, gen], returns)                 chapter 01, vf_coef

@@ -14,7 +14,9 @@ from transformer_lens import HookedTransformer
 def next_token_probs(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Float[Tensor, "b v"]:
     """The policy's distribution over the token that follows each sequence.
 
-    pi(x_{s} | x_{<s}) = softmax(logits[:, -1, :]): the logits at the last position predict the next token.
+    pi(x_s | x_{<s}) = softmax_v(z_{s-1}, v): the logits z_t at position t score token t+1, so the last
+    position's logits give the next token's distribution, a softmax over the vocabulary (every row sums
+    to 1; logits in the hundreds must not overflow).
     """
     logits: Float[Tensor, "b s v"] = model(tokens)
     return logits[:, -1, :].softmax(dim=-1)
@@ -23,7 +25,8 @@ def next_token_probs(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Fl
 def final_normalized_residual(
     model: HookedTransformer, tokens: Int[Tensor, "b s"]
 ) -> Float[Tensor, "b s d_model"]:
-    """The residual stream after the final LayerNorm, read with a hook on ``ln_final.hook_normalized``.
+    """The residual stream after the final LayerNorm, read with a hook on ``ln_final.hook_normalized``,
+    as stored: [batch, pos, d_model], no dimension squeezed.
 
     This is exactly what the unembedding sees (logits = normalized @ W_U + b_U), so it is the natural
     input for a value head.

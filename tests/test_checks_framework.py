@@ -280,8 +280,8 @@ def test_a_hint_is_three_rungs_shown_one_at_a_time_each_pointing_to_the_next(lad
     for rung in (1, 2, 3):
         hint(ladder_exercise, rung)
         out = capsys.readouterr().out
-        assert out.startswith(f"[HINT {rung}/3] toy_median: ")
-        assert (LADDER[rung - 1] if rung < 3 else "return torch.sort(x).values[len(x) // 2]") in out
+        assert out.startswith(f"[HINT {rung}/3] toy_median: " if rung < 3 else "[HINT 3/3] toy_median (the code):\n")
+        assert (LADDER[rung - 1] if rung < 3 else "\n    return torch.sort(x).values[len(x) // 2]") in out
         assert all(other not in out for i, other in enumerate(LADDER[:2], start=1) if i != rung)
         assert (f'hint("toy_median", {rung + 1})' in out) == (rung < 3)
     assert "```" not in out  # the code rung shows code, not its markdown fence

@@ -19,6 +19,7 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import tour
 from rlhf_tutorial.checks import fixtures
 from rlhf_tutorial.checks.core import Case, Mistake, checker, compare_to_reference, seeded
+from rlhf_tutorial.notebooks import solution_code
 
 CHAPTER = "00_setup_and_tour"
 small_model = partial(fixtures.small_model, normalization_type="LNPre")  # the worlds' LayerNorms
@@ -39,8 +40,15 @@ def _token_cases(model: HookedTransformer) -> list[Case]:
 @checker(
     "next_token_probs",
     chapter=CHAPTER,
-    hint="Run the model to get logits of shape [batch, seq, vocab]; the last position's logits predict "
-    "the next token; turn them into probabilities with softmax over the vocabulary (last) dimension.",
+    hint=(
+        "Two steps: a forward pass gives the logits, and torch's `softmax` (over the right dimension) turns "
+        "one position's logits into probabilities. Which position predicts the token after the sequence?",
+        "The logits have shape [batch, seq, vocab] and position t scores token t+1, so the next token is scored "
+        "by the LAST position. Select it (a basic index on the sequence dimension leaves [batch, vocab]) and "
+        "take the softmax over the vocabulary, the last dimension. torch's softmax subtracts the max first, so "
+        "logits in the hundreds stay finite; exp / sum by hand does not.",
+        solution_code(tour.next_token_probs),
+    ),
 )
 def check_next_token_probs(candidate) -> str:
     model = small_model()
@@ -70,11 +78,15 @@ def check_next_token_probs(candidate) -> str:
 @checker(
     "final_normalized_residual",
     chapter=CHAPTER,
-    hint="Add a forward hook on 'ln_final.hook_normalized' with model.run_with_hooks(tokens, "
-    "fwd_hooks=[(name, fn)]) whose fn stores the activation (or use model.run_with_cache and read "
-    "cache['ln_final.hook_normalized']).",
+    hint=(
+        "`model.run_with_hooks(tokens, fwd_hooks=[(name, fn)])` calls `fn(activation, hook)` at the hook point "
+        "`name`: your fn has to keep the activation somewhere the function can read after the forward pass.",
+        "Make an empty list (or dict) in the function; define a hook function that appends the activation to it "
+        "and returns nothing (returning a tensor would replace the activation); run the model with that hook on "
+        "'ln_final.hook_normalized'; return the one stored tensor, unchanged (no squeeze).",
+        solution_code(tour.final_normalized_residual),
+    ),
 )
-
 def check_final_normalized_residual(candidate) -> str:
     model = small_model(seed=1)
     last = model.cfg.n_layers - 1

@@ -39,6 +39,7 @@ from rlhf_tutorial.checks.core import (
     fmt,
     seeded,
 )
+from rlhf_tutorial.notebooks import solution_code
 from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 from rlhf_tutorial.trainers.ppo import PPOArgs
 
@@ -65,8 +66,14 @@ def orthogonal_gain(weight: torch.Tensor) -> float | None:
     "layer_init",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="Two in-place initialisers do it: nn.init.orthogonal_(layer.weight, gain=std) and "
-    "nn.init.constant_(layer.bias, bias_const); then return the same layer object.",
+    hint=(
+        "`torch.nn.init` has an in-place initialiser for each half: one that makes a matrix orthogonal (with a "
+        "gain) and one that fills a tensor with a constant. Both end in an underscore.",
+        "Call the orthogonal initialiser on the layer's weight with gain `std`, and the constant one on its bias "
+        "with `bias_const`. Both modify the parameters in place, so return the very layer you were given (not a "
+        "copy), and do it without building new tensors.",
+        solution_code(ppo.layer_init),
+    ),
 )
 def check_layer_init(candidate) -> str:
     cases = [((64, 4), {}), ((4, 64), {"std": 0.01}), ((8, 8), {"std": 1.0, "bias_const": 0.5}),
@@ -160,9 +167,16 @@ def _gae_forward(rewards, values, next_value, dones, gamma, lam):
     "compute_gae",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="Walk backwards from t = T-1 to 0 keeping A_{t+1} (0 after the last step). V_{t+1} is values[t+1], or "
-    "next_value at t = T-1. With not_done = 1 - dones[t].float(): delta = r_t + gamma * not_done * V_{t+1} - V_t "
-    "and A_t = delta + gamma * gae_lambda * not_done * A_{t+1}.",
+    hint=(
+        "The recursion A_t = delta_t + gamma * lambda * (1 - d_t) * A_{t+1} runs BACKWARDS in time: a Python loop "
+        "over reversed(range(steps)) carrying A_{t+1}. What is V_{t+1} at the last step?",
+        "First the TD residuals for all steps at once: V_{t+1} is the values shifted up by one step with "
+        "next_value appended as the last row, and (1 - d_t) is the done mask as floats. Then start from "
+        "A_{T} = 0 (a zero vector of shape [env]) and, for t from T-1 down to 0, set A_t from delta_t and A_{t+1}; "
+        "write each A_t into row t of a result of zeros the shape of the rewards. The (1 - d_t) factor must be "
+        "in both delta_t (no bootstrap) and the recursion (no advantage flows back across an episode end).",
+        solution_code(ppo.compute_gae),
+    ),
 )
 def check_compute_gae(candidate) -> str:
     cases = [
@@ -242,9 +256,15 @@ def _surrogate_case(label: str, shape: tuple[int, ...], seed: int, spread: float
     "calc_clipped_surrogate_objective",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="Normalise first: A = (A - A.mean()) / (A.std() + eps). Then ratio = exp(logprobs - old_logprobs) and "
-    "return torch.minimum(ratio * A, ratio.clamp(1 - clip_coef, 1 + clip_coef) * A).mean(): a value to maximise, "
-    "so no minus sign.",
+    hint=(
+        "Three quantities: normalised advantages (mean and torch's default std), the probability ratio from the "
+        "log-probabilities (`torch.exp` of a difference), and its clipped copy (`torch.clamp`). Then an "
+        "element-wise `torch.minimum`.",
+        "A_hat = (A - mean A) / (std A + eps); r = exp(logprobs - old_logprobs); the objective is the mean over "
+        "samples of min(r * A_hat, clip(r, 1 - clip_coef, 1 + clip_coef) * A_hat). It is maximised: no minus "
+        "sign, and the min (not the max) makes it the pessimistic bound.",
+        solution_code(ppo.calc_clipped_surrogate_objective),
+    ),
 )
 def check_calc_clipped_surrogate_objective(candidate) -> str:
     cases = [
@@ -304,8 +324,13 @@ def _vcase(label: str, shape: tuple[int, ...], seed: int, vf_coef: float, equal:
     "calc_value_function_loss",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="0.5 * vf_coef * ((values - returns) ** 2).mean(): the mean squared error, halved and weighted. It is a "
-    "loss (positive); the training objective subtracts it.",
+    hint=(
+        "The mean squared error between the critic's values and the returns, with the 1/2 and vf_coef applied "
+        "inside the function.",
+        "L = 0.5 * vf_coef * mean over all elements of (values - returns)^2: a positive number (a loss); the "
+        "objective subtracts it. No sum, no square root.",
+        solution_code(ppo.calc_value_function_loss),
+    ),
 )
 def check_calc_value_function_loss(candidate) -> str:
     cases = [
@@ -352,9 +377,14 @@ def _entropy(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
     "calc_entropy_bonus",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="logp = torch.log_softmax(logits, dim=-1); entropy = -(logp.exp() * logp).sum(-1) (or "
-    "Categorical(logits=logits).entropy()); return ent_coef * entropy.mean(). log(softmax(.)) underflows to "
-    "-inf for large logits; log_softmax does not.",
+    hint=(
+        "Entropy needs p_a and log p_a of every action: get the log-probabilities with `torch.log_softmax` "
+        "and the probabilities from them with `exp` (or use torch.distributions.Categorical's entropy).",
+        "H = -sum over the action (last) dimension of p * log p, one value per state; the bonus is ent_coef "
+        "times the mean of H over the states. softmax then log underflows to log 0 = -inf for large logits "
+        "(0 * -inf = NaN); log_softmax stays finite.",
+        solution_code(ppo.calc_entropy_bonus),
+    ),
 )
 def check_calc_entropy_bonus(candidate) -> str:
     cases = [
@@ -389,8 +419,14 @@ def check_calc_entropy_bonus(candidate) -> str:
     "get_minibatch_indices",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="perm = torch.randperm(batch_size, generator=generator) gives every index once in random order; cut it "
-    "into batch_size // minibatch_size pieces of minibatch_size, e.g. list(perm.reshape(-1, minibatch_size)).",
+    hint=(
+        "`torch.randperm` (with the generator) gives every index exactly once, in random order; then cut it into "
+        "equal pieces.",
+        "Draw one permutation of range(batch_size) from `generator`, reshape it to [num_minibatches, "
+        "minibatch_size] with num_minibatches = batch_size // minibatch_size, and return its rows as a list of "
+        "index tensors. Drawing a new permutation per minibatch would repeat some indices and drop others.",
+        solution_code(ppo.get_minibatch_indices),
+    ),
 )
 def check_get_minibatch_indices(candidate) -> str:
     def run(batch_size: int, minibatch_size: int, seed: int) -> list[torch.Tensor]:
@@ -492,10 +528,17 @@ def _scripted_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
     "rollout_step",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="Under torch.no_grad(): logits = agent.actor(obs), value = agent.critic(obs).squeeze(-1); "
-    "dist = Categorical(logits=logits); action = dist.sample(). Step once: envs.step(action.numpy()). Store at "
-    "index `step`: obs (the one you acted in), action, dist.log_prob(action), value, the rewards and "
-    "terminated | truncated. Return the next observation as a float32 tensor.",
+    hint=(
+        "Four stores and one env step: sample an action from torch.distributions.Categorical over the actor's "
+        "logits (no gradients needed), ask the critic for V(obs), then `envs.step` with the actions as a NumPy "
+        "array.",
+        "Under torch.no_grad(): actor logits and critic values (drop the critic's trailing dimension of size 1) "
+        "for the current obs. Build the categorical distribution, sample the actions, and step the envs with "
+        "them. At row `step` of the buffer store: the obs you acted in (not the next one), the actions, their "
+        "log-probabilities under the distribution, the values, the rewards (float32) and dones = terminated OR "
+        "truncated. Return the next observation converted to a float32 tensor.",
+        solution_code(ppo.rollout_step),
+    ),
 )
 def check_rollout_step(candidate) -> str:
     num_envs, num_steps = 3, 7
@@ -697,12 +740,20 @@ def _same_update(got: torch.Tensor, want: torch.Tensor, start: torch.Tensor) -> 
     "ppo_learning_phase",
     chapter=CHAPTER,
     device=DEVICE,
-    hint="Under no_grad: next_value = agent.critic(next_obs).squeeze(-1), advantages = compute_gae(...), "
-    "returns = advantages + buffer.values. Flatten every buffer field with the same '(steps env)' order. Then for "
-    "each epoch, for each minibatch index tensor mb from get_minibatch_indices(args.batch_size, args.minibatch_size, "
-    "generator): recompute logits and values on b_obs[mb], objective = L_clip - L_value + L_entropy, "
-    "optimizer.zero_grad(), objective.backward(), nn.utils.clip_grad_norm_(...), optimizer.step(). Return a dict "
-    "with at least approx_kl and clipfrac.",
+    hint=(
+        "Two parts: once per rollout and without gradients, the critic's value of next_obs, your compute_gae and "
+        "the returns; then epochs x minibatches of the objective from your three functions, with "
+        "zero_grad / backward / clip_grad_norm_ / step.",
+        "1. no_grad: next_value = V(next_obs) (squeezed to [env]), advantages from compute_gae with args.gamma "
+        "and args.gae_lambda, returns R = A + V. 2. Flatten obs, actions, logprobs, advantages, returns, values "
+        "from [steps, env] to one batch dimension, in the same order for all. 3. For each of args.update_epochs "
+        "epochs and each index tensor from get_minibatch_indices(args.batch_size, args.minibatch_size, "
+        "generator): the new logits and log-probs of the stored actions, the new values; objective = "
+        "clipped surrogate - value loss + entropy bonus; zero the gradients, backpropagate, clip the gradient "
+        "norm to args.max_grad_norm, step. 4. Record clip_diagnostics and the terms per minibatch; return their "
+        "means (and the explained variance).",
+        solution_code(ppo.ppo_learning_phase),
+    ),
 )
 def check_learning_phase(candidate) -> str:
     # 1. One minibatch per epoch: the update is deterministic whatever the minibatch order, so the

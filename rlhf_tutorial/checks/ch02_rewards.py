@@ -48,6 +48,7 @@ from rlhf_tutorial.checks.core import (
     seeded,
     to_device,
 )
+from rlhf_tutorial.notebooks import solution_code
 from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "02_rewards"
@@ -69,8 +70,14 @@ SAMPLES = [
 @checker(
     "reward_fn_char_count",
     chapter=CHAPTER,
-    hint="For each sample count how often `char` occurs (str.count does it) and return the counts as one "
-    "float32 tensor of shape [batch]: torch.tensor(counts, dtype=torch.float32).",
+    hint=(
+        "Python's `str.count` counts a character in one string; the result is one float32 number per sample, "
+        "in one tensor.",
+        "Count `char` in every sample (a list comprehension), then make one tensor of shape [batch] with an "
+        "explicit float32 dtype: a tensor built from Python ints is int64, and the training code downstream "
+        "expects floats.",
+        solution_code(rewards.reward_fn_char_count),
+    ),
 )
 def check_reward_fn_char_count(candidate) -> str:
     cases = [
@@ -165,10 +172,16 @@ def _label_probs(classifier, tokenizer, samples, *, mask: bool = True, dim: int 
 @checker(
     "reward_fn_sentiment",
     chapter=CHAPTER,
-    hint="Tokenize all samples at once (padding=True, truncation=True, return_tensors='pt'), move the "
-    "tensors to the classifier's device, run the classifier under torch.no_grad() with input_ids AND "
-    "attention_mask, softmax the logits over the label dimension, and take the column "
-    "classifier.config.label2id['POSITIVE'] (or 'NEGATIVE' for direction='neg').",
+    hint=(
+        "The tokenizer pads a list of texts into one batch and returns its attention mask; the classifier's "
+        "logits become probabilities with a softmax over the labels; `classifier.config.label2id` says which "
+        "column is POSITIVE.",
+        "Tokenize all samples in one call with padding and truncation, returning PyTorch tensors; move every "
+        "tensor to the classifier's device; run the classifier without gradients, passing the input ids AND "
+        "the attention mask (unpacking the tokenizer's output passes both); softmax over the label (last) "
+        "dimension; return the column of the label that `direction` names, read from label2id.",
+        solution_code(rewards.reward_fn_sentiment),
+    ),
 )
 def check_reward_fn_sentiment(candidate) -> str:
     swapped, tok = tiny_classifier(("POSITIVE", "NEGATIVE"), seed=0)
@@ -285,9 +298,14 @@ def _whiten_variant(center: Callable, scale: Callable, add_back: bool = True, ce
 @checker(
     "whiten",
     chapter=CHAPTER,
-    hint="Use ONE mean and ONE variance over all elements (values.mean(), and the biased variance "
-    "((values - mean) ** 2).mean() or values.var(unbiased=False)); return (values - mean) * "
-    "torch.rsqrt(var + eps), plus mean when shift_mean is False.",
+    hint=(
+        "One mean and one variance over ALL elements of the tensor (no `dim=`), and the variance is the "
+        "biased one (divide by N: `unbiased=False`).",
+        "mu = mean of every element; sigma^2 = mean of (x - mu)^2 over every element; the result is (x - mu) "
+        "/ sqrt(sigma^2 + eps) (torch.rsqrt gives 1 / sqrt), with mu added back when shift_mean is False. eps "
+        "sits inside the square root, and a single element gives 0, not NaN.",
+        solution_code(rewards.whiten),
+    ),
 )
 def check_whiten(candidate) -> str:
     all_mean = lambda v: v.mean()  # noqa: E731
@@ -350,8 +368,14 @@ def _ngram_variant(tokenize: Callable[[str], list], total_fn=None, short=0.0, in
 @checker(
     "ngram_repetition",
     chapter=CHAPTER,
-    hint="words = sample.split(); the n-grams are the tuples words[i:i + n] for i in range(len(words) - n + "
-    "1); the score is 1 - len(set(ngrams)) / len(ngrams), and 0.0 when there are fewer than n words.",
+    hint=(
+        "Word n-grams: split each sample on whitespace, slide a window of n words, and count how many "
+        "distinct windows there are (a Python `set` of tuples).",
+        "For each sample: words from str.split(); if there are fewer than n words the score is 0.0; otherwise "
+        "the n-grams are the w - n + 1 tuples of n consecutive words, and the score is 1 - (number of "
+        "distinct n-grams) / (number of n-grams). Return one float32 tensor of shape [batch].",
+        solution_code(rewards.ngram_repetition),
+    ),
 )
 def check_ngram_repetition(candidate) -> str:
     cases = [
@@ -433,9 +457,14 @@ def _bt_infinite_hint(candidate, underflow_hint: str) -> str:
 @checker(
     "bradley_terry_loss",
     chapter=CHAPTER,
-    hint="The probability that chosen beats rejected is sigmoid(r_chosen - r_rejected); the loss is the "
-    "negative mean of its log, -F.logsigmoid(chosen_rewards - rejected_rewards).mean(). "
-    "F.logsigmoid stays finite where torch.log(torch.sigmoid(x)) becomes -inf.",
+    hint=(
+        "The loss is a negative log-likelihood of sigmoid(r_c - r_r); torch.nn.functional has a stable "
+        "log-sigmoid.",
+        "z_i = r_chosen_i - r_rejected_i (chosen minus rejected, not the reverse); L = -(1/B) sum_i log "
+        "sigma(z_i), a mean over the pairs, not a sum. log(sigmoid(z)) becomes -inf for z below about -89 in "
+        "float32; the log-sigmoid function does not.",
+        solution_code(rewards.bradley_terry_loss),
+    ),
 )
 def check_bradley_terry_loss(candidate) -> str:
     g = seeded(3)
@@ -559,9 +588,16 @@ def _take(x, idx):
 @checker(
     "pool_last_token",
     chapter=CHAPTER,
-    hint="For each row find the index of the LAST position where the mask is 1 (e.g. replace masked "
-    "positions of torch.arange(seq) by -1 and take the max over seq), then gather x[rows, index]. "
-    "mask.sum(1) - 1 is that index only when padding is on the right.",
+    hint=(
+        "You need, per row, the INDEX of the last position where the mask is 1; then advanced indexing with a "
+        "row index and that position index picks the entries. `torch.arange` (on x's device) and a `max` "
+        "help.",
+        "Give every position its index (0..seq-1), replace the indices of padding positions by -1 "
+        "(torch.where with the mask), and take the max over the sequence: the last real position of each row, "
+        "whatever side the padding is on. Then index x with (row numbers, those positions), which works for "
+        "[batch, seq] and [batch, seq, d] alike. mask.sum(1) - 1 is right only for right padding.",
+        solution_code(rewards.pool_last_token),
+    ),
 )
 def check_pool_last_token(candidate) -> str:
     return _compare_pooling(
@@ -589,8 +625,14 @@ def _mask_like(x, m):
 @checker(
     "pool_mean",
     chapter=CHAPTER,
-    hint="Zero the padding positions (torch.where(mask, x, 0), with the mask reshaped to broadcast over the "
-    "feature dimensions), sum over seq, and divide by the number of REAL tokens of each row, mask.sum(1).",
+    hint=(
+        "A masked mean: zero the padding positions with `torch.where` (not by multiplying: NaN * 0 is NaN), "
+        "sum over the sequence, divide by the number of real tokens of each row.",
+        "Make the mask boolean and give it trailing dimensions of size 1 so it broadcasts over x's feature "
+        "dimensions (x may be [batch, seq] or [batch, seq, d]); where it is False put 0; sum over dim 1; "
+        "divide by the per-row count of real tokens, reshaped to broadcast the same way.",
+        solution_code(rewards.pool_mean),
+    ),
 )
 def check_pool_mean(candidate) -> str:
     return _compare_pooling(
@@ -675,11 +717,17 @@ def _rm_mistakes(base: HookedTransformer, head: torch.nn.Module, pooling: str) -
 @checker(
     "RewardModel",
     chapter=CHAPTER,
-    hint="In forward: default the mask to torch.ones_like(tokens); run self.base_model.run_with_hooks(tokens, "
-    "attention_mask=attention_mask, return_type=None, fwd_hooks=[('ln_final.hook_normalized', fn)]) with a "
-    "fn that stores the activation; then for 'last' return self.head(pool_last_token(h, mask)).squeeze(-1), "
-    "for 'mean_scores' pool_mean(self.head(h).squeeze(-1), mask), for 'mean_hidden' "
-    "self.head(pool_mean(h, mask)).squeeze(-1).",
+    hint=(
+        "Catch the activation at 'ln_final.hook_normalized' in a hook of your own during "
+        "`self.base_model.run_with_hooks(...)` (with the attention mask, and no unembedding needed), then "
+        "pool it with your pool functions and `self.head`.",
+        "In forward: default the mask to ones like the tokens (on their device); run the backbone with that "
+        "mask, return_type=None, and a hook that stores the activation (returning nothing); then 'last' "
+        "applies the head to the pooled last-token features, 'mean_scores' pools the head's per-token scores, "
+        "'mean_hidden' applies the head to the mean-pooled features; drop the head's trailing dimension of "
+        "size 1 so the result is [batch].",
+        solution_code(rewards.RewardModel),
+    ),
 )
 def check_reward_model(candidate) -> str:
     base = small_model(seed=6)  # on check_device(), the course's device, and so are the token batches
@@ -794,9 +842,15 @@ def _step_variant(*, swap=False, step=True, zero_grad=True, masks=True, ties_cor
 @checker(
     "reward_model_train_step",
     chapter=CHAPTER,
-    hint="r_c = model(chosen_tokens, chosen_mask), r_r = model(rejected_tokens, rejected_mask), loss = "
-    "bradley_terry_loss(r_c, r_r); optimizer.zero_grad(); loss.backward(); optimizer.step(); return the "
-    "loss, the fraction of pairs with r_c > r_r and the mean of r_c - r_r (all as floats, from before the step).",
+    hint=(
+        "Score both sides with the model (each with its own mask), take your bradley_terry_loss, and do the "
+        "three optimizer calls in the right order; the diagnostics are computed from the same scores.",
+        "r_c = model(chosen tokens, chosen mask), r_r likewise; L = bradley_terry_loss(r_c, r_r); clear the "
+        "old gradients, backpropagate L, step. Return a dict with 'loss' (L), 'accuracy' (the fraction of "
+        "pairs with r_c > r_r) and 'margin' (the mean of r_c - r_r), all as Python floats, from the scores "
+        "computed before the step.",
+        solution_code(rewards.reward_model_train_step),
+    ),
 )
 def check_reward_model_train_step(candidate) -> str:
     expected_metrics, expected_params = _two_steps(rewards.reward_model_train_step, learner=False)

@@ -66,6 +66,7 @@ from rlhf_tutorial.checks.core import (
     to_device,
 )
 from rlhf_tutorial.devices import device_of
+from rlhf_tutorial.notebooks import solution_code
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn, whiten
 from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
@@ -116,9 +117,15 @@ def _lp_probs(logits, tokens, prefix_len=None):
 @checker(
     "get_logprobs",
     chapter=CHAPTER,
-    hint="The logits at position t predict token t+1. With start = 1 (prefix_len None) or prefix_len, take "
-    "logits[:, start - 1:-1], apply log_softmax over the vocabulary, and pick each row's entry for "
-    "tokens[:, start:] with gather(-1, tokens[:, start:, None]).squeeze(-1): shape [b, s - start].",
+    hint=(
+        "`log_softmax` over the vocabulary, then `gather` on the last dimension picks each token's log-prob; "
+        "the logits that score token t are at position t - 1.",
+        "Let start = 1 when prefix_len is None, else prefix_len. The tokens to score are those from position "
+        "start to the end; the logits that score them are those from position start - 1 up to (not including) "
+        "the last position. Take the log-softmax of those logits, gather along the vocabulary with the token "
+        "ids given an extra trailing dimension, and drop that dimension again: [b, s - start].",
+        solution_code(rlhf.get_logprobs),
+    ),
 )
 def check_get_logprobs(candidate) -> str:
     cases = _logprob_cases()
@@ -175,9 +182,15 @@ def _kl_full(logits, ref_logits):
 @checker(
     "calc_kl_penalty",
     chapter=CHAPTER,
-    hint="With logp = logits.log_softmax(-1) and ref_logp = ref_logits.log_softmax(-1), the KL at each "
-    "position is (logp.exp() * (logp - ref_logp)).sum(-1): the expectation under the POLICY of the log "
-    "ratio. Average it over batch and positions, then multiply by kl_coef.",
+    hint=(
+        "Both distributions as log-probabilities (`log_softmax`), the probabilities of the POLICY from them "
+        "(`exp`), a sum over the vocabulary, then a mean over batch and positions.",
+        "log p = log_softmax(logits), log q = log_softmax(ref_logits); per position KL = sum over the "
+        "vocabulary of p * (log p - log q), weighted by the policy's p (the other order is KL(ref || "
+        "policy)); average over [b, g] and multiply by kl_coef. Never take log of a softmax: large logits "
+        "give log 0.",
+        solution_code(rlhf.calc_kl_penalty),
+    ),
 )
 def check_calc_kl_penalty(candidate) -> str:
     detail = compare_to_reference(
@@ -272,8 +285,14 @@ def _approx_k1_sign(lp, ref, est="k3"):
 @checker(
     "approx_kl",
     chapter=CHAPTER,
-    hint="Let logr = ref_logprobs - logprobs (log of p_ref / p at the sampled token). Then k1 = -logr, "
-    "k2 = logr**2 / 2, k3 = (exp(logr) - 1) - logr, all element-wise (no mean): same shape as the inputs.",
+    hint=(
+        "Everything is a function of one tensor, log r = log p_ref - log p at the sampled tokens, "
+        "element-wise; no reduction. `torch.expm1` computes e^x - 1 accurately for small x.",
+        "Compute log r as the reference's log-probs minus the policy's (not the reverse). k1 = -log r; k2 = (log r)^2 / 2; "
+        "k3 = (r - 1) - log r with r = e^{log r}. Return the one the estimator names, with the inputs' shape, "
+        "and raise a ValueError for any other name.",
+        solution_code(rlhf.approx_kl),
+    ),
 )
 def check_approx_kl(candidate) -> str:
     return compare_to_reference(
@@ -329,10 +348,16 @@ def _adv_reward_everywhere(values, rewards, prefix_len):
 @checker(
     "compute_advantages",
     chapter=CHAPTER,
-    hint="values[:, t] is V of the state that chooses token t+1, so the generated tokens were chosen by "
-    "values[:, prefix_len - 1:-1] (the zero-step estimate). Their one-step Q estimates are the next "
-    "states' values values[:, prefix_len:-1] followed by the reward (the episode ends after the last "
-    "token): torch.cat([values[:, prefix_len:-1], rewards[:, None]], dim=-1). Subtract.",
+    hint=(
+        "values[:, t] is V of the state that chooses token t + 1. For each generated token you need two "
+        "values from that tensor (the state that chose it, and the next state) or, for the last token, the "
+        "reward. `torch.cat` joins the pieces.",
+        "The g = s - prefix_len generated tokens sit at positions prefix_len .. s - 1, so they were chosen by "
+        "the states at positions prefix_len - 1 .. s - 2. Their one-step Q estimates are the values of the "
+        "next states, positions prefix_len .. s - 2 (g - 1 of them), followed by the reward as the last "
+        "column (the episode ends after the last token). A = Q - V of the choosing states: [b, g].",
+        solution_code(rlhf.compute_advantages),
+    ),
 )
 def check_compute_advantages(candidate) -> str:
     # Edge: the batch of 1 is where a squeeze() (of values shaped [b, s, 1] elsewhere) drops the batch
@@ -405,9 +430,16 @@ def _ptr_with(scores, lp, ref, coef, sign=-1.0, where="last", use_coef=True):
 @checker(
     "compute_per_token_rewards",
     chapter=CHAPTER,
-    hint="Every token is penalised by its sampled KL, -kl_coef * (logprobs - ref_logprobs) (shape [b, g]); "
-    "then the score of the whole sequence is added at the LAST position only (index -1). Build a new "
-    "tensor (or clone) rather than writing into an input.",
+    hint=(
+        "Two parts: a KL penalty at every token from the two log-prob tensors (element-wise), and the score "
+        "added at the last position only. Build a new tensor (`torch.zeros_like`) rather than writing into an "
+        "input.",
+        "r_t = -kl_coef * (logprobs_t - ref_logprobs_t) for every t (policy minus reference: a token the "
+        "policy likes more than the reference costs); then add scores_b at t = g - 1 of row b, e.g. by adding "
+        "a zeros tensor whose last column holds the scores. Shape [b, g]; the sum over t is score - kl_coef * "
+        "log(pi / pi_ref).",
+        solution_code(rlhf.compute_per_token_rewards),
+    ),
 )
 def check_compute_per_token_rewards(candidate) -> str:
     return compare_to_reference(
@@ -459,10 +491,14 @@ def _lr_no_clamp(step, warmup_steps, total_steps, final_scale):
 @checker(
     "lr_schedule",
     chapter=CHAPTER,
-    hint="Three pieces: step / warmup_steps while step < warmup_steps (0 at step 0); then a straight line "
-    "from 1.0 at step = warmup_steps to final_scale at step = total_steps, i.e. "
-    "1 + (final_scale - 1) * (step - warmup_steps) / (total_steps - warmup_steps); final_scale from "
-    "total_steps on.",
+    hint=(
+        "A piecewise-linear function of step with three pieces; write the conditions in the order warmup, "
+        "decay, after the end.",
+        "step < warmup_steps: step / warmup_steps (0 at step 0). warmup_steps <= step < total_steps: a "
+        "straight line from 1.0 at warmup_steps to final_scale at total_steps, 1 + (final_scale - 1) times "
+        "the fraction of the decay done. From total_steps on: final_scale. Return a Python float.",
+        solution_code(rlhf.lr_schedule),
+    ),
 )
 def check_lr_schedule(candidate) -> str:
     grid = [(0, 5, 20, 0.1), (3, 5, 20, 0.1), (5, 5, 20, 0.1), (12, 5, 20, 0.1), (19, 5, 20, 0.1),
@@ -542,8 +578,14 @@ def _run_kl_controller(cls, init=0.5, target=6.0, horizon=40, script=None) -> li
 @checker(
     "AdaptiveKLController",
     chapter=CHAPTER,
-    hint="Store init_kl_coef as self.value (and target, horizon). In update: err = current_kl / target - 1, "
-    "clipped to [-0.2, 0.2]; then self.value *= 1 + err * n_steps / horizon.",
+    hint=(
+        "`__init__` stores the coefficient as `self.value` (and the target and horizon); `update` computes a "
+        "clipped proportional error and multiplies `self.value` by a factor close to 1.",
+        "error = current_kl / target - 1, clipped to [-0.2, 0.2] (a Python float: max and min, or math); then "
+        "value <- value * (1 + error * n_steps / horizon). KL above target raises the coefficient, below "
+        "lowers it.",
+        solution_code(rlhf.AdaptiveKLController),
+    ),
 )
 def check_adaptive_kl_controller(candidate) -> str:
     def same(a: list[float], b: list[float]) -> bool:
@@ -654,9 +696,13 @@ def _run_early_stopping(cls, init_args, script) -> list[bool]:
 @checker(
     "EarlyStopping",
     chapter=CHAPTER,
-    hint="Keep a counter of consecutive violations. A call violates when kl > kl_threshold, or when "
-    "reward_threshold is not None and reward > reward_threshold. Violation: counter += 1; otherwise reset "
-    "it to 0. Return counter >= patience.",
+    hint=(
+        "A counter of consecutive violations kept on the object, reset by any call that violates nothing.",
+        "A call violates when kl > kl_threshold, or when reward_threshold is set (not None) and reward > "
+        "reward_threshold. On a violation add 1 to the counter, otherwise set it to 0; return whether the "
+        "counter has reached patience.",
+        solution_code(rlhf.EarlyStopping),
+    ),
 )
 def check_early_stopping(candidate) -> str:
     for label, init_args, script in _ES_SCRIPTS:
@@ -690,11 +736,18 @@ def check_early_stopping(candidate) -> str:
 @checker(
     "TransformerWithValueHead",
     chapter=CHAPTER,
-    hint="In __init__ store base_model and build value_head = nn.Sequential(nn.Linear(d_model, 4 * d_model), "
-    "nn.ReLU(), nn.Linear(4 * d_model, 1)). In forward, define a hook fn(resid, hook) that computes "
-    "self.value_head(resid).squeeze(-1) and stores it (a nonlocal variable or a dict); run "
-    "self.base_model.run_with_hooks(tokens, return_type='logits', fwd_hooks=[('ln_final.hook_normalized', fn)]) "
-    "and return (logits, values). The hook returns nothing, so the logits are unchanged.",
+    hint=(
+        "Two parts: in __init__ an `nn.Sequential` MLP from d_model to one number, initialised with chapter "
+        "01's `layer_init` and moved to the base model's device; in forward a hook on "
+        "'ln_final.hook_normalized' passed to `self.base_model.run_with_hooks`, which applies that MLP to the "
+        "activation it sees.",
+        "__init__: keep base_model; value_head = Linear(d_model, 4 d_model) with gain sqrt(2), ReLU, Linear(4 "
+        "d_model, 1) with gain 1 (zero biases), moved to device_of(base_model). forward: make a dict (or "
+        "list) the hook can write into; the hook computes the head on the residual (no detach) and stores it "
+        "with the trailing dimension of size 1 removed, and returns nothing; run the base model with that "
+        "hook, asking for the logits; return (logits, the stored values).",
+        solution_code(rlhf.TransformerWithValueHead),
+    ),
 )
 def check_transformer_with_value_head(candidate) -> str:
     base = small_model(seed=3)
@@ -841,10 +894,14 @@ class _HookReturns:
 @checker(
     "get_optimizer",
     chapter=CHAPTER,
-    hint="torch.optim.AdamW([{'params': model.base_model.parameters(), 'lr': base_lr}, "
-    "{'params': model.value_head.parameters(), 'lr': head_lr}], maximize=True, weight_decay=0.0): two "
-    "parameter groups, maximize=True because the objective is climbed, and no weight decay (it would pull the "
-    "pretrained weights towards zero, not towards the reference).",
+    hint=(
+        "`torch.optim.AdamW` takes a list of parameter groups, each a dict with its own params and lr; it "
+        "also has arguments for maximising and for the weight decay.",
+        "Two groups: the base model's parameters at base_lr and the value head's at head_lr. maximize=True "
+        "because the objective is climbed, and weight decay 0 for both (AdamW's default 0.01 would pull the "
+        "pretrained weights towards zero).",
+        solution_code(rlhf.get_optimizer),
+    ),
 )
 def check_get_optimizer(candidate) -> str:
     model = rlhf.TransformerWithValueHead(small_model(seed=4))
@@ -916,10 +973,16 @@ def _decodings(model, tokens: torch.Tensor, n_bos: int) -> tuple[list[str], list
 @checker(
     "get_samples",
     chapter=CHAPTER,
-    hint="Tokenize the prompt (model.to_tokens(prompt, prepend_bos=prepend_bos)), repeat it batch_size times, "
-    "and call model.generate(..., max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, "
-    "top_k=top_k, verbose=False). generate runs under inference mode: .clone() its output. Decode with "
-    "model.tokenizer.batch_decode(tokens, skip_special_tokens=True).",
+    hint=(
+        "Three calls on the model: `to_tokens` for the prompt, `generate` for the continuation (it has "
+        "arguments for the length, the temperature, top_k and whether to stop at EOS), and the tokenizer's "
+        "batch decoding.",
+        "Tokenize the prompt once (prepend_bos as asked) and repeat it batch_size times along the batch "
+        "dimension; generate exactly gen_len new tokens (do not stop at EOS) at the given temperature and "
+        "top_k, quietly, returning tokens; clone the result (generate works in inference mode); decode every "
+        "row, skipping special tokens. Return (tokens, texts).",
+        solution_code(rlhf.get_samples),
+    ),
 )
 def check_get_samples(candidate) -> str:
     model = tiny_policy()
@@ -1037,9 +1100,15 @@ def _minibatch_rows(mb, fields: dict[str, torch.Tensor], label: str) -> tuple[li
 @checker(
     "ReplayMemory",
     chapter=CHAPTER,
-    hint="returns = advantages + values. Then, for each of update_epochs passes, draw "
-    "torch.randperm(batch, generator=generator), reshape it to [num_minibatches, -1], and for each row of "
-    "indices build ReplayMinibatch(tokens=self.tokens[idx], ..., returns=returns[idx]).",
+    hint=(
+        "The value targets are the returns R = A + V; each pass is one `torch.randperm` of the rows drawn "
+        "from `generator`, cut into num_minibatches equal parts.",
+        "Compute the returns once. For each of update_epochs passes: draw a permutation of range(batch) from "
+        "the (CPU) generator, reshape it to [num_minibatches, batch // num_minibatches], and for each row of "
+        "indices build a ReplayMinibatch whose tokens, logprobs, ref_logprobs, advantages and returns are the "
+        "rows of the memory's tensors at those indices. Return the list of minibatches.",
+        solution_code(rlhf.ReplayMemory),
+    ),
 )
 def check_replay_memory(candidate) -> str:
     fields = _memory_fields()
@@ -1211,15 +1280,22 @@ _OBJECTIVE_MISTAKES = [
 @checker(
     "compute_rlhf_objective",
     chapter=CHAPTER,
-    hint="logits, values = model(minibatch.tokens); logits = logits / args.temperature; gen = slice(prefix_len "
-    "- 1, -1); logprobs = get_logprobs(logits, tokens, prefix_len). Then calc_clipped_surrogate_objective("
-    "logprobs, minibatch.logprobs, minibatch.advantages, clip_coef) - calc_value_function_loss(values[:, gen], "
-    "minibatch.returns, vf_coef) + ent_coef * entropy of logits[:, gen] - kl_coef * KL, where KL is "
-    "calc_kl_penalty(logits[:, gen], ref_logits[:, gen], 1.0) with ref_logits = ref_model(tokens) / temperature "
-    "under no_grad when args.kl_estimator == 'full', else approx_kl(logprobs, minibatch.ref_logprobs, "
-    "estimator).mean(). With args.cliprange_value set, the value loss is calc_clipped_value_loss(values[:, gen], "
-    "minibatch.returns - minibatch.advantages, minibatch.returns, vf_coef, cliprange_value). When kl_coef is 0 "
-    "you may skip the KL (the reference does: no reference forward).",
+    hint=(
+        "One forward pass of `model` gives logits and values; divide the logits by the temperature; then "
+        "chapter 01's three functions and the KL term. The names the diagnostics read (objective, "
+        "clipped_surrogate, value_loss, entropy, kl, logprobs, values, gen) must be defined.",
+        "gen is the slice of positions prefix_len - 1 up to the last (excluded): their logits predict the "
+        "generated tokens and their values are the states that chose them. logprobs from get_logprobs on the "
+        "tempered logits. clipped_surrogate from the old log-probs and advantages of the minibatch; "
+        "value_loss on the values at gen against the returns (calc_clipped_value_loss with old values = "
+        "returns - advantages when args.cliprange_value is set); entropy = the entropy bonus of the logits at "
+        "gen with coefficient 1. kl: if kl_coef is 0, the k3 estimate from the stored reference log-probs (no "
+        "gradient needed); if args.kl_estimator is 'full', calc_kl_penalty with coefficient 1 against "
+        "ref_model's logits at gen, computed without gradients and divided by the same temperature; else the "
+        "mean of approx_kl on the stored reference log-probs. objective = clipped_surrogate - value_loss + "
+        "ent_coef * entropy - kl_coef * kl.",
+        solution_code(rlhf.compute_rlhf_objective),
+    ),
 )
 def check_compute_rlhf_objective(candidate) -> str:
     model, ref, prefix_len, mb = _objective_setup()
@@ -1514,15 +1590,20 @@ def _rollout(candidate, trainer: RLHFTrainer, label: str):
 @checker(
     "rollout_phase",
     chapter=CHAPTER,
-    hint="tokens, texts = get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len, "
-    "args.temperature, args.top_k, args.prepend_bos); rewards = trainer.reward_fn(texts) - "
-    "args.repetition_coef * ngram_repetition(texts, args.repetition_n).to(trainer.device) (it reads texts: a CPU tensor; "
-    "the rewards are on the policy's device). Under torch.no_grad(), for each chunk "
-    "of tokens.split(args.minibatch_size): logits, values = trainer.model(chunk), ref_logits = "
-    "trainer.ref_model(chunk); keep get_logprobs(logits / T, chunk, prefix_len) (and the same for the "
-    "reference) and the values. Scores = whiten(rewards) if args.whiten_rewards else rewards; the "
-    "advantages use the current coefficient trainer.kl_coef; return ReplayMemory(tokens, logprobs, "
-    "ref_logprobs, values[:, prefix_len - 1:-1], advantages).",
+    hint=(
+        "Your functions in order: get_samples, the reward (minus the repetition shaping), then per chunk "
+        "without gradients the policy's and the reference's log-probs and the policy's values, then "
+        "rollout_advantages and a ReplayMemory.",
+        "1. tokens and texts from get_samples with trainer.model.base_model and the args' prefix, sizes, "
+        "temperature, top_k, prepend_bos. 2. The task rewards come from trainer.reward_fn on the texts; the shaped rewards are those "
+        "- repetition_coef * ngram_repetition(texts, repetition_n), moved to the rewards' device. 3. Under "
+        "no_grad, for each chunk of args.minibatch_size rows: logits and values from trainer.model, reference "
+        "logits from trainer.ref_model; keep get_logprobs of both logits divided by the temperature, and the "
+        "values; concatenate the chunks. 4. scores = whitened rewards only when args.whiten_rewards. 5. "
+        "advantages from rollout_advantages with trainer.kl_coef. 6. memory = ReplayMemory with the values of "
+        "the states that chose the generated tokens (positions prefix_len - 1 up to the last, excluded).",
+        solution_code(rlhf.rollout_phase),
+    ),
 )
 def check_rollout_phase(candidate) -> str:
     # Three rollouts, each probing its own decisions:
@@ -1640,11 +1721,17 @@ def _delta(trainer, before) -> torch.Tensor:
 @checker(
     "learning_phase",
     chapter=CHAPTER,
-    hint="For each minibatch of memory.get_minibatches(args.num_minibatches, args.update_epochs, "
-    "trainer.generator): trainer.optimizer.zero_grad(); objective, stats = compute_rlhf_objective("
-    "trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, trainer.objective_kl_coef, args); "
-    "objective.backward(); nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm); "
-    "trainer.optimizer.step(); keep stats. After the loop, trainer.scheduler.step() once.",
+    hint=(
+        "A loop over `memory.get_minibatches(...)` with the four calls of every gradient step (zero, "
+        "backward, clip, step) around `compute_rlhf_objective`, then the scheduler once.",
+        "For each minibatch of memory.get_minibatches(args.num_minibatches, args.update_epochs, "
+        "trainer.generator): zero the optimizer's gradients; objective and stats from "
+        "compute_rlhf_objective(trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, "
+        "trainer.objective_kl_coef, args); backpropagate the objective; clip the gradient norm of "
+        "trainer.model's parameters to args.max_grad_norm; step the optimizer; append stats to all_stats. "
+        "After the loop, step trainer.scheduler once.",
+        solution_code(rlhf.learning_phase),
+    ),
 )
 def check_learning_phase(candidate) -> str:
     # One phase, decision by decision: no warmup (the first phase learns); a small max_grad_norm (clipping

@@ -118,7 +118,11 @@ class Hint:
 
     def __str__(self) -> str:
         head = "[HINT]" if self.rungs == 1 else f"[HINT {self.rung}/{self.rungs}]"
-        text = f"{head} {self.name}: {_strip_fences(self.text) if self.rung == RUNGS else self.text}"
+        if self.rung == RUNGS:  # the code, on lines of its own
+            code = "\n".join("    " + line for line in _strip_fences(self.text).splitlines())
+            text = f"{head} {self.name} ({RUNG_NAMES[-1]}):\n{code}"
+        else:
+            text = f"{head} {self.name}: {self.text}"
         about = self._about_last()
         if about:
             text += f"\n  About your last attempt: {about}"
