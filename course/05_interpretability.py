@@ -480,9 +480,9 @@ figures.agree("interp", {"activation_difference_sentiment.gap": baseline["gap"],
 # The steering below is the other test: does adding $\delta$ make the base model's reviews more negative?
 # Recorded: a mean P(NEGATIVE) of {{interp.steering_reward.before:.2f}} without it and
 # {{interp.steering_reward.after:.2f}} with $4\delta$, over 16 samples each: with 16 values in $[0, 1]$ a mean's
-# standard error can reach $\tfrac{1}{2} / \sqrt{16} = \tfrac18$, so a change this small is within noise. The method is
-# the one model-diffing work uses on large models, where narrow fine-tunes leave a much stronger trace;
-# a two-layer model trained for a minute is a hard case for it. Try it on your own GPT-2 run.
+# standard error can reach $\tfrac{1}{2} / \sqrt{16} = \tfrac18$, so a change this small is within noise. The method comes
+# from model-diffing work on large models, where narrow fine-tunes have been reported to leave a clear
+# trace; a two-layer model tuned for a minute is a hard case for it. Try it on your own GPT-2 run.
 
 # %% [markdown]
 # Now steer: add $c \cdot \delta$ to the base model's residual stream at that layer, at every position,
