@@ -98,10 +98,15 @@ print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 # %% exercise rlhf_tutorial.grpo:group_relative_advantages | 10 min | difficulty 2 | importance 5
 
 # %% [markdown]
+# **Predict, then check.** The cell below prints the three scales on three groups of 4: two successes
+# among four 0/1 rewards, four successes, and four graded rewards. Before running it, write down: the
+# `"group"` advantages of the first row (the unbiased std of 1, 0, 0, 1 is $1/\sqrt{3}$), which row is all
+# zeros under every scale, and whether `"batch"` makes the third row's advantages larger or smaller
+# than `"group"` does (is that row's own spread larger or smaller than the whole batch's?).
+#
 # A group whose rewards are all equal (every completion got 1, or all got 0) has advantages of
 # exactly zero: **it carries no learning signal**, only the KL term acts on it. With a 0/1
-# verifiable reward this happens all the time on prompts that are too easy or too hard. Watch the
-# second row:
+# verifiable reward this happens all the time on prompts that are too easy or too hard.
 
 # %%
 rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.2, 0.9, 0.4, 0.5]])
@@ -123,6 +128,12 @@ for scale in ["group", "batch", "none"]:
 # and in the tiny world, BOS and EOS are the same token, `<|endoftext|>`: the mask must look at the
 # generated tokens only, never at the prompt.) The completions are on the model's device (a GPU when
 # there is one) and the mask goes there too: build any new tensor with `device=completions.device`.
+#
+# Contract: `completions` is `[b, g]` (the generated tokens only), the mask a **bool** `[b, g]`. The
+# edge cases that matter: a row with no EOS (cut off at the length limit: all True), an EOS as the very
+# first generated token (only that position True), and several EOS tokens in a row (the padding
+# `generate` writes: only the first counts). Think of it as a question about what came *before* each
+# position, which a single vectorised pass along the row can answer (no Python loop over positions).
 
 # %% exercise rlhf_tutorial.grpo:completion_mask | 15 min | difficulty 3 | importance 4
 
@@ -200,9 +211,13 @@ for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
 # %% exercise rlhf_tutorial.grpo:calc_grpo_objective | 30 min | difficulty 4 | importance 5
 
 # %% [markdown]
-# The three aggregations on one small batch: a short and a long completion with the same advantage.
-# The gradient of the objective with respect to each token's log-prob shows how much each token
-# is pushed:
+# The three aggregations on one small batch: a short (2 tokens) and a long (8 tokens) completion with
+# the same advantage 1, at the start of a step (ratio 1, no clipping, `beta=0`). The gradient of the
+# objective with respect to each token's log-prob shows how much each token is pushed.
+#
+# **Predict, then check.** From the table above, work out the push per token of the short and of the
+# long completion under each `loss_type` (a fraction with $B = 2$, $|y_1| = 2$, $|y_2| = 8$, $L = 8$),
+# then run the cell. Which variant favours short completions, and by what factor?
 
 # %%
 lengths = torch.tensor([2, 8])
@@ -220,16 +235,26 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 #
 # One optimizer step on a batch of groups (a `GroupRollout`, or a minibatch of one):
 #
-# 1. log-probs of the generated tokens under the current policy, with gradients:
-#    `group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)` runs one forward
-#    pass per group (its rows share a prompt, so no padding) and calls chapter 03's `get_logprobs` on
-#    `logits / temperature`, the distribution the tokens were sampled from;
-# 2. `calc_grpo_objective` against the stored `old_logprobs` and `ref_logprobs`, with the args'
-#    `clip_eps=args.clip_coef`, `beta=args.kl_coef`, `loss_type`, `clip_eps_high=args.clip_coef_high` and
-#    `max_completion_len=args.max_new_tokens` (the function's parameters keep the papers' names; the
-#    settings follow the course's knob names);
-# 3. zero the gradients, backpropagate, clip the gradient norm to `args.max_grad_norm`, step. The
-#    optimizer is built with `maximize=True` (the objective is climbed, as in the whole course).
+# 1. $\log \pi_\theta$ of the generated tokens under the **current** policy, with gradients. The helper
+#    `group_token_logprobs` (imported above: read its docstring) computes them from a batch's tokens and
+#    prefix lengths: one forward pass per group (its rows share a prompt, so no padding), through
+#    chapter 03's `get_logprobs` on the logits divided by the sampling temperature, the distribution the
+#    tokens were drawn from;
+# 2. the GRPO objective of those log-probs against the ones stored in the batch at rollout time
+#    ($\pi_{\theta_\text{old}}$ and $\pi_\text{ref}$), with the batch's advantages and mask. The function's
+#    parameters keep the papers' names, the settings the course's knob names:
+#
+#    | `calc_grpo_objective` parameter | `GRPOArgs` field |
+#    |---|---|
+#    | `clip_eps` | `clip_coef` |
+#    | `beta` | `kl_coef` |
+#    | `clip_eps_high` | `clip_coef_high` |
+#    | `loss_type` | `loss_type` |
+#    | `max_completion_len` | `max_new_tokens` |
+#
+# 3. one optimizer step: zero the gradients, backpropagate, clip the global gradient norm to
+#    `max_grad_norm`, step. The optimizer is built with `maximize=True` (the objective is climbed, as in
+#    the whole course): what do you backpropagate, then?
 #
 # Name the tensors `logprobs`, `objective` and `grad_norm` (what `clip_grad_norm_` returns): the lines
 # after the exercise compute the diagnostics (clip fraction, KL to $\pi_\text{old}$ and to the

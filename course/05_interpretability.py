@@ -42,7 +42,7 @@ from jaxtyping import Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from rlhf_tutorial import check, hint, progress
+from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe
 from rlhf_tutorial.interp import (
     NEUTRAL_TEXTS,
@@ -58,6 +58,8 @@ from rlhf_tutorial.interp import (
     sentiment_words,
     single_token_ids,
     steered_samples,
+    vocab_ranks,
+    word_rank_baseline,
 )
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.rlhf import get_samples
@@ -130,14 +132,24 @@ fig
 #
 # ### Exercise: `sentiment_direction`
 #
-# `W_U` has shape `[d_model, d_vocab]`: a token's vector is a **column**. Return
-# `W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1)`, shape `[d_model]`.
+# Compute the underbraced vector above, shape `[d_model]`, from `W_U` (`[d_model, d_vocab]`) and two
+# 1-d tensors of token ids. The contract's edge cases: the two lists have different lengths (55 and 45
+# words in the tiny world), so each side is a **mean**, not a sum; a token listed twice counts twice;
+# and the direction keeps its length (no normalising), so that $h \cdot \texttt{direction}$ *is* the
+# logit difference.
 #
 # This exercise and the next ones get their tensors on the models' device (a GPU when there is one;
 # the ids may stay on the CPU: indexing accepts that) and return their result on it: build any new
 # tensor with `device=` of an input.
 
 # %% exercise rlhf_tutorial.interp:sentiment_direction | 15 min | difficulty 2 | importance 5
+
+# %% [markdown]
+# **Predict, then check.** Before you run the next cell, write down the sign you expect of the residual
+# logit difference $h \cdot \texttt{direction}$ at the last token of each prompt, for the base model and
+# for the tuned one. The base model writes reviews of both kinds (its samples above score a mean
+# P(NEGATIVE) well below 1/2); the tuned one was pushed towards negative. Then run it: do all prompts
+# agree, and is the base model's number about zero, or clearly on one side?
 
 # %%
 pos_ids, pos_words = single_token_ids(base, sentiment_words()[0])
@@ -185,34 +197,53 @@ print(f"{'sum':>34}: {sum(parts.values()):+.3f}   (the tuned logits: {float(logi
 # chapter 03 trained on `ln_final.hook_normalized`: $V_\ell = \text{value\_head}(\mathrm{ln\_pre}(x_\ell))$.
 # Where the lens jumps, a block wrote the decision; where it is flat, nothing changed.
 #
-# Two things to know before reading values. **Which head**: only the tuned model has a value head (the
-# base model never had one), so the value lens applies the *tuned* model's head to both models'
-# residual streams; on the base model's residuals it reads activations it was never trained on.
-# **Which scale**: the head does not predict P(NEGATIVE). Chapter 03's trainer (GAE, the tiny preset)
-# trained it on returns made of the rollout's **whitened** score (zero mean over each batch, so an
-# average completion is worth 0 whatever its probability) plus the per-token KL rewards still to come
-# ($-\beta k_1$ each). At the last prompt token the tuned policy's expected return is therefore about
-# "an average score, 0" minus the KL its 16 tokens will cost: a negative value, even though the tuned
-# model's reviews score P(NEGATIVE) near 1. Read the value lens for where it changes, not for its level.
+# Two things to know before reading values.
+#
+# **Which head reads which residual.** Only the tuned model has a value head: chapter 03 trained it
+# beside the policy, on the *tuned* model's `ln_final.hook_normalized`; the base model never had one.
+# So both columns of the value lens use the **tuned model's head**: the "tuned" column reads the tuned
+# model's own residual stream (what the head was trained on, at the last layer), the "base" column reads
+# the **base** model's residual stream through that same head, activations it never saw in training.
+# A difference between the columns is a difference of the residual streams, seen by one fixed reader.
+#
+# **What the head predicts, and on which scale.** Not P(NEGATIVE). Chapter 03's trainer (GAE, the
+# tiny preset) fitted it to returns made of the rollout's **whitened** score (zero mean over each
+# batch, so an average completion is worth 0 whatever its P(NEGATIVE)) plus the per-token KL rewards
+# still to come ($-\beta k_1$ each). At the last prompt token its target is therefore "an average score,
+# 0" minus the KL the 16 tokens still to be written will cost: a small **negative** number. Recorded
+# with `python -m rlhf_tutorial interp-report --world tiny --seed 0`, averaged over the 8 prompts: the
+# head gives {{interp.value_final.base:.2f}} on the base model's final residual and
+# {{interp.value_final.tuned:.2f}} on the tuned model's, although the tuned model's samples of the
+# course prompt score a mean P(NEGATIVE) of {{interp.tuned_reward_prompt0:.2f}} (16 samples) against the
+# base model's {{interp.steering_reward.before:.2f}} (the same 16-sample measurement). Both values are negative and close: the head learned a baseline, not the reward.
+# Read the value lens for **where along the layers it changes**, not for its level or its sign.
 #
 # ### Exercise: `ln_pre`
+#
+# The formula is in the first cell of this chapter. Shapes: any leading dims, the statistics over the
+# last one (`d_model`). The edge cases the check probes: vectors whose mean is far from 0, tiny
+# magnitudes (where $\varepsilon$ decides the result), a zero vector and a constant one (centred to 0:
+# the output must be 0, not NaN).
 
 # %% exercise rlhf_tutorial.interp:ln_pre | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # ### Exercise: `logit_lens_score`
 #
-# `resid_stack` has any leading dims (`[layer, batch, pos, d]`, `[layer, d]`, ...); read every vector.
+# $\text{lens}_\ell = \mathrm{ln\_pre}(x_\ell) \cdot \texttt{direction}$ for every vector $x_\ell$ of
+# `resid_stack`, whose leading dims are any (`[layer, batch, pos, d]`, `[layer, d]`, ...): the output
+# keeps them and loses `d`. Pass `eps` on.
 
 # %% exercise rlhf_tutorial.interp:logit_lens_score | 15 min | difficulty 3 | importance 4
 
 # %% [markdown]
 # ### Exercise: `value_lens`
 #
-# Pass `ln_pre` of the stack through `value_head` and squeeze the last dim. A lens only *reads*: it
-# must leave the head's parameters and any gradients they hold exactly as they were (no `zero_grad()`,
-# no `requires_grad_(False)`; `torch.no_grad()` is fine). The head is on the residuals' device
-# (chapter 03 put it where the model is).
+# $V_\ell = \text{value\_head}(\mathrm{ln\_pre}(x_\ell))$ for every vector of the stack: shape `[layer, *b]`
+# (the head's own output ends in a dim of size 1 that the lens does not keep; a batch of 1 stays). A
+# lens only *reads*: it must leave the head's parameters and any gradients they hold exactly as they
+# were (no `zero_grad()`, no `requires_grad_(False)`; `torch.no_grad()` is fine). The head is on the
+# residuals' device (chapter 03 put it where the model is).
 
 # %% exercise rlhf_tutorial.interp:value_lens | 15 min | difficulty 3 | importance 4
 
@@ -220,7 +251,12 @@ print(f"{'sum':>34}: {sum(parts.values()):+.3f}   (the tuned logits: {float(logi
 # `cache.accumulated_resid()` stacks the residual stream before each block and after the last one:
 # `[layer + 1, batch, pos, d_model]`. Below: the lens at the **last prompt token**, averaged over
 # the prompts, for both models. Then the explorer: every layer and position of a few texts (the course
-# prompt followed by a good and a bad word, and two base samples), base | tuned | difference.
+# prompt followed by a good and a bad word, and two base samples), base | tuned | difference (in a
+# kernel that draws no widgets, the same numbers print as tables).
+#
+# **Predict, then check.** Before running: at `0_pre` (the embeddings, before any block ran), will the
+# two models' logit lens agree? (Which weights did PPO train?) And will the value lens's last row be
+# positive for the tuned model, whose samples are almost all negative reviews?
 
 # %%
 def lens_at_last_token(model):
@@ -238,6 +274,9 @@ for i, label in enumerate(labels):
     print(f"{label:>12} {lens_base[0, i]:>16.3f} {lens_tuned[0, i]:>8.3f} {lens_base[1, i]:>16.3f} {lens_tuned[1, i]:>8.3f}")
 half = first_layer_reaching(lens_tuned[0].tolist(), 0.5)
 print(f"the tuned model's logit lens first reaches half its final value at {labels[half]}")
+print(f"the tuned model's value head on the final residual: base model {lens_base[1, -1]:+.3f}, "
+      f"tuned model {lens_tuned[1, -1]:+.3f}")
+figures.agree("interp", {"value_final.base": float(lens_base[1, -1]), "value_final.tuned": float(lens_tuned[1, -1])})
 
 # %%
 torch.manual_seed(2)
@@ -320,7 +359,9 @@ attribution_figure(attr["base"], attr["tuned"])
 # %% [markdown]
 # ### Exercise: `restored_fraction`
 #
-# A ratio of **means** (average first): per-example ratios blow up when one prompt barely moved.
+# The formula above, over inputs of any shape (one metric per prompt, or a `[prompts, samples]` table):
+# each mean is over **all** entries, and the result is a 0-d tensor. A ratio of means, not a mean of
+# per-example ratios: those blow up when one prompt barely moved.
 
 # %% exercise rlhf_tutorial.interp:restored_fraction | 10 min | difficulty 2 | importance 4
 
@@ -330,6 +371,11 @@ attribution_figure(attr["base"], attr["tuned"])
 # single position (counted from the end, so `-1` is the last prompt token). It calls your two
 # functions. The sanity check: the residual stream after the last block determines the readout
 # completely, so patching it must restore (about) all of the shift.
+#
+# **Predict, then check.** Write down three numbers before running: the fraction restored by patching
+# `resid_pre` of layer 0 at every position (the base model's blocks, reading the tuned model's
+# embeddings), by `mlp_out` of the last layer alone, and by the residual stream at the *first* position
+# only (BOS) in the last layer. The figure shows all three; where were you furthest off, and why?
 
 # %%
 sweep = patching_sweep(base, tuned_model, tokens_list, direction, patch=patch_activation, restored=restored_fraction)
@@ -365,6 +411,10 @@ patching_figure(sweep, list(PATCH_COMPONENTS), [str(p - n_pos) for p in range(n_
 # it should move the base model's samples towards the tuned behaviour.
 #
 # ### Exercise: `activation_difference`
+#
+# $\delta$ above, shape `[d_model]`, from two `[batch, pos, d_model]` residual streams of the same
+# tokens. The edge case: texts shorter than `n_positions` (then the mean is over the positions that
+# exist). Nothing else about the inputs is special: the two models see identical tokens.
 
 # %% exercise rlhf_tutorial.interp:activation_difference | 15 min | difficulty 2 | importance 4
 
@@ -378,7 +428,7 @@ delta = activation_difference(resid["base"], resid["tuned"], n_positions=5)
 scores = delta @ base.W_U
 top = [(base.to_string(int(i)), float(scores[i])) for i in scores.topk(10).indices]
 bottom = [(base.to_string(int(i)), float(scores[i])) for i in (-scores).topk(10).indices]
-ranks = scores.argsort(descending=True).argsort().float() / len(scores)  # 0 = the top of the vocabulary
+ranks = vocab_ranks(delta, base.W_U)  # 0 = the top of the vocabulary, 1 = the bottom
 print(f"||delta|| = {delta.norm():.3f} at {hook}; cosine with the sentiment direction "
       f"{torch.cosine_similarity(delta, direction, dim=0):+.3f}")
 print("top tokens:   ", [t for t, _ in top])
@@ -389,9 +439,50 @@ print(f"mean rank (0 = top, 1 = bottom): negative words {ranks[neg_ids].mean():.
 # %% [markdown]
 # Read the numbers before the tokens. The lens need not put sentiment words at the very top: the
 # difference also carries whatever else the fine-tune moved (in a small model, much of it is not about
-# sentiment at all), and a few tokens with large unembedding vectors dominate any raw readout. What
-# the tuning was *about* shows in where the two word lists sit: if the negative words rank clearly
-# above the positive ones, unrelated text already carries the trace of "write negative reviews".
+# sentiment at all), and a few tokens with large unembedding vectors dominate any raw readout.
+#
+# Is "negative words rank above positive ones" evidence, then? A number needs a yardstick. Take the
+# **gap** $=$ (mean rank of the positive words) $-$ (mean rank of the negative words), positive when the
+# negative words sit higher, and ask what it would be for a direction that knows nothing about the
+# fine-tune: 1000 random unit directions of the residual stream (seeded), the same statistic for each.
+# And ask whether the unrelated texts agree with each other: $\delta$ from each text alone.
+
+# %%
+baseline = word_rank_baseline(delta, base.W_U, pos_ids, neg_ids, n_random=200 if is_smoke() else 1000)
+per_text = []
+for i in range(len(texts)):
+    r = vocab_ranks(activation_difference(resid["base"][i:i + 1], resid["tuned"][i:i + 1], n_positions=5), base.W_U)
+    per_text.append(float(r[pos_ids].mean() - r[neg_ids].mean()))
+print(f"gap of delta: {baseline['gap']:+.3f}")
+print(f"gap of a random direction: mean {baseline['random_gap_mean']:+.3f}, std {baseline['random_gap_std']:.3f}; "
+      f"{baseline['random_at_least_gap']:.0%} of them have a gap at least as large")
+print(f"a random direction puts the negative words at mean rank {baseline['random_negative_rank_mean']:.2f} "
+      f"(delta: {baseline['negative_words_mean_rank']:.2f})")
+print("gap from each text alone:", [round(g, 3) for g in per_text])
+figures.agree("interp", {"activation_difference_sentiment.gap": baseline["gap"],
+                         "activation_difference_sentiment.random_gap_std": baseline["random_gap_std"]})
+
+# %% [markdown]
+# What it shows, in the tiny world (recorded with `interp-report --world tiny --seed 0`): the negative
+# words rank at {{interp.activation_difference_sentiment.negative_words_mean_rank:.2f}} and the positive
+# ones at {{interp.activation_difference_sentiment.positive_words_mean_rank:.2f}}, a gap of
+# {{interp.activation_difference_sentiment.gap:.3f}}; random directions give gaps of
+# {{interp.activation_difference_sentiment.random_gap_mean:+.3f}} on average with a spread (std) of
+# {{interp.activation_difference_sentiment.random_gap_std:.3f}}, and
+# {{interp.activation_difference_sentiment.random_at_least_gap:.0%}} of them separate the lists at least
+# as well. **So, here, the evidence is weak**: a gap that many random directions match or beat is no
+# finding. Two things do stand out. Both word lists sit near the top (a random direction puts them
+# near the middle, {{interp.activation_difference_sentiment.random_negative_rank_mean:.2f}} on average):
+# $\delta$ points at "review adjectives" in general, of either kind, more than at *negative* ones.
+# And the texts do not agree on a size: the gap from each text alone ranges from
+# {{interp.activation_difference_sentiment.gap_per_text_min:+.3f}} to
+# {{interp.activation_difference_sentiment.gap_per_text_max:+.3f}}.
+# The steering below is the other test: does adding $\delta$ make the base model's reviews more negative?
+# Recorded: a mean P(NEGATIVE) of {{interp.steering_reward.before:.2f}} without it and
+# {{interp.steering_reward.after:.2f}} with $4\delta$, over 16 samples each: with 16 values in $[0, 1]$ a mean's
+# standard error can reach $\tfrac{1}{2} / \sqrt{16} = \tfrac18$, so a change this small is within noise. The method comes
+# from model-diffing work on large models, where narrow fine-tunes have been reported to leave a clear
+# trace; a two-layer model tuned for a minute is a hard case for it. Try it on your own GPT-2 run.
 
 # %% [markdown]
 # Now steer: add $c \cdot \delta$ to the base model's residual stream at that layer, at every position,

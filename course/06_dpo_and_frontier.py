@@ -29,6 +29,7 @@ from torch import Tensor
 
 from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe
+from rlhf_tutorial.grpo import group_relative_advantages
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.trainers.dpo import DPOArgs, pairs_from_samples
 from rlhf_tutorial.trainers.dpo import learner_functions as dpo_learner_functions
@@ -95,10 +96,13 @@ print(f"world: {world}, prompt: {prompt!r}")
 # $\log \pi(y \mid x) = \sum_t \log \pi(y_t \mid x, y_{<t})$ over the completion's tokens only. Prompt and
 # completion sit in one row of `tokens` with a `mask` True on the completion (padding and prompt
 # False). Logits are shifted by one against the tokens: `logits[:, t - 1]` predicts `tokens[:, t]`, so
-# the first token has no prediction and `mask[:, 0]` is ignored. Use `log_softmax` (stable for large
-# logits), `gather` the token's log-prob, zero the masked positions, sum. (Chapter 04's
-# `group_token_logprobs` returned the per-token log-probs of generated tokens; this is the sum over a
-# completion, with an explicit mask.) `logits`, `tokens` and `mask` are on the model's device (a GPU
+# the first token has no prediction and `mask[:, 0]` is ignored. Shapes: `logits` `[b, s, v]`, `tokens`
+# and `mask` `[b, s]`, the result `[b]`. The edge cases the check probes: large logits and unlikely
+# tokens (where exponentiating first loses the small probabilities: stay in log space), a completion of
+# a single token, padding after the completion, and an all-True mask (whose first column must still be
+# ignored).
+# (Chapter 04's `group_token_logprobs` returned the per-token log-probs of generated tokens; this is
+# the sum over a completion, with an explicit mask.) `logits`, `tokens` and `mask` are on the model's device (a GPU
 # when there is one), and so is the result: any tensor you build goes there too (`device=logits.device`).
 
 # %% exercise rlhf_tutorial.dpo:sequence_logprobs | 15 min | difficulty 3 | importance 4
@@ -119,14 +123,20 @@ print(f"world: {world}, prompt: {prompt!r}")
 # $h = 1/(2\beta)$, so $\beta$ sets how far the policy moves; the hinge stops at $\beta h = 1$.
 #
 # `log(sigmoid(x))` underflows to $\log 0 = -\infty$ for very negative $x$: use `F.logsigmoid`. Any other
-# `loss_type` must raise `ValueError` (a typo should not train with another loss).
+# `loss_type` must raise `ValueError` (a typo should not train with another loss). Inputs: four `[b]`
+# tensors of sequence log-probs; output: the mean over the pairs, a 0-d tensor.
 
 # %% exercise rlhf_tutorial.dpo:dpo_loss | 15 min | difficulty 2 | importance 5
 
 # %% [markdown]
 # The reward the policy implicitly assigns, $\hat r = \beta (\log \pi - \log \pi_\text{ref})$. On a pair,
 # $\hat r_w - \hat r_l = \beta h$: its mean is the **reward margin** a DPO run logs, and the fraction of
-# pairs where it is positive the **reward accuracy**.
+# pairs where it is positive the **reward accuracy**. Element-wise over a `[b]` batch of completions.
+#
+# **Predict, then check.** At the first step of a DPO run the policy *is* the reference. What reward
+# margin and what reward accuracy does that step log? And what reward accuracy would you call
+# "learned nothing" once the policy has moved: 0.5, or something else? Section 5's dashboard shows how
+# both move from there.
 
 # %% exercise rlhf_tutorial.dpo:implicit_reward | 10 min | difficulty 2 | importance 4
 
@@ -140,8 +150,11 @@ print(f"world: {world}, prompt: {prompt!r}")
 # %% exercise rlhf_tutorial.dpo:simpo_loss | 15 min | difficulty 3 | importance 4
 
 # %% [markdown]
-# How the three losses react to $h$ (with $\beta = 0.1$): DPO's gradient fades but never vanishes as
-# $h$ grows, IPO's changes sign at $h = 1/(2\beta) = 5$, the hinge's is exactly zero past $\beta h = 1$:
+# How the three losses react to $h$ (with $\beta = 0.1$). **Predict, then check**: from the table of
+# section 3, before running the cell, write down for each loss the sign of $\partial \mathcal{L} / \partial h$
+# at $h = -20, 0, 20, 50$, and where it is exactly 0. Then compare: DPO's gradient fades but never
+# vanishes as $h$ grows, IPO's changes sign at $h = 1/(2\beta) = 5$, the hinge's is exactly zero past
+# $\beta h = 1$.
 
 # %%
 hs = torch.tensor([-20.0, -5.0, 0.0, 5.0, 10.0, 20.0, 50.0])
@@ -162,7 +175,13 @@ for loss_type in ["sigmoid", "ipo", "hinge"]:
 # classifier (the ground-truth reward, towards negative as in chapter 03) say which is better. The
 # paper sampled 4 completions per review prefix and kept all 6 pairs of them; we sample $G$ completions
 # of the course prompt and keep one pair per group, its best and its worst as (chosen, rejected). The classifier is asked once,
-# when the pairs are made; training never calls it. Return the indices on the rewards' device.
+# when the pairs are made; training never calls it.
+#
+# Contract: `rewards` is `[p, G]` (one row per group); return one `(chosen, rejected)` pair of column
+# indices per row, `[p, 2]` int64 on the rewards' device. Ties go to the **first** occurrence, so a
+# group whose rewards are all equal gives the pair `(0, 0)`: a completion preferred to itself. What
+# should a trainer do with such a pair (look at `DPOArgs`'s `min_reward_gap` below), and why would
+# training on it be harmless but wasteful?
 
 # %% exercise rlhf_tutorial.dpo:best_worst_pairs | 15 min | difficulty 2 | importance 3
 
@@ -274,9 +293,21 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 #
 # $$A_i = r_i - \frac{1}{G - 1} \sum_{j \ne i} r_j = \frac{G}{G-1}\big(r_i - \bar r\big),$$
 #
-# unbiased, and without GRPO's division by the std. `G >= 2` (one sample has no siblings).
+# unbiased, and without GRPO's division by the std. `rewards` is `[p, G]` with `G >= 2` (one sample has
+# no siblings); the result has the same shape. Compute the leave-one-out mean without a loop over $i$.
 
 # %% exercise rlhf_tutorial.dpo:rloo_advantages | 10 min | difficulty 2 | importance 4
+
+# %% [markdown]
+# **Predict, then check.** For a group of four 0/1 rewards with one success, $[1, 0, 0, 0]$, work out
+# RLOO's four advantages and GRPO's (`scale="group"`: the unbiased std of that group is 0.5), then run
+# the cell. Which one pushes the success harder, by what factor, and which one sums to zero over the
+# group?
+
+# %%
+demo_rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+print("RLOO:", rloo_advantages(demo_rewards).tolist())
+print("GRPO:", group_relative_advantages(demo_rewards, "group").tolist())
 
 # %% [markdown]
 # **GSPO** (Group Sequence Policy Optimization, Qwen 2025). GRPO clips every token's ratio
@@ -287,9 +318,24 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 #
 # $$s_i = \Big(\frac{\pi_\theta(y_i \mid x)}{\pi_\text{old}(y_i \mid x)}\Big)^{1/|y_i|} = \exp\Big(\frac{1}{|y_i|} \sum_t \big(\log \pi_\theta(y_{i,t} \mid \cdot) - \log \pi_\text{old}(y_{i,t} \mid \cdot)\big)\Big),$$
 #
-# the geometric mean of the token ratios.
+# the geometric mean of the token ratios. Inputs `[B, g]` (log-probs and a bool mask, every row with at
+# least one True), output `[B]`. Masked positions count for nothing, whatever they hold; $|y_i|$ is the
+# row's own number of True.
 
 # %% exercise rlhf_tutorial.dpo:gspo_sequence_ratio | 15 min | difficulty 3 | importance 4
+
+# %% [markdown]
+# **Predict, then check.** A completion of 10 tokens in which one token's ratio is 2 (the policy
+# doubled its probability) and the other nine are unchanged. GRPO's token-level clip at
+# $\varepsilon = 0.2$ sees a ratio of 2 on that token. What is $s_i$? Would GSPO's clip at the same
+# $\varepsilon$ touch it? And a 3-token completion with the same one doubled token?
+
+# %%
+for n_tokens in (10, 3):
+    one_doubled = torch.zeros(1, n_tokens)
+    one_doubled[0, 0] = torch.log(torch.tensor(2.0))
+    s = gspo_sequence_ratio(one_doubled, torch.zeros(1, n_tokens), torch.ones(1, n_tokens, dtype=torch.bool))
+    print(f"{n_tokens} tokens, one of them doubled: s = {float(s[0]):.3f}")
 
 # %% [markdown]
 # Both plug into chapter 04's trainer as options: `GRPOArgs(advantage_estimator="rloo")` computes the

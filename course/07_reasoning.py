@@ -95,6 +95,11 @@ for text in sample_completions(base, [example.prompt], 4, max_new, seed=0)[0]:
 # integer, or `None` when there is no such line. Strictness is the point: `Answer: 12 apples`,
 # `answer: 12`, `The answer is 12.` are not answers. A verifier that accepts more is one a policy can
 # learn to satisfy without being right, as section 5 shows.
+#
+# The edge cases that decide it: several answer lines (the last wins, even if text follows it), a
+# negative answer, no space or several spaces after the colon, trailing spaces, and the near misses
+# Python's `int()` would accept (`+12`, ` 12`, `1_000`) or a loose pattern would (`Answer: 12 apples`,
+# a leading space before `Answer`). Strings only: no model here.
 
 # %% exercise rlhf_tutorial.reasoning:extract_answer | 10 min | difficulty 2 | importance 5
 
@@ -103,9 +108,17 @@ for text in sample_completions(base, [example.prompt], 4, max_new, seed=0)[0]:
 #
 # $$r(x, y) = \mathbb{1}\big[\,\text{extract\_answer}(y) = a(x)\,\big] \in \{0, 1\}$$
 #
-# with $a(x)$ the true answer of problem $x$: binary, exact, and free to compute.
+# with $a(x)$ the true answer of problem $x$: binary, exact, and free to compute. One float32 reward per
+# completion, a `[len(completions)]` tensor on the CPU (its inputs are text).
 
 # %% exercise rlhf_tutorial.reasoning:verifiable_reward | 5 min | difficulty 1 | importance 4
+
+# %% [markdown]
+# **Predict, then check.** The cell below samples four solutions of each of four problems from the base
+# model and prints each with its reward, what your strict `extract_answer` reads, and what a lenient
+# reader ("the first number in the text", section 5) reads. Before running it, guess: of the 16
+# samples, how many will the strict verifier reward? Will the lenient reader ever agree with the strict
+# one on a *worked* solution (one that starts by restating the operands)?
 
 # %%
 samples = sample_completions(base, [p.prompt for p in problems[:4]], 4, max_new, seed=1)
@@ -128,6 +141,11 @@ for p, texts in zip(problems[:4], samples):
 # (unbiased for the model's true pass@k). When $n - c < k$ every subset holds a correct sample and the
 # estimate is 1. The binomials overflow a float for $n$ in the hundreds; their ratio does not:
 # $\binom{n-c}{k} / \binom{n}{k} = \prod_{i=0}^{k-1} \frac{n - c - i}{n - i}$, each factor in $[0, 1]$.
+#
+# Contract: Python ints in, a Python float out; the range check ($1 \le k \le n$, $0 \le c \le n$) is
+# given. The cases that separate a right estimator from a plausible one: $c = 0$ (exactly 0), $n - c < k$
+# (exactly 1), $n - c = k$ (just below 1), $n = 1024$ with $k = 512$ (no overflow), and $k = 1$ (it
+# must equal $c / n$).
 
 # %% exercise rlhf_tutorial.reasoning:pass_at_k | 15 min | difficulty 3 | importance 5
 
@@ -174,6 +192,12 @@ figures.agree("compare", {"sft.pass_at_1_final": sft.eval_final["pass_at_1"]})
 # with the SFT loss, repeat. No demonstrations needed: the model learns from its own verified work.
 # Easy problems would flood the kept set (right every time), so at most `max_per_prompt` of each
 # problem's correct samples are kept.
+#
+# Contract: `rewards` is `[p, G]` (0.0 or 1.0; row $i$ holds the $G$ samples of prompt $i$); return the
+# flat indices $i \cdot G + j$ (the order `rewards.flatten()` uses) of the kept samples, increasing, as an
+# int64 tensor on the rewards' device: every correct sample when `max_per_prompt` is None, otherwise
+# only the **first** `max_per_prompt` correct samples of each row. A row with no correct sample gives
+# nothing; a batch with none gives an empty tensor.
 
 # %% exercise rlhf_tutorial.reasoning:select_correct | 10 min | difficulty 2 | importance 4
 
@@ -193,9 +217,18 @@ figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["p
 # nats (Beirami et al. 2024; often quoted as just $\log N$, an upper bound): the sample of rank $i$
 # out of $N$ is chosen with probability $N u^{N-1}$ at quantile $u$ of the reward, and
 # $\int_0^1 N u^{N-1} \log(N u^{N-1})\, du = \log N - (N-1)/N$. Section 7 puts it beside the KL
-# measured on our binary reward.
+# measured on our binary reward. A Python float in nats, for an int $N \ge 1$.
 
 # %% exercise rlhf_tutorial.reasoning:best_of_n_kl | 5 min | difficulty 1 | importance 3
+
+# %% [markdown]
+# **Predict, then check.** Before running the cell: how many nats does best-of-2 cost, and best-of-16?
+# How far below the quoted bound $\log N$ is the exact value at $N = 2$, and at $N = 1024$, in nats and
+# as a fraction of the bound? (Which grows without limit, and which tends to a constant?)
+
+# %%
+for n in (1, 2, 16, 1024):
+    print(f"N = {n:>4}: KL {best_of_n_kl(n):.3f} nats, the bound log N {math.log(n):.3f}")
 
 # %% [markdown]
 # ## 5. A verifier that can be hacked

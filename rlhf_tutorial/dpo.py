@@ -77,8 +77,8 @@ def dpo_loss(
 
         "sigmoid": mean( -(1 - ls) * logsigmoid(beta * h) - ls * logsigmoid(-beta * h) )   (DPO;
                    ls = label_smoothing: the label is wrong with probability ls, cDPO)
-        "ipo":     mean( (h - 1 / (2 * beta)) ** 2 )                                       (IPO)
-        "hinge":   mean( relu(1 - beta * h) )                                              (RSO, after SLiC)
+        "ipo":     mean( (h - 1/(2 beta))^2 )                                              (IPO)
+        "hinge":   mean( max(0, 1 - beta h) )                                              (RSO, after SLiC)
 
     ``logsigmoid`` keeps the loss finite for any h (log(sigmoid(x)) underflows to log 0 for x << 0).
     Any other ``loss_type`` raises ValueError.
@@ -102,7 +102,7 @@ def implicit_reward(
 ) -> Float[Tensor, "b"]:
     """The reward a DPO policy implicitly assigns to a completion (up to a term in the prompt alone):
 
-        r_hat = beta * (policy_logps - ref_logps)
+        r_hat(x, y) = beta * log( pi(y | x) / pi_ref(y | x) )
 
     On a pair, ``r_hat(chosen) - r_hat(rejected) = beta * h``: its mean is the "reward margin" and
     the fraction of pairs where it is positive the "reward accuracy" a DPO run logs.
@@ -123,7 +123,9 @@ def simpo_loss(
     """SimPO (Meng et al. 2024): no reference model; the reward is the mean log-prob per token, and
     the chosen one must win by a margin gamma:
 
-        mean( -logsigmoid( beta * (chosen_logps / chosen_lengths - rejected_logps / rejected_lengths) - gamma ) )
+        mean( -log sigmoid( beta * (log pi(y_w | x) / |y_w| - log pi(y_l | x) / |y_l|) - gamma ) )
+
+    with ``chosen_logps`` = log pi(y_w | x) (summed over its tokens) and ``chosen_lengths`` = |y_w| (tokens).
     """
     # >>> exercise
     margin = chosen_logps / chosen_lengths - rejected_logps / rejected_lengths  # [b]

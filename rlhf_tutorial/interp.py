@@ -79,7 +79,7 @@ def logit_lens_score(
     """The logit lens through the sentiment direction: what the logit difference would be if the model
     stopped at each layer and went straight to the final LayerNorm and the unembedding:
 
-        score[l] = ln_pre(resid_stack[l]) @ direction
+        score[l, ...] = <ln_pre(x_l), direction>       for every vector x_l of the stack
     """
     # >>> exercise
     return ln_pre(resid_stack, eps) @ direction
@@ -92,7 +92,7 @@ def value_lens(
     """The value lens: the trained value head (which reads ``ln_final.hook_normalized``) applied to
     the residual stream at every layer:
 
-        value[l] = value_head(ln_pre(resid_stack[l])).squeeze(-1)
+        value[l, ...] = V(ln_pre(x_l))        one number per vector x_l of the stack (V: the head)
 
     Reading must not change the head: not its parameters, not their ``.grad`` (a plain forward pass
     does neither; the output may or may not carry gradients).
@@ -139,7 +139,7 @@ def patch_activation(
 ) -> Float[Tensor, "b s *rest"]:
     """A TransformerLens hook function: the activation with ``positions`` replaced by ``source``'s.
 
-        activation[:, t] = source[:, t]  for t in positions (every position when None)
+        activation[b, t, ...] <- source[b, t, ...]   for every b and every t in positions (all t when None)
 
     Positions use Python indexing (``[-1]`` is the last, ``[]`` none). Use it with
     ``functools.partial(patch_activation, source=..., positions=...)`` in ``run_with_hooks``. It edits
@@ -469,3 +469,35 @@ def steering_hook(vector: Float[Tensor, "d"], coef: float) -> Callable:
         return resid + coef * vector
 
     return hook_fn
+
+
+def vocab_ranks(vector: Float[Tensor, "d"], W_U: Float[Tensor, "d v"]) -> Float[Tensor, "v"]:
+    """Each token's rank when the vocabulary is sorted by ``vector @ W_U`` (largest first), as a fraction
+    of the vocabulary: 0 is the top token, 1 the bottom."""
+    scores = vector @ W_U
+    return scores.argsort(descending=True).argsort().float() / len(scores)
+
+
+@torch.no_grad()
+def word_rank_baseline(vector: Float[Tensor, "d"], W_U: Float[Tensor, "d v"], pos_ids: Tensor, neg_ids: Tensor,
+                       n_random: int = 1000, seed: int = 0) -> dict[str, float]:
+    """How far ``vector`` separates the negative words from the positive ones in the unembedding, against
+    random directions of the residual stream.
+
+        gap(u) = mean rank of the positive words - mean rank of the negative words   (ranks: vocab_ranks(u))
+
+    positive when the negative words rank higher (nearer the top). For ``vector`` and for ``n_random``
+    directions drawn uniformly on the unit sphere (seeded; a rank ignores the length): the mean ranks
+    of both lists for ``vector``, the random gaps' mean and standard deviation, and the fraction of
+    random directions whose gap is at least ``vector``'s (near 0: the separation is unlikely by chance).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    directions = torch.randn(n_random, W_U.shape[0], generator=gen).to(W_U.device, W_U.dtype)  # [n d]
+    ranks = torch.cat([vector[None].to(W_U.dtype), directions]) @ W_U  # [1 + n, v]: scores, then ranks
+    ranks = ranks.argsort(dim=-1, descending=True).argsort(dim=-1).float() / W_U.shape[1]
+    neg, pos = ranks[:, neg_ids.to(W_U.device)].mean(-1), ranks[:, pos_ids.to(W_U.device)].mean(-1)  # [1 + n]
+    gaps = pos - neg
+    return {"negative_words_mean_rank": float(neg[0]), "positive_words_mean_rank": float(pos[0]),
+            "gap": float(gaps[0]), "random_gap_mean": float(gaps[1:].mean()), "random_gap_std": float(gaps[1:].std()),
+            "random_negative_rank_mean": float(neg[1:].mean()),
+            "random_at_least_gap": float((gaps[1:] >= gaps[0]).float().mean())}

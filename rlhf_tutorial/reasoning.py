@@ -156,7 +156,7 @@ def select_correct(rewards: Float[Tensor, "p G"], max_per_prompt: int | None = N
 def best_of_n_kl(n: int) -> float:
     """The KL divergence (nats) of best-of-n sampling from the reference policy it samples from:
 
-        KL(pi_best-of-n || pi_ref) = log(n) - (n - 1) / n        (n >= 1)
+        KL(pi_best-of-n || pi_ref) = ln n - 1 + 1/n        (n >= 1)
 
     exact for a continuous reward (no ties); 0.0 at n = 1 (best-of-1 is the reference itself), and
     below the bound log(n) that is often quoted.

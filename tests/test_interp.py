@@ -124,8 +124,29 @@ def test_widgets_live_and_static(pair):
     assert "base + 2 x lens" in view.html and "bad" in repr(view)
     box = w.steering_explorer([(" bad", 1.0)], [(" good", -1.0)], sample, 2.0, static=False)
     slider, out = box.children
+    # a frontend that draws no widget shows the bundle's text/plain: the numbers, not "VBox(...)"
+    plain = box._repr_mimebundle_()["text/plain"]
+    assert "mean reward 0.700" in plain and "text 2.0" in plain
     slider.value = -1.0
     assert "text -1.0" in out.value and calls[-1] == -1.0
+
+
+def test_explorers_show_numbers_without_a_widget_frontend(pair, monkeypatch):
+    """In a kernel whose frontend renders no widget, the lens explorer's plain text holds the lens values."""
+    from rlhf_tutorial.widgets import interp as w
+    from rlhf_tutorial.widgets import live
+
+    base, tuned, direction, _ = pair
+    records = interp.lens_records(base, tuned, direction, ["This movie was really bad."])
+    shown = []
+    monkeypatch.setattr(live, "widgets_available", lambda: True)
+    monkeypatch.setattr(live, "_display", lambda obj, **kw: shown.append(obj))
+    w.lens_explorer(records, static=False)._ipython_display_()
+    plain = shown[0]._repr_mimebundle_()["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in shown[0]._repr_mimebundle_()
+    value = records[0]["value_tuned"][-1][-1]
+    assert f"{value:.3f}" in plain and "value lens" in plain and "tuned - base" in plain
+    assert "value lens" in repr(w.lens_explorer(records, static=True))  # the static form's text too
 
 
 def test_a_missing_checkpoint_is_a_message_and_a_json_error(tmp_path, capsys):
@@ -142,3 +163,25 @@ def test_first_layer_reaching_half_of_the_final_value():
     assert interp.first_layer_reaching([0.9, 0.1, 1.0]) == 0
     assert interp.first_layer_reaching([0.1, -0.2, -1.0]) == 2  # a negative final value: measured in its sign
     assert interp.first_layer_reaching([0.0, 0.0, 0.0]) == 0
+
+
+def test_word_rank_baseline_tells_a_real_separation_from_chance():
+    """A direction the negative words share ranks them on top, beyond every random direction; its opposite
+    does the reverse; an unrelated direction's gap sits inside the random spread."""
+    g = torch.Generator().manual_seed(0)
+    W_U = torch.randn(64, 300, generator=g)
+    neg_ids, pos_ids = torch.arange(0, 20), torch.arange(20, 40)
+    e = torch.zeros(64)
+    e[0] = 1.0
+    W_U[:, neg_ids] += 4 * e[:, None]  # the negative words share a component along e
+    real = interp.word_rank_baseline(e, W_U, pos_ids, neg_ids, n_random=300)
+    assert real["negative_words_mean_rank"] < 0.1 < real["positive_words_mean_rank"]
+    assert real["gap"] > real["random_gap_mean"] + 2 * real["random_gap_std"] and real["random_at_least_gap"] < 0.02
+    assert interp.word_rank_baseline(-e, W_U, pos_ids, neg_ids, n_random=300)["random_at_least_gap"] > 0.98
+    other = torch.zeros(64)
+    other[5] = 1.0  # a direction the word lists do not differ on
+    unrelated = interp.word_rank_baseline(other, W_U, pos_ids, neg_ids, n_random=300)
+    assert abs(unrelated["gap"]) < 3 * unrelated["random_gap_std"]
+    assert unrelated == interp.word_rank_baseline(other, W_U, pos_ids, neg_ids, n_random=300)  # seeded
+    ranks = interp.vocab_ranks(e, W_U)  # 0 = the top: the shifted words sit near it
+    assert float(ranks[neg_ids].mean()) == pytest.approx(real["negative_words_mean_rank"]) and float(ranks.min()) == 0.0

@@ -153,9 +153,19 @@ ADV_MISTAKES = [
 @checker(
     "group_relative_advantages",
     chapter=CHAPTER,
-    hint="Centre each row on its own mean: rewards - rewards.mean(dim=-1, keepdim=True). For 'group' divide "
-    "by rewards.std(dim=-1, keepdim=True) + eps (torch's default unbiased std), for 'batch' by "
-    "rewards.std() + eps, for 'none' not at all.",
+    hint=(
+        "Each row of `rewards` is one group: the baseline and the scale of a completion come from its "
+        "own row (or, for 'batch', from all rewards). Reduce along the last dim and keep it, so the "
+        "result broadcasts.",
+        "A[i, j] = (r[i, j] - mean_j r[i, :]) / (s + eps), where s is row i's standard deviation for "
+        "'group', the standard deviation of all p * G rewards for 'batch'; for 'none' there is no "
+        "division (and no eps). Use torch's default, unbiased std (divides by n - 1). Any other scale "
+        "raises ValueError naming the three.",
+        "```python\ncentred = rewards - rewards.mean(dim=-1, keepdim=True)\nif scale == \"group\":\n    "
+        "return centred / (rewards.std(dim=-1, keepdim=True) + eps)\nif scale == \"batch\":\n    return "
+        "centred / (rewards.std() + eps)\nif scale == \"none\":\n    return centred\nraise ValueError(f\"scale "
+        "must be 'group', 'batch' or 'none', got {scale!r}\")\n```",
+    ),
 )
 def check_group_relative_advantages(candidate) -> str:
     return compare_to_reference(
@@ -341,10 +351,28 @@ OBJECTIVE_MISTAKES = [
 @checker(
     "calc_grpo_objective",
     chapter=CHAPTER,
-    hint="ratio = exp(logprobs - old_logprobs); per token min(ratio * A, clip(ratio, 1 - clip_eps, "
-    "1 + clip_eps_high) * A) - beta * approx_kl(logprobs, ref_logprobs, 'k3'), with A = advantages[:, None]; "
-    "zero the masked tokens (torch.where(mask, x, 0)); then 'grpo': mean over rows of (row sum / row token "
-    "count), 'dapo': total sum / total token count, 'dr_grpo': total sum / (B * max_completion_len).",
+    hint=(
+        "Build one [B, g] tensor first, the per-token objective (clipped surrogate minus beta times the "
+        "k3 estimate), zero it where the mask is False, and only then reduce: the three loss types "
+        "differ only in the final reduction.",
+        "Per token: ratio = exp(logprobs - old_logprobs); surrogate = min(ratio * A, clip(ratio, 1 - "
+        "clip_eps, 1 + clip_eps_high) * A), with each row's advantage broadcast over its tokens (A has "
+        "shape [B]); k3 is chapter 03's `approx_kl` of logprobs against ref_logprobs with the 'k3' "
+        "estimator. Zero masked tokens with a select (`torch.where`), not by multiplying. With n_b the "
+        "row's token count: 'grpo' = mean over rows of (row sum / n_b); 'dapo' = total sum / total "
+        "count; 'dr_grpo' = total sum / (B * L), L = max_completion_len or g. clip_eps_high None means "
+        "clip_eps; any other loss_type raises ValueError.",
+        "```python\nhigh = clip_eps if clip_eps_high is None else clip_eps_high\nratio = "
+        "torch.exp(logprobs - old_logprobs)\nadv = advantages[:, None]\nsurrogate = torch.minimum(ratio * "
+        "adv, ratio.clamp(1 - clip_eps, 1 + high) * adv)\nper_token = surrogate - beta * "
+        "approx_kl(logprobs, ref_logprobs, \"k3\")\nper_token = torch.where(mask, per_token, "
+        "torch.zeros_like(per_token))\ntokens_per_seq = mask.sum(dim=-1)\nif loss_type == \"grpo\":\n    "
+        "return (per_token.sum(dim=-1) / tokens_per_seq.clamp(min=1)).mean()\nif loss_type == \"dapo\":\n    "
+        "return per_token.sum() / tokens_per_seq.sum().clamp(min=1)\nif loss_type == \"dr_grpo\":\n    "
+        "length = logprobs.shape[1] if max_completion_len is None else max_completion_len\n    return "
+        "per_token.sum() / (logprobs.shape[0] * length)\nraise ValueError(f\"loss_type must be 'grpo', "
+        "'dapo' or 'dr_grpo', got {loss_type!r}\")\n```",
+    ),
 )
 def check_calc_grpo_objective(candidate) -> str:
     return compare_to_reference(
@@ -409,8 +437,16 @@ MASK_MISTAKES = [
 @checker(
     "completion_mask",
     chapter=CHAPTER,
-    hint="is_eos = completions == eos_token_id; a token counts when no EOS comes strictly before it: "
-    "(is_eos.cumsum(-1) - is_eos) == 0 (as a bool tensor).",
+    hint=(
+        "A token counts unless an EOS came strictly before it. Which running quantity along a row tells "
+        "you how many EOS tokens lie before position t? (torch has a cumulative sum.)",
+        "Mark the EOS positions (1 where the token is the EOS id), take their cumulative sum along the "
+        "row and subtract each position's own mark: that is the number of EOS tokens strictly before t. "
+        "The mask is True where that number is 0. So the EOS itself is True, everything after it False, "
+        "and a row with no EOS all True. Return a bool tensor on the completions' device.",
+        "```python\nis_eos = (completions == eos_token_id).long()\neos_before = is_eos.cumsum(dim=-1) - "
+        "is_eos\nreturn eos_before == 0\n```",
+    ),
 )
 def check_completion_mask(candidate) -> str:
     return compare_to_reference(
@@ -468,10 +504,21 @@ def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str
 @checker(
     "sample_group",
     chapter=CHAPTER,
-    hint="model.generate(prompt_tokens[None].expand(group_size, -1), max_new_tokens=..., stop_at_eos=True, "
-    "eos_token_id=..., temperature=..., top_k=..., verbose=False).clone(); pad on the right with EOS up to "
-    "prompt_len + max_new_tokens (every row may have stopped early); mask = completion_mask(tokens[:, "
-    "prompt_len:], eos_token_id).",
+    hint=(
+        "One call to `model.generate` samples the whole group if you give it G copies of the prompt as a "
+        "batch; then make the shape fixed and build the mask with your `completion_mask`.",
+        "(1) A [G, prompt_len] batch of the prompt (`expand` needs no copy). (2) `generate` with "
+        "max_new_tokens, stop_at_eos=True, the EOS id, the temperature and top_k, verbose=False. (3) "
+        "Clone the result (it is an inference tensor). (4) If every row stopped early the output is "
+        "shorter than prompt_len + max_new_tokens: pad it on the right with the EOS id. (5) The mask is "
+        "`completion_mask` of the generated columns only (from prompt_len on): the prompt may contain "
+        "the EOS id (it is also BOS).",
+        "```python\ntokens = model.generate(\n    prompt_tokens[None].expand(group_size, -1),\n    "
+        "max_new_tokens=max_new_tokens, stop_at_eos=True, eos_token_id=eos_token_id,\n    "
+        "temperature=temperature, top_k=top_k, verbose=False, return_type=\"tokens\",\n).clone()\nmissing = "
+        "prompt_len + max_new_tokens - tokens.shape[1]\ntokens = nn.functional.pad(tokens, (0, missing), "
+        "value=eos_token_id)\nmask = completion_mask(tokens[:, prompt_len:], eos_token_id)\n```",
+    ),
 )
 @one_thread
 def check_sample_group(candidate) -> str:
@@ -721,11 +768,24 @@ STEP_MISTAKES = [
 @checker(
     "grpo_step",
     chapter=CHAPTER,
-    hint="logprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature); objective = "
-    "calc_grpo_objective(logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, batch.mask, "
-    "clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type, clip_eps_high=args.clip_coef_high, "
-    "max_completion_len=args.max_new_tokens); optimizer.zero_grad(); objective.backward(); "
-    "nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm); optimizer.step().",
+    hint=(
+        "Three moves: the current policy's log-probs (with gradients), the objective, one optimizer "
+        "step. Every tensor you need is a field of `batch`, every setting a field of `args`; name the "
+        "results `logprobs`, `objective` and `grad_norm`.",
+        "(1) `group_token_logprobs` of the policy on the batch's tokens and prefix lengths, at the args' "
+        "temperature. (2) `calc_grpo_objective` of those against the batch's old and reference "
+        "log-probs, advantages and mask; its clip_eps is the args' clip_coef, beta is kl_coef, "
+        "clip_eps_high is clip_coef_high, max_completion_len is max_new_tokens, loss_type is loss_type. "
+        "(3) Zero the gradients, backpropagate the objective (the optimizer maximises: no minus sign), "
+        "clip the gradient norm to max_grad_norm with `nn.utils.clip_grad_norm_` (it returns the norm "
+        "before clipping), step.",
+        "```python\nlogprobs = group_token_logprobs(policy, batch.tokens, batch.prefix_lens, "
+        "args.temperature)\nobjective = calc_grpo_objective(\n    logprobs, batch.old_logprobs, "
+        "batch.ref_logprobs, batch.advantages, batch.mask,\n    clip_eps=args.clip_coef, "
+        "beta=args.kl_coef, loss_type=args.loss_type,\n    clip_eps_high=args.clip_coef_high, "
+        "max_completion_len=args.max_new_tokens,\n)\noptimizer.zero_grad()\nobjective.backward()\ngrad_norm "
+        "= nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)\noptimizer.step()\n```",
+    ),
 )
 @one_thread
 def check_grpo_step(candidate) -> str:
@@ -750,7 +810,7 @@ def check_grpo_step(candidate) -> str:
                                    f"{fmt(out)}")
         if d1.norm() == 0:
             raise CheckFailure(f"{label}: the parameters did not change after a step.",
-                               hint="Call objective.backward() and optimizer.step().")
+                               hint="No parameter moved: the step must backpropagate the objective and then step the optimizer.")
         e1, e2 = _rel(d1, ref_d1), _rel(d2, ref_d2)
         objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
         objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)

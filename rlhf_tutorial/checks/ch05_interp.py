@@ -56,9 +56,15 @@ def _ln(x, eps=1e-5):
 @checker(
     "sentiment_direction",
     chapter=CHAPTER,
-    hint="W_U has shape [d, v]: a token's unembedding vector is a COLUMN, W_U[:, i]. Take the mean of the "
-    "negative words' columns minus the mean of the positive words' columns: "
-    "W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1).",
+    hint=(
+        "`W_U` is [d_model, d_vocab]: which axis holds one token's vector? Indexing that axis with a "
+        "tensor of ids picks all the words of a list at once.",
+        "direction = (mean of the negative words' unembedding vectors) - (mean of the positive words' "
+        "vectors): average over the words (so lists of different lengths weigh the same), keep "
+        "duplicates (a word listed twice counts twice: no `unique`), and do not normalise (h . direction "
+        "must be the logit difference).",
+        "```python\nreturn W_U[:, neg_ids].mean(dim=1) - W_U[:, pos_ids].mean(dim=1)\n```",
+    ),
 )
 def check_sentiment_direction(candidate) -> str:
     g = seeded(50)
@@ -75,7 +81,7 @@ def check_sentiment_direction(candidate) -> str:
         candidate, interp.sentiment_direction, cases, arg_names=["W_U", "pos_ids", "neg_ids"],
         mistakes=[
             Mistake("The sign is flipped: that is positive minus negative. The direction should RAISE the "
-                    "negative words: W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1).",
+                    "negative words: the negative words' mean column minus the positive words'.",
                     lambda W, p, n: W[:, p].mean(1) - W[:, n].mean(1)),
             Mistake("You summed the columns: take their mean, so that lists of different lengths weigh the "
                     "same.", lambda W, p, n: W[:, n].sum(1) - W[:, p].sum(1)),
@@ -83,7 +89,7 @@ def check_sentiment_direction(candidate) -> str:
                     "the logit difference itself.",
                     lambda W, p, n: (d := W[:, n].mean(1) - W[:, p].mean(1)) / d.norm().clamp(min=1e-12)),
             Mistake("Duplicates were dropped (torch.unique or a set): a word listed twice counts twice, as "
-                    "W_U[:, ids].mean(1) does.",
+                    "a mean over an index tensor with repeats does.",
                     lambda W, p, n: W[:, n.unique()].mean(1) - W[:, p.unique()].mean(1)),
         ],
     )
@@ -109,9 +115,15 @@ def _ln_cases() -> list[Case]:
 @checker(
     "ln_pre",
     chapter=CHAPTER,
-    hint="Centre over the last dim (x - x.mean(-1, keepdim=True)), then divide by "
-    "sqrt(mean of the squared centred values + eps): the biased variance (divide by d, not d - 1), eps "
-    "inside the square root, keepdim=True so the shapes broadcast.",
+    hint=(
+        "Everything happens along the last dim (d_model) of each vector; keep that dim in your "
+        "reductions (keepdim) so the result broadcasts back over x.",
+        "Centre (subtract the mean over the last dim), then divide by the square root of (the mean of "
+        "the squared centred values + eps): the biased variance (divide by d, not d - 1: `torch.var`'s "
+        "default is the unbiased one) and eps inside the root.",
+        "```python\ncentred = x - x.mean(dim=-1, keepdim=True)\nscale = (centred.pow(2).mean(dim=-1, "
+        "keepdim=True) + eps).sqrt()\nreturn centred / scale\n```",
+    ),
 )
 def check_ln_pre(candidate) -> str:
     return compare_to_reference(
@@ -144,9 +156,14 @@ def check_ln_pre(candidate) -> str:
 @checker(
     "logit_lens_score",
     chapter=CHAPTER,
-    hint="Normalise every residual vector as the final LayerNorm would (ln_pre over the last dim, with the "
-    "eps you were given), then take its dot product with the direction: ln_pre(resid_stack, eps) @ "
-    "direction. The leading dims (layer, batch, ...) stay.",
+    hint=(
+        "You already wrote both pieces: the final LayerNorm of a folded model, and the direction. The "
+        "lens applies them to every vector of the stack, whatever the leading dims.",
+        "score = (the vector normalised by your ln_pre, with eps passed on) . direction, for every "
+        "d-vector along the last dim; the dot product consumes d and keeps every leading dim (a matrix "
+        "product with a 1-d tensor does that).",
+        "```python\nreturn ln_pre(resid_stack, eps) @ direction\n```",
+    ),
 )
 def check_logit_lens_score(candidate) -> str:
     g = seeded(52)
@@ -192,9 +209,14 @@ def _value_head(seed: int, d: int = 16) -> nn.Module:
 @checker(
     "value_lens",
     chapter=CHAPTER,
-    hint="Apply ln_pre(resid_stack, eps) (the head was trained on the final LayerNorm's output), pass the "
-    "result through value_head and drop its trailing dim of size 1 with squeeze(-1). Do not touch the "
-    "head: no zero_grad(), no requires_grad_(False), no backward().",
+    hint=(
+        "The head was trained on the final LayerNorm's output: give it the same kind of input. Then look "
+        "at the shape it returns.",
+        "value = the head applied to the normalised stack (your ln_pre, with eps passed on), its "
+        "trailing dim of size 1 dropped (only that one: a batch of 1 must stay). Read only: no "
+        "`zero_grad()`, no `requires_grad_(False)`, no `backward()`; `torch.no_grad()` is allowed.",
+        "```python\nreturn value_head(ln_pre(resid_stack, eps)).squeeze(-1)\n```",
+    ),
 )
 def check_value_lens(candidate) -> str:
     g = seeded(53)
@@ -213,7 +235,7 @@ def check_value_lens(candidate) -> str:
         candidate, interp.value_lens, cases, arg_names=["resid_stack", "value_head", "eps"],
         mistakes=[
             Mistake("You fed the raw residual stream to the head: it was trained on the final LayerNorm's "
-                    "output, so read value_head(ln_pre(resid_stack, eps)).",
+                    "output, so normalise the stack with ln_pre first.",
                     lambda r, h, eps=1e-5: h(r).squeeze(-1)),
             Mistake("eps was not passed on: call ln_pre(resid_stack, eps).",
                     lambda r, h, eps=1e-5: h(_ln(r)).squeeze(-1)),
@@ -253,9 +275,17 @@ def check_value_lens(candidate) -> str:
 @checker(
     "head_attribution",
     chapter=CHAPTER,
-    hint="For every example b: centre each head's output over d (subtract its mean over the last dim), "
-    "take the dot product with the direction and divide by THAT example's ln_scale[b] "
-    "(ln_scale[:, None, None] broadcasts over layer and head); then average over b. Result: [layer, head].",
+    hint=(
+        "Per example, the final LayerNorm does two linear things to each head's output once its scale is "
+        "fixed: it centres the vector over d and divides by that example's scale. Apply both, project on "
+        "the direction, then average over examples.",
+        "attr[l, h] = mean over b of ((head_out[b, l, h] - its mean over d) . direction) / ln_scale[b]. "
+        "Divide each example by its OWN scale before averaging (not the average by the average scale); "
+        "the [b] scale must broadcast against [b, layer, head] (add two trailing dims). Result [layer, "
+        "head].",
+        "```python\ncentred = head_out - head_out.mean(dim=-1, keepdim=True)\nper_example = (centred @ "
+        "direction) / ln_scale[:, None, None]\nreturn per_example.mean(dim=0)\n```",
+    ),
 )
 def check_head_attribution(candidate) -> str:
     g = seeded(54)
@@ -282,7 +312,7 @@ def check_head_attribution(candidate) -> str:
         candidate, interp.head_attribution, cases, arg_names=["head_out", "ln_scale", "direction"],
         mistakes=[
             Mistake("You did not centre the head outputs: the final LayerNorm subtracts the mean over d, so "
-                    "a head's share is (head_out - head_out.mean(-1, keepdim=True)) @ direction.",
+                    "a head's share is its output minus that output's mean over d, dotted with the direction.",
                     lambda h, s, d: ((h @ d) / s[:, None, None]).mean(0)),
             Mistake("You divided by the mean scale: each example has its own LayerNorm scale; divide each by "
                     "ln_scale[b] before averaging.",
@@ -339,9 +369,16 @@ _PATCH_MISTAKES = [
 @checker(
     "patch_activation",
     chapter=CHAPTER,
-    hint="When positions is None replace everything (activation[:] = source), otherwise only the "
-    "positions along dim 1: activation[:, positions] = source[:, positions] (a list index works with "
-    "[-1] and with []). Return the activation; never write into source.",
+    hint=(
+        "A hook receives the activation, may write into it, and returns it. Dim 1 is the position; "
+        "`None` means every position.",
+        "If positions is None copy all of source into activation (slice assignment keeps it the same "
+        "tensor); otherwise copy only the listed positions along dim 1 (indexing dim 1 with a Python "
+        "list handles [-1] and [] too). Write into activation in place, never into source, and return "
+        "activation.",
+        "```python\nif positions is None:\n    activation[:] = source\nelse:\n    activation[:, positions] = "
+        "source[:, positions]\nreturn activation\n```",
+    ),
 )
 def check_patch_activation(candidate) -> str:
     g = seeded(55)
@@ -368,8 +405,7 @@ def check_patch_activation(candidate) -> str:
             raise
         if not torch.equal(src_in, source):
             raise CheckFailure(f"On {label}, your hook modified `source`.",
-                               hint="Copy from source into activation (activation[:, positions] = "
-                               "source[:, positions]), never the other way round: the tuned run's cache must "
+                               hint="Copy from source into activation, never the other way round: the tuned run's cache must "
                                "stay intact for the next patch.")
         if out is None:
             raise CheckFailure(f"On {label}, your hook returned None.",
@@ -415,9 +451,13 @@ def check_patch_activation(candidate) -> str:
 @checker(
     "restored_fraction",
     chapter=CHAPTER,
-    hint="Average each of the three first, then take (mean(patched) - mean(base)) / (mean(tuned) - "
-    "mean(base)): a ratio of means (0-d tensor), 0 when the patch does nothing, 1 when it recovers the "
-    "tuned model's behaviour.",
+    hint=(
+        "Three tensors of the same metric: reduce each to one number before you compare them.",
+        "restored = (mean of patched - mean of base) / (mean of tuned - mean of base), each mean over "
+        "ALL entries (any shape), a 0-d tensor: a ratio of means, not a mean of per-example ratios (one "
+        "example that barely moved would blow those up).",
+        "```python\nreturn (patched.mean() - base.mean()) / (tuned.mean() - base.mean())\n```",
+    ),
 )
 def check_restored_fraction(candidate) -> str:
     g = seeded(56)
@@ -474,8 +514,16 @@ def check_restored_fraction(candidate) -> str:
 @checker(
     "activation_difference",
     chapter=CHAPTER,
-    hint="Slice the first n_positions along dim 1 (the sequence) of both, subtract base from tuned, and "
-    "average over batch AND positions: (tuned_resid[:, :n] - base_resid[:, :n]).mean(dim=(0, 1)).",
+    hint=(
+        "The difference of the two residual streams on the first positions, then one average that leaves "
+        "a single d-vector.",
+        "delta = mean over examples b and positions t < n_positions of tuned[b, t] - base[b, t]: slice "
+        "dim 1, subtract, average over dims 0 and 1 together. When the texts are shorter than "
+        "n_positions the average is over the positions that exist (a slice does that; dividing a sum by "
+        "n_positions does not).",
+        "```python\ndiff = tuned_resid[:, :n_positions] - base_resid[:, :n_positions]\nreturn "
+        "diff.mean(dim=(0, 1))\n```",
+    ),
 )
 def check_activation_difference(candidate) -> str:
     g = seeded(57)
@@ -569,9 +617,17 @@ def _common(base: dict, tuned: dict):
 @checker(
     "param_change",
     chapter=CHAPTER,
-    hint="For every name in both dicts: (tuned[name] - base[name]).norm() divided by "
-    "max(base[name].norm(), 1e-8) (clamp the denominator so a zero base tensor gives no inf/NaN), as a "
-    "Python float (.item()). Norms over ALL entries of the tensor.",
+    hint=(
+        "Loop over the names both dicts share; each gives one number, the norm of a difference relative "
+        "to a norm.",
+        "change[name] = ||tuned - base|| / max(||base||, 1e-8), norms over all entries of the tensor, as "
+        "a Python float. Skip a name only one dict has; detach (parameters carry gradients) and subtract "
+        "in float32 or wider (bf16 inputs lose the difference otherwise); clamp the denominator so a "
+        "zero tensor gives no inf.",
+        "```python\nout = {}\nfor name, base in base_params.items():\n    if name in tuned_params:\n        "
+        "delta = (tuned_params[name].detach().float() - base.detach().float()).norm()\n        out[name] "
+        "= (delta / base.detach().float().norm().clamp(min=1e-8)).item()\nreturn out\n```",
+    ),
 )
 def check_param_change(candidate) -> str:
     cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(58)]
@@ -595,9 +651,17 @@ def check_param_change(candidate) -> str:
 @checker(
     "fraction_changed",
     chapter=CHAPTER,
-    hint="Count, over every entry of every tensor named in both dicts, those with abs(tuned - base) > atol "
-    "(strictly greater: with atol=0, an entry that did not move does not count), and divide by the "
-    "total number of entries of those tensors. Return a Python float.",
+    hint=(
+        "Count entries, not tensors: keep two running totals over every tensor both dicts name.",
+        "fraction = #{entries with |tuned - base| > atol} / #{entries}, over all shared tensors together "
+        "(a big matrix weighs more than a bias). Strictly greater: with atol = 0 an entry that did not "
+        "move does not count. Subtract in a wide dtype (double) so that bf16 inputs compare exactly. "
+        "Return a Python float.",
+        "```python\nchanged, total = 0, 0\nfor name, base in base_params.items():\n    if name in "
+        "tuned_params:\n        delta = (tuned_params[name].detach().double() - "
+        "base.detach().double()).abs()\n        changed += int((delta > atol).sum())\n        total += "
+        "base.numel()\nreturn changed / total\n```",
+    ),
 )
 def check_fraction_changed(candidate) -> str:
     cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(59)]

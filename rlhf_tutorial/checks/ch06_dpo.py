@@ -115,8 +115,17 @@ SEQ_MISTAKES = [
 @checker(
     "sequence_logprobs",
     chapter=CHAPTER,
-    hint="logps = logits[:, :-1].log_softmax(-1); token_logps = logps.gather(-1, tokens[:, 1:, None]).squeeze(-1); "
-    "then sum token_logps where mask[:, 1:] is True (torch.where, or multiply by the mask), over dim -1.",
+    hint=(
+        "The logits at position t - 1 predict token t: shift the logits and the tokens against each "
+        "other by one before you pick anything. `Tensor.gather` picks one entry per position.",
+        "out[b] = sum over t >= 1 of mask[b, t] * log_softmax(logits[b, t - 1])[tokens[b, t]]: "
+        "log-softmax over the vocabulary of every position but the last, gather each next token's entry "
+        "along the last dim, zero it where the mask (shifted like the tokens, so mask[:, 0] plays no "
+        "part) is False, sum over positions.",
+        "```python\nlogps = logits[:, :-1].log_softmax(dim=-1)\ntoken_logps = logps.gather(-1, tokens[:, "
+        "1:, None]).squeeze(-1)\nreturn torch.where(mask[:, 1:], token_logps, "
+        "torch.zeros_like(token_logps)).sum(dim=-1)\n```",
+    ),
 )
 def check_sequence_logprobs(candidate) -> str:
     return compare_to_reference(candidate, dpo.sequence_logprobs, _seq_cases(), mistakes=SEQ_MISTAKES,
@@ -195,8 +204,8 @@ DPO_MISTAKES = [
             "torch.nn.functional.logsigmoid.", _dpo_variant(stable=False)),
     Mistake("beta multiplies the log-sigmoid instead of its argument: logsigmoid(beta * h), not beta * logsigmoid(h).",
             _dpo_variant(beta_inside=False)),
-    Mistake("IPO's target is 1 / (2 * beta): the loss is (h - 1 / (2 * beta)) ** 2.", _dpo_variant(ipo_target="one")),
-    Mistake("IPO regresses h itself onto 1 / (2 * beta): (h - 1 / (2 * beta)) ** 2, not (beta * h - 1/2) ** 2.",
+    Mistake("IPO's target is 1 / (2 beta), not 1: the loss is the squared distance of h from it.", _dpo_variant(ipo_target="one")),
+    Mistake("IPO regresses h itself onto 1 / (2 beta), not beta * h onto 1/2 (that scales the loss by beta squared).",
             _dpo_variant(ipo_target="scaled")),
     Mistake("The hinge is on beta * h: relu(1 - beta * h).", _dpo_variant(hinge_beta=False)),
     Mistake("IPO's target is computed as (1 / 2) * beta: in Python 1/2*beta is beta / 2, not 1 / (2 * beta). Write "
@@ -220,9 +229,21 @@ def _raises_value_error(candidate, *args, **kwargs) -> bool:
 @checker(
     "dpo_loss",
     chapter=CHAPTER,
-    hint="h = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps); "
-    "'sigmoid': -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h); 'ipo': (h - 1 / (2 * beta)) ** 2; "
-    "'hinge': torch.relu(1 - beta * h); take the mean; raise ValueError for any other loss_type.",
+    hint=(
+        "Everything depends on one number per pair, h: how much more the policy raised the chosen "
+        "completion's log-prob over the reference's than the rejected one's. The three loss types are "
+        "three functions of h.",
+        "h = (policy chosen - reference chosen) - (policy rejected - reference rejected). 'sigmoid': -(1 "
+        "- ls) log sigma(beta h) - ls log sigma(-beta h), with `F.logsigmoid` (log of `sigmoid` "
+        "underflows to -inf); 'ipo': the square of (h - 1/(2 beta)); 'hinge': max(0, 1 - beta h). Mean "
+        "over pairs; any other loss_type raises ValueError.",
+        "```python\nh = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - "
+        "ref_rejected_logps)\nif loss_type == \"sigmoid\":\n    losses = -(1 - label_smoothing) * "
+        "F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)\nelif loss_type == \"ipo\":\n    "
+        "losses = (h - 1 / (2 * beta)) ** 2\nelif loss_type == \"hinge\":\n    losses = torch.relu(1 - beta "
+        "* h)\nelse:\n    raise ValueError(f\"loss_type must be 'sigmoid', 'ipo' or 'hinge', got "
+        "{loss_type!r}\")\nreturn losses.mean()\n```",
+    ),
 )
 def check_dpo_loss(candidate) -> str:
     detail = compare_to_reference(
@@ -260,19 +281,25 @@ def _implicit_cases() -> list[Case]:
 @checker(
     "implicit_reward",
     chapter=CHAPTER,
-    hint="beta * (policy_logps - ref_logps): the log-ratio of the policy to the reference, scaled by beta.",
+    hint=(
+        "The reward a DPO policy implies is hidden in how far it moved from the reference on that "
+        "completion, scaled by the DPO loss's own constant.",
+        "r_hat(x, y) = beta log(pi(y | x) / pi_ref(y | x)): the policy's log-prob minus the reference's, "
+        "times beta, one number per completion (element-wise over the batch).",
+        "```python\nreturn beta * (policy_logps - ref_logps)\n```",
+    ),
 )
 def check_implicit_reward(candidate) -> str:
     return compare_to_reference(candidate, dpo.implicit_reward, _implicit_cases(), mistakes=[
         Mistake("The log-ratio is upside down: policy_logps - ref_logps (a completion the policy made more likely "
                 "has a positive implicit reward).", lambda p, r, beta: beta * (r - p)),
-        Mistake("beta is missing: the implicit reward is beta * (policy_logps - ref_logps).", lambda p, r, beta: p - r),
+        Mistake("beta is missing: the implicit reward is the log-ratio scaled by the DPO loss's beta.", lambda p, r, beta: p - r),
         Mistake("You divided by beta: multiply.", lambda p, r, beta: (p - r) / beta),
         Mistake("You exponentiated: the implicit reward is the log-ratio itself times beta, not a ratio of "
                 "probabilities.", lambda p, r, beta: beta * torch.exp(p - r)),
         Mistake("You took log(p / p_ref) from probabilities: exp of a sequence log-prob below about -104 "
-                "underflows to 0 in float32, so the ratio is inf. Subtract the log-probs: "
-                "beta * (policy_logps - ref_logps).", lambda p, r, beta: beta * torch.log(p.exp() / r.exp())),
+                "underflows to 0 in float32, so the ratio is inf. Stay in log space: a log-ratio is a difference "
+                "of log-probs.", lambda p, r, beta: beta * torch.log(p.exp() / r.exp())),
     ], arg_names=["policy_logps", "ref_logps"])
 
 
@@ -313,7 +340,16 @@ def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=
 @checker(
     "simpo_loss",
     chapter=CHAPTER,
-    hint="-F.logsigmoid(beta * (chosen_logps / chosen_lengths - rejected_logps / rejected_lengths) - gamma).mean()",
+    hint=(
+        "No reference model: SimPO's reward of a completion is its average log-prob per token. Form the "
+        "margin of the chosen over the rejected, then a logistic loss that asks for a margin of at least "
+        "gamma.",
+        "loss = mean over pairs of -log sigma(beta (log pi(y_w)/|y_w| - log pi(y_l)/|y_l|) - gamma), "
+        "with `F.logsigmoid` for the log sigma (finite for any margin). The lengths are integer tensors: "
+        "the division promotes to float.",
+        "```python\nmargin = chosen_logps / chosen_lengths - rejected_logps / rejected_lengths\nreturn "
+        "-F.logsigmoid(beta * margin - gamma).mean()\n```",
+    ),
 )
 def check_simpo_loss(candidate) -> str:
     return compare_to_reference(candidate, dpo.simpo_loss, _simpo_cases(), mistakes=[
@@ -353,8 +389,14 @@ def _last_argmax(x: torch.Tensor) -> torch.Tensor:
 @checker(
     "best_worst_pairs",
     chapter=CHAPTER,
-    hint="torch.stack([rewards.argmax(dim=-1), rewards.argmin(dim=-1)], dim=-1): chosen first, one row per group "
-    "(argmax/argmin return the first occurrence on ties).",
+    hint=(
+        "Per row, two indices: where the reward is largest and where it is smallest. torch has "
+        "reductions that return the index instead of the value.",
+        "out[i] = (index of row i's maximum, index of its minimum), chosen first, int64, shape [p, 2]. "
+        "Ties go to the first occurrence (torch's `argmax`/`argmin` do that), so an all-equal row gives "
+        "(0, 0); stack the two [p] index tensors along a new last dim.",
+        "```python\nreturn torch.stack([rewards.argmax(dim=-1), rewards.argmin(dim=-1)], dim=-1)\n```",
+    ),
 )
 def check_best_worst_pairs(candidate) -> str:
     return compare_to_reference(candidate, dpo.best_worst_pairs, _pairs_cases(), mistakes=[
@@ -388,8 +430,14 @@ def _rloo_cases() -> list[Case]:
 @checker(
     "rloo_advantages",
     chapter=CHAPTER,
-    hint="The baseline of sample j is the mean of the other G - 1: (rewards.sum(-1, keepdim=True) - rewards) / (G - 1); "
-    "return rewards minus it.",
+    hint=(
+        "Each sample's baseline is the mean reward of the OTHER samples of its group: you can get it "
+        "from the row's total, without a loop.",
+        "baseline[i, j] = (sum over k of r[i, k] - r[i, j]) / (G - 1); A = r - baseline (equivalently "
+        "G/(G - 1) times the reward minus the row mean). No division by a standard deviation.",
+        "```python\nsize = rewards.shape[-1]\nothers = (rewards.sum(dim=-1, keepdim=True) - rewards) / "
+        "(size - 1)\nreturn rewards - others\n```",
+    ),
 )
 def check_rloo_advantages(candidate) -> str:
     try:
@@ -470,8 +518,15 @@ def _gspo_variant(*, kind="geometric", invert=False, use_mask=True, denom="mask"
 @checker(
     "gspo_sequence_ratio",
     chapter=CHAPTER,
-    hint="Zero the masked log-ratios (torch.where(mask, logprobs - old_logprobs, 0)), sum them over dim -1, divide by "
-    "mask.sum(-1) (the completion's length), then exp.",
+    hint=(
+        "A geometric mean of the token ratios is an arithmetic mean in log space: average the log-ratios "
+        "over the completion's own tokens, then exponentiate.",
+        "s[b] = exp( sum over t of m[b, t] (logprobs - old_logprobs)[b, t] / sum over t of m[b, t] ). "
+        "Zero the masked log-ratios with a select (`torch.where`), so that whatever a masked position "
+        "holds counts for nothing, and divide by the row's own token count (not g).",
+        "```python\nlog_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))\n"
+        "return torch.exp(log_ratio.sum(dim=-1) / mask.sum(dim=-1))\n```",
+    ),
 )
 def check_gspo_sequence_ratio(candidate) -> str:
     return compare_to_reference(candidate, dpo.gspo_sequence_ratio, _gspo_cases(), mistakes=[

@@ -181,11 +181,17 @@ EXTRACT_MISTAKES = [
 @checker(
     "extract_answer",
     chapter=CHAPTER,
-    hint="Split on newlines and look at every line; keep the last line that is exactly 'Answer:', optional spaces, "
-    "an optional minus sign, digits and optional trailing spaces, with nothing else (a regular expression matched "
-    "against the whole line states it best). Return the number as an int, or None. Common slips: taking the "
-    "first answer line, letting 'Answer: 25 apples' count, losing the minus sign, and int() accepting '+7' or "
-    "'1_000'.",
+    hint=(
+        "Look at each line on its own and remember the last one that is an answer line: everything "
+        "hinges on stating exactly what an answer line is (Python's `re` module can match a pattern "
+        "against a WHOLE string).",
+        "A line counts when, as a whole, it is 'Answer:', any number of plain spaces, an optional '-', "
+        "one or more ASCII digits, any number of trailing spaces, and nothing else (`re.fullmatch` with "
+        "a capturing group for the number; `int()` alone would also accept '+7', ' 7' and '1_000'). Keep "
+        "the number of the LAST such line as an int; None when no line counts.",
+        "```python\nanswer = None\nfor line in completion.split(\"\\n\"):\n    match = re.fullmatch(r\"Answer: "
+        "*(-?[0-9]+) *\", line)\n    if match:\n        answer = int(match.group(1))\nreturn answer\n```",
+    ),
 )
 def check_extract_answer(candidate) -> str:
     cases = [Case(f"{label}: {text!r}", (text,)) for label, text in _ANSWER_TEXTS]
@@ -220,10 +226,14 @@ def _reward_variant(*, parse=reasoning.extract_answer, wrong=0.0, none_as=None, 
 @checker(
     "verifiable_reward",
     chapter=CHAPTER,
-    hint="Parse each completion with extract_answer and compare the result with its true answer: 1.0 when they are "
-    "equal, 0.0 otherwise, a missing answer (None) included, whatever the true answer is (0 too). Return one "
-    "float32 tensor of shape [len(completions)]. If extract_answer does not pass its own check yet, fix it first: "
-    "this function uses it.",
+    hint=(
+        "Reuse your `extract_answer`: one comparison per completion, collected into a tensor.",
+        "r_i = 1.0 when the answer parsed from completion i equals answers[i], else 0.0 (a missing "
+        "answer, None, never equals, even a true answer of 0). A float32 tensor of shape "
+        "[len(completions)], on the CPU. If extract_answer does not pass its own check yet, fix it first.",
+        "```python\nrewards = [1.0 if extract_answer(text) == answer else 0.0 for text, answer in "
+        "zip(completions, answers)]\nreturn torch.tensor(rewards, dtype=torch.float32)\n```",
+    ),
 )
 def check_verifiable_reward(candidate) -> str:
     cases = [
@@ -367,10 +377,18 @@ def compare_gradient(candidate, reference, case: Case, wrt: int, *, arg_names: l
 @checker(
     "sft_loss",
     chapter=CHAPTER,
-    hint="Position t - 1 predicts token t: take the log-softmax of every position but the last, pick the log-prob of "
-    "the next token (the tokens without the first), and keep it where the mask without its first column is True. "
-    "The loss is minus the sum of those log-probs divided by their count: one mean over all masked tokens, not a "
-    "mean of per-row means (a prompt-only row has no tokens). Keep it differentiable: no .detach() or .item().",
+    hint=(
+        "Next-token cross-entropy on the completion only: shift by one, pick each next token's log-prob, "
+        "keep the masked ones, and take ONE mean over every kept token of the batch.",
+        "Position t - 1 predicts token t: log-softmax every position but the last, gather the log-prob "
+        "of the next token (the tokens without the first), keep it where the mask without its first "
+        "column is True. The loss is minus their sum divided by their count (clamped to 1, so an empty "
+        "mask gives 0.0): not a mean of per-row means (a prompt-only row has no tokens). Keep it "
+        "differentiable: no .detach(), no .item().",
+        "```python\nlogps = logits[:, :-1].log_softmax(dim=-1)\ntoken_logps = logps.gather(-1, tokens[:, "
+        "1:, None]).squeeze(-1)\nmask = loss_mask[:, 1:]\nreturn -torch.where(mask, token_logps, "
+        "0.0).sum() / mask.sum().clamp(min=1)\n```",
+    ),
 )
 def check_sft_loss(candidate) -> str:
     arg_names = ["logits", "tokens", "loss_mask"]
@@ -436,10 +454,16 @@ def _pass_no_overflow(candidate):
 @checker(
     "pass_at_k",
     chapter=CHAPTER,
-    hint="pass@k is one minus the chance that k samples drawn without replacement are all wrong, C(n - c, k) / C(n, k). "
-    "That ratio is a product of k fractions, each at most 1, so nothing overflows even at n = 1024 (factorials and "
-    "binomials in floats do). When n - c < k every draw holds a correct sample: 1.0; when n - c == k exactly one "
-    "draw is all wrong, so the value is just below 1. 1 - (1 - c / n) ** k is the biased, with-replacement version.",
+    hint=(
+        "Count the complement: pass@k is one minus the chance that k samples drawn without replacement "
+        "from the n are all wrong. Then find a way to compute that chance that never forms a huge number.",
+        "1 - C(n - c, k) / C(n, k), and the ratio is a product of k fractions, prod over i < k of (n - c "
+        "- i) / (n - i), each at most 1: nothing overflows even at n = 1024 (factorials and binomials in "
+        "floats do: 171! is already inf). When n - c < k every draw holds a correct sample: return 1.0. "
+        "1 - (1 - c/n)^k is the biased, with-replacement version.",
+        "```python\nif n - c < k:\n    return 1.0\nall_wrong = 1.0\nfor i in range(k):\n    all_wrong *= (n - "
+        "c - i) / (n - i)\nreturn 1.0 - all_wrong\n```",
+    ),
 )
 def check_pass_at_k(candidate) -> str:
     cases = [Case(label, (n, c, k)) for label, n, c, k in _PASS_CASES]
@@ -513,10 +537,18 @@ def _select_diagnose(case: Case, got, expected) -> str | None:
 @checker(
     "select_correct",
     chapter=CHAPTER,
-    hint="Mark the samples whose reward is 1.0; with a cap, keep in each prompt's row only those whose running count "
-    "of correct samples (counted along the row) is at most max_per_prompt; then return the positions of the kept "
-    "samples in the flattened [p * G] order. Slips: a cap over the whole batch instead of per prompt, keeping the "
-    "last correct samples instead of the first, returning column indices j instead of i * G + j.",
+    hint=(
+        "Mark the correct samples, cap the marks per prompt (per row), then turn the marks into "
+        "positions in the flattened [p * G] order.",
+        "A running count of correct samples along each row ranks them (1 at a row's first correct "
+        "sample, 2 at its second...); keep those ranked at most max_per_prompt (all when None). The "
+        "result is the flat index i * G + j of every kept mark, increasing: the positions of the nonzero "
+        "entries of the flattened mask, int64 on the rewards' device. Slips: a cap over the whole batch, "
+        "keeping the last instead of the first, returning j instead of i * G + j.",
+        "```python\ncorrect = rewards == 1.0\nif max_per_prompt is not None:\n    rank = "
+        "correct.long().cumsum(dim=-1)\n    correct = correct & (rank <= max_per_prompt)\nreturn "
+        "correct.flatten().nonzero().squeeze(-1)\n```",
+    ),
 )
 def check_select_correct(candidate) -> str:
     return compare_to_reference(candidate, reasoning.select_correct, _select_cases(), arg_names=["rewards"],
@@ -547,8 +579,13 @@ def _bon_diagnose(case: Case, got, expected) -> str | None:
 @checker(
     "best_of_n_kl",
     chapter=CHAPTER,
-    hint="The KL of best-of-n from the reference is log(n) minus (n - 1) / n, in nats (natural log). It is 0 at "
-    "n = 1 and stays below log(n), the bound often quoted. Return a Python float.",
+    hint=(
+        "Nothing to sample or fit: the KL of best-of-n from the reference has a closed form in n alone "
+        "(Beirami et al. 2024), for a continuous reward.",
+        "KL = ln n - 1 + 1/n nats (the natural logarithm): 0 at n = 1, below ln n for every n. Return a "
+        "Python float.",
+        "```python\nreturn math.log(n) - (n - 1) / n\n```",
+    ),
 )
 def check_best_of_n_kl(candidate) -> str:
     cases = [Case(f"n = {n}", (n,)) for n in (1, 2, 3, 16, 1024)]

@@ -10,7 +10,11 @@ JSON summary on the last line:
 - ``best_single_layer_patch``: the attention or MLP output whose patch restores most of the shift;
 - ``final_resid_patch_restored``: the sanity check (patching the last residual restores all of it);
 - ``attribution_closure_error``: |sum of component attributions - total| (bookkeeping);
+- ``value_final``: the tuned model's value head on each model's final residual at the last prompt token
+  (averaged over the prompts), and ``tuned_reward_prompt0``: the tuned samples' mean P(NEGATIVE);
 - ``top_activation_difference_tokens``, ``steering_reward``: the activation-difference lens;
+  ``activation_difference_sentiment``: where the negative and positive words rank under it, against 1000
+  random directions (``interp.word_rank_baseline``) and for each unrelated text alone;
 - ``fraction_changed_fp32`` / ``fraction_changed_bf16``: how sparse the update is, and in which precision.
 
 Everything is seeded (``--seed``); with one torch thread the same seed gives the same summary.
@@ -32,6 +36,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import interp
+from rlhf_tutorial.devices import device_of, rng_devices
 from rlhf_tutorial.interp import (
     closure_error,
     lens_records,
@@ -40,7 +45,7 @@ from rlhf_tutorial.interp import (
     steered_samples,
 )
 from rlhf_tutorial.rewards import sentiment_reward_fn
-from rlhf_tutorial.rlhf import TransformerWithValueHead
+from rlhf_tutorial.rlhf import TransformerWithValueHead, get_samples
 from rlhf_tutorial.trainers.checkpoint import load_tuned_policy, save_tuned_policy
 
 
@@ -129,14 +134,16 @@ def analyse(base: HookedTransformer, tuned: TransformerWithValueHead, world: str
     n_layers = base.cfg.n_layers
 
     # behaviour: the metric on every prompt, and the logit lens at the last token averaged over prompts
-    lens_last = {}
+    lens_last, value_last = {}, {}
     for name, model in [("base", base), ("tuned", tm)]:
-        rows = []
+        rows, values = [], []
         for tokens in tokens_list:
             _, cache = model.run_with_cache(tokens)
             stack, labels = cache.accumulated_resid(return_labels=True, pos_slice=-1)  # [layer+1, 1, d]
             rows.append(interp.logit_lens_score(stack[:, 0], direction))
+            values.append(interp.value_lens(stack[:, 0], tuned.value_head))  # the TUNED model's head reads both
         lens_last[name] = torch.stack(rows).mean(0)  # [layer+1]
+        value_last[name] = torch.stack(values).mean(0)  # [layer+1]
     half = interp.first_layer_reaching(lens_last["tuned"].tolist(), 0.5)
 
     attr = {name: mean_attributions(model, tokens_list, direction) for name, model in [("base", base), ("tuned", tm)]}
@@ -165,11 +172,19 @@ def analyse(base: HookedTransformer, tuned: TransformerWithValueHead, world: str
     token_scores = delta @ base.W_U
     top = [(base.to_string(int(i)), round(float(token_scores[i]), 4)) for i in token_scores.topk(10).indices]
     bottom = [(base.to_string(int(i)), round(float(token_scores[i]), 4)) for i in (-token_scores).topk(10).indices]
-    ranks = token_scores.argsort(descending=True).argsort().float() / len(token_scores)  # 0 = top
+    baseline = interp.word_rank_baseline(delta, base.W_U, setup["pos_ids"], setup["neg_ids"], seed=seed)
+    per_text = []  # the same gap from each unrelated text alone: is the average's sign the texts' common one?
+    for i in range(len(texts)):
+        ranks = interp.vocab_ranks(interp.activation_difference(resid["base"][i:i + 1], resid["tuned"][i:i + 1], 5), base.W_U)
+        per_text.append(float(ranks[setup["pos_ids"]].mean() - ranks[setup["neg_ids"]].mean()))
     delta_sentiment = {"cosine_with_direction": round(float(torch.cosine_similarity(delta, direction, dim=0)), 4),
-                       "negative_words_mean_rank": round(float(ranks[setup["neg_ids"]].mean()), 4),
-                       "positive_words_mean_rank": round(float(ranks[setup["pos_ids"]].mean()), 4)}
+                       **{k: round(v, 4) for k, v in baseline.items()},
+                       "gap_per_text": [round(g, 4) for g in per_text],
+                       "gap_per_text_min": round(min(per_text), 4), "gap_per_text_max": round(max(per_text), 4)}
     reward_fn = sentiment_reward_fn(world, "neg")
+    with torch.random.fork_rng(devices=rng_devices(device_of(tm))):
+        torch.manual_seed(seed + 1)
+        tuned_reward = float(reward_fn(get_samples(tm, interp.PROMPTS[0], n_samples, gen_len)[1]).mean())
     steer = {c: steered_samples(base, delta, lens_layer, c, reward_fn, n_samples, gen_len, seed + 1) for c in (0.0, steer_coef)}
 
     base_params = dict(base.named_parameters())
@@ -186,7 +201,7 @@ def analyse(base: HookedTransformer, tuned: TransformerWithValueHead, world: str
     records = lens_records(base, tuned, direction, [interp.PROMPTS[0] + " " + w for w in ("bad.", "good.")]
                            + [t for t, _ in steer[0.0][:2]])
     return {
-        "setup": setup, "labels": labels, "lens_last": lens_last, "half_layer": half, "attr": attr,
+        "setup": setup, "labels": labels, "lens_last": lens_last, "value_last": value_last, "tuned_reward": tuned_reward, "half_layer": half, "attr": attr,
         "top_heads": top_heads, "sweep": sweep, "best_patch": best_patch, "delta": delta, "top": top,
         "bottom": bottom, "delta_sentiment": delta_sentiment, "steer": steer, "steer_coef": steer_coef, "lens_layer": lens_layer,
         "changes": changes, "zero_in_base": zero_in_base, "fraction": fraction, "records": records,
@@ -207,6 +222,8 @@ def summarise(found: dict, world: str, seed: int) -> dict[str, Any]:
         "logit_diff_tuned": round(float(sweep["tuned"].mean()), 4),
         "logit_lens_tuned": [round(v, 4) for v in lens["tuned"].tolist()],
         "logit_lens_half_layer": found["labels"][found["half_layer"]],
+        "value_final": {name: round(float(v[-1]), 4) for name, v in found["value_last"].items()},
+        "tuned_reward_prompt0": round(found["tuned_reward"], 4),
         "top_heads_by_change": found["top_heads"],
         "attribution_closure_error": round(max(closure_error(a) for a in found["attr"].values()), 7),
         "best_single_layer_patch": found["best_patch"],

@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from rlhf_tutorial.display import HTMLText, widgets_available
-from rlhf_tutorial.widgets.live import Explorer
+from rlhf_tutorial.widgets.live import Explorer, with_text
 from rlhf_tutorial.widgets.rlhf import _samples_html, _samples_text
 
 LENSES = {"logit": "logit lens: ln_pre(resid) @ direction", "value": "value lens: value_head(ln_pre(resid))"}
@@ -97,20 +97,41 @@ def lens_explorer(records: Sequence[dict[str, Any]], static: bool | None = None)
     shows the last view from its saved widget state). Static: both lens figures (with their own sample
     dropdowns)."""
     if _static(static):
-        return StaticFigures([lens_figure(records, "logit"), lens_figure(records, "value")])
+        return StaticFigures([lens_figure(records, "logit"), lens_figure(records, "value")],
+                             "\n\n".join(lens_text([r], lens) for r in records for lens in LENSES))
     import ipywidgets as widgets
 
     pick = widgets.Dropdown(options=[(f"{i}: {r['text'][:60]}", i) for i, r in enumerate(records)], value=0,
                             description="sample", layout=widgets.Layout(width="70%"))
     lens = widgets.ToggleButtons(options=[("logit lens", "logit"), ("value lens", "value")], value="logit")
-    return Explorer([pick, lens], lambda: lens_figure([records[pick.value]], lens.value))
+    return Explorer([pick, lens], lambda: lens_figure([records[pick.value]], lens.value),
+                    text=lambda: "\n\n".join(lens_text(records, name) for name in LENSES))
+
+
+def lens_text(records: Sequence[dict[str, Any]], lens: str = "logit") -> str:
+    """The numbers of :func:`lens_figure` as plain text: per sample, one row per layer and one column per
+    token, for base, tuned and tuned - base."""
+    blocks = []
+    for record in records:
+        tokens = [repr(t)[1:-1][:8] for t in record["tokens"]]
+        width = max(8, *(len(t) for t in tokens))
+        head = f"{'':>12} " + " ".join(f"{t:>{width}}" for t in tokens)
+        lines = [f"{LENSES[lens]} -- {record['text']!r}"]
+        base, tuned = record[f"{lens}_base"], record[f"{lens}_tuned"]
+        diff = [[t - b for b, t in zip(rb, rt)] for rb, rt in zip(base, tuned)]
+        for name, rows in (("base", base), ("tuned", tuned), ("tuned - base", diff)):
+            lines += [f"  {name}", head]
+            lines += [f"{layer:>12} " + " ".join(f"{v:>{width}.3f}" for v in row) for layer, row in zip(record["layers"], rows)]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 class StaticFigures:
     """Several plotly figures shown one after the other (in a notebook: each with plotly.js)."""
 
-    def __init__(self, figures: Sequence[go.Figure]):
+    def __init__(self, figures: Sequence[go.Figure], text: str | None = None):
         self.figures = list(figures)
+        self.text = text
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -119,7 +140,7 @@ class StaticFigures:
             display(fig)
 
     def __repr__(self) -> str:
-        return f"StaticFigures({len(self.figures)} figures)"
+        return self.text if self.text is not None else f"StaticFigures({len(self.figures)} figures)"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -258,4 +279,4 @@ def steering_explorer(top, bottom, sample: Callable[[float], list[tuple[str, flo
     out = widgets.HTML(view.html)
     slider.observe(lambda change: setattr(out, "value", steering_view(top, bottom, before, sample(change["new"]),
                                                                        change["new"]).html), names="value")
-    return widgets.VBox([slider, out])
+    return with_text(widgets.VBox([slider, out]), view.plain)  # the numbers where no widget can be drawn

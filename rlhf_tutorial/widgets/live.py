@@ -118,6 +118,8 @@ class Explorer:
         controls: the widgets (sliders, dropdowns, text boxes); every one with a ``value`` redraws.
         render: returns what the views show: one object or a tuple (plotly figures, ``html_output``...).
         static: what to show where widgets cannot (a terminal, nbval); default: ``render()``.
+        text: the current view's numbers as plain text, for a kernel whose frontend cannot draw widgets
+            (it shows a bundle's ``text/plain``, which would otherwise be the widget's repr: ``VBox(...)``).
 
     Shown by IPython (return it from a cell, or ``display`` it) as one box of plain ipywidgets: the
     controls, then one ``Output`` widget per view. The box's state is saved with the notebook when
@@ -125,10 +127,11 @@ class Explorer:
     view, without a kernel. ``redraw()`` redraws (for buttons).
     """
 
-    def __init__(self, controls, render, static=None) -> None:
+    def __init__(self, controls, render, static=None, text=None) -> None:
         self.controls = list(controls)
         self.render = render
         self.static = static
+        self.text = text
         self.views: list = []
 
     def _objects(self) -> tuple:
@@ -158,7 +161,27 @@ class Explorer:
             for obj in (self.static() if self.static is not None else self._objects()):
                 _display(obj)
             return
-        _display(self.widget())
+        _display(with_text(self.widget(), self.text() if self.text is not None else None))
+
+
+def with_text(widget, text: str | None):
+    """A widget whose plain-text form is ``text`` (numbers a frontend without widgets shows instead of
+    the widget's repr), or the widget itself when ``text`` is None."""
+    return widget if text is None else _WidgetWithText(widget, text)
+
+
+class _WidgetWithText:
+    def __init__(self, widget, text: str) -> None:
+        self.widget, self.text = widget, text
+
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": self.text}
+
+    def __getattr__(self, name: str):  # the widget's own attributes (children, value, ...)
+        return getattr(self.widget, name)
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 ROW_GAP_PX = 75  # between two rows of subplots: tick labels, the x title, the next subplot title

@@ -183,7 +183,7 @@ dpo_hinge_turned = _dpo_with(hinge=lambda h, beta: torch.relu(beta * h - 1))
         (dpo_hinge_turned, "The hinge is turned around"),
         (dpo_unstable, "logsigmoid"),  # only the |beta * h| in the hundreds case exposes it
         (dpo_no_reference, "reference log-probs are missing"),
-        (dpo_ipo_wrong_target, "1 / (2 * beta)"),
+        (dpo_ipo_wrong_target, "1 / (2 beta)"),
         (dpo_smoothing_swapped, "label_smoothing weighs the wrong term"),
         (dpo_falls_back_to_sigmoid, "did not raise ValueError"),
     ],

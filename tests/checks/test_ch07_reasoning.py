@@ -486,14 +486,21 @@ def test_best_of_n_kl_written_differently():
 # ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", EXERCISES)
 def test_hint_names_the_mistakes_without_the_code(name, capsys):
+    """The first two rungs of the ladder (a nudge, the approach) give no line of the solution; the third
+    is the code itself."""
     from rlhf_tutorial.checks import hint
     from rlhf_tutorial.notebooks import BEGIN, END
 
-    hint(name)
-    shown = capsys.readouterr().out
-    assert shown.startswith(f"[HINT] {name}: ") and len(shown) > 120, shown
     source = inspect.getsource(getattr(reasoning, name))
     region = source[source.index(BEGIN) + len(BEGIN):source.index(END)]
     code = [line.split("#")[0].strip() for line in region.splitlines()]
-    for line in (c for c in code if len(c) > 12):
-        assert line not in shown, f"the hint of {name} gives away the line {line!r}"
+    code = [c for c in code if len(c) > 12]
+    for rung in (1, 2):
+        hint(name, rung)
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"[HINT {rung}/3] {name}: ") and len(shown) > 80, shown
+        for line in code:
+            assert line not in shown, f"rung {rung} of the hint of {name} gives away the line {line!r}"
+    hint(name, 3)
+    shown = capsys.readouterr().out
+    assert all(line in shown for line in code), shown
