@@ -88,7 +88,8 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
 
     args = RLHFArgs(batch_size=config["batch_size"], gen_len=config["gen_len"], num_minibatches=config["num_minibatches"],
                          update_epochs=1, num_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
-                         advantage_estimator="one_step", early_stopping=False)
+                         advantage_estimator="one_step", early_stopping=False,
+                         fast=False)  # the phase as the notebook runs it (the learner's get_samples and value head)
     trainer = RLHFTrainer(args, policy, ref, reward_fn)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

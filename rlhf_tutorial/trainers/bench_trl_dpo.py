@@ -46,7 +46,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import einops
 import torch
 from transformer_lens import HookedTransformer
 
@@ -54,6 +53,7 @@ from rlhf_tutorial import dpo as dpo_fns
 from rlhf_tutorial.speed import REWARD_TARGET
 from rlhf_tutorial.trainers import dpo
 from rlhf_tutorial.trainers.bench_trl import _loadavg, _median, _peak, _ratio, common_flags, per_process
+from rlhf_tutorial.trainers.export import freeze_layernorms, tl_from_hf
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
 
 #: Where TRL's DPOTrainer differs from ours with the settings mapped as closely as it allows.
@@ -146,47 +146,6 @@ def token_mismatches(pairs: list[tuple], trainer) -> int:
             theirs.append((batch["input_ids"][row, :n].tolist(), batch["completion_mask"][row, :n].tolist()))
         bad += theirs != [our_ids(pair[0], pair[1]), our_ids(pair[2], pair[3])]
     return bad
-
-
-def tl_from_hf(model, template: HookedTransformer) -> HookedTransformer:
-    """The inverse of ``export.hf_state_dict``: a copy of ``template`` holding ``model``'s weights (a
-    ``GPT2WithUnembedBias`` whose LayerNorms are still the identity). Exact: only reshapes."""
-    cfg = template.cfg
-    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    for k, v in sd.items():
-        if ".ln_" in k:
-            want = torch.ones_like(v) if k.endswith("weight") else torch.zeros_like(v)
-            if not torch.equal(v, want):
-                raise ValueError(f"{k} is not the identity: the LayerNorm was trained (our policy has none)")
-    out = {"embed.W_E": sd["transformer.wte.weight"], "pos_embed.W_pos": sd["transformer.wpe.weight"],
-           "unembed.W_U": sd["lm_head.weight"].T, "unembed.b_U": sd["lm_head.bias"]}
-    for i in range(cfg.n_layers):
-        p, b = f"transformer.h.{i}", f"blocks.{i}"
-        ws = sd[f"{p}.attn.c_attn.weight"].chunk(3, dim=1)
-        bs = sd[f"{p}.attn.c_attn.bias"].chunk(3)
-        for name, w, bias in zip("QKV", ws, bs):
-            out[f"{b}.attn.W_{name}"] = einops.rearrange(w, "m (n h) -> n m h", n=cfg.n_heads)
-            out[f"{b}.attn.b_{name}"] = einops.rearrange(bias, "(n h) -> n h", n=cfg.n_heads)
-        out[f"{b}.attn.W_O"] = einops.rearrange(sd[f"{p}.attn.c_proj.weight"], "(n h) m -> n h m", n=cfg.n_heads)
-        out[f"{b}.attn.b_O"] = sd[f"{p}.attn.c_proj.bias"]
-        out.update({f"{b}.mlp.W_in": sd[f"{p}.mlp.c_fc.weight"], f"{b}.mlp.b_in": sd[f"{p}.mlp.c_fc.bias"],
-                    f"{b}.mlp.W_out": sd[f"{p}.mlp.c_proj.weight"], f"{b}.mlp.b_out": sd[f"{p}.mlp.c_proj.bias"]})
-    policy = copy.deepcopy(template)
-    missing, unexpected = policy.load_state_dict(out, strict=False)
-    missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
-    if missing or unexpected:
-        raise RuntimeError(f"HF -> TransformerLens mapping incomplete: missing {missing}, unexpected {unexpected}")
-    return policy.eval()
-
-
-def freeze_layernorms(model) -> int:
-    """Freeze the export's LayerNorm parameters (ours has none to train); returns how many tensors."""
-    frozen = 0
-    for name, param in model.named_parameters():
-        if ".ln_" in name or name.startswith("transformer.ln_f"):
-            param.requires_grad_(False)
-            frozen += 1
-    return frozen
 
 
 # ----------------------------------------------------------------------------------------------------

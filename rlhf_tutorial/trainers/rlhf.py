@@ -112,10 +112,11 @@ class RLHFArgs:
     eval_samples: int = arg(128, "samples drawn before and after training to measure the reward")
     n_logged_samples: int = arg(6, "samples kept per phase for the tables")
     # harness speed (what a learner's functions compute is unchanged)
-    fast: bool = arg(False, "harness speed-ups (speed.py) where the reference pieces run: our own KV-cache sampler in "
+    fast: bool = arg(True, "harness speed-ups (speed.py) where the reference pieces run: our own KV-cache sampler in "
                      "place of the reference get_samples and a hook-free forward for the reference "
-                     "TransformerWithValueHead (the same distribution, the same numbers to float rounding). Off by "
-                     "default: the shipped tuned checkpoint and chapters 03-06's figures were measured without it")
+                     "TransformerWithValueHead (the same distribution, the same numbers to float rounding; the sampler "
+                     "draws its tokens by another method, so a run's samples differ from --no-fast's). A learner's own "
+                     "get_samples or TransformerWithValueHead always runs as written (--no-fast reproduces such a run)")
 
     @property
     def minibatch_size(self) -> int:
