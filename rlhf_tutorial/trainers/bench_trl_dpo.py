@@ -52,7 +52,18 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import dpo as dpo_fns
 from rlhf_tutorial.speed import REWARD_TARGET
 from rlhf_tutorial.trainers import dpo
-from rlhf_tutorial.trainers.bench_trl import _loadavg, _median, _peak, _ratio, common_flags, per_process
+from rlhf_tutorial.trainers.bench_trl import (
+    GPT2_SIZES,
+    _loadavg,
+    _median,
+    _peak,
+    _ratio,
+    common_flags,
+    per_process,
+    policy_shape,
+    race_policy,
+    resolve_common,
+)
 from rlhf_tutorial.trainers.export import freeze_layernorms, tl_from_hf
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
 
@@ -319,13 +330,13 @@ def main(argv: list[str]) -> dict:
     common_flags(p)
     p.add_argument("--rounds", type=int, default=None, help="passes over the pairs (default: the tiny preset's, 5)")
     p.add_argument("--num-pairs", type=int, default=None, help="groups sampled for pairs (default: the preset's, 384)")
-    ns = p.parse_args(argv)
+    ns = resolve_common(p.parse_args(argv))
     try:
         import trl
     except ImportError:
         return {"error": "TRL is not installed: pip install 'rlhf-tutorial[trl]' (or make test, which installs it)"}
     torch.set_num_threads(ns.threads)
-    overrides: dict[str, Any] = dict(SMOKE) if ns.smoke else {}
+    overrides: dict[str, Any] = dict(SMOKE) if ns.smoke else dict(GPT2_SIZES["dpo"]) if ns.size == "gpt2" else {}
     if ns.rounds is not None:
         overrides["rounds"] = ns.rounds
     if ns.num_pairs is not None:
@@ -334,13 +345,12 @@ def main(argv: list[str]) -> dict:
 
     from rlhf_tutorial.rewards import sentiment_reward_fn
     from rlhf_tutorial.trainers.export import export_hf
-    from rlhf_tutorial.worlds import load_policy
 
-    reward_fn = sentiment_reward_fn("tiny", args.direction)
-    base = load_policy("tiny", device="cpu").eval()
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     pair_counts, dropped = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
+        base, reward_fn = base.eval(), reward_fn or sentiment_reward_fn("tiny", args.direction)
         folder = export_hf(base, Path(tmp) / "policy")
         for seed in ns.seeds:
             pairs, stats = draw_pairs(args, base, reward_fn, seed)
@@ -372,6 +382,8 @@ def main(argv: list[str]) -> dict:
         "algo": "dpo",
         "trl_version": trl.__version__,
         "torch_threads": ns.threads,
+        "size": ns.size,
+        "policy": policy_shape(base),
         "seeds": ns.seeds,
         "smoke": ns.smoke,
         "reward_target": REWARD_TARGET,
