@@ -818,7 +818,9 @@ for name, stats in [("base", before), ("tuned", after)]:
 samples_table(after["texts"][:8], torch.tensor(after["rewards"][:8]), title="tuned policy samples")
 
 # %% [markdown]
-# With `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0` (the same run) we
+# With `python -m rlhf_tutorial train-rlhf --world tiny --direction neg --seed 0 --no-fast` (the same run: your
+# `get_samples` and value head run as you wrote them, which `--no-fast` asks of the reference ones too; without
+# it the command samples with a faster sampler of the harness that draws other tokens, and lands nearby) we
 # measured on the reference machine, on 128 samples: reward {{rlhf_neg.mean_reward_initial:.2f}} ->
 # {{rlhf_neg.mean_reward_final:.2f}}, KL {{rlhf_neg.kl_final:.2f}} per token, 3-gram repetition
 # {{rlhf_neg.repetition_initial:.3f}} -> {{rlhf_neg.repetition_final:.3f}}, word repetition
@@ -899,8 +901,8 @@ for name, result in hack_results.items():
 
 # %% [markdown]
 # Read the numbers with the samples. The same runs from the command line (`train-rlhf --world tiny
-# --seed 0 --batch-size 32 --num-phases 40 --learning-rate 1e-3 --head-lr 3e-3 --no-early-stopping` plus
-# `--kl-coef 0.001`, then `--kl-coef 0.001 --repetition-coef 1.0`, then `--kl-coef 0.1 --repetition-coef 1.0
+# --seed 0 --batch-size 32 --num-phases 40 --learning-rate 1e-3 --head-lr 3e-3 --no-early-stopping --no-fast`
+# plus `--kl-coef 0.001`, then `--kl-coef 0.001 --repetition-coef 1.0`, then `--kl-coef 0.1 --repetition-coef 1.0
 # --adaptive-kl --kl-target 0.25 --kl-horizon 128`) gave, on 128 samples on the reference machine (this
 # notebook, with one thread, prints the same numbers above; the cell checks that they agree):
 #
@@ -987,10 +989,10 @@ overoptimization_figure(over)
 # The proxy rises in both runs, well past where it started. What the gold reward does depends on the seed.
 # With seed 0 the policy settles on one review that the proxy and the classifier both like, and gold
 # ends at {{overopt.gold_final_smoothed:.2f}}: no hump, but every sample is now nearly the same text
-# ("{{overopt.samples_final.0}}"). With seed 1 gold rises a little at first
-# ({{overopt_s1.gold_smoothed_per_phase.10:.2f}} at phase 10), then falls below where it started
-# ({{overopt_s1.gold_smoothed_per_phase.35:.2f}} at phase 35) while the proxy keeps climbing, and ends at
-# {{overopt_s1.gold_final_smoothed:.2f}} on samples like "{{overopt_s1.samples_final.0}}". The reward model
+# ("{{overopt.samples_final.0}}"). With seed 1 gold never gains: from {{overopt_s1.gold_initial:.2f}} it drifts
+# down ({{overopt_s1.gold_smoothed_per_phase.10:.2f}} at phase 10, {{overopt_s1.gold_smoothed_per_phase.23:.2f}} at phase 23)
+# while the proxy climbs from {{overopt_s1.proxy_initial:.2f}} to {{overopt_s1.proxy_smoothed_per_phase.23:.2f}}, and ends at
+# {{overopt_s1.gold_final_smoothed:.2f}}, below where it started, on samples like "{{overopt_s1.samples_final.0}}". The reward model
 # learned features that go with preferred reviews in its 1,000 pairs; it never saw text like this, so
 # nothing told it that such text is not a good review. Early stopping on the proxy would not catch it (the
 # proxy never turns); a held-out gold check would. One small run is one draw of a noisy process: Gao et

@@ -482,7 +482,8 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 #   GRPO is known for appears where the critic is a separate model as large as the policy (the usual
 #   set-up for large language models): GRPO never holds that model, its gradients or its optimizer
 #   state. Here the value head is a small MLP on the policy's last layer.
-# - **KL.** The full CLI runs (the two commands above, {{rlhf_neg.phases}} PPO phases and {{grpo_neg.phases}} GRPO phases) ended,
+# - **KL.** The full CLI runs (chapter 03's `train-rlhf ... --no-fast`, {{rlhf_neg.phases}} PPO phases, and the GRPO command
+#   above, {{grpo_neg.phases}} phases) ended,
 #   on the reference machine, at reward {{rlhf_neg.mean_reward_final:.2f}} with KL {{rlhf_neg.kl_final:.2f}} per token (PPO) and reward
 #   {{grpo_neg.mean_reward_final:.2f}} with KL {{grpo_neg.kl_final:.2f}} per token (GRPO): GRPO pays more KL for the same reward. The two
 #   KL numbers are measured the same way (k3 per generated token, 128 fresh samples at temperature 1,

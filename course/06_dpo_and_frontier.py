@@ -486,8 +486,8 @@ for method, reward in sorted(rewards.items(), key=lambda kv: -kv[1]):
     print(f"{method:>5}: reward {reward:.3f} ({frontier['methods'][method]['train_seconds']:.0f} s of training for its points)")
 
 # %% [markdown]
-# On the reference machine this cell puts every RL method above DPO and IPO at equal KL (GRPO + RLOO adv., GRPO
-# and PPO first), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
+# On the reference machine this cell puts every RL method above DPO and IPO at equal KL (GRPO + RLOO adv. and GRPO
+# first, then GSPO and PPO, all but tied), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
 # standard error of about {{frontier_short.base.reward_se:.2f}}, so neighbours in the ranking may swap places on another machine.
 
 # %%

@@ -49,7 +49,9 @@ class Run:
 
 #: Every run the prose quotes, by name. Keep the names short: they appear in the course's markdown.
 RUNS: dict[str, Run] = {
-    "rlhf_neg": Run(("train-rlhf", "--world", "tiny", "--direction", "neg", "--seed", "0")),
+    # chapter 03's notebook runs these with the learner's get_samples and value head, which the trainer then runs
+    # as written (its faster sampler and forward only replace the reference pieces): --no-fast reproduces that run
+    "rlhf_neg": Run(("train-rlhf", "--world", "tiny", "--direction", "neg", "--seed", "0", "--no-fast")),
     "rlhf_adaptive": Run(("train-rlhf", "--world", "tiny", "--direction", "neg", "--seed", "0", "--adaptive-kl")),
     "grpo_neg": Run(("train-grpo", "--world", "tiny", "--direction", "neg", "--seed", "0")),
     # chapter 03: the advantage estimators, 20 phases of 32
@@ -59,7 +61,7 @@ RUNS: dict[str, Run] = {
                      "--advantage-estimator", "gae")),
     # chapter 03: reward hacking, 40 aggressive phases of 32
     **{name: Run(("train-rlhf", "--world", "tiny", "--seed", "0", "--batch-size", "32", "--num-phases", "40",
-                  "--learning-rate", "1e-3", "--head-lr", "3e-3", "--no-early-stopping", *extra))
+                  "--learning-rate", "1e-3", "--head-lr", "3e-3", "--no-early-stopping", "--no-fast", *extra))
        for name, extra in {
            "hack_tiny_beta": ("--kl-coef", "0.001"),
            "hack_tiny_beta_rep": ("--kl-coef", "0.001", "--repetition-coef", "1.0"),

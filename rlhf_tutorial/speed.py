@@ -20,6 +20,8 @@ only where they run the reference code:
   kept token, with the unembedding, softmax and pick as one autograd step whose backward is
   ``(onehot - softmax) / temperature``: the same values and gradients as chapter 03's
   ``get_logprobs`` on the model's own forward, to float rounding (tested).
+- ``sequence_logprobs``: chapter 06's sequence log-probs of masked completions (the DPO trainer's
+  forward), by the same forward and fused unembedding, on the masked positions only.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
@@ -298,6 +300,32 @@ def token_logprobs(
     targets = tokens[:, prefix_len:].reshape(b * g)
     flat = _UnembedTokenLogprobs.apply(resid.reshape(b * g, d), model.W_U, model.b_U, targets, float(temperature))
     return flat.view(b, g)
+
+
+def sequence_logprobs(model: HookedTransformer, tokens: Int[Tensor, "b s"], mask: Bool[Tensor, "b s"]) -> Float[Tensor, "b"]:
+    """Chapter 06's ``sequence_logprobs(model(tokens), tokens, mask)``: each row's completion log-prob,
+
+        out[b] = sum_{t >= 1} mask[b, t] * log_softmax(logits[b, t - 1])[tokens[b, t]]
+
+    With the speed-ups on and a GPT-2-shaped model: the hook-free forward over the columns up to the
+    last masked one, and only the positions that predict a masked token unembedded, with the
+    unembedding, softmax and pick as one autograd step (``_UnembedTokenLogprobs``): the same numbers
+    and gradients to float rounding (tests/test_speed.py)."""
+    if not (_enabled and can_fast_sample(model)):
+        from rlhf_tutorial.dpo import sequence_logprobs as reference
+
+        return reference(model(tokens), tokens, mask)
+    keep = mask[:, 1:]  # [b s-1]: position t-1 predicts token t
+    used = keep.any(0).nonzero()
+    out = torch.zeros(tokens.shape[0], dtype=model.W_U.dtype, device=model.W_U.device)  # [b]
+    if used.numel() == 0:
+        return out + 0.0 * model.W_U.sum()  # no completion token anywhere: zeros, still in the graph
+    width = int(used.max()) + 1  # the columns after the last masked token predict nothing kept
+    keep = keep[:, :width]
+    resid = _residual(model, tokens[:, :width], None)  # [b width d]
+    rows = keep.nonzero()[:, 0]  # [N]: the row of each kept position
+    picked = _UnembedTokenLogprobs.apply(resid[keep], model.W_U, model.b_U, tokens[:, 1 : width + 1][keep], 1.0)
+    return out.index_add(0, rows, picked)
 
 
 def _draw(probs: Float[Tensor, "b v"], generator: torch.Generator | None) -> Int[Tensor, "b"]:

@@ -82,3 +82,22 @@ def test_untied_head_and_safetensors_only(tmp_path):
 def test_cli_reports_a_missing_checkpoint(tmp_path):
     summary = export.main(["--checkpoint", str(tmp_path / "nothing"), "--out", str(tmp_path / "hf")])
     assert "error" in summary and "train-rlhf --save" in summary["error"]
+
+
+def test_tl_from_hf_reads_an_export_back_exactly():
+    """The export in reverse (how TRL's trained weights come back to a HookedTransformer): exact, and a
+    trained LayerNorm (which our policy cannot hold) is refused."""
+    import torch
+
+    from rlhf_tutorial.trainers.export import tl_from_hf, to_hf
+    from rlhf_tutorial.worlds import load_policy
+
+    base = load_policy("tiny", device="cpu")
+    back = tl_from_hf(to_hf(base), base)
+    for name, value in base.state_dict().items():
+        assert torch.equal(back.state_dict()[name], value), name
+    hf = to_hf(base)
+    with torch.no_grad():
+        hf.transformer.ln_f.weight.add_(0.1)
+    with pytest.raises(ValueError, match="identity"):
+        tl_from_hf(hf, base)

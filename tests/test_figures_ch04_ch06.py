@@ -150,10 +150,11 @@ def test_ch06_full_grid_reads_as_the_text_says():
 
 def test_ch06_notebook_grid_puts_every_rl_method_above_dpo_and_ipo():
     """The text after the notebook's last frontier cell: every RL method above DPO and IPO at equal KL,
-    RLOO, GRPO and PPO first."""
+    RLOO and GRPO first, then GSPO and PPO within 0.02 of each other."""
     _, rewards = rewards_at_common_kl(figures.recorded()["frontier_short"]["summary"])
     ranking = sorted(rewards, key=rewards.get, reverse=True)
-    assert set(ranking[:3]) == {"rloo", "grpo", "ppo"} and set(ranking[-2:]) == {"dpo", "ipo"}, rewards
+    assert set(ranking[:2]) == {"rloo", "grpo"} and set(ranking[-2:]) == {"dpo", "ipo"}, rewards
+    assert set(ranking[2:4]) == {"gspo", "ppo"} and abs(rewards["gspo"] - rewards["ppo"]) < 0.02, rewards
 
 
 def test_rewards_at_common_kl_reads_each_curve_at_the_smallest_largest_kl():

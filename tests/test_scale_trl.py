@@ -81,8 +81,7 @@ def assert_processes_trained_the_same_weights(out: Path, n: int) -> dict[str, to
 def assert_loads_back_into_a_hooked_transformer(out: Path, trained: dict[str, torch.Tensor]) -> None:
     from transformer_lens import HookedTransformer
 
-    from rlhf_tutorial.trainers.bench_trl_dpo import tl_from_hf
-    from rlhf_tutorial.trainers.export import load_hf_policy, max_logit_diff
+    from rlhf_tutorial.trainers.export import load_hf_policy, max_logit_diff, tl_from_hf
     from rlhf_tutorial.worlds import PROMPT, load_policy
 
     base = load_policy("tiny", device="cpu")

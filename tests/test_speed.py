@@ -125,6 +125,38 @@ def test_token_logprobs_match_get_logprobs_on_the_model_and_their_gradients(poli
         assert (speed.token_logprobs(policy, tokens, prefix_len, temperature) - fast).abs().max() == 0
 
 
+def test_sequence_logprobs_match_chapter_06_on_the_model_and_their_gradients(policy, prompt):
+    """DPO's forward (speed.sequence_logprobs): ragged masks (a row masked on a few middle tokens only, a row
+    with no masked token, padding after the last masked column) against dpo.sequence_logprobs on
+    TransformerLens's own forward, values and parameter gradients."""
+    from rlhf_tutorial import dpo
+
+    torch.manual_seed(3)
+    tokens = speed.fast_sample(policy, prompt.expand(4, -1), 10, None)[0]  # [4 s]
+    plen, s = prompt.shape[1], tokens.shape[1]
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[0, plen:] = True
+    mask[1, plen + 2 : plen + 5] = True  # a hole at either end
+    mask[3, plen : s - 3] = True  # the last 3 columns predict nothing: the fast forward stops before them
+    weights = torch.tensor([1.0, -2.0, 3.0, 0.5]).to(device_of(policy))
+    results = []
+    for enabled in (True, False):
+        policy.zero_grad()
+        with speed.harness_speedups(enabled):
+            out = speed.sequence_logprobs(policy, tokens, mask)  # [4]
+        (out * weights).sum().backward()
+        results.append((out.detach(), {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}))
+    policy.zero_grad()
+    (fast, fast_grads), (slow, slow_grads) = results
+    with torch.no_grad():
+        expected = dpo.sequence_logprobs(policy(tokens), tokens, mask)
+    assert torch.equal(slow, expected) and (fast - expected).abs().max() < 1e-4
+    assert fast[2] == 0 and (expected[[0, 1, 3]] < -1).all()  # the comparison is of real log-probs
+    assert fast_grads.keys() == slow_grads.keys() and "W_U" in " ".join(fast_grads)
+    for name, grad in slow_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
 def test_hooks_or_other_architectures_fall_back_to_the_model(policy, tmp_path):
     assert speed.can_fast_sample(policy)
     seen = []
@@ -225,9 +257,10 @@ def test_rlhf_fast_forward_matches_the_reference_values_logits_and_gradients(pol
     mine = RLHFTrainer(RLHFArgs.preset("tiny", fast=True), model=copy.deepcopy(policy),
                        ref_model=copy.deepcopy(policy), reward_fn=reward, TransformerWithValueHead=Mine)
     assert "forward" not in vars(mine.model)
-    slow = RLHFTrainer(RLHFArgs.preset("tiny"), model=copy.deepcopy(policy), ref_model=copy.deepcopy(policy),
-                       reward_fn=reward)
-    assert "forward" not in vars(slow.model)  # off by default
+    slow = RLHFTrainer(RLHFArgs.preset("tiny", fast=False), model=copy.deepcopy(policy),
+                       ref_model=copy.deepcopy(policy), reward_fn=reward)
+    assert "forward" not in vars(slow.model)  # --no-fast: the model's own forward
+    assert RLHFArgs.preset("tiny").fast and RLHFArgs.preset("gpt2").fast  # on by default
 
 
 def test_rlhf_fast_sampler_replaces_only_the_reference_get_samples(policy):

@@ -44,18 +44,37 @@ def word_level_tokenizer(vocab_size: int, folder: str):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     special = "<|endoftext|>"
-    vocab = {special: 0}
-    for word in "This movie was really good bad great awful".split():
-        vocab[word] = len(vocab)
+    vocab = {special: 0, "This": 1}
+    # As GPT-2's tokens, a word after the first carries its leading space, so that a completion decodes to
+    # " w5 w8" and the prompt's text plus it tokenizes back to the same ids (the DPO race needs that)
+    for word in "movie was really good bad great awful".split():
+        vocab[f" {word}"] = len(vocab)
     for i in range(vocab_size - len(vocab)):
-        vocab[f"w{i}"] = len(vocab)
+        vocab[f" w{i}"] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=special))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_next")
+    tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=special, eos_token=special, pad_token=special,
                                    unk_token=special)
     fast.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
+
+
+def gpt2_sized_policy(folder: str, device: Any = "cpu", seed: int = 0, **shape: Any):
+    """A randomly initialised ``HookedTransformer`` of GPT-2 small's shape (``GPT2_SHAPE``, entries
+    overridden by ``shape``) with ``word_level_tokenizer`` saved to ``folder``: for time and memory."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    config = {**GPT2_SHAPE, **shape}
+    tokenizer = word_level_tokenizer(config["d_vocab"], folder)
+    return HookedTransformer(HookedTransformerConfig(**config, seed=seed, device=str(device)), tokenizer=tokenizer)
+
+
+def even_word_share(texts: list[str]) -> torch.Tensor:
+    """A cheap stand-in reward for random-weight models: the share of each text's words that are even-numbered
+    vocabulary words (``w0``, ``w2``, ...), in [0, 1]."""
+    return torch.tensor([sum(w[1:].isdigit() and int(w[1:]) % 2 == 0 for w in t.split()) / max(len(t.split()), 1)
+                         for t in texts])
 
 
 def _peak_mb(device: torch.device) -> float:
@@ -68,8 +87,6 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
     """One phase in this process; returns peak memory after set-up and after the phase."""
     import copy
 
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     from rlhf_tutorial import rlhf
     from rlhf_tutorial.devices import course_device
     from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
@@ -77,18 +94,14 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(config["threads"])
     device = course_device()
     with tempfile.TemporaryDirectory() as folder:
-        tokenizer = word_level_tokenizer(config["d_vocab"], folder)
-        cfg = HookedTransformerConfig(**{k: config[k] for k in GPT2_SHAPE}, seed=0, device=str(device))
-        policy = HookedTransformer(cfg, tokenizer=tokenizer)
+        policy = gpt2_sized_policy(folder, device, **{k: config[k] for k in GPT2_SHAPE})
     ref = copy.deepcopy(policy)
-
-    def reward_fn(texts: list[str]) -> torch.Tensor:  # a cheap stand-in: the share of even-numbered words
-        return torch.tensor([sum(w[1:].isdigit() and int(w[1:]) % 2 == 0 for w in t.split()) / max(len(t.split()), 1)
-                             for t in texts])
+    reward_fn = even_word_share  # a cheap stand-in: the share of even-numbered words
 
     args = RLHFArgs(batch_size=config["batch_size"], gen_len=config["gen_len"], num_minibatches=config["num_minibatches"],
                          update_epochs=1, num_phases=1, warmup_steps=0, kl_estimator=config["kl_estimator"],
-                         advantage_estimator="one_step", early_stopping=False)
+                         advantage_estimator="one_step", early_stopping=False,
+                         fast=False)  # the phase as the notebook runs it (the learner's get_samples and value head)
     trainer = RLHFTrainer(args, policy, ref, reward_fn)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -19,6 +19,13 @@ steps of ``p * G / num_minibatches`` completions per pass, ``update_epochs`` pas
 aggregation, advantage scaling, temperature and completion length. What TRL cannot express, or does
 differently (``TRL_DIFFERENCES``), goes into the summary.
 
+``--size gpt2`` runs the same races (``--algo grpo``, ``ppo``, ``dpo``) on a policy of GPT-2 small's shape
+(12 layers, d_model 768, 12 heads, GPT-2's vocabulary of 50,257 tokens: ``bench.gpt2_sized_policy``, random
+weights, a word-level tokenizer) with a stand-in reward (``bench.even_word_share``), the short sizes of
+``GPT2_SIZES``, 2 torch threads and seeds 0 and 1 by default: seconds per phase (per step for DPO) with the
+split, and peak memory, ours against TRL. Random weights change nothing about time and memory; the rewards
+and "time to 0.9" mean nothing there.
+
 TRL is an optional extra (``pip install rlhf-tutorial[trl]``); nothing else in the course needs it.
 """
 
@@ -124,12 +131,15 @@ def _peak():
     return PeakMemory()
 
 
-def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int) -> dict[str, Any]:
-    """Our trainer on the exported policy's TransformerLens original (the same weights)."""
+def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int, base=None) -> dict[str, Any]:
+    """Our trainer on the exported policy's TransformerLens original (the same weights): a copy of ``base``,
+    or the world's policy."""
+    import copy
+
     from rlhf_tutorial.worlds import load_policy
 
     torch.manual_seed(seed)
-    policy = load_policy(args.world, device="cpu")
+    policy = copy.deepcopy(base) if base is not None else load_policy(args.world, device="cpu")
     recorder = RewardRecorder(reward_fn)
     recorder.start()
     with _peak() as memory:
@@ -209,10 +219,60 @@ OTHER_RACES = ("ppo", "dpo")
 
 
 def common_flags(p: argparse.ArgumentParser) -> None:
-    """The flags every race takes (besides its own)."""
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides)")
+    """The flags every race takes (besides its own). With ``--size gpt2`` the seeds default to one and the
+    threads to 2."""
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 3 (tiny), 0 1 (gpt2)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (both sides; default 1 tiny, 2 gpt2)")
     p.add_argument("--smoke", action="store_true", help="a smoke-sized race (a few tiny phases)")
+    p.add_argument("--size", default="tiny", choices=SIZES,
+                   help="'tiny': the tiny world's policy and classifier; 'gpt2': a GPT-2-small-shaped policy (12 "
+                   "layers, d_model 768, 12 heads, 50,257 tokens; random weights, bench.gpt2_sized_policy) with a "
+                   "stand-in reward (bench.even_word_share) and short fixed sizes (GPT2_SIZES): time and memory only")
+
+
+#: The sizes of a race: the tiny world's, and GPT-2 small's shape (``--size gpt2``).
+SIZES = ("tiny", "gpt2")
+
+#: ``--size gpt2``: completions a phase and their length, phases; what each race overrides in its tiny preset.
+#: Small, so that a few phases of each side fit in minutes on 2 CPU threads; the completion length is fixed
+#: in practice (the random policy draws its EOS, one token in 50,257, about once in 3,000 completions).
+GPT2_SIZES = {
+    "grpo": dict(groups_per_phase=2, group_size=8, max_new_tokens=16, num_phases=3, num_minibatches=2),
+    "ppo": dict(batch_size=16, gen_len=16, num_phases=3, num_minibatches=2, early_stopping=False),
+    "dpo": dict(num_pairs=32, group_size=4, max_new_tokens=16, rounds=1, batch_size=8, min_reward_gap=0.0,
+                eval_samples=8, eval_samples_per_round=8),
+}
+
+
+def policy_shape(policy) -> dict[str, int]:
+    """The race policy's shape, for the summary: layers, width, heads, vocabulary, parameters."""
+    cfg = policy.cfg
+    return {"n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_vocab": cfg.d_vocab,
+            "n_params": sum(p.numel() for p in policy.parameters())}
+
+
+def resolve_common(ns: argparse.Namespace) -> argparse.Namespace:
+    """Fill the size-dependent defaults of ``common_flags`` (seeds, threads) in place; returns ``ns``."""
+    gpt2 = ns.size == "gpt2"
+    if ns.seeds is None:
+        ns.seeds = [0, 1] if gpt2 else [0, 1, 2, 3]
+    if ns.threads is None:
+        ns.threads = 2 if gpt2 else 1
+    return ns
+
+
+def race_policy(size: str, folder: Path, smoke: bool = False):
+    """The race's starting policy (CPU) and reward: the tiny world's policy (the classifier is the race's own,
+    None here), or a GPT-2-small-shaped random one (fewer layers when ``smoke``) with ``bench.even_word_share``."""
+    if size == "tiny":
+        from rlhf_tutorial.worlds import load_policy
+
+        return load_policy("tiny", device="cpu"), None
+    from rlhf_tutorial.trainers.bench import even_word_share, gpt2_sized_policy
+
+    small = dict(n_layers=1, d_model=64, n_heads=2, d_head=32, d_mlp=128) if smoke else {}
+    # LayerNorms without weights, as the tiny policy's: TRL's weights then read back exactly (export.tl_from_hf)
+    return gpt2_sized_policy(str(folder), "cpu", normalization_type="LNPre", **small), even_word_share
 
 
 def main(argv: list[str]) -> dict:
@@ -231,13 +291,13 @@ def race_grpo(argv: list[str]) -> dict:
     common_flags(p)
     p.add_argument("--num-phases", type=int, default=None, help="default: the tiny GRPO preset's (40)")
     p.add_argument("--final-window", type=int, default=5, help="final reward: mean of the last this many phases")
-    ns = p.parse_args(argv)
+    ns = resolve_common(p.parse_args(argv))
     try:
         import trl
     except ImportError:
         return {"error": "TRL is not installed: pip install 'rlhf-tutorial[trl]' (or make test, which installs it)"}
     torch.set_num_threads(ns.threads)
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = dict(GPT2_SIZES["grpo"]) if ns.size == "gpt2" else {}
     if ns.smoke:
         overrides = dict(num_phases=2, groups_per_phase=2, group_size=4, max_new_tokens=8, num_minibatches=2)
     if ns.num_phases is not None:
@@ -245,17 +305,17 @@ def race_grpo(argv: list[str]) -> dict:
     args = grpo.GRPOArgs.preset("tiny", **overrides)
 
     from rlhf_tutorial.trainers.export import export_hf
-    from rlhf_tutorial.worlds import load_policy
 
-    reward_fn = grpo.make_reward_fn(args)
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = export_hf(load_policy("tiny", device="cpu"), Path(tmp) / "policy")
+        base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
+        reward_fn = reward_fn or grpo.make_reward_fn(args)
+        folder = export_hf(base, Path(tmp) / "policy")
         runs = alternate(ns.seeds, "bench-trl", {
-            "ours": lambda seed: run_ours(args, folder, seed, reward_fn, ns.final_window),
+            "ours": lambda seed: run_ours(args, folder, seed, reward_fn, ns.final_window, base),
             "trl": lambda seed: run_trl(args, folder, seed, reward_fn, ns.final_window),
         })
-    return race_summary("grpo", trl.__version__, runs, ns, args, TRL_DIFFERENCES)
+    return {**race_summary("grpo", trl.__version__, runs, ns, args, TRL_DIFFERENCES), "policy": policy_shape(base)}
 
 
 def alternate(seeds: list[int], tag: str, sides: dict[str, Callable[[int], dict]]) -> dict[str, list[dict]]:
@@ -285,6 +345,7 @@ def race_summary(algo: str, trl_version: str | None, runs: dict[str, list[dict]]
         "algo": algo,
         "trl_version": trl_version,
         "torch_threads": ns.threads,
+        "size": ns.size,
         "seeds": ns.seeds,
         "smoke": ns.smoke,
         "reward_target": REWARD_TARGET,

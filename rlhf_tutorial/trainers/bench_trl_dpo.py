@@ -46,14 +46,25 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import einops
 import torch
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import dpo as dpo_fns
 from rlhf_tutorial.speed import REWARD_TARGET
 from rlhf_tutorial.trainers import dpo
-from rlhf_tutorial.trainers.bench_trl import _loadavg, _median, _peak, _ratio, common_flags, per_process
+from rlhf_tutorial.trainers.bench_trl import (
+    GPT2_SIZES,
+    _loadavg,
+    _median,
+    _peak,
+    _ratio,
+    common_flags,
+    per_process,
+    policy_shape,
+    race_policy,
+    resolve_common,
+)
+from rlhf_tutorial.trainers.export import freeze_layernorms, tl_from_hf
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
 
 #: Where TRL's DPOTrainer differs from ours with the settings mapped as closely as it allows.
@@ -146,47 +157,6 @@ def token_mismatches(pairs: list[tuple], trainer) -> int:
             theirs.append((batch["input_ids"][row, :n].tolist(), batch["completion_mask"][row, :n].tolist()))
         bad += theirs != [our_ids(pair[0], pair[1]), our_ids(pair[2], pair[3])]
     return bad
-
-
-def tl_from_hf(model, template: HookedTransformer) -> HookedTransformer:
-    """The inverse of ``export.hf_state_dict``: a copy of ``template`` holding ``model``'s weights (a
-    ``GPT2WithUnembedBias`` whose LayerNorms are still the identity). Exact: only reshapes."""
-    cfg = template.cfg
-    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    for k, v in sd.items():
-        if ".ln_" in k:
-            want = torch.ones_like(v) if k.endswith("weight") else torch.zeros_like(v)
-            if not torch.equal(v, want):
-                raise ValueError(f"{k} is not the identity: the LayerNorm was trained (our policy has none)")
-    out = {"embed.W_E": sd["transformer.wte.weight"], "pos_embed.W_pos": sd["transformer.wpe.weight"],
-           "unembed.W_U": sd["lm_head.weight"].T, "unembed.b_U": sd["lm_head.bias"]}
-    for i in range(cfg.n_layers):
-        p, b = f"transformer.h.{i}", f"blocks.{i}"
-        ws = sd[f"{p}.attn.c_attn.weight"].chunk(3, dim=1)
-        bs = sd[f"{p}.attn.c_attn.bias"].chunk(3)
-        for name, w, bias in zip("QKV", ws, bs):
-            out[f"{b}.attn.W_{name}"] = einops.rearrange(w, "m (n h) -> n m h", n=cfg.n_heads)
-            out[f"{b}.attn.b_{name}"] = einops.rearrange(bias, "(n h) -> n h", n=cfg.n_heads)
-        out[f"{b}.attn.W_O"] = einops.rearrange(sd[f"{p}.attn.c_proj.weight"], "(n h) m -> n h m", n=cfg.n_heads)
-        out[f"{b}.attn.b_O"] = sd[f"{p}.attn.c_proj.bias"]
-        out.update({f"{b}.mlp.W_in": sd[f"{p}.mlp.c_fc.weight"], f"{b}.mlp.b_in": sd[f"{p}.mlp.c_fc.bias"],
-                    f"{b}.mlp.W_out": sd[f"{p}.mlp.c_proj.weight"], f"{b}.mlp.b_out": sd[f"{p}.mlp.c_proj.bias"]})
-    policy = copy.deepcopy(template)
-    missing, unexpected = policy.load_state_dict(out, strict=False)
-    missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
-    if missing or unexpected:
-        raise RuntimeError(f"HF -> TransformerLens mapping incomplete: missing {missing}, unexpected {unexpected}")
-    return policy.eval()
-
-
-def freeze_layernorms(model) -> int:
-    """Freeze the export's LayerNorm parameters (ours has none to train); returns how many tensors."""
-    frozen = 0
-    for name, param in model.named_parameters():
-        if ".ln_" in name or name.startswith("transformer.ln_f"):
-            param.requires_grad_(False)
-            frozen += 1
-    return frozen
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -360,13 +330,13 @@ def main(argv: list[str]) -> dict:
     common_flags(p)
     p.add_argument("--rounds", type=int, default=None, help="passes over the pairs (default: the tiny preset's, 5)")
     p.add_argument("--num-pairs", type=int, default=None, help="groups sampled for pairs (default: the preset's, 384)")
-    ns = p.parse_args(argv)
+    ns = resolve_common(p.parse_args(argv))
     try:
         import trl
     except ImportError:
         return {"error": "TRL is not installed: pip install 'rlhf-tutorial[trl]' (or make test, which installs it)"}
     torch.set_num_threads(ns.threads)
-    overrides: dict[str, Any] = dict(SMOKE) if ns.smoke else {}
+    overrides: dict[str, Any] = dict(SMOKE) if ns.smoke else dict(GPT2_SIZES["dpo"]) if ns.size == "gpt2" else {}
     if ns.rounds is not None:
         overrides["rounds"] = ns.rounds
     if ns.num_pairs is not None:
@@ -375,13 +345,12 @@ def main(argv: list[str]) -> dict:
 
     from rlhf_tutorial.rewards import sentiment_reward_fn
     from rlhf_tutorial.trainers.export import export_hf
-    from rlhf_tutorial.worlds import load_policy
 
-    reward_fn = sentiment_reward_fn("tiny", args.direction)
-    base = load_policy("tiny", device="cpu").eval()
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     pair_counts, dropped = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
+        base, reward_fn = base.eval(), reward_fn or sentiment_reward_fn("tiny", args.direction)
         folder = export_hf(base, Path(tmp) / "policy")
         for seed in ns.seeds:
             pairs, stats = draw_pairs(args, base, reward_fn, seed)
@@ -413,6 +382,8 @@ def main(argv: list[str]) -> dict:
         "algo": "dpo",
         "trl_version": trl.__version__,
         "torch_threads": ns.threads,
+        "size": ns.size,
+        "policy": policy_shape(base),
         "seeds": ns.seeds,
         "smoke": ns.smoke,
         "reward_target": REWARD_TARGET,

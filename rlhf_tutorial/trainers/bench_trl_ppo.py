@@ -54,12 +54,16 @@ from torch import nn
 
 from rlhf_tutorial.speed import SECTIONS, PhaseClock
 from rlhf_tutorial.trainers.bench_trl import (
+    GPT2_SIZES,
     RewardRecorder,
     _peak,
     _side,
     alternate,
     common_flags,
+    policy_shape,
+    race_policy,
     race_summary,
+    resolve_common,
 )
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
@@ -216,12 +220,18 @@ class RewardShim(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
-def run_ours(args: RLHFArgs, seed: int, reward_fn, final_window: int) -> dict[str, Any]:
-    """Our ``RLHFTrainer`` on the tiny policy (the exported folder's TransformerLens original)."""
+def run_ours(args: RLHFArgs, seed: int, reward_fn, final_window: int, base=None) -> dict[str, Any]:
+    """Our ``RLHFTrainer`` on the exported folder's TransformerLens original: copies of ``base``, or the
+    tiny policy."""
+    import copy
+
     from rlhf_tutorial.worlds import load_policy
 
     args = RLHFArgs(**{**asdict(args), "seed": seed, "fast": True})  # with the harness speed-ups (RLHFArgs.fast)
-    policy, ref = load_policy(args.world, device="cpu"), load_policy(args.world, device="cpu")
+    if base is not None:
+        policy, ref = copy.deepcopy(base), copy.deepcopy(base)
+    else:
+        policy, ref = load_policy(args.world, device="cpu"), load_policy(args.world, device="cpu")
     recorder = RewardRecorder(reward_fn)
     with _peak() as memory:
         setup = time.perf_counter()
@@ -237,7 +247,8 @@ def run_ours(args: RLHFArgs, seed: int, reward_fn, final_window: int) -> dict[st
     return side
 
 
-def run_trl(args: RLHFArgs, folder: Path, seed: int, final_window: int, threads: int) -> dict[str, Any]:
+def run_trl(args: RLHFArgs, folder: Path, seed: int, final_window: int, threads: int,
+            size: str = "tiny") -> dict[str, Any]:
     """TRL's side in a subprocess with the side install first on its path; its last stdout line."""
     if not (TRL_PPO_DIR / "trl").is_dir():
         raise RuntimeError(INSTALL_HINT)
@@ -245,15 +256,16 @@ def run_trl(args: RLHFArgs, folder: Path, seed: int, final_window: int, threads:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRL_PPO_DIR), str(repo)])}
     command = [sys.executable, "-m", "rlhf_tutorial.trainers.bench_trl_ppo", "--trl-side", "--folder", str(folder),
                "--seed", str(seed), "--final-window", str(final_window), "--threads", str(threads),
-               "--args-json", json.dumps(asdict(args))]
+               "--size", size, "--args-json", json.dumps(asdict(args))]
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the TRL side failed (exit {done.returncode}): {done.stdout[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int) -> dict[str, Any]:
-    """TRL 1.12's PPOTrainer on the exported folder, with the same reward; runs in the subprocess."""
+def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int, size: str = "tiny") -> dict[str, Any]:
+    """TRL 1.12's PPOTrainer on the exported folder, with the same reward as ours (the tiny world's
+    classifier; ``bench.even_word_share`` at ``size="gpt2"``); runs in the subprocess."""
     import gc
 
     import transformers
@@ -265,7 +277,12 @@ def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int) -> dict
     import rlhf_tutorial.trainers.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
     from rlhf_tutorial.rewards import sentiment_reward_fn
 
-    recorder = RewardRecorder(sentiment_reward_fn(args.world, args.direction))
+    if size == "gpt2":
+        from rlhf_tutorial.trainers.bench import even_word_share
+
+        recorder = RewardRecorder(even_word_share)
+    else:
+        recorder = RewardRecorder(sentiment_reward_fn(args.world, args.direction))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     tokenizer.add_special_tokens({"pad_token": "<|ppo-race-pad|>"})  # an id past the vocabulary: never padded
     prompt_ids = tokenizer(args.prefix, add_special_tokens=False)["input_ids"]  # the BOS as ours: by the flag
@@ -323,25 +340,28 @@ def main(argv: list[str]) -> dict:
     common_flags(p)
     p.add_argument("--num-phases", type=int, default=None, help="default: the tiny RLHF preset's (50)")
     p.add_argument("--final-window", type=int, default=5, help="final reward: mean of the last this many phases")
-    ns = p.parse_args(argv)
+    ns = resolve_common(p.parse_args(argv))
     if not (TRL_PPO_DIR / "trl").is_dir():
         return {"error": INSTALL_HINT}
     torch.set_num_threads(ns.threads)
     args = tiny_args(ns.smoke, ns.num_phases)
+    if ns.size == "gpt2" and not ns.smoke:
+        args = RLHFArgs(**{**asdict(args), **GPT2_SIZES["ppo"], **({"num_phases": ns.num_phases} if ns.num_phases else {})})
 
     from rlhf_tutorial.rewards import sentiment_reward_fn
     from rlhf_tutorial.trainers.export import export_hf
-    from rlhf_tutorial.worlds import load_policy
 
-    reward_fn = sentiment_reward_fn(args.world, args.direction)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = export_hf(load_policy(args.world, device="cpu"), Path(tmp) / "policy")
+        base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
+        reward_fn = reward_fn or sentiment_reward_fn(args.world, args.direction)
+        folder = export_hf(base, Path(tmp) / "policy")
         runs = alternate(ns.seeds, "bench-trl ppo", {
-            "ours": lambda seed: run_ours(args, seed, reward_fn, ns.final_window),
-            "trl": lambda seed: run_trl(args, folder, seed, ns.final_window, ns.threads),
+            "ours": lambda seed: run_ours(args, seed, reward_fn, ns.final_window, base),
+            "trl": lambda seed: run_trl(args, folder, seed, ns.final_window, ns.threads, ns.size),
         })
     trl_version = runs["trl"][0]["trl_version"] if runs["trl"] else None
-    return {**race_summary("ppo", trl_version, runs, ns, args, TRL_PPO_DIFFERENCES), "trl_install": str(TRL_PPO_DIR)}
+    return {**race_summary("ppo", trl_version, runs, ns, args, TRL_PPO_DIFFERENCES), "trl_install": str(TRL_PPO_DIR),
+            "policy": policy_shape(base)}
 
 
 def _trl_side_main(argv: list[str]) -> None:
@@ -351,10 +371,11 @@ def _trl_side_main(argv: list[str]) -> None:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--final-window", type=int, required=True)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--size", default="tiny")
     p.add_argument("--args-json", required=True)
     ns = p.parse_args(argv)
     torch.set_num_threads(ns.threads)
-    side = trl_side(RLHFArgs(**json.loads(ns.args_json)), Path(ns.folder), ns.seed, ns.final_window)
+    side = trl_side(RLHFArgs(**json.loads(ns.args_json)), Path(ns.folder), ns.seed, ns.final_window, ns.size)
     print(json.dumps(side))
 
 

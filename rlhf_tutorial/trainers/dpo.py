@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from rlhf_tutorial import dpo
+from rlhf_tutorial import dpo, speed
 from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.grpo import decode_completions, eos_id, sample_group
 from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
@@ -87,6 +87,10 @@ class DPOArgs:
     eval_samples: int = arg(128, "samples drawn before and after training to measure reward and KL")
     eval_samples_per_round: int = arg(64, "samples drawn after each round for the held-out curves")
     n_logged_samples: int = arg(4, "samples kept per round for the tables")
+    # harness speed (what a learner's functions compute is unchanged)
+    fast: bool = arg(True, "harness speed-ups (speed.py): with the reference sequence_logprobs, the policy's and the "
+                     "reference's log-probs by a hook-free forward that unembeds only the completion's positions "
+                     "(the same numbers to float rounding); a fused AdamW (the same update)")
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> DPOArgs:
@@ -224,8 +228,12 @@ def to_batch(
     chosen, rejected = _pad_rows([p[0] for p in pairs], eos), _pad_rows([p[2] for p in pairs], eos)
     chosen_mask, rejected_mask = _pad_rows([p[1] for p in pairs], 0).bool(), _pad_rows([p[3] for p in pairs], 0).bool()
 
+    def one(t: Tensor, m: Tensor) -> Tensor:  # the reference function: the harness's forward (speed.harness_speedups)
+        return speed.sequence_logprobs(reference, t, m) if sequence_logprobs is dpo.sequence_logprobs else (
+            sequence_logprobs(reference(t), t, m))
+
     def logps(tokens: Tensor, mask: Tensor) -> Tensor:
-        return torch.cat([sequence_logprobs(reference(t), t, m) for t, m in zip(tokens.split(max_rows), mask.split(max_rows))])
+        return torch.cat([one(t, m) for t, m in zip(tokens.split(max_rows), mask.split(max_rows))])
 
     return PairBatch(
         chosen, chosen_mask, rejected, rejected_mask, logps(chosen, chosen_mask), logps(rejected, rejected_mask),
@@ -240,19 +248,21 @@ def to_batch(
 
 def dpo_step(
     policy: HookedTransformer, optimizer: torch.optim.Optimizer, batch: PairBatch, args: DPOArgs,
-    fns: dict[str, Callable],
+    fns: dict[str, Callable], own_logprobs: bool = False,
 ) -> dict[str, float]:
     """One optimizer step on the DPO loss of ``batch``; the chosen and rejected rows go through the
     policy in one forward pass. Returns the loss, the implicit reward margin (mean of
     r_hat(chosen) - r_hat(rejected)), the accuracy (fraction of pairs with a positive margin) and the
-    gradient norm before clipping."""
+    gradient norm before clipping. ``own_logprobs``: ``fns["sequence_logprobs"]`` is the learner's, so
+    it gets the policy's logits; otherwise the harness's ``speed.sequence_logprobs`` computes the same."""
     width = max(batch.chosen.shape[1], batch.rejected.shape[1])
     eos = eos_id(policy)
     tokens = torch.cat([nn.functional.pad(batch.chosen, (0, width - batch.chosen.shape[1]), value=eos),
                         nn.functional.pad(batch.rejected, (0, width - batch.rejected.shape[1]), value=eos)])
     mask = torch.cat([nn.functional.pad(batch.chosen_mask, (0, width - batch.chosen_mask.shape[1])),
                       nn.functional.pad(batch.rejected_mask, (0, width - batch.rejected_mask.shape[1]))])
-    logps = fns["sequence_logprobs"](policy(tokens), tokens, mask)  # [2n]
+    logps = (fns["sequence_logprobs"](policy(tokens), tokens, mask) if own_logprobs
+             else speed.sequence_logprobs(policy, tokens, mask))  # [2n]
     chosen_logps, rejected_logps = logps.split(len(batch))
     loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
                            beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
@@ -332,7 +342,10 @@ def train(
         reward_fn = sentiment_reward_fn(args.world, args.direction)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    # fused (one kernel for all parameters, the same update) when the speed-ups are on, as in chapter 04's trainer
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0,
+                                  fused=args.fast or None)
+    own_logprobs = "sequence_logprobs" in overrides
 
     def measure(n: int) -> dict[str, Any]:
         return evaluate_policy(policy, reference, reward_fn, args.prompts, n, args.max_new_tokens,
@@ -341,7 +354,7 @@ def train(
     history: list[dict[str, Any]] = []
     empty_rounds: list[int] = []
     start = time.perf_counter()
-    with PeakMemory(device_of(policy)) as memory:
+    with PeakMemory(device_of(policy)) as memory, speed.harness_speedups(args.fast):
         eval_initial = measure(args.eval_samples) if evaluate else None
         batch = pairs
         bar = tqdm(range(args.rounds), desc="DPO rounds", disable=not progress, file=sys.stderr)
@@ -356,7 +369,7 @@ def train(
                 else:
                     raw = pairs_from_preferences(policy, args)
                     record["pairs_kept"] = len(raw)
-                batch = to_batch(raw, reference, fns["sequence_logprobs"]) if raw else None
+                batch = to_batch(raw, reference, overrides.get("sequence_logprobs", dpo.sequence_logprobs)) if raw else None
             if batch is None:  # no pair kept: nothing to train on this round (an offline run samples again)
                 empty_rounds.append(round_)
                 record.update(UNTRAINED)
@@ -366,7 +379,7 @@ def train(
                 for _ in range(args.epochs):
                     order = torch.randperm(len(batch), generator=generator)
                     for rows in order.split(args.batch_size):
-                        steps.append(dpo_step(policy, optimizer, batch.select(rows), args, fns))
+                        steps.append(dpo_step(policy, optimizer, batch.select(rows), args, fns, own_logprobs))
                 add_stats(record, mean_stats(steps), prefix="update_")
             if evaluate:
                 held_out = measure(args.eval_samples_per_round)

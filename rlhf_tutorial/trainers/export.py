@@ -32,6 +32,7 @@ reports the largest logit difference between the two models on sampled text.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,47 @@ def to_hf(policy: HookedTransformer) -> GPT2WithUnembedBias:
     if missing or unexpected:
         raise RuntimeError(f"export mapping incomplete: missing {missing}, unexpected {unexpected}")
     return model.eval()
+
+
+def tl_from_hf(model, template: HookedTransformer) -> HookedTransformer:
+    """The inverse of ``export.hf_state_dict``: a copy of ``template`` holding ``model``'s weights (a
+    ``GPT2WithUnembedBias`` whose LayerNorms are still the identity). Exact: only reshapes."""
+    cfg = template.cfg
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    for k, v in sd.items():
+        if ".ln_" in k:
+            want = torch.ones_like(v) if k.endswith("weight") else torch.zeros_like(v)
+            if not torch.equal(v, want):
+                raise ValueError(f"{k} is not the identity: the LayerNorm was trained (our policy has none)")
+    out = {"embed.W_E": sd["transformer.wte.weight"], "pos_embed.W_pos": sd["transformer.wpe.weight"],
+           "unembed.W_U": sd["lm_head.weight"].T, "unembed.b_U": sd["lm_head.bias"]}
+    for i in range(cfg.n_layers):
+        p, b = f"transformer.h.{i}", f"blocks.{i}"
+        ws = sd[f"{p}.attn.c_attn.weight"].chunk(3, dim=1)
+        bs = sd[f"{p}.attn.c_attn.bias"].chunk(3)
+        for name, w, bias in zip("QKV", ws, bs):
+            out[f"{b}.attn.W_{name}"] = einops.rearrange(w, "m (n h) -> n m h", n=cfg.n_heads)
+            out[f"{b}.attn.b_{name}"] = einops.rearrange(bias, "(n h) -> n h", n=cfg.n_heads)
+        out[f"{b}.attn.W_O"] = einops.rearrange(sd[f"{p}.attn.c_proj.weight"], "(n h) m -> n h m", n=cfg.n_heads)
+        out[f"{b}.attn.b_O"] = sd[f"{p}.attn.c_proj.bias"]
+        out.update({f"{b}.mlp.W_in": sd[f"{p}.mlp.c_fc.weight"], f"{b}.mlp.b_in": sd[f"{p}.mlp.c_fc.bias"],
+                    f"{b}.mlp.W_out": sd[f"{p}.mlp.c_proj.weight"], f"{b}.mlp.b_out": sd[f"{p}.mlp.c_proj.bias"]})
+    policy = copy.deepcopy(template)
+    missing, unexpected = policy.load_state_dict(out, strict=False)
+    missing = [k for k in missing if not k.endswith((".mask", ".IGNORE"))]
+    if missing or unexpected:
+        raise RuntimeError(f"HF -> TransformerLens mapping incomplete: missing {missing}, unexpected {unexpected}")
+    return policy.eval()
+
+
+def freeze_layernorms(model) -> int:
+    """Freeze the export's LayerNorm parameters (ours has none to train); returns how many tensors."""
+    frozen = 0
+    for name, param in model.named_parameters():
+        if ".ln_" in name or name.startswith("transformer.ln_f"):
+            param.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 def export_hf(policy: HookedTransformer, out: str | Path, value_head: nn.Module | None = None) -> Path:

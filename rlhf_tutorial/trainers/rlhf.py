@@ -118,10 +118,11 @@ class RLHFArgs:
     # chapter 08
     lora_rank: int = arg(0, RANK_HELP)
     lora_alpha: float = arg(16.0, ALPHA_HELP)
-    fast: bool = arg(False, "harness speed-ups (speed.py) where the reference pieces run: our own KV-cache sampler in "
+    fast: bool = arg(True, "harness speed-ups (speed.py) where the reference pieces run: our own KV-cache sampler in "
                      "place of the reference get_samples and a hook-free forward for the reference "
-                     "TransformerWithValueHead (the same distribution, the same numbers to float rounding). Off by "
-                     "default: the shipped tuned checkpoint and chapters 03-06's figures were measured without it")
+                     "TransformerWithValueHead (the same distribution, the same numbers to float rounding; the sampler "
+                     "draws its tokens by another method, so a run's samples differ from --no-fast's). A learner's own "
+                     "get_samples or TransformerWithValueHead always runs as written (--no-fast reproduces such a run)")
 
     @property
     def minibatch_size(self) -> int:

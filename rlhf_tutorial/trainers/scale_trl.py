@@ -19,7 +19,7 @@ What it does:
 3. reads the N processes' weights back and compares them tensor by tensor: data-parallel training
    all-reduces (averages) the gradients, so processes that sampled and trained on *different* rows
    (``data_sha256_per_process``) still hold identical weights (``identical_weights``);
-4. loads the trained weights back into a ``HookedTransformer`` (``bench_trl_dpo.tl_from_hf``: the
+4. loads the trained weights back into a ``HookedTransformer`` (``export.tl_from_hf``: the
    export in reverse, exact; the export's LayerNorms, the identity, stay frozen as in the DPO race)
    and measures the base policy and the trained one the same way (``policy_eval.evaluate_policy``,
    the same seed), on the course's device.
@@ -167,7 +167,7 @@ def worker(spec_path: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rlhf_tutorial.trainers.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
-    from rlhf_tutorial.trainers.bench_trl_dpo import freeze_layernorms
+    from rlhf_tutorial.trainers.export import freeze_layernorms
     from rlhf_tutorial.trainers.runtime import PeakMemory
 
     folder, out = spec["policy"], Path(spec["out"])
@@ -473,8 +473,7 @@ def compare_processes(work: Path, num_processes: int) -> dict[str, Any]:
 def load_back(folder: Path, base):
     """The trained transformers folder as a ``HookedTransformer`` (``tl_from_hf``: the export in reverse),
     and the largest logit difference between the two on sampled text (0 up to float rounding)."""
-    from rlhf_tutorial.trainers.bench_trl_dpo import tl_from_hf
-    from rlhf_tutorial.trainers.export import load_hf_policy, max_logit_diff
+    from rlhf_tutorial.trainers.export import load_hf_policy, max_logit_diff, tl_from_hf
     from rlhf_tutorial.worlds import PROMPT
 
     model, _ = load_hf_policy(folder)
