@@ -90,8 +90,21 @@ print(f"world: {world}; {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_hea
 #
 # Both are `nn.Parameter`s on the `device` given; `scale` is a plain float; a rank below 1 raises
 # `ValueError` (the given first lines). `forward` takes any leading shape `[*b, d_in]`.
+#
+# **Predict, then check.** A rank-1 adapter of a $256 \times 64$ matrix: how many numbers does it train,
+# and what share of the matrix's $16384$? At the start ($B = 0$), a loss on $\Delta y$ sends a gradient
+# back: which of $A$ and $B$ gets a nonzero one? Write your answers down; the cell after the check
+# prints them.
 
 # %% exercise rlhf_tutorial.lora:LoRA | 15 min | difficulty 2 | importance 5
+
+# %%
+# your prediction, checked: r (d_in + d_out) numbers; at B = 0 only B's gradient is nonzero (A's goes through B)
+adapter = LoRA(256, 64, rank=1, alpha=1.0, generator=torch.Generator().manual_seed(0))
+print(f"rank 1: {trainable_parameters(adapter)} numbers, {trainable_parameters(adapter) / (256 * 64):.2%} of the matrix's")
+x, w = torch.randn(5, 256), torch.randn(5, 64)
+(adapter(x) * w).sum().backward()
+print(f"at B = 0: |dL/dA| = {float(adapter.A.grad.norm()):.3g}, |dL/dB| = {float(adapter.B.grad.norm()):.3g}")
 
 # %% [markdown]
 # ## 2. Attaching through hooks
@@ -290,8 +303,18 @@ cost_figure({**recorded_rl, "1": rank1} if recorded_rl else {"1": rank1}, sft=re
 # singular values (largest first, `float32`, computed in `float64`: a float32 SVD loses the small ones
 # next to large ones) and $k$ as an int; "reaches" means $\ge$ (allow a relative $10^{-6}$ for rounding,
 # so that $f = 1$ counts the nonzero values); a zero change or $f = 0$ gives $k = 0$.
+#
+# **Predict, then check.** A change with singular values $4, 2, 1, 0.5$: what is $k$ for $f = 0.5$, and
+# for $f = 0.9$? And for $f = 0.9$ if one (wrongly) summed the $s_i$ instead of their squares? The cell
+# after the check prints the first two.
 
 # %% exercise rlhf_tutorial.lora:update_rank_profile | 10 min | difficulty 2 | importance 4
+
+# %%
+# your prediction, checked: the squares 16, 4, 1, 0.25 sum to 21.25; the largest carries 75%, the top two 94%
+# (summing the s_i, 4 + 2 = 6 is only 80% of 7.5: that mistake would say 3 for 90%)
+four = torch.diag(torch.tensor([4.0, 2.0, 1.0, 0.5]))
+print(f"k(50%) = {update_rank_profile(four, 0.5)[1]}, k(90%) = {update_rank_profile(four, 0.9)[1]}")
 
 # %%
 if is_tiny():

@@ -66,7 +66,7 @@ class LoRA(nn.Module):
       RNG); small and random, so that B's gradient, (x @ A^T)-shaped, is not zero at the start;
     - ``B`` [d_out, rank]: zeros, so that delta_y = 0 and the tuned model starts equal to the base;
 
-    and stores ``self.scale = alpha / rank`` (a Python float). Dividing by the rank keeps the size of
+    and keeps the scale alpha / rank as ``self.scale`` (a Python float). Dividing by the rank keeps the size of
     the update roughly independent of the rank for one learning rate. Raises ValueError for rank < 1.
 
     ``forward(x)`` returns delta_y = scale * (x @ A^T) @ B^T, shape ``[*b, d_out]`` for ``x`` of shape

@@ -51,6 +51,7 @@ from rlhf_tutorial.checks.core import (
     seeded,
 )
 from rlhf_tutorial.checks.fixtures import small_model
+from rlhf_tutorial.notebooks import solution_code
 
 CHAPTER = "08_lora"
 
@@ -65,12 +66,13 @@ def _parameter(module, name: str, shape: tuple[int, ...]) -> nn.Parameter:
     if not isinstance(value, nn.Parameter):
         raise CheckFailure(f"self.{name} is a {type(value).__name__}, not an nn.Parameter: the optimizer would not "
                            "see it (module.parameters() lists only Parameters).",
-                           hint=f"Wrap the tensor: self.{name} = nn.Parameter(tensor).")
+                           hint=f"self.{name} is a plain tensor: wrap it in nn.Parameter when you assign it, so that "
+                           "the module registers it.")
     expect_tensor(value.detach(), shape=shape, dtype=torch.float32, what=f"self.{name}")
     if value.device.type != check_device().type:
         raise CheckFailure(f"self.{name} is on {value.device}, but the module was asked for {check_device()}.",
-                           hint="Create A and B on the `device` argument (torch.zeros(..., device=device), "
-                           "or .to(device) after drawing on the CPU generator).")
+                           hint="A or B is not on the device asked for: create B there, and move A there after "
+                           "drawing it from the (CPU) generator.")
     return value
 
 
@@ -83,7 +85,7 @@ def _set(module, a: torch.Tensor, b: torch.Tensor) -> None:
 def _forward_mistakes(a, b, alpha: float, rank: int) -> list[Mistake]:
     """Wrong forwards for an adapter holding ``a`` and ``b``."""
     return [
-        Mistake("forward leaves out the scale: multiply (x @ A^T) @ B^T by self.scale.", lambda x: (x @ a.T) @ b.T),
+        Mistake("forward leaves out the scale: the update through the bottleneck is multiplied by self.scale.", lambda x: (x @ a.T) @ b.T),
         Mistake("forward applies the scale twice (or scales by alpha / rank again on top of a scaled B): "
                 "multiply once by self.scale.", lambda x: (alpha / rank) ** 2 * (x @ a.T) @ b.T),
         Mistake("forward uses alpha, not alpha / rank: the scale is alpha / rank.", lambda x: alpha * (x @ a.T) @ b.T),
@@ -93,11 +95,16 @@ def _forward_mistakes(a, b, alpha: float, rank: int) -> list[Mistake]:
 @checker(
     "LoRA",
     chapter=CHAPTER,
-    hint="Two nn.Parameters: A of shape [rank, d_in], standard normal draws (from the generator given) divided by "
-    "sqrt(d_in), and B of shape [d_out, rank], all zeros, both on `device`; keep scale = alpha / rank as a plain "
-    "float. forward multiplies x by A transposed (down to rank numbers), then by B transposed (up to d_out), and "
-    "multiplies by the scale. B = 0 makes the adapter add nothing at the start; A must not be zero, or no "
-    "gradient ever reaches B (dL/dB is built from x @ A^T).",
+    hint=(
+        "Two nn.Parameters and a plain float. `torch.randn` takes a `generator`; B starts at zeros. forward "
+        "multiplies x by the two matrices transposed, the rank-sized product first.",
+        "__init__: A = (standard normal draws of shape [rank, d_in] from `generator`) / sqrt(d_in), then moved "
+        "to `device`; B = zeros of shape [d_out, rank] on `device`; both wrapped in nn.Parameter; the scale is "
+        "alpha / rank, a Python float. forward: x times A transposed ([*b, rank], the bottleneck), that times B "
+        "transposed ([*b, d_out]), times the scale. B = 0 makes the adapter add nothing at the start; A must not "
+        "be zero, or no gradient ever reaches B (dL/dB is built from x A^T).",
+        solution_code(lora.LoRA),
+    ),
 )
 def check_lora(candidate) -> str:
     device = check_device()
@@ -135,8 +142,8 @@ def check_lora(candidate) -> str:
     if not torch.equal(again.detach(), a.detach()) or torch.equal(other.detach(), a.detach()):
         raise failure("A does not follow the generator: the same seeded generator should give the same A, and "
                       "another seed another A.",
-                      "A ignores `generator`: pass generator=generator to torch.randn (a run is reproducible only "
-                      "when every draw comes from its seed).")
+                      "A ignores `generator`: draw A from the generator given (a run is reproducible only when "
+                      "every draw comes from its seed).")
     try:
         call(candidate, 12, 20, 0, 8.0, generator=seeded(0), device=device)
     except CheckFailure as exc:
@@ -334,12 +341,19 @@ def _state_digest(model: nn.Module) -> list[torch.Tensor]:
 @checker(
     "lora_hooks",
     chapter=CHAPTER,
-    hint="For every adapter key 'L{layer}_{target}', make two hooks that share a little store: one at the point "
-    "where the matrix's input x lives (the LayerNorm output the matrix multiplies; for 'o' the heads' outputs z, "
-    "heads flattened into one axis; for 'mlp_out' the activation after the nonlinearity), which only remembers x, "
-    "and one at the point holding the matrix's output, which returns that activation plus the adapter's update of "
-    "x, reshaped to the activation's shape. The table in the module docstring (HOOK_POINTS) names them. Beware of "
-    "Python closures in a loop: bind each hook's adapter and store when the function is made.",
+    hint=(
+        "Each adapter needs two hooks in its layer, both named in `HOOK_POINTS`: one that only remembers the "
+        "matrix's input, one that returns the matrix's output plus the adapter's update. Beware of Python "
+        "closures made in a loop.",
+        "For every key 'L{layer}_{target}' (cut off the 'L', split at the first underscore: 'mlp_in' holds "
+        "one too), look up the two points and make a small dict shared by two functions. The first, at the "
+        "input point, stores x (for 'o' the heads' outputs z with the last two axes, head and d_head, "
+        "flattened into one) and returns nothing. The second, at the output point, returns the activation "
+        "plus the adapter applied to the stored x, reshaped to the activation's shape. Name them "
+        "'blocks.{layer}.' + the point. Bind each function's adapter and dict when it is made (default "
+        "arguments), or every hook uses the loop's last ones.",
+        solution_code(lora.lora_hooks),
+    ),
 )
 def check_lora_hooks(candidate) -> str:
     run = _hooked_logits(lambda model, adapters: call(candidate, model, adapters))
@@ -439,8 +453,8 @@ def _merged_logits(merge_fn):
             raise CheckFailure(f"merge_lora returned a {type(merged).__name__}: return the merged HookedTransformer.")
         if merged is model:
             raise failure("merge_lora returned the model it was given.",
-                          "The base model was modified: copy it first (copy.deepcopy(model)) and merge into the "
-                          "copy; the base stays the reference and the adapters keep training on it.")
+                          "The base model was modified: merge into the deep copy the given first lines make, never "
+                          "into the model; the base stays the reference and the adapters keep training on it.")
         return merged(tokens)
 
     return run
@@ -448,16 +462,16 @@ def _merged_logits(merge_fn):
 
 MERGE_MISTAKES = [
     Mistake("The update is applied twice: the copy kept the LoRA hooks (copy.deepcopy copies them), so the merged "
-            "weights and the hooks both add it. Remove every hook from the copy: "
-            "reset_hooks(including_permanent=True).", _merged_logits(_merge_variant(keep_hooks=True))),
+            "weights and the hooks both add it. Remove every hook from the copy, the permanent ones "
+            "too (the given first lines do it: keep them).", _merged_logits(_merge_variant(keep_hooks=True))),
     Mistake("The merged delta is transposed: W (d_in x d_out, TransformerLens multiplies x @ W) gains "
             "scale * A^T @ B^T.", _merged_logits(_merge_variant(transpose=True))),
     Mistake("Missing alpha / r: the merged delta is scale * A^T @ B^T, with the adapter's scale.",
             _merged_logits(_merge_variant(scale=None))),
     Mistake("The update is applied twice (scaled by 2): add scale * A^T @ B^T once.",
             _merged_logits(_merge_variant(scale=2.0))),
-    Mistake("Heads and d_head are swapped in the rearrange: the hooks flatten [head, d_head] as (head d_head), "
-            "so W_Q takes 'd (h e) -> h d e' and W_O '(h e) d -> h e d'.",
+    Mistake("Heads and d_head are swapped in the rearrange: the hooks flatten [head, d_head] "
+            "head-major (head 0's d_head numbers first): split that axis into (head, d_head) in this order.",
             _merged_logits(_merge_variant(head_order=True))),
 ]
 
@@ -465,11 +479,16 @@ MERGE_MISTAKES = [
 @checker(
     "merge_lora",
     chapter=CHAPTER,
-    hint="Deep-copy the model and remove every hook from the copy (permanent ones too). Then, without gradients, "
-    "for every adapter compute the full update of its matrix, scale times A transposed times B transposed "
-    "([d_in, d_out]), and add it to the matching weight of the copy, rearranged to TransformerLens's shape: the "
-    "attention matrices are stored per head, and the heads must be split the same way lora_hooks flattened them. "
-    "Return the copy.",
+    hint=(
+        "The given lines make the copy and clear its hooks. For each adapter, form its full [d_in, d_out] "
+        "update once and add it to the copy's matching weight, with gradients off.",
+        "Per key 'L{layer}_{target}': delta = scale * A^T B^T, [d_in, d_out]. W_Q, W_K, W_V are [head, "
+        "d_model, d_head]: split delta's d_out axis into (head, d_head), head first as the hooks flattened "
+        "it, and move head to the front; W_O is [head, d_head, d_model]: split d_in the same way; W_in and "
+        "W_out take delta as it is. Add in place to the copy's parameter (inside torch.no_grad()), in its "
+        "dtype; einops.rearrange with h= the number of heads does the split.",
+        solution_code(lora.merge_lora),
+    ),
 )
 def check_merge_lora(candidate) -> str:
     run = _merged_logits(lambda model, adapters: call(candidate, model, adapters))
@@ -505,7 +524,7 @@ def check_merge_lora(candidate) -> str:
                                f"model's by up to {float((got - want).abs().max()):.3g}.")
         if any(not torch.equal(p.detach(), q) for p, q in zip(model.parameters(), weights)):
             raise failure("merge_lora changed the base model's weights.", "The base model was modified: merge into "
-                          "a copy (copy.deepcopy(model)), never into the model itself.")
+                          "the copy, never into the model itself.")
         if any(not torch.equal(p.detach(), q) for p, q in zip(adapters.parameters(), ab)):
             raise CheckFailure("merge_lora changed the adapters' A or B.")
         if not any(hp.fwd_hooks for hp in model.hook_dict.values()):
@@ -547,11 +566,15 @@ def _low_rank(g, m, n, r, scale=1.0):
 @checker(
     "update_rank_profile",
     chapter=CHAPTER,
-    hint="Take the singular values of the change (torch.linalg.svdvals sorts them in decreasing order; use float64 "
-    "and return float32). The squared Frobenius norm is the sum of the squared singular values: accumulate the "
-    "squares from the largest and return the first count whose running sum reaches the fraction of the total "
-    "(reaches: greater or equal, with a relative tolerance of 1e-6 for rounding). A zero change, or a fraction "
-    "of 0, carries nothing: k = 0.",
+    hint=(
+        "`torch.linalg.svdvals` gives the singular values, largest first; the squared Frobenius norm is the "
+        "sum of their squares, and `cumsum` gives every running sum at once.",
+        "In float64: s = the singular values, e = s squared, total = the sum of e. A zero total or a "
+        "fraction of 0 gives k = 0. Otherwise k = 1 + how many running sums of e are still below fraction "
+        "times total (shrunk by a relative 1e-6 for rounding: reaching it counts, >= not >), capped at the "
+        "number of values. Return s as float32 and k as a Python int.",
+        solution_code(lora.update_rank_profile),
+    ),
 )
 def check_update_rank_profile(candidate) -> str:
     g = seeded(20)
