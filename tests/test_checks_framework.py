@@ -248,3 +248,60 @@ def test_a_librarys_not_implemented_error_is_not_an_untouched_stub(scratch_check
     assert "not implemented yet" in run_check("_scratch", stub).message
     library = run_check("_scratch", lambda x: torch.ones(2).to_sparse().view(-1, 1))
     assert "not implemented yet" not in library.message and "your code raised" in library.message
+
+
+def test_progress_shows_the_time_from_the_first_check_to_the_first_pass(monkeypatch, tmp_path):
+    import json
+
+    from rlhf_tutorial.checks import learner_progress as progress_module
+    from rlhf_tutorial.notebooks import exercises, load_stub
+
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", str(tmp_path / "p.json"))
+    clock = {"now": 1_000_000.0}
+    monkeypatch.setattr(progress_module, "_now", lambda: clock["now"])
+    estimate = next(e.meta.minutes for e in exercises() if e.name == "next_token_probs")
+
+    check(load_stub("00_setup_and_tour", "next_token_probs"))  # the stub: the clock starts
+    clock["now"] += 300
+    check(lambda m, t: m(t)[:, -1], name="next_token_probs")  # a wrong attempt: still running
+    row = progress_module.progress("00").rows[0]
+    assert row[2] == "failed" and row[4] is None and "took" not in str(progress_module.progress("00"))
+    clock["now"] += 425
+    check(tour.next_token_probs)  # passes 725 s after the first check
+    entry = json.loads((tmp_path / "p.json").read_text())["next_token_probs"]
+    assert entry["first_check"] == 1_000_000.0 and entry["seconds_to_pass"] == 725.0 and entry["checks"] == 3
+    clock["now"] += 5000
+    check(tour.next_token_probs)  # checking again later changes neither the time nor the count
+    check(lambda m, t: m(t)[:, -1], name="next_token_probs")
+    entry = json.loads((tmp_path / "p.json").read_text())["next_token_probs"]
+    assert (entry["seconds_to_pass"], entry["checks"], entry["status"]) == (725.0, 3, "failed")
+
+    RESULTS.clear()  # a new kernel: the file remembers the time
+    shown = progress_module.progress("00")
+    assert shown.rows[0][4] == 725.0
+    assert f"[!] next_token_probs (took 13 min, estimated {estimate})" in str(shown)
+    assert f"took 13 min, estimated {estimate}" in shown._repr_html_()
+    assert shown.timings() == [{"chapter": "00_setup_and_tour", "exercise": "next_token_probs",
+                                "estimate_min": estimate, "taken_min": 12.1}]
+    progress_module.reset_progress("00")  # forgetting an exercise forgets its clock
+    check(tour.next_token_probs)  # passed at its first check: 0 min
+    assert progress_module.progress("00").rows[0][4] == 0.0
+    assert "took 0 min" in str(progress_module.progress("00"))
+
+
+def test_an_old_or_damaged_progress_record_still_shows(monkeypatch, tmp_path):
+    import json
+
+    from rlhf_tutorial.checks import learner_progress as progress_module
+
+    path = tmp_path / "p.json"
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", str(path))
+    path.write_text(json.dumps({"next_token_probs": {"chapter": "00_setup_and_tour", "status": "passed"},
+                                "final_normalized_residual": {"chapter": "00_setup_and_tour", "status": "failed",
+                                                              "first_check": "yesterday", "seconds_to_pass": None}}))
+    rows = progress_module.progress("00").rows
+    assert [r[2] for r in rows] == ["passed", "failed"] and [r[4] for r in rows] == [None, None]
+    monkeypatch.setattr(progress_module, "_now", lambda: 50.0)
+    progress_module.record("final_normalized_residual", "00_setup_and_tour", True)  # "yesterday" is no time
+    assert json.loads(path.read_text())["final_normalized_residual"]["seconds_to_pass"] == 0.0
