@@ -133,3 +133,17 @@ def test_generated_notebooks_contain_no_emoji(path):
     found = {ch for cell in nb["cells"] for ch in "".join(cell["source"]) if not _renders_in_a_default_font(ch)}
     assert not found, f"{path.name} contains emoji or symbols a default font may lack: " \
                       f"{sorted(f'U+{ord(c):04X}' for c in found)}"
+
+
+def test_a_harder_exercise_is_never_estimated_shorter_than_an_easier_one():
+    """Ratings mean the same in every chapter (docs/AUTHORING.md, "Estimates"): across the whole course,
+    the longest estimate of a difficulty is at most the shortest of the next harder one."""
+    minutes: dict[int, list[tuple[int, str]]] = {}
+    for exercise in notebooks.exercises():
+        minutes.setdefault(exercise.meta.difficulty, []).append((exercise.meta.minutes, exercise.name))
+    levels = sorted(minutes)
+    for easier, harder in zip(levels, levels[1:]):
+        slowest, fastest = max(minutes[easier]), min(minutes[harder])
+        assert slowest[0] <= fastest[0], (
+            f"{slowest[1]} (difficulty {easier}) is estimated at {slowest[0]} min, longer than {fastest[1]} "
+            f"(difficulty {harder}) at {fastest[0]} min: one of the two ratings or estimates is off")
