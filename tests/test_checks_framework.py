@@ -262,7 +262,8 @@ def test_progress_shows_the_time_from_the_first_check_to_the_first_pass(monkeypa
     monkeypatch.setattr(progress_module, "_now", lambda: clock["now"])
     estimate = next(e.meta.minutes for e in exercises() if e.name == "next_token_probs")
 
-    check(load_stub("00_setup_and_tour", "next_token_probs"))  # the stub: the clock starts
+    with pytest.raises(NotImplementedError, match="exercise next_token_probs: not written yet"):
+        check(load_stub("00_setup_and_tour", "next_token_probs"))  # the stub: the clock starts (and Run All stops)
     clock["now"] += 300
     check(lambda m, t: m(t)[:, -1], name="next_token_probs")  # a wrong attempt: still running
     row = progress_module.progress("00").rows[0]
@@ -305,3 +306,15 @@ def test_an_old_or_damaged_progress_record_still_shows(monkeypatch, tmp_path):
     monkeypatch.setattr(progress_module, "_now", lambda: 50.0)
     progress_module.record("final_normalized_residual", "00_setup_and_tour", True)  # "yesterday" is no time
     assert json.loads(path.read_text())["final_normalized_residual"]["seconds_to_pass"] == 0.0
+
+
+def test_checking_an_untouched_stub_stops_run_all_with_the_exercise_name(capsys, monkeypatch):
+    """Run All must stop at the first exercise not written yet, even where no later cell calls it."""
+    from rlhf_tutorial.notebooks import load_stub
+
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    with pytest.raises(NotImplementedError, match=r"^exercise compute_gae: not written yet"):
+        check(load_stub("01_ppo", "compute_gae"))
+    assert "[FAILED] compute_gae" in capsys.readouterr().out  # the verdict is shown first
+    check(lambda *a, **k: 1 / 0, name="compute_gae")  # a written but wrong attempt: a verdict, no exception
+    assert "ZeroDivisionError" in capsys.readouterr().out
