@@ -478,6 +478,13 @@ def run_solution(lab: Lab, context, path: str, errors: list[str]) -> dict:
     saved.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(lab.root / path, saved)  # kept for inspection
     _assert_saved_outputs(saved, cells, shown)
+    return {"figures_live": sum(shown.values()), "visual_cells": len(shown), "moved": sorted(moved.values()),
+            "shown": shown}
+
+
+def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict[int, int]) -> dict:
+    """Open the saved notebook again: every cell draws at least the figures it drew live."""
+    stem = Path(path).stem
 
     # A fresh kernel (no widget models in it) is started for the file before the page opens: the
     # widget manager of jupyterlab-manager 5 reads the saved widget state only when the kernel is
@@ -506,8 +513,7 @@ def run_solution(lab: Lab, context, path: str, errors: list[str]) -> dict:
     assert set(reopened) >= set(shown), f"{path}: cells {sorted(set(shown) - set(reopened))} lost their outputs"
     _assert_no_broken_output(page, reopened_cells, path, "reopened")
     page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
-    return {"figures_live": sum(shown.values()), "figures_reopened": sum(reopened.values()),
-            "visual_cells": len(shown), "moved": sorted(moved.values()), "reopen_retried": retried}
+    return {"figures_reopened": sum(reopened.values()), "reopen_retried": retried}
 
 
 def run_chapter(lab: Lab, context, path: str, errors: list[str]) -> dict:
@@ -539,9 +545,11 @@ def run_chapter(lab: Lab, context, path: str, errors: list[str]) -> dict:
     return {"stopped_at": index, "exercise": first}
 
 
-def run_job(lab: Lab, executable: str, path: str) -> tuple[str | None, dict, float]:
+def run_job(lab: Lab, executable: str, path: str, shown: dict[int, int] | None = None
+            ) -> tuple[str | None, dict, float]:
     """One notebook in its own browser (Playwright's sync API wants one instance per thread): the failure
-    (None when it passed), what was seen, and the seconds it took."""
+    (None when it passed), what was seen, and the seconds it took. With ``shown`` (a solution's figures
+    per cell, from its run): the reopen of the saved solution."""
     from playwright.sync_api import sync_playwright
 
     started, errors, seen = time.time(), [], {}
@@ -550,8 +558,11 @@ def run_job(lab: Lab, executable: str, path: str) -> tuple[str | None, dict, flo
             browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             try:
-                job = run_solution if path.startswith("solutions/") else run_chapter
-                seen = job(lab, context, path, errors)
+                if shown is not None:
+                    seen = reopen_solution(lab, context, path, errors, shown)
+                else:
+                    job = run_solution if path.startswith("solutions/") else run_chapter
+                    seen = job(lab, context, path, errors)
             finally:
                 context.close()
                 browser.close()
@@ -582,6 +593,14 @@ def outcomes(request, tmp_path_factory) -> dict[str, tuple[str | None, dict, flo
         jobs = [p for p in sorted(SOLUTIONS, key=lambda p: -(ROOT / p).stat().st_size) + CHAPTERS if p in selected]
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             results = dict(zip(jobs, pool.map(lambda p: run_job(lab, executable, p), jobs)))
+        # The reopens come after every run, one at a time: with kernels training beside it, a loaded machine
+        # slows the page's restore of the saved widget state enough for jupyterlab-manager 5's race (a
+        # widget rendered more than 2 s before its model is restored shows "model not found"; seen for
+        # chapter 01's progress bar with two jobs on a busy 2-core machine, never with one).
+        for path, (failure, seen, seconds) in list(results.items()):
+            if path.startswith("solutions/") and failure is None:
+                failure, more, extra = run_job(lab, executable, path, shown=seen.pop("shown"))
+                results[path] = (failure, {**seen, **more}, seconds + extra)
     finally:
         stop_lab(proc)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
