@@ -200,7 +200,7 @@ def truncation_text(truncated: Sequence[bool], rewards: Sequence[float], max_new
     paid = [float(r) for r, t in zip(rewards, flags) if t]
     head = f"truncated (no EOS in {max_new_tokens} tokens): {len(paid)} of {len(flags)}"
     if not paid:
-        return head + "; every completion ended with an EOS, so neither fix would change anything here"
+        return head + "; every completion ended with an EOS, so overlong filtering would mask none of them"
     return head + f"; their mean reward {sum(paid) / len(paid):.2f}"
 
 
