@@ -155,8 +155,10 @@ chromium:
 	  echo "'chromium' package, or set RLHF_TUTORIAL_CHROMIUM to a Chromium/Chrome binary."; exit 1; \
 	fi
 
-# JupyterLab in headless Chromium: run solution notebooks, move a slider, save, reopen (tests/test_browser.py).
-# Screenshots land in reports/browser/.
+# JupyterLab in headless Chromium (tests/test_browser.py): every solution notebook run, its figures counted,
+# one control of every explorer moved, saved and reopened; every chapter notebook's Run All stops at its
+# first stub. Up to 4 notebooks at a time against one JupyterLab (RLHF_TUTORIAL_BROWSER_WORKERS sets it).
+# Screenshots and reports/browser/summary.json (seconds per notebook) land in reports/browser/.
 browser: $(STAMP) chromium
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
 

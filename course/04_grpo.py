@@ -53,7 +53,7 @@ from rlhf_tutorial.grpo import (
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.rlhf import approx_kl, get_logprobs
 from rlhf_tutorial.trainers.grpo import GRPOArgs, learner_functions, train
-from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_dashboard
+from rlhf_tutorial.widgets.grpo import comparison_figure, group_viewer, grpo_dashboard, truncation_text
 from rlhf_tutorial.worlds import default_prompt, is_smoke, is_tiny, load_policy, resolve_world, smoke_sizes
 
 # %%
@@ -384,8 +384,7 @@ L_max, L_cache = rule_args.max_new_tokens, 10
 soft_penalty = (((L_max - L_cache) - completion_lens).float() / L_cache).clamp(-1.0, 0.0)
 soft_penalty[truncated] = -1.0
 rule_rewards = last.rewards.flatten()
-print(f"truncated (no EOS in {L_max} tokens): {int(truncated.sum())} of {len(truncated)}; their mean rule reward "
-      f"{rule_rewards[truncated].mean().item() if truncated.any() else float('nan'):.2f}")
+print(truncation_text(truncated.tolist(), rule_rewards.tolist(), L_max))
 print(f"completion lengths: mean {completion_lens.float().mean().item():.1f}, max {int(completion_lens.max())}")
 print(f"soft overlong penalty: mean {soft_penalty.mean().item():.3f}, "
       f"non-zero for {int((soft_penalty < 0).sum())} completions")

@@ -42,13 +42,20 @@ class ExerciseMeta:
     importance: int  # 1 (a detail) .. 5 (the heart of the chapter)
 
     def heading(self, names: tuple[str, ...]) -> str:
-        """The markdown heading cell the build puts before the exercise."""
-        red, blue, grey = "\U0001f534", "\U0001f535", "\u26aa"
-        difficulty = red * self.difficulty + grey * (5 - self.difficulty)
-        importance = blue * self.importance + grey * (5 - self.importance)
+        """The markdown heading cell the build puts before the exercise: each rating as five stars
+        (U+2605/U+2606, text glyphs of DejaVu Sans and other default fonts, not emoji, which render as
+        empty boxes where no emoji font is installed) followed by the number, e.g. "★★★☆☆ 3/5"."""
         title = ", ".join(f"`{n}`" for n in names)
-        return (f"#### Exercise: {title}\n\n> **Difficulty** {difficulty} &nbsp; **Importance** {importance}"
-                f" &nbsp; **Time** about {self.minutes} minutes")
+        return (f"#### Exercise: {title}\n\n> **Difficulty** {stars(self.difficulty)} &nbsp; "
+                f"**Importance** {stars(self.importance)} &nbsp; **Time** about {self.minutes} minutes")
+
+
+FULL_STAR, EMPTY_STAR = "\u2605", "\u2606"
+
+
+def stars(rating: int, out_of: int = 5) -> str:
+    """``3`` -> "★★★☆☆ 3/5": the rating as filled and empty stars, then as a number."""
+    return FULL_STAR * rating + EMPTY_STAR * (out_of - rating) + f" {rating}/{out_of}"
 
 
 @dataclass

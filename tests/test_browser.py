@@ -1,16 +1,26 @@
-"""The learner's JupyterLab in a real browser: run a solution notebook, look at it, move a slider, reopen.
+"""The learner's JupyterLab in a real browser: every chapter, solved and unsolved, run, looked at, reopened.
 
-Headless Chromium (Debian's ``chromium``, installed by ``make chromium``) driven by Playwright. For each
-notebook: JupyterLab serves a temporary copy of the repository's notebooks (rooted like ``make lab``),
-the notebook is opened and run top to bottom, and the test asserts that
+Headless Chromium (Debian's ``chromium``, installed by ``make chromium``) driven by Playwright, against
+one JupyterLab server that serves a temporary copy of the repository's notebooks (rooted like ``make
+lab``). Every notebook in ``solutions/`` and ``chapters/`` is a job (a chapter added later comes in by
+itself); the jobs run a few at a time (``RLHF_TUTORIAL_BROWSER_WORKERS``, default up to 4), each in its
+own browser, and each test below reads its job's outcome.
+
+For a **solution** notebook: it is run top to bottom (Run All) and the test asserts that
 
 - no cell raised, no output reads "Error displaying widget" or shows a raw ``FigureWidget(...)`` repr;
-- every dashboard and explorer cell shows its plotly figure(s);
-- moving one slider changes what the explorer shows;
-- after saving, shutting the kernel down and reopening the file, every figure is still drawn.
+- every cell with a plotly output draws it, every cell with a widget shows a view (live figures are
+  counted per cell), and the cells listed in ``EXPECTED`` draw at least their number of figures;
+- in every cell that shows controls (an explorer: ``EXPLORERS``), moving one (drag a slider, pick another
+  option, press a button) changes what it shows; every explorer the notebook calls shows controls;
+- after saving, shutting the kernel down and reopening the file, every cell draws at least as many
+  figures as it did live (figures come back as their saved static images), and the saved file keeps them.
 
-Screenshots of each stage go to ``reports/browser/`` (test artifacts). The runs use the tiny world with
-``RLHF_TUTORIAL_SMOKE=1`` so that the training cells stay short.
+For a **chapter** (exercise) notebook: Run All stops at the first exercise, with the stub's
+``NotImplementedError`` that names it, and no later cell runs.
+
+Screenshots go to ``reports/browser/`` (test artifacts), with the saved solution notebooks. The runs use the
+tiny world with ``RLHF_TUTORIAL_SMOKE=1`` so that the training cells stay short.
 
 Marked ``browser``: ``make unit`` leaves it out, ``make browser`` (part of ``make test``) runs it. It
 fails, never skips, when Chromium or Playwright is missing.
@@ -27,8 +37,10 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,16 +48,47 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "reports" / "browser"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-RUN_TIMEOUT_S = 420
-# pytest-timeout's limit per notebook: its own Run All limit, plus starting the lab and the browser (the
-# first test's set-up), opening, saving and reopening (each notebook took about 100 s on a busy 2-core machine).
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
+SOLUTIONS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "solutions").glob("*.ipynb"))
+CHAPTERS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "chapters").glob("*.ipynb"))
+# Run All of one solution notebook, alone (each took up to about 100 s on a busy 2-core machine, run one at
+# a time); several jobs at once share the CPUs, hence the margin.
+RUN_TIMEOUT_S = 900
+WORKERS = int(os.environ.get("RLHF_TUTORIAL_BROWSER_WORKERS", "0")) or max(1, min(4, os.cpu_count() or 1))
+# pytest-timeout's limit per test: the first test waits for every job (they run together).
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(2400)]
 LAB_SETTINGS = {
     # every cell in the DOM (no virtual scrolling), so outputs can be found and counted
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false", "checkForUpdates": False,
     },
+}
+
+# The explorers of rlhf_tutorial/widgets/: the functions whose view has controls a learner moves
+# (tests/test_browser_coverage.py keeps this list in step with the package and with the notebooks).
+EXPLORERS = (
+    "clipped_objective_explorer",  # 01: two sliders
+    "reward_explorer",  # 02: a dropdown of texts, a text box, a direction toggle
+    "rlhf_dashboard",  # 03: the phase slider under the curves
+    "token_explorer",  # 03: a dropdown of samples, a colour toggle
+    "base_vs_tuned",  # 03: a prompt box and a "sample again" button
+    "group_viewer",  # 04: a dropdown of groups
+    "lens_explorer",  # 05: a dropdown of prompts, a lens toggle
+    "steering_explorer",  # 05: the steering coefficient's slider
+)
+# Cells known to draw at least this many plotly figures (the generic checks ask every figure output to be
+# drawn; these also catch a cell that silently stopped making its figures).
+EXPECTED = {
+    "solutions/01_ppo.ipynb": {"clipped_objective_explorer(": 1, "dashboard = ppo_dashboard(": 1},
+    "solutions/03_rlhf_ppo.ipynb": {"dashboard = rlhf_dashboard(": 1, "runs_figure(": 1},
+    "solutions/04_grpo.ipynb": {"curves = grpo_dashboard(": 1, "rule_curves = grpo_dashboard(": 1,
+                                "comparison_figure(": 1},
+    "solutions/05_interpretability.ipynb": {"lens_explorer(records)": 1, "attribution_figure(": 1,
+                                            "patching_figure(": 1, "param_change_figure(": 1},
+    "solutions/06_dpo_and_frontier.ipynb": {"dpo_dashboard(": 1, "dpo_curves(": 1, "frontier_figure(": 1,
+                                            "cost_figure(": 1},
+    "solutions/07_reasoning.ipynb": {"dashboard = reasoning_dashboard(": 1, "grpo_reasoning_curves(": 1,
+                                     "pass_at_k_figure(": 1, "held_out_figure(": 1, "best_of_n_figure(": 1},
 }
 
 
@@ -67,64 +110,18 @@ def chromium_executable() -> str:
     )
 
 
-# ----------------------------------------------------------------------------------------------------
-# What each notebook must show
-# ----------------------------------------------------------------------------------------------------
-@dataclass
-class Visual:
-    """A cell whose source contains ``marker`` must show at least ``plots`` plotly figures (and, with
-    ``plots=0``, some HTML: an explorer's view)."""
+def first_exercises() -> dict[str, str]:
+    """Chapter stem -> the name of its first exercise, in notebook order."""
+    from rlhf_tutorial.notebooks import exercises
 
-    marker: str
-    plots: int = 1
-    interact: str | None = None  # "slider" or "dropdown": move it and expect the output to change
-
-
-@dataclass
-class Spec:
-    notebook: str
-    visuals: list[Visual] = field(default_factory=list)
-
-
-SPECS = [
-    Spec("solutions/01_ppo.ipynb", [
-        Visual("clipped_objective_explorer(", interact="slider"),
-        Visual("dashboard = ppo_dashboard("),
-    ]),
-    Spec("solutions/02_rewards.ipynb", [
-        Visual("reward_explorer(explorer_texts", plots=0, interact="dropdown"),
-    ]),
-    Spec("solutions/03_rlhf_ppo.ipynb", [
-        Visual("dashboard = rlhf_dashboard(", interact="slider"),
-        Visual("token_explorer(trainer", plots=0, interact="dropdown"),
-        Visual("runs_figure("),
-    ]),
-    Spec("solutions/04_grpo.ipynb", [
-        Visual("curves = grpo_dashboard("),
-        Visual("rule_curves = grpo_dashboard("),
-        Visual("comparison_figure("),
-        Visual("group_viewer(groups", plots=0, interact="dropdown"),
-    ]),
-    Spec("solutions/05_interpretability.ipynb", [
-        Visual("lens_explorer(records)", interact="dropdown"),
-    ]),
-    Spec("solutions/07_reasoning.ipynb", [
-        Visual("dashboard = reasoning_dashboard("),
-        Visual("grpo_reasoning_curves("),
-        Visual("pass_at_k_figure("),
-        Visual("held_out_figure("),
-        Visual("best_of_n_figure("),
-    ]),
-    Spec("solutions/08_lora.ipynb", [
-        Visual("rank_curves("),
-        Visual("cost_figure("),
-        Visual("spectrum_figure("),
-    ]),
-]
+    first: dict[str, str] = {}
+    for exercise in exercises():
+        first.setdefault(exercise.chapter, exercise.name)
+    return first
 
 
 # ----------------------------------------------------------------------------------------------------
-# JupyterLab and the browser
+# JupyterLab
 # ----------------------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
@@ -140,15 +137,13 @@ class Lab:
     log: Path
 
     def page_url(self, path: str) -> str:
+        # "reset": the page opens on this notebook alone, whatever layout another page saved
         return f"{self.url}/lab/tree/{path}?token={self.token}&reset"
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Lab:
-    root = tmp_path_factory.mktemp("lab")
+def start_lab(root: Path, settings: Path, workspaces: Path, runtime: Path) -> tuple[subprocess.Popen, Lab]:
     for folder in ("chapters", "solutions"):
         shutil.copytree(ROOT / folder, root / folder)
-    settings = tmp_path_factory.mktemp("settings")
     for rel, value in LAB_SETTINGS.items():
         (settings / rel).parent.mkdir(parents=True, exist_ok=True)
         (settings / rel).write_text(json.dumps(value))
@@ -161,8 +156,8 @@ def lab(tmp_path_factory) -> Lab:
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "JUPYTERLAB_SETTINGS_DIR": str(settings),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path_factory.mktemp("workspaces")),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path_factory.mktemp("runtime")),
+        "JUPYTERLAB_WORKSPACES_DIR": str(workspaces),
+        "JUPYTER_RUNTIME_DIR": str(runtime),
     }
     log = root.parent / "lab.log"
     cmd = [
@@ -176,43 +171,28 @@ def lab(tmp_path_factory) -> Lab:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited early:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"JupyterLab did not answer within 120 s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield Lab(url, token, root, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.time() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"JupyterLab exited early:\n{log.read_text()[-3000:]}")
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as response:
+                if response.status == 200:
+                    return proc, Lab(url, token, root, log)
+        except OSError:
+            pass
+        if time.time() > deadline:
+            stop_lab(proc)
+            pytest.fail(f"JupyterLab did not answer within 120 s:\n{log.read_text()[-3000:]}")
+        time.sleep(1)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    executable = chromium_executable()
+def stop_lab(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
     try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Playwright is not installed: it is in the dev extra (pip install -e '.[dev]').")
-    with sync_playwright() as p:
-        try:
-            chromium = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        except Exception as exc:  # noqa: BLE001 - say why the browser did not start
-            pytest.fail(f"Chromium ({executable}) did not start: {exc}")
-        yield chromium
-        chromium.close()
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 # JavaScript helpers, run in the page (JupyterLab exposes its application as window.jupyterapp).
@@ -227,6 +207,7 @@ JS_CELLS = """() => {
   const w = window.jupyterapp.shell.currentWidget;
   return Array.from(w.content.model.cells).map(c => ({
     type: c.type, source: c.sharedModel.getSource(),
+    count: c.type === 'code' ? c.executionCount : null,
     outputs: c.type === 'code' ? c.outputs.toJSON() : []}));
 }"""
 JS_BUSY = """() => {
@@ -235,6 +216,13 @@ JS_BUSY = """() => {
   const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
   return prompts.some(p => p.textContent.includes('*')) || !kernel || kernel.status !== 'idle';
 }"""
+# The controls a learner moves, in the order the test tries them.
+CONTROLS = {
+    "slider": ".widget-slider .noUi-handle",
+    "dropdown": ".widget-dropdown select",
+    "toggle": ".widget-toggle-buttons button",
+    "button": "button.widget-button",
+}
 
 
 def _start_session(lab: Lab, path: str) -> None:
@@ -244,7 +232,7 @@ def _start_session(lab: Lab, path: str) -> None:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         kernel_id = json.loads(response.read())["kernel"]["id"]
-    deadline = time.time() + 60
+    deadline = time.time() + 120
     while time.time() < deadline:
         with urllib.request.urlopen(f"{lab.url}/api/kernels/{kernel_id}?token={lab.token}", timeout=10) as r:
             if json.loads(r.read())["execution_state"] == "idle":
@@ -254,8 +242,17 @@ def _start_session(lab: Lab, path: str) -> None:
 
 def _open(page, lab: Lab, path: str) -> None:
     page.goto(lab.page_url(path))
-    page.wait_for_function(JS_READY, timeout=120_000)
+    page.wait_for_function(JS_READY, timeout=180_000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+
+
+def _run_all(page, path: str) -> None:
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    started = time.time()
+    time.sleep(2)
+    while page.evaluate(JS_BUSY):
+        assert time.time() - started < RUN_TIMEOUT_S, f"{path}: Run All did not finish in {RUN_TIMEOUT_S} s"
+        time.sleep(1)
 
 
 def _cells(page) -> list[dict]:
@@ -270,6 +267,16 @@ def _cell_index(cells: list[dict], marker: str) -> int:
 
 def _cell(page, index: int):
     return page.locator(".jp-Notebook .jp-Cell").nth(index)
+
+
+def _mimes(cell: dict) -> list[str]:
+    return [m for o in cell["outputs"] for m in o.get("data", {})]
+
+
+def _visual_cells(cells: list[dict]) -> list[int]:
+    """Code cells with a plotly figure or a widget among their outputs."""
+    kinds = {"application/vnd.plotly.v1+json", "application/vnd.jupyter.widget-view+json"}
+    return [i for i, c in enumerate(cells) if kinds & set(_mimes(c))]
 
 
 def _raw_reprs(cells: list[dict]) -> list[int]:
@@ -307,75 +314,93 @@ def _drawn(page, index: int) -> int:
     return page.evaluate(f"(i) => ({JS_DRAWN})(document.querySelectorAll('.jp-Notebook .jp-Cell')[i])", index)
 
 
-def _assert_visuals(page, cells: list[dict], spec: Spec, stage: str) -> dict[str, int]:
-    """Every visual's cell shows its plots; returns the plot count per marker. Screenshots each."""
+def _controls(page, index: int) -> list[str]:
+    output = _cell(page, index).locator(".jp-Cell-outputArea")
+    return [kind for kind, selector in CONTROLS.items() if output.locator(selector).count()]
+
+
+def _count_figures(page, cells: list[dict], path: str, stage: str, at_least: dict[int, int]) -> dict[int, int]:
+    """Figures drawn per visual cell, waiting (30 s) for ``at_least[i]`` (default: the cell's plotly outputs);
+    asserts the count and that every widget shows a view. Screenshots each cell's output."""
     counts = {}
-    for visual in spec.visuals:
-        index = _cell_index(cells, visual.marker)
+    stem = Path(path).stem + ("-chapter" if path.startswith("chapters/") else "")
+    for index in _visual_cells(cells):
+        want = max(at_least.get(index, 0), _mimes(cells[index]).count("application/vnd.plotly.v1+json"))
         output = _cell(page, index).locator(".jp-Cell-outputArea")
         output.scroll_into_view_if_needed()
         deadline = time.time() + 30
-        while _drawn(page, index) < visual.plots and time.time() < deadline:
+        while _drawn(page, index) < want and time.time() < deadline:
             time.sleep(0.5)
         count = _drawn(page, index)
-        name = f"{Path(spec.notebook).stem}-{stage}-cell{index:03d}"
-        shot = _shot(output, name)
-        if visual.plots == 0:
-            html_views = output.locator(".jp-RenderedHTMLCommon").count()
-            assert html_views >= 1 and output.inner_text().strip(), \
-                f"{spec.notebook} ({stage}): the cell with {visual.marker!r} shows no view (screenshot {shot})"
-        assert count >= visual.plots, (
-            f"{spec.notebook} ({stage}): the cell with {visual.marker!r} shows {count} plotly figure(s), "
-            f"expected {visual.plots}. Its output reads: {output.inner_text()[:500]!r} (screenshot {shot})"
-        )
-        counts[visual.marker] = count
+        shot = _shot(output, f"{stem}-{stage}-cell{index:03d}")
+        assert count >= want, (
+            f"{path} ({stage}): cell {index} ({cells[index]['source'][:60]!r}) draws {count} plotly figure(s), "
+            f"expected {want}. Its output reads: {output.inner_text()[:300]!r} (screenshot {shot})")
+        if "application/vnd.jupyter.widget-view+json" in _mimes(cells[index]):
+            views = output.locator(".jupyter-widgets, .jp-RenderedHTMLCommon").count()
+            assert views and (count or output.inner_text().strip()), \
+                f"{path} ({stage}): cell {index}'s widget shows nothing (screenshot {shot})"
+        counts[index] = count
     return counts
 
 
-def _assert_no_broken_output(page, cells: list[dict], notebook: str, stage: str) -> None:
+def _assert_no_broken_output(page, cells: list[dict], path: str, stage: str) -> None:
     errors = [(i, o) for i, c in enumerate(cells) for o in c["outputs"] if o.get("output_type") == "error"]
-    assert not errors, f"{notebook} ({stage}): cell {errors[0][0]} raised {errors[0][1].get('ename')}: " \
+    assert not errors, f"{path} ({stage}): cell {errors[0][0]} raised {errors[0][1].get('ename')}: " \
                        f"{errors[0][1].get('evalue')}"
     page_text = page.locator(".jp-Notebook").inner_text()
-    assert "Error displaying widget" not in page_text, f"{notebook} ({stage}): 'Error displaying widget' shown"
+    assert "Error displaying widget" not in page_text, f"{path} ({stage}): 'Error displaying widget' shown"
     raw = _raw_reprs(cells)
     assert not raw and "FigureWidget(" not in page_text, \
-        f"{notebook} ({stage}): a raw FigureWidget(...) repr is shown instead of a figure (cells {raw})"
+        f"{path} ({stage}): a raw FigureWidget(...) repr is shown instead of a figure (cells {raw})"
 
 
-def _interact(page, index: int, kind: str, notebook: str) -> None:
-    """Move the cell's first slider (drag its handle) or pick the next dropdown option; the cell's
-    output (text and figures) must change."""
-    cell = _cell(page, index)
-    output = cell.locator(".jp-Cell-outputArea")
+def _interact(page, index: int, path: str) -> str:
+    """Move the cell's first control (a slider, else a dropdown, a toggle, a button); its output (text and
+    figures) must change. Returns the kind of control moved."""
+    output = _cell(page, index).locator(".jp-Cell-outputArea")
 
     def state() -> str:
         plots = output.locator(".js-plotly-plot")
         data = [plots.nth(i).evaluate("gd => JSON.stringify([gd.data, gd.layout.title])") for i in range(plots.count())]
         return output.inner_text() + "".join(data)
 
+    kinds = _controls(page, index)
+    assert kinds, f"{path}: cell {index} shows no control to move"
+    kind = kinds[0]
     before = state()
+    control = output.locator(CONTROLS[kind])
     if kind == "slider":
-        handle = output.locator(".widget-slider .noUi-handle").first
-        assert handle.count() == 1, f"{notebook}: the cell has no slider"
+        handle = control.first
         handle.scroll_into_view_if_needed()
         box = handle.bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.mouse.down()
         page.mouse.move(box["x"] + box["width"] / 2 - 80, box["y"] + box["height"] / 2, steps=6)
         page.mouse.up()
+    elif kind == "dropdown":
+        select = control.first
+        n = select.locator("option").count()
+        assert n >= 2, f"{path}: cell {index}'s dropdown has a single option"
+        current = select.evaluate("s => s.selectedIndex")
+        select.select_option(index=(current + 1) % n)
+    elif kind == "toggle":
+        off = [i for i in range(control.count()) if "mod-active" not in (control.nth(i).get_attribute("class") or "")]
+        assert off, f"{path}: cell {index}'s toggle has a single option"
+        control.nth(off[0]).click()
     else:
-        select = output.locator(".widget-dropdown select").first
-        assert select.count() == 1, f"{notebook}: the cell has no dropdown"
-        options = select.locator("option")
-        assert options.count() >= 2, f"{notebook}: the dropdown has a single option"
-        select.select_option(index=1)
-    deadline = time.time() + 30
+        control.first.click()
+    deadline = time.time() + 60
     while time.time() < deadline:
         if state() != before:
-            return
+            return kind
         time.sleep(0.5)
-    pytest.fail(f"{notebook}: moving the {kind} of the cell with index {index} changed nothing in its output")
+    raise AssertionError(f"{path}: moving the {kind} of cell {index} ({cells_source(page, index)!r}) "
+                         "changed nothing in its output")
+
+
+def cells_source(page, index: int) -> str:
+    return _cells(page)[index]["source"][:80]
 
 
 def _widget_outputs(state: dict, model_id: str, seen: set | None = None) -> list[dict]:
@@ -393,82 +418,208 @@ def _widget_outputs(state: dict, model_id: str, seen: set | None = None) -> list
     return found
 
 
-def _assert_saved_outputs(path: Path, spec: Spec) -> None:
-    """The .ipynb on disk: every visual's cell keeps what it showed in a form drawn with no kernel:
-    ordinary outputs (a plotly figure, HTML) or, for an explorer, the saved state of its widgets."""
-    nb = json.loads(path.read_text())
+def _assert_saved_outputs(saved: Path, live: list[dict], shown: dict[int, int]) -> None:
+    """The .ipynb on disk: every visual cell keeps what it showed in a form drawn with no kernel: as many
+    plotly figures as it drew live (ordinary outputs, or the outputs in its widgets' saved state), and
+    no live FigureWidget."""
+    nb = json.loads(saved.read_text())
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    for visual in spec.visuals:
-        cell = next(c for c in cells if visual.marker in "".join(c["source"]))
+    assert len(nb["cells"]) == len(live), f"{saved.name}: the saved notebook has another number of cells"
+    for index, count in shown.items():
+        cell = nb["cells"][index]
         outputs = [o for o in cell["outputs"] if o.get("output_type") in ("display_data", "execute_result")]
         for o in list(outputs):
             view = o.get("data", {}).get("application/vnd.jupyter.widget-view+json")
             if view:
-                assert view["model_id"] in state, \
-                    f"{path.name}: a widget of the cell with {visual.marker!r} is not in the saved widget state"
+                assert view["model_id"] in state, f"{saved.name}: a widget of cell {index} is not in the saved state"
                 outputs += _widget_outputs(state, view["model_id"])
         figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
-        views = [o for o in outputs if {"application/vnd.plotly.v1+json", "text/html"} & set(o.get("data", {}))]
-        assert len(figures) >= visual.plots and views, (
-            f"{path.name}: the saved cell with {visual.marker!r} keeps {len(figures)} plotly figure(s) "
-            f"(expected {visual.plots}) and {len(views)} view(s) that are drawn without a kernel")
+        assert outputs and len(figures) >= count, (
+            f"{saved.name}: saved cell {index} keeps {len(figures)} plotly figure(s) (it drew {count}) among "
+            f"{len(outputs)} output(s) drawn without a kernel (its widgets' models are in the saved state)")
         live_figures = [o for o in cell["outputs"] if "FigureWidget" in str(o.get("data", {}).get("text/plain", ""))]
-        assert not live_figures, f"{path.name}: a live FigureWidget was left in the cell with {visual.marker!r}"
+        assert not live_figures, f"{saved.name}: a live FigureWidget was left in cell {index}"
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: Path(s.notebook).stem)
-def test_solution_runs_renders_and_survives_a_reopen(lab, browser, spec):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+# ----------------------------------------------------------------------------------------------------
+# The jobs
+# ----------------------------------------------------------------------------------------------------
+def run_solution(lab: Lab, context, path: str, errors: list[str]) -> dict:
+    """Run All, count, interact, save, reopen, count again; returns what was seen (for the report)."""
     page = context.new_page()
-    console_errors: list[str] = []
-    page.on("pageerror", lambda exc: console_errors.append(str(exc)))
-    stem = Path(spec.notebook).stem
-    try:
-        _open(page, lab, spec.notebook)
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        started = time.time()
-        time.sleep(2)
-        while page.evaluate(JS_BUSY):
-            if time.time() - started > RUN_TIMEOUT_S:
-                pytest.fail(f"{spec.notebook}: Run All did not finish in {RUN_TIMEOUT_S} s")
-            time.sleep(1)
-        cells = _cells(page)
-        _assert_no_broken_output(page, cells, spec.notebook, "after Run All")
-        shown = _assert_visuals(page, cells, spec, "run")
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    stem = Path(path).stem
+    _open(page, lab, path)
+    _run_all(page, path)
+    cells = _cells(page)
+    _assert_no_broken_output(page, cells, path, "after Run All")
+    at_least = {_cell_index(cells, marker): n for marker, n in EXPECTED.get(path, {}).items()}
+    shown = _count_figures(page, cells, path, "run", at_least)
 
-        for visual in spec.visuals:
-            if visual.interact:
-                index = _cell_index(cells, visual.marker)
-                _interact(page, index, visual.interact, spec.notebook)
-                _shot(_cell(page, index).locator(".jp-Cell-outputArea"), f"{stem}-{visual.interact}-moved-cell{index:03d}")
+    moved = {}
+    for index in _visual_cells(cells):
+        calls = [name for name in EXPLORERS if f"{name}(" in cells[index]["source"]]
+        controls = _controls(page, index)
+        assert controls or not calls, f"{path}: cell {index} calls {calls} but shows no control"
+        if controls:
+            moved[index] = _interact(page, index, path)
+            _shot(_cell(page, index).locator(".jp-Cell-outputArea"), f"{stem}-{moved[index]}-moved-cell{index:03d}")
+    explorers = {n for c in cells if c["type"] == "code" for n in EXPLORERS if f"{n}(" in c["source"]}
+    assert len(moved) >= len(explorers), f"{path}: {len(explorers)} explorers ({sorted(explorers)}), " \
+                                         f"{len(moved)} cells with controls moved"
 
-        # Save, stop the kernel, close the tab; then open the file again in a fresh page.
-        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-        page.wait_for_function(f"() => !({JS_CURRENT})().context.model.dirty", timeout=30_000)
-        page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
-        page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
-        page.close()
-        saved = ARTIFACTS / "saved" / Path(spec.notebook).name
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(lab.root / spec.notebook, saved)  # kept for inspection
-        _assert_saved_outputs(saved, spec)
+    # Save, stop the kernel, close the tab; then open the file again in a fresh page.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function(f"() => !({JS_CURRENT})().context.model.dirty", timeout=60_000)
+    page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
+    page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
+    page.close()
+    saved = ARTIFACTS / "saved" / Path(path).name
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(lab.root / path, saved)  # kept for inspection
+    _assert_saved_outputs(saved, cells, shown)
+    return {"figures_live": sum(shown.values()), "visual_cells": len(shown), "moved": sorted(moved.values()),
+            "shown": shown}
 
-        # A fresh kernel (no widget models in it) is started for the file before the page opens: the
-        # widget manager of jupyterlab-manager 5 reads the saved widget state only when the kernel is
-        # there as the page loads (if the kernel comes later it restores from the kernel alone and
-        # shows "model not found"; re-running the cell mends it). Figures need no kernel at all.
-        _start_session(lab, spec.notebook)
+
+def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict[int, int]) -> dict:
+    """Open the saved notebook again: every cell draws at least the figures it drew live."""
+    stem = Path(path).stem
+
+    # A fresh kernel (no widget models in it) is started for the file before the page opens: the
+    # widget manager of jupyterlab-manager 5 reads the saved widget state only when the kernel is
+    # there as the page loads (if the kernel comes later it restores from the kernel alone and
+    # shows "model not found"; re-running the cell mends it). Figures need no kernel at all.
+    # jupyterlab-manager 5 has a race there: when the kernel connects while the page restores the saved
+    # state, a widget whose model is not created within 2 s of the restore's end shows "Error displaying
+    # widget: model not found" (seen for chapter 01's progress bar with two jobs on a loaded 2-core
+    # machine; not with one). Such a page is loaded once more, and the summary says so.
+    _start_session(lab, path)
+    retried = False
+    for attempt in (1, 2):
         page = context.new_page()
-        page.on("pageerror", lambda exc: console_errors.append(str(exc)))
-        _open(page, lab, spec.notebook)
-        cells = _cells(page)
-        assert any(c["outputs"] for c in cells), f"{spec.notebook}: the reopened notebook has no outputs"
-        reopened = _assert_visuals(page, cells, spec, "reopened")
-        for marker, count in shown.items():
-            assert reopened[marker] >= count, \
-                f"{spec.notebook}: the cell with {marker!r} showed {count} figure(s), {reopened[marker]} after reopening"
-        _assert_no_broken_output(page, cells, spec.notebook, "reopened")
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        _open(page, lab, path)
+        time.sleep(3)  # the renderers' 2 s wait for a model
+        if attempt == 1 and "model not found" in page.locator(".jp-Notebook").inner_text():
+            _shot(page.locator(".jp-Notebook"), f"{stem}-reopened-model-not-found")
+            page.close()
+            retried = True
+            continue
+        break
+    reopened_cells = _cells(page)
+    assert any(c["outputs"] for c in reopened_cells), f"{path}: the reopened notebook has no outputs"
+    reopened = _count_figures(page, reopened_cells, path, "reopened", shown)
+    assert set(reopened) >= set(shown), f"{path}: cells {sorted(set(shown) - set(reopened))} lost their outputs"
+    _assert_no_broken_output(page, reopened_cells, path, "reopened")
+    page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
+    return {"figures_reopened": sum(reopened.values()), "reopen_retried": retried}
+
+
+def run_chapter(lab: Lab, context, path: str, errors: list[str]) -> dict:
+    """Run All on the exercise notebook: it stops at the first exercise's stub, and names it."""
+    page = context.new_page()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    stem = Path(path).stem
+    _open(page, lab, path)
+    heading = page.locator(".jp-Notebook .jp-MarkdownCell", has_text="Exercise:").first
+    if heading.count():
+        _shot(heading, f"{stem}-chapter-first-exercise-heading")
+    _run_all(page, path)
+    cells = _cells(page)
+    failed = [i for i, c in enumerate(cells) for o in c["outputs"] if o.get("output_type") == "error"]
+    first = first_exercises().get(stem)
+    page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
+    if first is None:  # a chapter without exercises runs through
+        assert not failed, f"{path}: cell {failed[0]} raised, and the chapter has no exercise"
+        return {"stopped_at": None}
+    assert failed, f"{path}: Run All ran every cell, but the exercise {first!r} is a stub"
+    index = failed[0]
+    error = next(o for o in cells[index]["outputs"] if o.get("output_type") == "error")
+    _shot(_cell(page, index), f"{stem}-chapter-stops-cell{index:03d}")
+    assert error["ename"] == "NotImplementedError" and f"exercise {first}:" in error["evalue"], (
+        f"{path}: Run All stopped at cell {index} with {error['ename']}: {error['evalue'][:200]!r}, "
+        f"not at the stub of the first exercise {first!r}")
+    later = [i for i, c in enumerate(cells) if i > index and c["type"] == "code" and (c["count"] or c["outputs"])]
+    assert not later, f"{path}: cells {later[:5]} ran after the stub stopped Run All at cell {index}"
+    return {"stopped_at": index, "exercise": first}
+
+
+def run_job(lab: Lab, executable: str, path: str, shown: dict[int, int] | None = None
+            ) -> tuple[str | None, dict, float]:
+    """One notebook in its own browser (Playwright's sync API wants one instance per thread): the failure
+    (None when it passed), what was seen, and the seconds it took. With ``shown`` (a solution's figures
+    per cell, from its run): the reopen of the saved solution."""
+    from playwright.sync_api import sync_playwright
+
+    started, errors, seen = time.time(), [], {}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            try:
+                if shown is not None:
+                    seen = reopen_solution(lab, context, path, errors, shown)
+                else:
+                    job = run_solution if path.startswith("solutions/") else run_chapter
+                    seen = job(lab, context, path, errors)
+            finally:
+                context.close()
+                browser.close()
+        if errors:
+            return f"{path}: JavaScript errors in the page: {errors[:3]}", seen, time.time() - started
+        return None, seen, time.time() - started
+    except BaseException as exc:  # noqa: BLE001 - the test reports it (pytest.fail raises a BaseException)
+        message = str(exc) if isinstance(exc, AssertionError) else traceback.format_exc(limit=4)
+        return message, seen, time.time() - started
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, tmp_path_factory) -> dict[str, tuple[str | None, dict, float]]:
+    """The outcome of every notebook whose test is selected (``-k 05`` runs chapter 05's two); the jobs run
+    ``WORKERS`` at a time against one JupyterLab, the slowest first."""
+    selected = {item.callspec.params["path"] for item in request.session.items
+                if item.module is sys.modules[__name__] and hasattr(item, "callspec")}
+    executable = chromium_executable()
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.fail("Playwright is not installed: it is in the dev extra (pip install -e '.[dev]').")
+    proc, lab = start_lab(tmp_path_factory.mktemp("lab"), tmp_path_factory.mktemp("settings"),
+                          tmp_path_factory.mktemp("workspaces"), tmp_path_factory.mktemp("runtime"))
+    started = time.time()
+    try:
+        # the solutions first, the longest first (by size: a rough proxy), then the short chapter runs
+        jobs = [p for p in sorted(SOLUTIONS, key=lambda p: -(ROOT / p).stat().st_size) + CHAPTERS if p in selected]
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            results = dict(zip(jobs, pool.map(lambda p: run_job(lab, executable, p), jobs)))
+        # The reopens come after every run, one at a time: with kernels training beside it, a loaded machine
+        # slows the page's restore of the saved widget state enough for jupyterlab-manager 5's race (a
+        # widget rendered more than 2 s before its model is restored shows "model not found"; seen for
+        # chapter 01's progress bar with two jobs on a busy 2-core machine, never with one).
+        for path, (failure, seen, seconds) in list(results.items()):
+            if path.startswith("solutions/") and failure is None:
+                failure, more, extra = run_job(lab, executable, path, shown=seen.pop("shown"))
+                results[path] = (failure, {**seen, **more}, seconds + extra)
     finally:
-        context.close()
-    assert not console_errors, f"{spec.notebook}: JavaScript errors in the page: {console_errors[:3]}"
+        stop_lab(proc)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    summary = {"workers": WORKERS, "wall_seconds": round(time.time() - started, 1),
+               "jobs": {p: {"passed": r[0] is None, "seconds": round(r[2], 1), **r[1]} for p, r in results.items()}}
+    (ARTIFACTS / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
+    return results
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: Path(p).stem)
+def test_solution_runs_renders_responds_and_survives_a_reopen(outcomes, path):
+    failure, _, _ = outcomes[path]
+    if failure:
+        pytest.fail(failure, pytrace=False)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: Path(p).stem)
+def test_run_all_of_a_chapter_stops_at_its_first_stub(outcomes, path):
+    failure, _, _ = outcomes[path]
+    if failure:
+        pytest.fail(failure, pytrace=False)

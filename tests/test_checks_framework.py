@@ -401,3 +401,73 @@ def test_a_hint_that_is_not_three_rungs_is_refused_at_registration():
     for bad in (("one", "two"), ("one", "two", " "), ("a", "b", "c", "d")):
         with pytest.raises(ValueError, match="rungs"):
             core.checker("toy_bad", chapter="00_setup_and_tour", hint=bad)
+
+
+def test_progress_shows_the_time_from_the_first_check_to_the_first_pass(monkeypatch, tmp_path):
+    import json
+
+    from rlhf_tutorial.checks import learner_progress as progress_module
+    from rlhf_tutorial.notebooks import exercises, load_stub
+
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", str(tmp_path / "p.json"))
+    clock = {"now": 1_000_000.0}
+    monkeypatch.setattr(progress_module, "_now", lambda: clock["now"])
+    estimate = next(e.meta.minutes for e in exercises() if e.name == "next_token_probs")
+
+    with pytest.raises(NotImplementedError, match="exercise next_token_probs: not written yet"):
+        check(load_stub("00_setup_and_tour", "next_token_probs"))  # the stub: the clock starts (and Run All stops)
+    clock["now"] += 300
+    check(lambda m, t: m(t)[:, -1], name="next_token_probs")  # a wrong attempt: still running
+    row = progress_module.progress("00").rows[0]
+    assert row[2] == "failed" and row[4] is None and "took" not in str(progress_module.progress("00"))
+    clock["now"] += 425
+    check(tour.next_token_probs)  # passes 725 s after the first check
+    entry = json.loads((tmp_path / "p.json").read_text())["next_token_probs"]
+    assert entry["first_check"] == 1_000_000.0 and entry["seconds_to_pass"] == 725.0 and entry["checks"] == 3
+    clock["now"] += 5000
+    check(tour.next_token_probs)  # checking again later changes neither the time nor the count
+    check(lambda m, t: m(t)[:, -1], name="next_token_probs")
+    entry = json.loads((tmp_path / "p.json").read_text())["next_token_probs"]
+    assert (entry["seconds_to_pass"], entry["checks"], entry["status"]) == (725.0, 3, "failed")
+
+    RESULTS.clear()  # a new kernel: the file remembers the time
+    shown = progress_module.progress("00")
+    assert shown.rows[0][4] == 725.0
+    assert f"[!] next_token_probs (took 13 min, estimated {estimate})" in str(shown)
+    assert f"took 13 min, estimated {estimate}" in shown._repr_html_()
+    assert shown.timings() == [{"chapter": "00_setup_and_tour", "exercise": "next_token_probs",
+                                "estimate_min": estimate, "taken_min": 12.1}]
+    progress_module.reset_progress("00")  # forgetting an exercise forgets its clock
+    check(tour.next_token_probs)  # passed at its first check: 0 min
+    assert progress_module.progress("00").rows[0][4] == 0.0
+    assert "took 0 min" in str(progress_module.progress("00"))
+
+
+def test_an_old_or_damaged_progress_record_still_shows(monkeypatch, tmp_path):
+    import json
+
+    from rlhf_tutorial.checks import learner_progress as progress_module
+
+    path = tmp_path / "p.json"
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", str(path))
+    path.write_text(json.dumps({"next_token_probs": {"chapter": "00_setup_and_tour", "status": "passed"},
+                                "final_normalized_residual": {"chapter": "00_setup_and_tour", "status": "failed",
+                                                              "first_check": "yesterday", "seconds_to_pass": None}}))
+    rows = progress_module.progress("00").rows
+    assert [r[2] for r in rows] == ["passed", "failed"] and [r[4] for r in rows] == [None, None]
+    monkeypatch.setattr(progress_module, "_now", lambda: 50.0)
+    progress_module.record("final_normalized_residual", "00_setup_and_tour", True)  # "yesterday" is no time
+    assert json.loads(path.read_text())["final_normalized_residual"]["seconds_to_pass"] == 0.0
+
+
+def test_checking_an_untouched_stub_stops_run_all_with_the_exercise_name(capsys, monkeypatch):
+    """Run All must stop at the first exercise not written yet, even where no later cell calls it."""
+    from rlhf_tutorial.notebooks import load_stub
+
+    monkeypatch.delenv("RLHF_TUTORIAL_STRICT", raising=False)
+    with pytest.raises(NotImplementedError, match=r"^exercise compute_gae: not written yet"):
+        check(load_stub("01_ppo", "compute_gae"))
+    assert "[FAILED] compute_gae" in capsys.readouterr().out  # the verdict is shown first
+    check(lambda *a, **k: 1 / 0, name="compute_gae")  # a written but wrong attempt: a verdict, no exception
+    assert "ZeroDivisionError" in capsys.readouterr().out

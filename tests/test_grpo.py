@@ -422,3 +422,11 @@ def test_a_plugged_objective_without_a_graph_is_named_by_the_trainer(tiny_policy
     with pytest.raises(NoGradientError, match="your `calc_grpo_objective` returned a tensor with no gradient graph"):
         grpo_trainer.train(small_args(num_phases=1), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
                            progress=False, evaluate_before_after=False, calc_grpo_objective=my_objective)
+
+
+def test_the_truncation_sentence_says_none_were_cut_off_instead_of_a_nan_mean():
+    none_cut = widgets.truncation_text([False, False, False], [1.0, 0.0, 1.0], max_new_tokens=40)
+    assert "0 of 3" in none_cut and "every completion ended with an EOS" in none_cut
+    assert "nan" not in none_cut.lower() and "mean" not in none_cut
+    some_cut = widgets.truncation_text([True, False, True, False], [0.0, 1.0, 1.0, 1.0], max_new_tokens=40)
+    assert some_cut.startswith("truncated (no EOS in 40 tokens): 2 of 4") and "their mean reward 0.50" in some_cut

@@ -80,7 +80,8 @@ def test_exercise_headers_carry_time_and_ratings_and_the_build_shows_them():
     nb = notebooks.build(cells, "chapter", "00_x")
     heading = nb.cells[0].source
     assert heading.startswith("#### Exercise: `next_token_probs`") and "about 10 minutes" in heading
-    assert heading.count("\U0001f534") == 1 and heading.count("\U0001f535") == 3
+    assert "**Difficulty** \u2605\u2606\u2606\u2606\u2606 1/5" in heading
+    assert "**Importance** \u2605\u2605\u2605\u2606\u2606 3/5" in heading
 
 
 def test_every_exercise_in_the_course_has_a_heading_before_its_code():
@@ -105,3 +106,44 @@ def test_chapters_say_how_to_work_through_them_and_that_run_all_stops():
             assert "Run All stops at the first exercise" in note and f"solutions/{path.name}" in note
         else:
             assert f"chapters/{path.name}" in note
+
+
+def _renders_in_a_default_font(char: str) -> bool:
+    """ASCII, or a text character below the blocks where emoji live (Misc Technical U+2300-23FF, Misc
+    Symbols and Dingbats U+2600-27BF, Misc Symbols and Arrows U+2B00-2BFF, everything from U+3000 on), or
+    one of the two rating stars (U+2605/U+2606: no emoji presentation; DejaVu Sans, Debian's default font, has both)."""
+    code = ord(char)
+    if char in (notebooks.FULL_STAR, notebooks.EMPTY_STAR) or code < 0x80:
+        return True
+    return code < 0x2300 or 0x2400 <= code < 0x2600 or 0x27C0 <= code < 0x2B00 or 0x2C00 <= code < 0x3000
+
+
+def test_the_emoji_filter_rejects_emoji_and_keeps_text_symbols():
+    for emoji in ("\U0001f534", "\U0001f535", "\u26aa", "\u2705", "\u231a", "\u2b50", "\ufe0f"):
+        assert not _renders_in_a_default_font(emoji), hex(ord(emoji))
+    for text in ("a", "\u00b1", "\u00b7", "\u2014", "\u2192", "\u2264", "\u03b5", "\u2605", "\u2606"):
+        assert _renders_in_a_default_font(text), hex(ord(text))
+
+
+@pytest.mark.parametrize("path", sorted(expected_files()), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_generated_notebooks_contain_no_emoji(path):
+    """Debian's Chromium with no emoji font draws emoji as empty boxes: the ratings (and all other text)
+    use characters a default font has."""
+    nb = json.loads(expected_files()[path])
+    found = {ch for cell in nb["cells"] for ch in "".join(cell["source"]) if not _renders_in_a_default_font(ch)}
+    assert not found, f"{path.name} contains emoji or symbols a default font may lack: " \
+                      f"{sorted(f'U+{ord(c):04X}' for c in found)}"
+
+
+def test_a_harder_exercise_is_never_estimated_shorter_than_an_easier_one():
+    """Ratings mean the same in every chapter (docs/AUTHORING.md, "Estimates"): across the whole course,
+    the longest estimate of a difficulty is at most the shortest of the next harder one."""
+    minutes: dict[int, list[tuple[int, str]]] = {}
+    for exercise in notebooks.exercises():
+        minutes.setdefault(exercise.meta.difficulty, []).append((exercise.meta.minutes, exercise.name))
+    levels = sorted(minutes)
+    for easier, harder in zip(levels, levels[1:]):
+        slowest, fastest = max(minutes[easier]), min(minutes[harder])
+        assert slowest[0] <= fastest[0], (
+            f"{slowest[1]} (difficulty {easier}) is estimated at {slowest[0]} min, longer than {fastest[1]} "
+            f"(difficulty {harder}) at {fastest[0]} min: one of the two ratings or estimates is off")

@@ -2,7 +2,8 @@
 
 ``run_check(name, candidate) -> CheckResult`` is the programmatic entry point (it never raises because
 of the candidate); ``check(obj)`` finds the checker by ``obj.__name__`` and shows the verdict as HTML in
-Jupyter or as text in a terminal.
+Jupyter or as text in a terminal. Checking an untouched stub also raises ``NotImplementedError`` naming
+the exercise, so that a chapter's Run All stops at its first exercise not written yet.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from rlhf_tutorial.checks import learner_progress as _progress
 from rlhf_tutorial.checks.core import (
+    NOT_IMPLEMENTED,
     REGISTRY,
     CheckResult,
     chapter_modules,
@@ -43,6 +45,11 @@ def check(obj: Any, name: str | None = None) -> None:
         if name in REGISTRY:
             _progress.record(name, REGISTRY[name].chapter, result.passed)
     show(result)
+    if name is not None and not result.passed and result.message.startswith(NOT_IMPLEMENTED):
+        # The untouched stub: stop here, so that Run All stops at the first exercise not written yet (a
+        # later cell may not use this one, and would run on past it).
+        raise NotImplementedError(f"exercise {name}: not written yet, so Run All stops here. Replace the "
+                                  "`raise NotImplementedError(...)` line above, run that cell, then this check.")
     if not result.passed and os.environ.get("RLHF_TUTORIAL_STRICT") == "1":
         raise ExerciseFailed(str(result))
 

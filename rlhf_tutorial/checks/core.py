@@ -371,6 +371,10 @@ def device_problem(out: Any, want: torch.device | None) -> str | None:
     return None
 
 
+# The start of the verdict on an exercise whose stub is untouched (``check`` then stops Run All).
+NOT_IMPLEMENTED = "not implemented yet"
+
+
 def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None,
          _device_hint: str | None = None, _keep_modes: bool = True, **kwargs: Any) -> Any:
     """Call the learner's ``candidate``; every way it can go wrong becomes a :class:`CheckFailure`.
@@ -398,7 +402,7 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
         if not _raised_by_learner(exc):  # a library's NotImplementedError, not the exercise stub's
             raise CheckFailure(f"your code raised {describe_exception(exc)}") from None
         raise CheckFailure(
-            "not implemented yet: replace the `raise NotImplementedError(...)` line with your code."
+            f"{NOT_IMPLEMENTED}: replace the `raise NotImplementedError(...)` line with your code."
         ) from None
     except CheckFailure:
         raise

@@ -7,6 +7,8 @@
   Its input is ``grpo.group_record(policy, rollout, args)``.
 - :func:`grpo_curves`: reward, fraction of all-equal groups, KL and clip fraction per phase.
 - :func:`comparison_figure`: PPO vs GRPO in one figure: reward per phase, wall time, peak memory.
+- :func:`truncation_text`: how many completions were cut off at the length limit and what the reward
+  paid them (chapter 04's overlong cell).
 - :func:`write_report`: all of the above in one HTML file (``train-grpo --report``).
 """
 
@@ -189,6 +191,17 @@ def comparison_figure(runs: dict[str, dict[str, Any]], title: str = "PPO vs GRPO
     fig.update_layout(title=title, height=420, margin={"t": 100, "b": 110, "l": 50, "r": 20},
                       legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0})
     return fig
+
+
+def truncation_text(truncated: Sequence[bool], rewards: Sequence[float], max_new_tokens: int) -> str:
+    """One sentence: how many of the completions were truncated (no EOS within ``max_new_tokens``) and,
+    when any were, the mean reward of those; when none were, it says so instead of a mean of nothing."""
+    flags = [bool(t) for t in truncated]
+    paid = [float(r) for r, t in zip(rewards, flags) if t]
+    head = f"truncated (no EOS in {max_new_tokens} tokens): {len(paid)} of {len(flags)}"
+    if not paid:
+        return head + "; every completion ended with an EOS, so overlong filtering would mask none of them"
+    return head + f"; their mean reward {sum(paid) / len(paid):.2f}"
 
 
 def run_summary(reward_per_phase: Sequence[float], wall_seconds: float, peak_memory_mb: float,
