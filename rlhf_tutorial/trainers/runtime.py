@@ -60,6 +60,9 @@ class PeakMemory:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             self.mode = "hwm"
+            # the reset sets the high-water mark to the resident set of that instant, which may be below
+            # the one read above (memory freed in between): measure from the mark itself, which only rises
+            self.base = self._rss_kb("VmHWM")
         except OSError:
             self.mode = "poll"
             self._max, self._stop = self.base, threading.Event()
