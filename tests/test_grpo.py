@@ -393,9 +393,10 @@ def test_peak_memory_sees_an_allocation(device):
 
 
 def test_peak_memory_is_never_below_zero_when_memory_is_freed_at_entry(monkeypatch):
-    """Memory freed between reading the resident set and resetting the high-water mark used to give a
-    negative peak (unit-simgpu saw -0.08 MB): the probe measures from the reset mark itself."""
-    reads = {"VmRSS": [1000], "VmHWM": [900, 900]}  # 100 KiB freed just before the reset; nothing allocated
+    """Memory freed between reading the resident set and resetting the high-water mark, or the kernel's
+    approximate (per-CPU batched) counters, used to give a negative peak (unit-simgpu saw -0.08 and
+    -0.22 MB): the probe measures from the reset mark itself, and nothing allocated reads 0."""
+    reads = {"VmRSS": [1000], "VmHWM": [900, 880]}  # 100 KiB freed before the reset; the counters then drift down
 
     def fake_rss_kb(field: str = "VmRSS") -> int:
         return reads[field].pop(0)
