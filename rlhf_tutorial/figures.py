@@ -86,6 +86,9 @@ RUNS["bench_grpo"] = Run(("bench-trl", "--algo", "grpo"))
 RUNS["bench_dpo"] = Run(("bench-trl", "--algo", "dpo"))
 RUNS["bench_ppo"] = Run(("bench-trl", "--algo", "ppo"))
 RUNS["bench_memory"] = Run(("bench-memory",))
+# The same races on a GPT-2-small-shaped policy (issue 23): time and memory only, 2 threads.
+for _algo in ("grpo", "ppo", "dpo"):
+    RUNS[f"bench_{_algo}_gpt2"] = Run(("bench-trl", "--algo", _algo, "--size", "gpt2"))
 
 # Chapters 04 and 06.
 _TINY_NEG = ("--world", "tiny", "--direction", "neg", "--seed", "0")

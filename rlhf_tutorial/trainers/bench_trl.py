@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from rlhf_tutorial.devices import course_device
 from rlhf_tutorial.speed import REWARD_TARGET, SECTIONS, PhaseClock
 from rlhf_tutorial.trainers import grpo
 from rlhf_tutorial.trainers.runtime import PeakMemory
@@ -93,7 +94,7 @@ class RewardRecorder:
 
 
 def trl_config(args: grpo.GRPOArgs, seed: int, out: str, num_processes: int = 1):
-    """``args`` as a TRL ``GRPOConfig`` (CPU, float32, no checkpoints, no logging to services).
+    """``args`` as a TRL ``GRPOConfig`` (on the course's device, float32, no checkpoints, no logging to services).
 
     With ``num_processes`` data-parallel processes (``scale-trl``) a phase keeps its p * G completions
     and an optimizer step its ``p * G / num_minibatches``: each process samples and trains on its share,
@@ -103,7 +104,7 @@ def trl_config(args: grpo.GRPOArgs, seed: int, out: str, num_processes: int = 1)
     rows = args.groups_per_phase * args.group_size
     minibatch = per_process(rows // args.num_minibatches, num_processes, "a minibatch (p * G / num_minibatches)")
     return GRPOConfig(
-        output_dir=out, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        output_dir=out, seed=seed, use_cpu=course_device().type != "cuda", bf16=False, fp16=False,
         gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=10**6,
         disable_tqdm=True, dataloader_num_workers=0,
         num_generations=args.group_size, per_device_train_batch_size=minibatch,
@@ -140,6 +141,7 @@ def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_wind
 
     torch.manual_seed(seed)
     policy = copy.deepcopy(base) if base is not None else load_policy(args.world, device="cpu")
+    policy = policy.to(course_device())  # TRL's side runs on the same device (trl_config's use_cpu)
     recorder = RewardRecorder(reward_fn)
     recorder.start()
     with _peak() as memory:
@@ -243,6 +245,17 @@ GPT2_SIZES = {
                 eval_samples=8, eval_samples_per_round=8),
 }
 
+#: ``--size gpt2`` on a GPU (``--device cuda``): the GRPO race at the size of issue 23's GPU figure, 64
+#: completions of 30 tokens a phase (8 groups of 8).
+GPT2_GPU_SIZES = {"grpo": dict(groups_per_phase=8, group_size=8, max_new_tokens=30, num_phases=6, num_minibatches=2)}
+
+
+def gpt2_sizes(algo: str) -> dict[str, Any]:
+    """The ``--size gpt2`` overrides of race ``algo``: ``GPT2_GPU_SIZES`` on a GPU where it has them, else
+    ``GPT2_SIZES``."""
+    on_gpu = course_device().type == "cuda"
+    return dict(GPT2_GPU_SIZES[algo] if on_gpu and algo in GPT2_GPU_SIZES else GPT2_SIZES[algo])
+
 
 def policy_shape(policy) -> dict[str, int]:
     """The race policy's shape, for the summary: layers, width, heads, vocabulary, parameters."""
@@ -297,7 +310,7 @@ def race_grpo(argv: list[str]) -> dict:
     except ImportError:
         return {"error": "TRL is not installed: pip install 'rlhf-tutorial[trl]' (or make test, which installs it)"}
     torch.set_num_threads(ns.threads)
-    overrides: dict[str, Any] = dict(GPT2_SIZES["grpo"]) if ns.size == "gpt2" else {}
+    overrides: dict[str, Any] = gpt2_sizes("grpo") if ns.size == "gpt2" else {}
     if ns.smoke:
         overrides = dict(num_phases=2, groups_per_phase=2, group_size=4, max_new_tokens=8, num_minibatches=2)
     if ns.num_phases is not None:
@@ -346,6 +359,7 @@ def race_summary(algo: str, trl_version: str | None, runs: dict[str, list[dict]]
         "trl_version": trl_version,
         "torch_threads": ns.threads,
         "size": ns.size,
+        "device": str(course_device()),
         "seeds": ns.seeds,
         "smoke": ns.smoke,
         "reward_target": REWARD_TARGET,
