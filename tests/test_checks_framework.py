@@ -385,14 +385,22 @@ def test_a_failed_check_points_to_the_next_rung_never_to_the_code(ladder_exercis
     assert run_check(ladder_exercise, lambda x: x.sort().values[1]).passed
 
 
-def test_the_hint_cell_nests_the_three_rungs_the_third_labelled_the_code(ladder_exercise):
+def test_the_hint_cell_nests_two_rungs_and_points_to_hint_for_the_code(ladder_exercise, capsys):
+    """The notebook's hint cell holds the nudge and, inside it, the approach; the code rung is not in it
+    (the .ipynb would carry the solution): the cell says to run hint(name, 3), which shows it."""
+    from rlhf_tutorial.checks import hint
     from rlhf_tutorial.notebooks import hint_markdown
 
     cell = hint_markdown(ladder_exercise)
-    assert cell.count("<details>") == 3 and cell.count("</details>") == 3
-    first, second, third = (cell.index(text) for text in LADDER)
-    assert first < second < third and cell.rindex("<details>") < third < cell.index("</details>")
-    assert "Hint 3</b>: the code" in cell[second:third] and "Hint 2</b>: the approach" in cell[first:second]
+    assert cell.count("<details>") == 2 and cell.count("</details>") == 2
+    first, second = (cell.index(text) for text in LADDER[:2])
+    assert first < second and cell.rindex("<details>") < second < cell.index("</details>")
+    assert "Hint 2</b>: the approach" in cell[first:second]
+    assert LADDER[2] not in cell and "torch.sort(x).values" not in cell
+    pointer = cell.index('hint("toy_median", 3)')
+    assert second < pointer < cell.index("</details>")  # inside the approach's rung
+    hint(ladder_exercise, 3)
+    assert "return torch.sort(x).values[len(x) // 2]" in capsys.readouterr().out
 
 
 def test_a_hint_that_is_not_three_rungs_is_refused_at_registration():

@@ -179,8 +179,8 @@ _cpu_first: list[bool] = []  # whether it is the CPU pass before a GPU pass (sam
 def checker(name: str, *, chapter: str, hint: str | tuple[str, str, str], device: str | None = None) -> Callable:
     """Register ``fn(candidate) -> str | None`` as the checker of exercise ``name``.
 
-    ``hint`` is the exercise's hint ladder, three rungs shown one at a time (``hint("name", k)``, and
-    nested in the notebook's collapsed hint cell): 1 a nudge (which quantity, which torch function),
+    ``hint`` is the exercise's hint ladder, three rungs shown one at a time (``hint("name", k)``; the
+    first two also nested in the notebook's collapsed hint cell, the code only through ``hint``): 1 a nudge (which quantity, which torch function),
     2 the approach or formula, 3 the code (markdown; a ```python fence). None of the first two
     contains a line of the solution (tests/checks/test_exercise_text.py). A single string is the
     one-rung form of the chapters not yet converted. ``device``: where the exercise's code runs in its
