@@ -352,6 +352,41 @@ def ladder_exercise(monkeypatch):
         table.pop("toy_median", None)
 
 
+def test_what_the_learners_code_prints_shows_once_on_either_device(ladder_exercise, capsys):
+    """On a GPU (here, under RLHF_TUTORIAL_DEVICE=simgpu, the simulated one) a check runs the candidate on
+    the CPU, then on the GPU: a print inside it must show once, not twice. A candidate that passes shows
+    the GPU pass's print; one that fails on the CPU pass shows what it printed there (the failing pass);
+    one that fails only on the GPU (its result left on the CPU) shows the GPU pass's. On the CPU there is
+    one pass and one print."""
+    from rlhf_tutorial.devices import course_device
+
+    gpu = course_device().type != "cpu"
+
+    def right(x):
+        print(f"right median on {x.device.type}")
+        return torch.sort(x).values[len(x) // 2]
+
+    def mean(x):
+        print(f"mean on {x.device.type}")
+        return x.mean()
+
+    def left_on_cpu(x):
+        print(f"left on cpu, given {x.device.type}")
+        return torch.sort(x.cpu()).values[len(x) // 2]
+
+    where = course_device().type
+    for fn, passed, printed, devices in [
+        (right, True, f"right median on {where}", 2 if gpu else 1),
+        (mean, False, "mean on cpu", 1),
+        (left_on_cpu, not gpu, f"left on cpu, given {where}", 2 if gpu else 1),
+    ]:
+        result = run_check(ladder_exercise, fn)
+        out = capsys.readouterr().out
+        assert result.passed == passed and len(result.devices) == devices, (fn.__name__, result)
+        assert out.splitlines() == [printed], (fn.__name__, out)
+    assert "You took the mean" in run_check(ladder_exercise, mean).message  # the verdict is unchanged
+
+
 def test_a_hint_is_three_rungs_shown_one_at_a_time_each_pointing_to_the_next(ladder_exercise, capsys):
     for rung in (1, 2, 3):
         hint(ladder_exercise, rung)
