@@ -11,7 +11,7 @@
 # you what differs, naming the mistake when it is a known one. The hints wait until you ask, and come
 # as a ladder: `hint("name")` gives a nudge (which quantity, which torch function), `hint("name", 2)`
 # the approach or formula, `hint("name", 3)` the code; the collapsed **Hint** cell between the two
-# cells nests the same three rungs. Try each rung before the next: the exercises are there to make you
+# cells nests the first two rungs (the code is not written in the notebook: `hint("name", 3)` shows it). Try each rung before the next: the exercises are there to make you
 # think, and the text above each says what to compute, never how to write it. `progress()` shows which exercises
 # you have passed, in every chapter, and remembers them across kernel restarts.
 #

@@ -50,6 +50,7 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import check, figures, hint, progress
 from rlhf_tutorial.devices import describe, device_of
+from rlhf_tutorial.grpo import completion_mask as chapter_04_completion_mask  # chapter 04's exercise, solved
 from rlhf_tutorial.ppo import (
     calc_clipped_surrogate_objective,
     calc_clipped_value_loss,
@@ -217,15 +218,15 @@ samples_table(sample_texts, base_rewards, title="base model samples, reward = p(
 #   completion (TRL's `missing_eos_penalty`), so the policy learns to finish its texts rather than
 #   ramble until it is cut off.
 #
-# Chapter 04 samples with `stop_at_eos=True` and writes that mask. Here, the same quantities on the
-# samples above:
+# Chapter 04 samples with `stop_at_eos=True` and has you write that mask (`completion_mask`). Here, the
+# same quantities on the samples above, the mask from the package's version of that exercise:
 
 # %%
 eos = policy.tokenizer.eos_token_id
 generated = sample_tokens[:, policy.to_tokens(prompt).shape[1]:]
-is_eos = (generated == eos).long()
-completion_mask_demo = (is_eos.cumsum(-1) - is_eos) == 0  # True up to and including the first EOS
-print(f"samples with an EOS among their {generated.shape[1]} tokens: {int(is_eos.any(-1).sum())} of {len(generated)}")
+completion_mask_demo = chapter_04_completion_mask(generated, eos)  # True up to and including the first EOS
+print(f"samples with an EOS among their {generated.shape[1]} tokens: {int((generated == eos).any(-1).sum())} "
+      f"of {len(generated)}")
 print("real tokens per sample (mask sums):", completion_mask_demo.sum(-1).tolist())
 print("missing-EOS penalty (p = 1):       ", missing_eos_penalty(generated, eos, penalty=1.0).tolist())
 

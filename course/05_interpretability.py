@@ -29,7 +29,9 @@
 # --world tiny` ran chapter 03's trainer (seed 0, towards negative, ~1 minute) and saved the policy and
 # its value head. You need no other notebook. In the GPT-2 world, set `RLHF_TUTORIAL_TUNED_DIR` to a
 # folder saved by `python -m rlhf_tutorial train-rlhf --world gpt2 --save DIR`; without it the cell
-# below trains one with chapter 03's preset (long: use a GPU) and saves it to `runs/`.
+# below trains one with chapter 03's preset (long: use a GPU) and saves it to `runs/`, and reuses it
+# later only while it belongs to the GPT-2 you have (a run records the model it was trained on; a
+# stand-in GPT-2 of the tests records its tokenizer and vocabulary size).
 
 # %% imports
 import os
@@ -63,7 +65,7 @@ from rlhf_tutorial.interp import (
 )
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.rlhf import get_samples
-from rlhf_tutorial.trainers.interp_report import load_pair, train_tuned
+from rlhf_tutorial.trainers.interp_report import load_pair, reuse_or_train_tuned
 from rlhf_tutorial.widgets.interp import (
     attribution_figure,
     lens_explorer,
@@ -81,9 +83,9 @@ if is_tiny():
     torch.set_num_threads(1)  # the tiny model's matrices gain nothing from more threads
 checkpoint = os.environ.get("RLHF_TUTORIAL_TUNED_DIR")
 if checkpoint is None and not is_tiny():
-    checkpoint = Path("runs") / ("tuned_gpt2_neg_smoke" if is_smoke() else "tuned_gpt2_neg")
-    if not (checkpoint / "policy.safetensors").exists():
-        train_tuned(world, checkpoint, smoke=is_smoke())
+    # chapter 03's run of this very GPT-2 (for a stand-in: the same tokenizer), else one trained now
+    checkpoint = reuse_or_train_tuned(world, Path("runs") / ("tuned_gpt2_neg_smoke" if is_smoke() else "tuned_gpt2_neg"),
+                                      smoke=is_smoke())
 base, tuned = load_pair(world, checkpoint)  # tuned: chapter 03's TransformerWithValueHead
 tuned_model = tuned.base_model
 torch.set_grad_enabled(False)  # this chapter only reads the models

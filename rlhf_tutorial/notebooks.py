@@ -3,8 +3,8 @@
 A source is a Python file cut into cells by ``# %%`` headers (see docs/AUTHORING.md). An exercise cell
 names reference objects in the package (``# %% exercise rlhf_tutorial.ppo:compute_gae``): the solution
 notebook gets their source, the chapter notebook the same signatures and docstrings with the bodies
-replaced by ``raise NotImplementedError``. After each exercise the build adds a hint cell (the
-checker's hint) and a ``check(name)`` cell.
+replaced by ``raise NotImplementedError``. After each exercise the build adds a hint cell (the first two
+rungs of the checker's hint ladder; the code rung only through ``hint(name, 3)``) and a ``check(name)`` cell.
 """
 
 from __future__ import annotations
@@ -220,9 +220,12 @@ def stub_source(obj: Any, name: str) -> str:
 
 
 def hint_markdown(name: str) -> str:
-    """The collapsed hint cell after an exercise: its three rungs as nested ``<details>`` (a nudge;
-    inside it the approach; inside that the code), so each opens only after the one before."""
-    from rlhf_tutorial.checks.core import REGISTRY, load_all
+    """The collapsed hint cell after an exercise: the first two rungs of its ladder as nested
+    ``<details>`` (a nudge; inside it the approach), so each opens only after the one before. The
+    third rung, the code, is not in the notebook (a learner or a program reading the .ipynb would find
+    the solution there): the cell says to run ``hint("name", 3)``, which reads it from the installed
+    package (``notebooks.solution_code`` of the reference) when asked."""
+    from rlhf_tutorial.checks.core import REGISTRY, RUNGS, load_all
 
     load_all()
     if name not in REGISTRY:
@@ -230,10 +233,17 @@ def hint_markdown(name: str) -> str:
     rungs = REGISTRY[name].hint
     if len(rungs) == 1:  # a chapter not yet on the ladder
         return f"<details><summary><b>Hint</b> for <code>{name}</code></summary>\n\n{rungs[0]}\n\n</details>"
-    labels = (f"<b>Hint 1</b> for <code>{name}</code>: a nudge", "<b>Hint 2</b>: the approach",
-              "<b>Hint 3</b>: the code")
-    opened = "\n\n".join(f"<details><summary>{label}</summary>\n\n{text}" for label, text in zip(labels, rungs))
-    return opened + "\n\n" + "\n".join("</details>" for _ in rungs)
+    shown = rungs[: RUNGS - 1]
+    labels = (f"<b>Hint 1</b> for <code>{name}</code>: a nudge", "<b>Hint 2</b>: the approach")
+    opened = "\n\n".join(f"<details><summary>{label}</summary>\n\n{text}" for label, text in zip(labels, shown))
+    code = code_rung_pointer(name)
+    return opened + f"\n\n{code}\n\n" + "\n".join("</details>" for _ in shown)
+
+
+def code_rung_pointer(name: str) -> str:
+    """What the hint cell says in place of the code rung: how to ask for it."""
+    return (f"**Hint 3, the code:** run `hint(\"{name}\", 3)` in a cell. It is not written in this notebook: "
+            "try the two rungs above first.")
 
 
 def how_to_work(stem: str, variant: str) -> str:
@@ -245,8 +255,8 @@ def how_to_work(stem: str, variant: str) -> str:
         "> **How to work through this chapter.** Run the cells from the top, one at a time (Shift+Enter). "
         "At each exercise, replace the `raise NotImplementedError(...)` line with your code, run the cell, "
         "then run the `check(...)` cell below it. Stuck? The hints are a ladder: `hint(\"name\")` gives a nudge, "
-        "`hint(\"name\", 2)` the approach, `hint(\"name\", 3)` the code (or open the collapsed **Hint** cell, "
-        f"one rung inside the other); `solutions/{stem}.ipynb` has the solved chapter (in the file browser: one "
+        "`hint(\"name\", 2)` the approach, `hint(\"name\", 3)` the code (the collapsed **Hint** cell holds the first "
+        f"two rungs, one inside the other); `solutions/{stem}.ipynb` has the solved chapter (in the file browser: one "
         "folder up, then `solutions/`). `progress()` lists what you have passed, across kernel restarts.\n>\n"
         "> **Run All stops at the first exercise you have not written yet**, with a `NotImplementedError` "
         "that names it: that is expected, and it marks where to continue."

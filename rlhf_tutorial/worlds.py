@@ -231,6 +231,33 @@ def stand_ins_loaded() -> dict[str, str]:
     return dict(_stand_ins_loaded)
 
 
+def policy_stand_in(world: str | None = None) -> dict | None:
+    """Which stand-in the world's policy is here, in the form a saved run records it (so that a run
+    trained on one stand-in is not reused on another): for the GPT-2 world whose cached policy repo is
+    a stand-in (``build-stand-in-hub``), ``{"repo", "tokenizer", "vocab_size"}``, the tokenizer as its
+    ``STAND_IN.json`` names it (``"real"``: GPT-2's BPE; ``"trained"``: the fallback trained on the tiny
+    corpus; ``"unrecorded"``: a cache built before the marker named it) and the vocabulary size; None
+    for the tiny world and for a real GPT-2."""
+    if resolve_world(world) != "gpt2":
+        return None
+    repo = gpt2_model()
+    marker = _stand_in_marker(repo)
+    if marker is None:
+        return None
+    return {"repo": repo, "tokenizer": marker.get("tokenizer", "unrecorded"),
+            "vocab_size": (marker.get("stand_in_size") or {}).get("vocab_size")}
+
+
+def describe_stand_in(record: dict | None) -> str:
+    """A :func:`policy_stand_in` record in words: "the stand-in gpt2 with GPT-2's real BPE (50257 tokens)"."""
+    if record is None:
+        return "the real GPT-2 (no stand-in)"
+    tokenizer = {"real": "GPT-2's real BPE", "trained": "the BPE trained on the tiny corpus",
+                 "unrecorded": "a tokenizer its STAND_IN.json does not name"}.get(record.get("tokenizer"),
+                                                                                 repr(record.get("tokenizer")))
+    return f"the stand-in {record.get('repo')} with {tokenizer} ({record.get('vocab_size')} tokens)"
+
+
 def _note_stand_in(repo_id: str) -> None:
     """Record and say once that ``repo_id`` is a stand-in; for a GPT-2 repo the note also says which
     tokenizer it carries (GPT-2's real BPE or the trained fallback, :mod:`rlhf_tutorial.gpt2_bpe`)."""

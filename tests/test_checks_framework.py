@@ -273,7 +273,9 @@ def test_a_check_runs_on_the_cpu_first_and_then_on_the_courses_device(scratch_ch
         return x * 2
 
     result = run_check("_scratch", learner)
-    assert result.passed and result.devices == _passes() and tuple(seen) == _passes()
+    # a tensor's device names its index ("cuda:0") where the course's device may not ("cuda")
+    indexed = tuple(d if d.startswith("cpu") or ":" in d else f"{d}:{torch.cuda.current_device()}" for d in _passes())
+    assert result.passed and result.devices == _passes() and tuple(seen) == indexed
     assert cpu_first == ([True, False] if len(_passes()) == 2 else [False])
     assert not is_cpu_pass()  # outside a check
 
@@ -352,6 +354,41 @@ def ladder_exercise(monkeypatch):
         table.pop("toy_median", None)
 
 
+def test_what_the_learners_code_prints_shows_once_on_either_device(ladder_exercise, capsys):
+    """On a GPU (here, under RLHF_TUTORIAL_DEVICE=simgpu, the simulated one) a check runs the candidate on
+    the CPU, then on the GPU: a print inside it must show once, not twice. A candidate that passes shows
+    the GPU pass's print; one that fails on the CPU pass shows what it printed there (the failing pass);
+    one that fails only on the GPU (its result left on the CPU) shows the GPU pass's. On the CPU there is
+    one pass and one print."""
+    from rlhf_tutorial.devices import course_device
+
+    gpu = course_device().type != "cpu"
+
+    def right(x):
+        print(f"right median on {x.device.type}")
+        return torch.sort(x).values[len(x) // 2]
+
+    def mean(x):
+        print(f"mean on {x.device.type}")
+        return x.mean()
+
+    def left_on_cpu(x):
+        print(f"left on cpu, given {x.device.type}")
+        return torch.sort(x.cpu()).values[len(x) // 2]
+
+    where = course_device().type
+    for fn, passed, printed, devices in [
+        (right, True, f"right median on {where}", 2 if gpu else 1),
+        (mean, False, "mean on cpu", 1),
+        (left_on_cpu, not gpu, f"left on cpu, given {where}", 2 if gpu else 1),
+    ]:
+        result = run_check(ladder_exercise, fn)
+        out = capsys.readouterr().out
+        assert result.passed == passed and len(result.devices) == devices, (fn.__name__, result)
+        assert out.splitlines() == [printed], (fn.__name__, out)
+    assert "You took the mean" in run_check(ladder_exercise, mean).message  # the verdict is unchanged
+
+
 def test_a_hint_is_three_rungs_shown_one_at_a_time_each_pointing_to_the_next(ladder_exercise, capsys):
     for rung in (1, 2, 3):
         hint(ladder_exercise, rung)
@@ -385,14 +422,22 @@ def test_a_failed_check_points_to_the_next_rung_never_to_the_code(ladder_exercis
     assert run_check(ladder_exercise, lambda x: x.sort().values[1]).passed
 
 
-def test_the_hint_cell_nests_the_three_rungs_the_third_labelled_the_code(ladder_exercise):
+def test_the_hint_cell_nests_two_rungs_and_points_to_hint_for_the_code(ladder_exercise, capsys):
+    """The notebook's hint cell holds the nudge and, inside it, the approach; the code rung is not in it
+    (the .ipynb would carry the solution): the cell says to run hint(name, 3), which shows it."""
+    from rlhf_tutorial.checks import hint
     from rlhf_tutorial.notebooks import hint_markdown
 
     cell = hint_markdown(ladder_exercise)
-    assert cell.count("<details>") == 3 and cell.count("</details>") == 3
-    first, second, third = (cell.index(text) for text in LADDER)
-    assert first < second < third and cell.rindex("<details>") < third < cell.index("</details>")
-    assert "Hint 3</b>: the code" in cell[second:third] and "Hint 2</b>: the approach" in cell[first:second]
+    assert cell.count("<details>") == 2 and cell.count("</details>") == 2
+    first, second = (cell.index(text) for text in LADDER[:2])
+    assert first < second and cell.rindex("<details>") < second < cell.index("</details>")
+    assert "Hint 2</b>: the approach" in cell[first:second]
+    assert LADDER[2] not in cell and "torch.sort(x).values" not in cell
+    pointer = cell.index('hint("toy_median", 3)')
+    assert second < pointer < cell.index("</details>")  # inside the approach's rung
+    hint(ladder_exercise, 3)
+    assert "return torch.sort(x).values[len(x) // 2]" in capsys.readouterr().out
 
 
 def test_a_hint_that_is_not_three_rungs_is_refused_at_registration():

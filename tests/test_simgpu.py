@@ -214,3 +214,34 @@ def test_a_check_runs_the_candidate_on_the_cpu_before_the_gpu():
     lost = out["assert"]
     assert not lost["passed"] and lost["devices"] == ["cpu", "simgpu:0"]
     assert "CUDA context of this kernel is lost" in lost["message"] and "Restart the kernel" in lost["message"]
+
+
+def test_a_print_in_the_learners_code_shows_once_when_the_check_runs_on_the_cpu_then_the_gpu():
+    """The two passes of a check on a GPU run the learner's code twice; its output shows once: the GPU
+    pass's when the CPU pass passes, the CPU pass's when that pass fails (the learner sees what the
+    failing code printed)."""
+    out = run_simgpu("""
+        import contextlib, io
+        from rlhf_tutorial.checks import core
+
+        @core.checker("toy_double", chapter="00_setup_and_tour", hint=("nudge", "approach", "code"))
+        def check_toy_double(candidate):
+            return core.compare_to_reference(candidate, lambda x: 2 * x, [core.Case("a vector", (torch.arange(3.0),))])
+
+        def right(x):
+            print("right on", x.device.type)
+            return x + x
+
+        def wrong(x):
+            print("wrong on", x.device.type)
+            return 3 * x
+
+        for fn in (right, wrong):
+            buffer = io.StringIO()
+            with contextlib.redirect_stdout(buffer):
+                result = core.run_check("toy_double", fn)
+            out[fn.__name__] = {"passed": result.passed, "devices": list(result.devices),
+                                "printed": buffer.getvalue().splitlines()}
+    """)
+    assert out["right"] == {"passed": True, "devices": ["cpu", "simgpu:0"], "printed": ["right on simgpu"]}
+    assert out["wrong"] == {"passed": False, "devices": ["cpu"], "printed": ["wrong on cpu"]}

@@ -235,6 +235,28 @@ def _random_adapters(model: HookedTransformer, keys: list[str], seed: int, rank:
     return adapters
 
 
+def _every_key(model: HookedTransformer) -> list[str]:
+    """The adapter keys of every target on every layer of ``model``."""
+    return [lora.adapter_key(layer, t) for layer in range(model.cfg.n_layers) for t in lora.TARGETS]
+
+
+def _tokens(model: HookedTransformer, seed: int, shape: tuple[int, int] = (3, 7)) -> torch.Tensor:
+    """Seeded random token ids of ``shape`` for ``model``, on the check's device."""
+    return torch.randint(0, model.cfg.d_vocab, shape, generator=seeded(seed)).to(check_device())
+
+
+def _adapter_cases(norm: str, model: HookedTransformer, tokens: torch.Tensor, layer: int,
+                   seeds: tuple[int, int]) -> list[Case]:
+    """The cases the LoRA checks share on one model: each target's adapter alone on ``layer`` (an update
+    that shows only through its own hook points or weight), then every target on every layer (``seeds``:
+    the adapters' of each)."""
+    cases = [Case(f"{norm} model, only layer {layer}'s '{t}' adapter",
+                  (model, _random_adapters(model, [lora.adapter_key(layer, t)], seeds[0]), tokens)) for t in lora.TARGETS]
+    cases.append(Case(f"{norm} model, every target on every layer",
+                      (model, _random_adapters(model, _every_key(model), seeds[1]), tokens)))
+    return cases
+
+
 def _hooked_logits(hooks_fn):
     """A function (model, adapters, tokens) -> the logits of ``model`` run with ``hooks_fn``'s hooks."""
 
@@ -362,15 +384,9 @@ def check_lora_hooks(candidate) -> str:
     for norm in ("LN", "LNPre"):
         model = small_model(seed=8, normalization_type=norm)
         before = _state_digest(model)
-        g = seeded(9)
-        tokens = torch.randint(0, model.cfg.d_vocab, (3, 7), generator=g).to(check_device())
+        tokens = _tokens(model, 9)
         one = tokens[:1, :5]
-        cases = [Case(f"{norm} model, only layer 1's '{t}' adapter", (model, _random_adapters(model, [f"L1_{t}"], 3),
-                                                                       tokens)) for t in lora.TARGETS]
-        cases += [
-            Case(f"{norm} model, every target on every layer",
-                 (model, _random_adapters(model, [lora.adapter_key(layer, t) for layer in range(2) for t in lora.TARGETS],
-                                          4), tokens)),
+        cases = _adapter_cases(norm, model, tokens, layer=1, seeds=(3, 4)) + [
             Case(f"{norm} model, every target on layer 0, a batch of 1",
                  (model, _random_adapters(model, [lora.adapter_key(0, t) for t in lora.TARGETS], 5), one)),
             Case(f"{norm} model, no adapters (nothing may change)", (model, nn.ModuleDict(), tokens)),
@@ -388,8 +404,8 @@ def check_lora_hooks(candidate) -> str:
 
     # gradients: every A and B of every adapter, against the reference's
     model = small_model(seed=8, normalization_type="LN")
-    keys = [lora.adapter_key(layer, t) for layer in range(2) for t in lora.TARGETS]
-    tokens = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=seeded(10)).to(check_device())
+    keys = _every_key(model)
+    tokens = _tokens(model, 10, (2, 6))
     w = torch.randn(2, 6, model.cfg.d_vocab, generator=seeded(11)).to(check_device())
     grads = []
     for hooks_fn in (lora.lora_hooks, lambda m, a: call(candidate, m, a)):
@@ -496,19 +512,14 @@ def check_merge_lora(candidate) -> str:
     verdicts = []
     for norm in ("LN", "LNPre"):
         model = small_model(seed=12, normalization_type=norm)
-        tokens = torch.randint(0, model.cfg.d_vocab, (3, 7), generator=seeded(13)).to(check_device())
-        every = [lora.adapter_key(layer, t) for layer in range(2) for t in lora.TARGETS]
-        cases = [Case(f"{norm} model, only layer 0's '{t}' adapter", (model, _random_adapters(model, [f"L0_{t}"], 14),
-                                                                       tokens)) for t in lora.TARGETS]
-        cases.append(Case(f"{norm} model, every target on every layer", (model, _random_adapters(model, every, 15),
-                                                                           tokens)))
+        cases = _adapter_cases(norm, model, _tokens(model, 13), layer=0, seeds=(14, 15))
         verdicts.append(_compare_per_case(run, reference, cases, arg_names=["model", "adapters", "tokens"],
                                           mistakes=MERGE_MISTAKES, atol=1e-5, rtol=1e-5))
 
     # a model whose LoRA is attached (as a trainer holds it), the model and adapters unchanged
     model = small_model(seed=12, normalization_type="LN")
-    adapters = _random_adapters(model, [lora.adapter_key(layer, t) for layer in range(2) for t in lora.TARGETS], 16)
-    tokens = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=seeded(17)).to(check_device())
+    adapters = _random_adapters(model, _every_key(model), 16)
+    tokens = _tokens(model, 17, (2, 6))
     want = model.run_with_hooks(tokens, fwd_hooks=lora.lora_hooks(model, adapters)).detach()
     lora.attach_lora(model, adapters)
     weights, ab = _state_digest(model), _state_digest(adapters)

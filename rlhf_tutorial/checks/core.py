@@ -9,11 +9,14 @@ because of the candidate, and never shows a traceback of the checker's own code.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import importlib
 import inspect
+import io
 import math
 import os
+import sys
 import sysconfig
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -179,8 +182,8 @@ _cpu_first: list[bool] = []  # whether it is the CPU pass before a GPU pass (sam
 def checker(name: str, *, chapter: str, hint: str | tuple[str, str, str], device: str | None = None) -> Callable:
     """Register ``fn(candidate) -> str | None`` as the checker of exercise ``name``.
 
-    ``hint`` is the exercise's hint ladder, three rungs shown one at a time (``hint("name", k)``, and
-    nested in the notebook's collapsed hint cell): 1 a nudge (which quantity, which torch function),
+    ``hint`` is the exercise's hint ladder, three rungs shown one at a time (``hint("name", k)``; the
+    first two also nested in the notebook's collapsed hint cell, the code only through ``hint``): 1 a nudge (which quantity, which torch function),
     2 the approach or formula, 3 the code (markdown; a ```python fence). None of the first two
     contains a line of the solution (tests/checks/test_exercise_text.py). A single string is the
     one-rung form of the chapters not yet converted. ``device``: where the exercise's code runs in its
@@ -893,6 +896,10 @@ def run_check(name: str, candidate: Any) -> CheckResult:
     left on the CPU beside a model on the GPU. A failure of the CPU pass about devices (the candidate
     built something on a fixed device) is left to the GPU pass to judge. ``CheckResult.devices`` says
     which passes ran.
+
+    What the learner's code prints shows once: the CPU pass runs with stdout held back (:func:`_held_stdout`);
+    it is dropped when the GPU pass follows (which prints it again), and written out when the CPU pass
+    gives the verdict (a failure there: the learner sees what their code printed in the failing pass).
     """
     load_all()
     if name not in REGISTRY:
@@ -905,10 +912,14 @@ def run_check(name: str, candidate: Any) -> CheckResult:
     passes = ["cpu", entry.device] if device.type != "cpu" else [entry.device]
     devices: list[str] = []
     for where in passes:
-        result, conclusive = _run_pass(entry, candidate, where, cpu_first=len(passes) > 1 and where == "cpu")
+        cpu_first = len(passes) > 1 and where == "cpu"
+        with _held_stdout(cpu_first) as printed:
+            result, conclusive = _run_pass(entry, candidate, where, cpu_first=cpu_first)
         devices.append(str(resolve(where)))
-        if where == "cpu" and len(passes) > 1 and (result.passed or not conclusive):
-            continue  # on to the GPU pass
+        if cpu_first and (result.passed or not conclusive):
+            continue  # on to the GPU pass, which prints what the candidate prints (once)
+        if printed is not None:  # the verdict of the CPU pass: show what the candidate printed there
+            sys.stdout.write(printed.getvalue())
         break  # the verdict; on the CPU pass, the learner's mistake, which the GPU then never runs
     result.devices = tuple(devices)
     RESULTS[name] = result.passed
@@ -920,6 +931,18 @@ def run_check(name: str, candidate: Any) -> CheckResult:
         LAST_FAILURE_HINT.pop(name, None)
     result.next_rung = next_rung(name)
     return result
+
+
+@contextlib.contextmanager
+def _held_stdout(hold: bool):
+    """While ``hold``, what is printed (the learner's ``print``s inside the checked code) goes to a buffer,
+    yielded for the caller to drop or write out; otherwise stdout is left alone and None is yielded."""
+    if not hold:
+        yield None
+        return
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        yield buffer
 
 
 def _run_pass(entry: Checker, candidate: Any, where: str | None, cpu_first: bool = False) -> tuple[CheckResult, bool]:

@@ -46,7 +46,12 @@ from rlhf_tutorial.interp import (
 )
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.rlhf import TransformerWithValueHead, get_samples
-from rlhf_tutorial.trainers.checkpoint import load_tuned_policy, save_tuned_policy
+from rlhf_tutorial.trainers.checkpoint import (
+    WEIGHTS_FILE,
+    load_tuned_policy,
+    save_tuned_policy,
+    stand_in_mismatch,
+)
 
 
 def train_tuned(world: str, out: str | Path, smoke: bool = False, seed: int = 0, progress: bool = True,
@@ -66,6 +71,21 @@ def train_tuned(world: str, out: str | Path, smoke: bool = False, seed: int = 0,
              "kl_final": round(after["kl"], 4), "phases": len(history)}
     save_tuned_policy(trainer.model, out, args, **extra, **stats)
     return stats
+
+
+def reuse_or_train_tuned(world: str, out: str | Path, smoke: bool = False, **kwargs: Any) -> Path:
+    """``out`` when it holds a tuned policy of this world's policy as it is here (in the GPT-2 world on a
+    stand-in cache: trained on the same stand-in, tokenizer and vocabulary, :func:`stand_in_mismatch`),
+    else a new one trained there with :func:`train_tuned` (``smoke``, ``kwargs``), saying why the old one
+    was not reused. Returns ``out``: chapter 05's GPT-2 world runs on it."""
+    out = Path(out)
+    if (out / WEIGHTS_FILE).exists():
+        problem = stand_in_mismatch(out)
+        if problem is None:
+            return out
+        print(f"[rlhf_tutorial] not reusing it: {problem}. Training a new one in its place.")
+    train_tuned(world, out, smoke=smoke, **kwargs)
+    return out
 
 
 def build_tuned_main(argv: list[str]) -> dict:

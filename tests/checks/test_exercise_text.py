@@ -17,14 +17,26 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import re
 import textwrap
 
+import nbformat
 import pytest
 
 from rlhf_tutorial.checks import load_all
 from rlhf_tutorial.checks.core import REGISTRY, RUNGS
-from rlhf_tutorial.notebooks import BEGIN, END, exercise_name, parse_source, resolve, sources, stub_source
+from rlhf_tutorial.notebooks import (
+    BEGIN,
+    END,
+    ROOT,
+    build,
+    exercise_name,
+    parse_source,
+    resolve,
+    sources,
+    stub_source,
+)
 
 MIN_CHARS = 15
 
@@ -94,8 +106,27 @@ def _solution_statements(ref: str) -> list[ast.stmt]:
     return statements
 
 
-def code_pieces(ref: str) -> set[str]:
-    """The normalised pieces of the solution of ``ref`` that no text before the code rung may contain."""
+def _header_expressions(node: ast.stmt) -> list[ast.AST]:
+    """What the header line of a compound statement computes (``for``'s target and iterable, ``if``'s
+    and ``while``'s test, ``with``'s context managers); a ``try:`` computes nothing."""
+    if isinstance(node, ast.For):
+        return [node.target, node.iter]
+    if isinstance(node, (ast.While, ast.If)):
+        return [node.test]
+    if isinstance(node, ast.With):
+        return [part for item in node.items for part in (item.context_expr, item.optional_vars) if part is not None]
+    return []
+
+
+def _is_bare_call(node: ast.AST) -> bool:
+    """``optimizer.step()``, ``torch.no_grad()``: one call with no argument, naming a method or a function."""
+    return isinstance(node, ast.Call) and not node.args and not node.keywords and _operations(node) == 1
+
+
+def code_pieces(ref: str, compound: bool = True) -> set[str]:
+    """The normalised pieces of the solution of ``ref`` that no text before the code rung may contain:
+    its statements (a line of the solution; a compound statement's header line alone) and, with
+    ``compound``, their compound sub-expressions."""
     pieces = set()
     for stmt in _solution_statements(ref):
         for node in ast.walk(stmt):
@@ -104,19 +135,23 @@ def code_pieces(ref: str) -> set[str]:
                     continue
                 if isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try)):
                     # the header alone (`for t in reversed(range(T))`): the body's statements come on their own
+                    header = _header_expressions(node)
+                    if not header or (len(header) == 1 and _is_bare_call(header[0])):
+                        continue  # `try:`, `with torch.no_grad():`: naming a context, no code of the exercise
                     text = ast.unparse(node).splitlines()[0].rstrip(":")
-                else:
-                    text = ast.unparse(node)
+                    if normalise(text) and len(normalise(text)) >= MIN_CHARS and sum(map(_operations, header)):
+                        pieces.add(normalise(text))
+                    continue
+                text = ast.unparse(node)
                 if isinstance(node, ast.Return) and isinstance(node.value, (ast.Name, ast.Tuple, type(None))):
                     if node.value is None or _operations(node.value) == 0:
                         continue  # `return x`, `return a, b`
-                if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and not node.value.args \
-                        and not node.value.keywords and _operations(node.value) == 1:
+                if isinstance(node, ast.Expr) and _is_bare_call(node.value):
                     continue  # `optimizer.step()`, `loss.backward()`: naming a method, no code of the exercise
                 piece = normalise(text)
                 if len(piece) >= MIN_CHARS and _operations(node) >= 1:
                     pieces.add(piece)
-            elif isinstance(node, ast.expr) and _operations(node) >= 2:
+            elif compound and isinstance(node, ast.expr) and _operations(node) >= 2:
                 piece = normalise(ast.unparse(node))
                 if len(piece) >= MIN_CHARS:
                     pieces.add(piece)
@@ -202,3 +237,80 @@ def test_a_solution_statement_and_its_compound_parts_are_pieces():
     assert normalise("centred = x - x.mean(dim=-1, keepdim=True)") in pieces
     assert normalise("x - x.mean(-1, keepdim=True)") in pieces
     assert normalise("x.mean(dim=-1, keepdim=True)") not in pieces  # one call: naming it is no code
+
+
+# ----------------------------------------------------------------------------------------------------
+# The chapter notebooks carry no solution: no line of any exercise's reference, in any cell
+# ----------------------------------------------------------------------------------------------------
+def _strings(value) -> list[str]:
+    """Every string of a JSON document (a notebook: every cell's source, markdown and code, its
+    metadata, outputs if any), each as it reads once the JSON is decoded."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    return []
+
+
+def _solution_lines() -> dict[str, set[str]]:
+    """Every non-trivial line (statement) of every exercise's reference solution, normalised, with the
+    exercises it comes from."""
+    lines: dict[str, set[str]] = {}
+    for _, ref, _ in EXERCISES:
+        for piece in code_pieces(ref, compound=False):
+            lines.setdefault(piece, set()).add(exercise_name(ref))
+    return lines
+
+
+def solution_lines_in(notebook: dict, lines: dict[str, set[str]]) -> list[str]:
+    """Where a solution line shows in ``notebook`` (a decoded .ipynb): "cell N (type): exercise: line"."""
+    found = []
+    cells = notebook.get("cells", [])
+    parts = [(f"cell {i} ({cell.get('cell_type')})", cell) for i, cell in enumerate(cells)]
+    parts.append(("notebook metadata", {k: v for k, v in notebook.items() if k != "cells"}))
+    for where, part in parts:
+        for text in _strings(part):
+            # a list-of-lines source: each string is one line, so the whole cell is compared too
+            flat = normalise(text)
+            found += [f"{where}: {'/'.join(sorted(names))}: {line}" for line, names in lines.items() if line in flat]
+        if isinstance(part.get("source"), list):
+            flat = normalise("".join(part["source"]))
+            found += [f"{where}: {'/'.join(sorted(names))}: {line}" for line, names in lines.items()
+                      if line in flat and not any(line in normalise(s) for s in part["source"])]
+    return sorted(set(found))
+
+
+CHAPTER_NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", CHAPTER_NOTEBOOKS, ids=[p.stem for p in CHAPTER_NOTEBOOKS])
+def test_no_chapter_notebook_holds_a_line_of_any_solution(path):
+    """The code rung of a hint lives in the package (``hint("name", 3)``), never in a chapter notebook: a
+    learner who opens the .ipynb, or a program that reads it, must not find the solution there. Every
+    string of the notebook's JSON is compared with every exercise's solution lines (all chapters: a
+    later chapter's exercise must not be solved in an earlier chapter's given code either)."""
+    assert CHAPTER_NOTEBOOKS, "no chapter notebooks found"
+    found = solution_lines_in(json.loads(path.read_text()), _solution_lines())
+    assert not found, f"chapters/{path.name} holds lines of solutions:\n  " + "\n  ".join(found[:20])
+
+
+def test_the_notebook_scan_finds_a_code_rung_and_a_solution_written_in_a_cell():
+    """The scan itself: the code rung of an exercise put into a markdown cell (the hint cell as it was
+    built before), or its solution pasted into a code cell, is found; the notebook as built is clean."""
+    load_all()
+    lines = _solution_lines()
+    ref = "rlhf_tutorial.interp:sentiment_direction"
+    rung = REGISTRY["sentiment_direction"].hint[-1]
+    old_hint_cell = {"cell_type": "markdown", "source": f"<details><summary>Hint 3</summary>\n\n{rung}\n\n</details>"}
+    assert any("sentiment_direction" in f for f in solution_lines_in({"cells": [old_hint_cell]}, lines))
+    pasted = {"cell_type": "code", "source": inspect.getsource(resolve(ref)).splitlines(keepends=True)}
+    assert solution_lines_in({"cells": [pasted]}, lines)
+    built = json.loads(nbformat.writes(build(parse_source((ROOT / "course" / "05_interpretability.py").read_text()),
+                                             "chapter", "05_interpretability")))
+    assert not solution_lines_in(built, lines)
+    # the solved notebook is built from the same sources and does hold them
+    solved = json.loads(nbformat.writes(build(parse_source((ROOT / "course" / "05_interpretability.py").read_text()),
+                                              "solution", "05_interpretability")))
+    assert solution_lines_in(solved, lines)
