@@ -36,9 +36,10 @@ def test_smoke_race_reports_both_sides():
         assert set(run["seconds_per_phase_split"]) == set(SECTIONS)
         assert run["seconds_per_phase"] > 0 and run["peak_memory_mb"] == run["peak_memory_mb"]  # not NaN
         assert 0.0 <= run["final_reward"] <= 1.0
-    # ours keeps the sampler's log-probs (no old-policy forward); TRL runs one
-    assert summary["runs"]["ours"][0]["seconds_per_phase_split"]["old_logprobs"] == 0.0
-    assert summary["runs"]["trl"][0]["seconds_per_phase_split"]["old_logprobs"] > 0.0
+    # ours keeps the sampler's log-probs (no old-policy forward: at most a device copy of them); TRL runs one
+    ours_old = summary["runs"]["ours"][0]["seconds_per_phase_split"]["old_logprobs"]
+    trl_old = summary["runs"]["trl"][0]["seconds_per_phase_split"]["old_logprobs"]
+    assert trl_old > 0.0 and ours_old <= 0.25 * trl_old
     assert set(summary["ratio_ours_over_trl"]) == {"seconds_to_target", "seconds_per_phase", "peak_memory_mb"}
     assert summary["trl_differences"]
 

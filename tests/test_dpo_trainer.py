@@ -9,7 +9,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from rlhf_tutorial import dpo
-from rlhf_tutorial.devices import course_device, device_of
+from rlhf_tutorial.devices import course_device, device_of, same_device
 from rlhf_tutorial.trainers import dpo as dpo_trainer
 from rlhf_tutorial.trainers import frontier, policy_eval
 from rlhf_tutorial.widgets import dpo as widgets
@@ -177,7 +177,7 @@ def test_cli_main_prints_the_acceptance_keys(tmp_path):
                                 "--no-progress", "--report", str(tmp_path / "dpo.html")])
     for key in ["mean_reward_initial", "mean_reward_final", "kl_final", "pair_accuracy_final", "wall_seconds"]:
         assert key in summary
-    assert summary["device"] == str(course_device())  # where the policy ran and its memory was measured
+    assert same_device(torch.device(summary["device"]), course_device())  # where the policy ran and its memory was measured
     json.dumps(summary)
     page = (tmp_path / "dpo.html").read_text()
     assert "held-out classifier reward" in page and "plotly" in page
@@ -205,7 +205,7 @@ def test_run_frontier_measures_every_point_the_same_way():
                                  rl_phases=1, dpo_rounds=1, dpo_pairs=4, eval_samples=8, max_new_tokens=6)
     result = frontier.run_frontier(args, progress=False)
     assert [(p["method"], p["strength"]) for p in result["points"]] == [("grpo", 0.1), ("ipo", 0.1), ("ipo", 0.5)]
-    assert result["device"] == str(course_device())
+    assert same_device(torch.device(result["device"]), course_device())
     for point in result["points"]:
         assert 0 <= point["reward"] <= 1 and point["kl"] >= 0 and point["kl_se"] >= 0
         assert len(point["samples"]) == 3 and point["settings"]

@@ -56,7 +56,6 @@ from rlhf_tutorial.trainers.bench_trl import (
     GPT2_SIZES,
     _loadavg,
     _median,
-    _peak,
     _ratio,
     common_flags,
     per_process,
@@ -66,6 +65,7 @@ from rlhf_tutorial.trainers.bench_trl import (
 )
 from rlhf_tutorial.trainers.export import freeze_layernorms, tl_from_hf
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
+from rlhf_tutorial.trainers.runtime import PeakMemory
 
 #: Where TRL's DPOTrainer differs from ours with the settings mapped as closely as it allows.
 TRL_DPO_DIFFERENCES = [
@@ -101,14 +101,19 @@ def prompt_lengths(policy: HookedTransformer, args: dpo.DPOArgs) -> dict[str, in
     return {p: policy.to_tokens(p, prepend_bos=args.prepend_bos).shape[1] for p in args.prompts}
 
 
-def trl_config(args: dpo.DPOArgs, seed: int, out: str, max_prompt_tokens: int, num_processes: int = 1):
-    """``args`` as a TRL ``DPOConfig`` (CPU, float32, no checkpoints, no logging to services). With
-    ``num_processes`` data-parallel processes (``scale-trl``) an optimizer step keeps its ``batch_size``
-    pairs: each process takes ``batch_size / num_processes`` of them."""
+def trl_config(args: dpo.DPOArgs, seed: int, out: str, max_prompt_tokens: int, num_processes: int = 1,
+               use_cpu: bool | None = None):
+    """``args`` as a TRL ``DPOConfig`` (float32, no checkpoints, no logging to services), on the course's
+    device unless ``use_cpu`` says otherwise (the race runs both sides on the CPU). With ``num_processes``
+    data-parallel processes (``scale-trl``) an optimizer step keeps its ``batch_size`` pairs: each process
+    takes ``batch_size / num_processes`` of them."""
     from trl import DPOConfig
 
+    from rlhf_tutorial.devices import course_device
+
+    use_cpu = course_device().type != "cuda" if use_cpu is None else use_cpu
     return DPOConfig(
-        output_dir=out, seed=seed, data_seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        output_dir=out, seed=seed, data_seed=seed, use_cpu=use_cpu, bf16=False, fp16=False,
         gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=10**6,
         disable_tqdm=True, dataloader_num_workers=0, dataloader_drop_last=False,
         per_device_train_batch_size=per_process(args.batch_size, num_processes, "a batch (batch_size)"),
@@ -239,7 +244,7 @@ def run_ours(args: dpo.DPOArgs, base: HookedTransformer, pairs: list[tuple], rew
     run_args = dpo.DPOArgs(**{**asdict(args), "seed": seed, "rounds": passes, "epochs": 1})
     clock = EvalClock(reference, reward_fn, args, seed)
     clock.start()
-    with _peak() as memory:
+    with PeakMemory("cpu") as memory:
         batch = dpo.to_batch(pairs, reference)
         prepare = clock.train_seconds()
         result = dpo.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=batch,
@@ -274,8 +279,8 @@ def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer, pairs: lis
 
     with tempfile.TemporaryDirectory() as out:
         clock.start()
-        with _peak() as memory:
-            trainer = DPOTrainer(model=model, args=trl_config(args, seed, out, max_prompt), train_dataset=dataset,
+        with PeakMemory("cpu") as memory:
+            trainer = DPOTrainer(model=model, args=trl_config(args, seed, out, max_prompt, use_cpu=True), train_dataset=dataset,
                                  processing_class=tokenizer, callbacks=[AfterPass()])
             prepare = clock.train_seconds()
             trainer.train()
@@ -383,6 +388,7 @@ def main(argv: list[str]) -> dict:
         "trl_version": trl.__version__,
         "torch_threads": ns.threads,
         "size": ns.size,
+        "device": "cpu",  # both sides, on every machine: the race's pairs, reference and evaluation live there
         "policy": policy_shape(base),
         "seeds": ns.seeds,
         "smoke": ns.smoke,
