@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +164,32 @@ def test_the_typed_figure_check_catches_a_stale_figure():
     assert [line.split(" in ")[0] for line in found] == ["03_rlhf_ppo: 0.95", "03_rlhf_ppo: 0.28"]
     assert "reward 0.95 and KL" in found[0]
     assert unrecorded_figures("03_rlhf_ppo", "reward {{rlhf_neg.mean_reward_final:.2f}}, $\\beta = 0.25$, `0.55`") == []
+
+
+def test_the_readmes_gpu_figures_are_the_recorded_gpu_runs():
+    """The README's GPU figures cannot come from ``figures.RUNS`` (CI has no GPU): they are quoted from the
+    summary that ``make test-gpu``'s logs were written into (docs/gpu/), and must say what it says."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    run = json.loads((root / "docs" / "gpu" / "h100-2026-11-26.json").read_text())
+    readme = re.sub(r"\s+", " ", (root / "README.md").read_text())
+    race, phase = run["figures"]["gpt2_small_grpo_race"], run["figures"]["gpt2_small_rlhf_phase"]["chunked"]
+    ours, trl = race["median"]["ours"], race["median"]["trl"]
+    split = race["median_seconds_per_phase_split"]
+    unit = re.match(r"(\d+) failed, (\d+) passed, (\d+) skipped", run["suites"]["unit"]).groups()
+    quoted = [
+        f"the unit suite {unit[1]} passed, {unit[0]} failed, {unit[2]} skipped",
+        f"{ours['seconds_per_phase']:.3f} s a phase for ours (sampling {split['ours']['sampling']:.3f}, "
+        f"reference {split['ours']['ref_logprobs']:.3f}, optimisation {split['ours']['optimisation']:.3f})",
+        f"against {trl['seconds_per_phase']:.3f} s for TRL (sampling {split['trl']['sampling']:.3f}, old log-probs "
+        f"{split['trl']['old_logprobs']:.3f}, reference {split['trl']['ref_logprobs']:.3f}, optimisation "
+        f"{split['trl']['optimisation']:.3f})",
+        f"ours / TRL {race['ratio_ours_over_trl']['seconds_per_phase']:.2f}",
+        f"{ours['peak_memory_mb']:.0f} MB for ours and {trl['peak_memory_mb']:.0f} MB for TRL",
+        f"took {phase['phase_seconds']} s, with a peak of {phase['phase_peak_mb']:.0f} MB of CUDA",
+        f"every CLI command ({len(run['cli'])} of them",
+    ]
+    assert all(v["ok"] for v in run["cli"].values())
+    missing = [q for q in quoted if q.replace("**", "") not in readme.replace("**", "")]
+    assert not missing, missing
