@@ -123,3 +123,20 @@ def test_every_commands_help_exits_0(name, capsys):
         getattr(importlib.import_module(module_name), func_name)(["--help"])
     assert done.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_the_gpu_sweep_runs_or_names_every_command(tmp_path):
+    """``make test-gpu`` runs every CLI command once on the GPU (scripts/gpu_cli.py); a command added to the
+    CLI must join its list or its list of skips, with the reason."""
+    import importlib.util
+
+    from rlhf_tutorial.cli import COMMANDS
+
+    spec = importlib.util.spec_from_file_location("gpu_cli", Path(__file__).resolve().parents[1] / "scripts" / "gpu_cli.py")
+    gpu_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_cli)
+    runs = gpu_cli.commands(tmp_path)
+    assert all(argv[0] == name.split()[0] for name, argv in runs.items())
+    covered = {name.split()[0] for name in runs} | {name.split()[0] for name in gpu_cli.SKIPPED}
+    assert covered == set(COMMANDS), covered ^ set(COMMANDS)
+    assert all(reason for reason in gpu_cli.SKIPPED.values())
