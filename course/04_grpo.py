@@ -337,7 +337,7 @@ print(reward_fn_rule(["This movie was really dull. The acting was wooden.",
 # %%
 rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True,
                            **smoke_sizes(num_phases=2, eval_samples=16))
-if is_tiny():
+if is_tiny() and not is_smoke():
     rule_args.num_phases, rule_args.eval_samples = 14, 48
 rule_curves = grpo_dashboard(title="GRPO with a verifiable rule reward (mention the acting, <= 3 sentences)")
 rule_result = train(rule_args, callback=rule_curves.update, **learner_functions(globals()))
@@ -447,7 +447,7 @@ def run_cli(command: str, *flags: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-COMPARE_PHASES = 10 if is_tiny() else (2 if is_smoke() else 60)
+COMPARE_PHASES = 2 if is_smoke() else (10 if is_tiny() else 60)
 short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() or is_smoke() else []
 runs = {"PPO": ("train-rlhf", "--no-early-stopping"), "GRPO": ("train-grpo",)}
 summaries = {}
