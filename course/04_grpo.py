@@ -285,15 +285,15 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 
 # %%
 args = GRPOArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
-if is_tiny():
+if is_tiny() and not is_smoke():
     args.num_phases, args.eval_samples = 12, 64
 curves = grpo_dashboard(title=f"GRPO on the {world} world, towards {direction}")
 result = train(args, reward_fn=sentiment_reward, callback=curves.update, **learner_functions(globals()))
 curves.finish()
-print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
-      f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
 figures.agree("grpo_short_nofast", {"mean_reward_initial": result.eval_initial["reward"],
                                     "mean_reward_final": result.eval_final["reward"], "kl_final": result.eval_final["kl"]})
+print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
+      f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
 
 # %%
 for name, stats in [("base", result.eval_initial), ("tuned", result.eval_final)]:

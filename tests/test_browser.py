@@ -22,6 +22,13 @@ For a **chapter** (exercise) notebook: Run All stops at the first exercise, with
 Screenshots go to ``reports/browser/`` (test artifacts), with the saved solution notebooks. The runs use the
 tiny world with ``RLHF_TUTORIAL_SMOKE=1`` so that the training cells stay short.
 
+Where the time goes: ``reports/browser/summary.json`` gives each job's seconds per stage (``timing``:
+browser start, page load with its kernel, Run All and the kernel's own share of it from JupyterLab's
+recorded cell timings, counting figures, moving controls, saving, and the reopen's stages) and its
+slowest cells. Nothing waits a fixed time: each step waits for the condition it needs (Run All's
+command settled and the kernel idle, a kernel answering a kernel_info request, the widgets restored),
+and kernels are shut down in the background.
+
 Marked ``browser``: ``make unit`` leaves it out, ``make browser`` (part of ``make test``) runs it. It
 fails, never skips, when Chromium or Playwright is missing.
 """
