@@ -118,5 +118,5 @@ def spectrum_figure(spectra: Mapping[str, Any], ks: Mapping[str, tuple[int, int]
     fig.update_xaxes(title_text="k (singular directions)", **DECADES, row=1, col=1)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
     fig.update_layout(title=title or "How many directions a full fine-tune moved", height=420, barmode="group",
-                      legend=dict(orientation="h", yanchor="top", y=-0.3), margin=dict(b=110))
+                      legend=dict(orientation="h", yanchor="top", y=-0.3), margin=dict(b=110, r=60))  # room for the last tilted name
     return fig
