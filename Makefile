@@ -158,7 +158,8 @@ chromium:
 # JupyterLab in headless Chromium (tests/test_browser.py): every solution notebook run, its figures counted,
 # one control of every explorer moved, saved and reopened; every chapter notebook's Run All stops at its
 # first stub. Up to 4 notebooks at a time against one JupyterLab (RLHF_TUTORIAL_BROWSER_WORKERS sets it).
-# Screenshots and reports/browser/summary.json (seconds per notebook) land in reports/browser/.
+# Screenshots and reports/browser/summary.json (seconds per notebook and per stage: page load, Run All and the
+# kernel's share of it, counting, interaction, save, reopen; the slowest cells) land in reports/browser/.
 browser: $(STAMP) chromium
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
 

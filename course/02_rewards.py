@@ -387,8 +387,8 @@ args = RewardModelArgs.preset(  # the world's learning rates (GPT-2: fine-tuning
     pooling="last",
     epochs=1,
     batch_size=16,
-    max_train_pairs=2400 if is_tiny() else (64 if is_smoke() else 400),  # the CLI: all pairs, 2 epochs
-    max_test_pairs=300 if is_tiny() else (32 if is_smoke() else 100),
+    max_train_pairs=64 if is_smoke() else (2400 if is_tiny() else 400),  # the CLI: all pairs, 2 epochs
+    max_test_pairs=32 if is_smoke() else (300 if is_tiny() else 100),
     eval_every=25,
 )
 torch.manual_seed(args.seed)

@@ -285,15 +285,15 @@ for loss_type in ["grpo", "dapo", "dr_grpo"]:
 
 # %%
 args = GRPOArgs.preset(world, direction=direction, seed=0, **smoke_sizes(num_phases=2, eval_samples=32))
-if is_tiny():
+if is_tiny() and not is_smoke():
     args.num_phases, args.eval_samples = 12, 64
 curves = grpo_dashboard(title=f"GRPO on the {world} world, towards {direction}")
 result = train(args, reward_fn=sentiment_reward, callback=curves.update, **learner_functions(globals()))
 curves.finish()
-print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
-      f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
 figures.agree("grpo_short_nofast", {"mean_reward_initial": result.eval_initial["reward"],
                                     "mean_reward_final": result.eval_final["reward"], "kl_final": result.eval_final["kl"]})
+print(f"mean reward: {result.eval_initial['reward']:.3f} -> {result.eval_final['reward']:.3f}, "
+      f"KL per token {result.eval_final['kl']:.3f}, {len(result.history)} phases, {result.wall_seconds:.0f} s")
 
 # %%
 for name, stats in [("base", result.eval_initial), ("tuned", result.eval_final)]:
@@ -337,7 +337,7 @@ print(reward_fn_rule(["This movie was really dull. The acting was wooden.",
 # %%
 rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True,
                            **smoke_sizes(num_phases=2, eval_samples=16))
-if is_tiny():
+if is_tiny() and not is_smoke():
     rule_args.num_phases, rule_args.eval_samples = 14, 48
 rule_curves = grpo_dashboard(title="GRPO with a verifiable rule reward (mention the acting, <= 3 sentences)")
 rule_result = train(rule_args, callback=rule_curves.update, **learner_functions(globals()))
@@ -447,7 +447,7 @@ def run_cli(command: str, *flags: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-COMPARE_PHASES = 10 if is_tiny() else (2 if is_smoke() else 60)
+COMPARE_PHASES = 2 if is_smoke() else (10 if is_tiny() else 60)
 short = ["--eval-samples", "32", "--threads", "1"] if is_tiny() or is_smoke() else []
 runs = {"PPO": ("train-rlhf", "--no-early-stopping"), "GRPO": ("train-grpo",)}
 summaries = {}

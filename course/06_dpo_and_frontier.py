@@ -230,10 +230,10 @@ before, after = dpo_result.eval_initial, dpo_result.eval_final
 print(f"reward {before['reward']:.3f} -> {after['reward']:.3f} (± {after['reward_se']:.3f}), sequence KL "
       f"{after['kl']:.2f} ± {after['kl_se']:.2f} nats ({after['kl_per_token']:.3f} per token), "
       f"pair accuracy {dpo_result.history[-1]['accuracy']:.2f}, {dpo_result.wall_seconds:.0f} s")
-for text, r in list(zip(after["texts"], after["rewards"]))[:4]:
-    print(f"  {r:.2f}  {text!r}")
 figures.agree("dpo_short", {"mean_reward_initial": before["reward"], "mean_reward_final": after["reward"],
                             "kl_final": after["kl"], "pair_accuracy_final": dpo_result.history[-1]["accuracy"]})
+for text, r in list(zip(after["texts"], after["rewards"]))[:4]:
+    print(f"  {r:.2f}  {text!r}")
 
 # %% [markdown]
 # Read the curves together. The **loss** falls and the **pair accuracy** climbs towards 1 on the

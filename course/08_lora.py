@@ -209,8 +209,8 @@ rank1 = run_grpo(lora_args, 1, learning_rate("sentiment", 1), policy=copy.deepco
 print(f"rank 1: mean reward {rank1['mean_reward_initial']:.3f} -> {rank1['mean_reward_final']:.3f}, KL {rank1['kl_final']:.3f}, "
       f"{rank1['trainable_parameters']:,} trained parameters of {rank1['policy_parameters']:,}, "
       f"optimizer state {rank1['optimizer_state_mb'] * 1024:.1f} KB, reward 0.9 first reached at phase {rank1['phases_to_target']}")
-print("samples:", rank1["samples_final"])
 figures.agree("lora_rl", {"runs.1.mean_reward_final": rank1["mean_reward_final"], "runs.1.kl_final": rank1["kl_final"]})
+print("samples:", rank1["samples_final"])
 
 # %%
 # the other ranks: the recorded run of the same settings (the tiny world's; none at smoke size)
@@ -272,10 +272,10 @@ sft_args = CompareLoRAArgs(world=world, task="arithmetic", n_demonstrations=32, 
 arith_base = load_reasoning_policy(world)
 sft_runs = {str(rank): run_sft(sft_args, rank, learning_rate("arithmetic", rank), base=arith_base, **learner_functions(globals()))
             for rank in (0, 1)}
+figures.agree("lora_sft", {f"runs.{rank}.pass_at_1_final": record["pass_at_1_final"] for rank, record in sft_runs.items()})
 for rank, record in sft_runs.items():
     print(f"rank {rank}: pass@1 {record['pass_at_1_final']:.3f}, loss {record['loss_first']:.3f} -> {record['loss_last_5']:.3f} "
           f"({record['trainable_parameters']:,} trained parameters)")
-figures.agree("lora_sft", {f"runs.{rank}.pass_at_1_final": record["pass_at_1_final"] for rank, record in sft_runs.items()})
 
 # %%
 recorded_sft = figures.recorded()["lora_sft"]["summary"]["runs"] if is_tiny() and not is_smoke() else sft_runs

@@ -22,6 +22,13 @@ For a **chapter** (exercise) notebook: Run All stops at the first exercise, with
 Screenshots go to ``reports/browser/`` (test artifacts), with the saved solution notebooks. The runs use the
 tiny world with ``RLHF_TUTORIAL_SMOKE=1`` so that the training cells stay short.
 
+Where the time goes: ``reports/browser/summary.json`` gives each job's seconds per stage (``timing``:
+browser start, page load with its kernel, Run All and the kernel's own share of it from JupyterLab's
+recorded cell timings, counting figures, moving controls, saving, and the reopen's stages) and its
+slowest cells. Nothing waits a fixed time: each step waits for the condition it needs (Run All's
+command settled and the kernel idle, a kernel answering a kernel_info request, the widgets restored),
+and kernels are shut down in the background.
+
 Marked ``browser``: ``make unit`` leaves it out, ``make browser`` (part of ``make test``) runs it. It
 fails, never skips, when Chromium or Playwright is missing.
 """
@@ -36,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.request
@@ -58,7 +66,7 @@ WORKERS = int(os.environ.get("RLHF_TUTORIAL_BROWSER_WORKERS", "0")) or max(1, mi
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(2400)]
 LAB_SETTINGS = {
     # every cell in the DOM (no virtual scrolling), so outputs can be found and counted
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none", "recordTiming": True},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false", "checkForUpdates": False,
     },
@@ -135,6 +143,7 @@ class Lab:
     token: str
     root: Path
     log: Path
+    runtime: Path  # the server's JUPYTER_RUNTIME_DIR: its kernels' connection files
 
     def page_url(self, path: str) -> str:
         # "reset": the page opens on this notebook alone, whatever layout another page saved
@@ -178,7 +187,7 @@ def start_lab(root: Path, settings: Path, workspaces: Path, runtime: Path) -> tu
         try:
             with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as response:
                 if response.status == 200:
-                    return proc, Lab(url, token, root, log)
+                    return proc, Lab(url, token, root, log, runtime)
         except OSError:
             pass
         if time.time() > deadline:
@@ -208,6 +217,7 @@ JS_CELLS = """() => {
   return Array.from(w.content.model.cells).map(c => ({
     type: c.type, source: c.sharedModel.getSource(),
     count: c.type === 'code' ? c.executionCount : null,
+    execution: c.type === 'code' ? (c.getMetadata('execution') || null) : null,
     outputs: c.type === 'code' ? c.outputs.toJSON() : []}));
 }"""
 JS_BUSY = """() => {
@@ -225,19 +235,71 @@ CONTROLS = {
 }
 
 
+class Clock:
+    """Seconds per stage of one job (``summary.json``'s ``timing``): where the browser test's time goes."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.slowest: list[str] = []  # the slowest cells of the Run All
+        self.last = time.time()
+
+    def lap(self, stage: str) -> None:
+        now = time.time()
+        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.last, 1)
+        self.last = now
+
+
+# The kernels being shut down (a thread each): the jobs go on meanwhile, the fixture waits for them at the end.
+SHUTDOWNS: list[threading.Thread] = []
+
+
+def _shut_down(page, lab: Lab) -> None:
+    """Shut the page's kernel down through the server's REST API, without waiting for it (a kernel takes
+    seconds to exit, and the page is done with it)."""
+    session = page.evaluate(f"() => {{ const s = ({JS_CURRENT})().sessionContext.session; return s && s.id; }}")
+    if not session:
+        return
+
+    def delete() -> None:
+        request = urllib.request.Request(f"{lab.url}/api/sessions/{session}?token={lab.token}", method="DELETE")
+        try:
+            urllib.request.urlopen(request, timeout=60).close()
+        except OSError:
+            pass  # the server is going down anyway: stop_lab ends what is left
+
+    thread = threading.Thread(target=delete, daemon=True)
+    thread.start()
+    SHUTDOWNS.append(thread)
+
+
 def _start_session(lab: Lab, path: str) -> None:
+    """Start a kernel for ``path`` through the server's REST API and return once it answers.
+
+    The server reports a kernel that no client has connected to as "starting" for ever (its
+    ``execution_state`` comes from the kernel's messages, which nobody asked for), so readiness is asked
+    of the kernel itself: a kernel_info request over its connection file, as a front end does."""
+    from jupyter_client import BlockingKernelClient
+
     body = json.dumps({"path": path, "name": Path(path).name, "type": "notebook",
                        "kernel": {"name": "python3"}}).encode()
     request = urllib.request.Request(f"{lab.url}/api/sessions?token={lab.token}", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         kernel_id = json.loads(response.read())["kernel"]["id"]
+    connection = lab.runtime / f"kernel-{kernel_id}.json"
     deadline = time.time() + 120
-    while time.time() < deadline:
-        with urllib.request.urlopen(f"{lab.url}/api/kernels/{kernel_id}?token={lab.token}", timeout=10) as r:
-            if json.loads(r.read())["execution_state"] == "idle":
-                return
-        time.sleep(1)
+    while not connection.exists():
+        assert time.time() < deadline, f"{path}: kernel {kernel_id} wrote no connection file in 120 s"
+        time.sleep(0.2)
+    client = BlockingKernelClient(connection_file=str(connection))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=max(1.0, deadline - time.time()))
+    except RuntimeError as exc:
+        raise AssertionError(f"{path}: the reopen's kernel did not answer in 120 s ({exc})") from exc
+    finally:
+        client.stop_channels()
 
 
 def _open(page, lab: Lab, path: str) -> None:
@@ -247,16 +309,36 @@ def _open(page, lab: Lab, path: str) -> None:
 
 
 def _run_all(page, path: str) -> None:
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    started = time.time()
-    time.sleep(2)
-    while page.evaluate(JS_BUSY):
-        assert time.time() - started < RUN_TIMEOUT_S, f"{path}: Run All did not finish in {RUN_TIMEOUT_S} s"
-        time.sleep(1)
+    """Run All, and return when its command has settled (every cell run, or stopped at an error) and the
+    kernel is idle with no cell queued."""
+    page.evaluate("""() => { window.runAllDone = false;
+      window.jupyterapp.commands.execute('notebook:run-all-cells').finally(() => { window.runAllDone = true; }); }""")
+    try:
+        page.wait_for_function(f"() => window.runAllDone && !({JS_BUSY})()", polling=500,
+                               timeout=RUN_TIMEOUT_S * 1000)
+    except Exception as exc:  # playwright's TimeoutError
+        raise AssertionError(f"{path}: Run All did not finish in {RUN_TIMEOUT_S} s") from exc
 
 
 def _cells(page) -> list[dict]:
     return page.evaluate(JS_CELLS)
+
+
+def _kernel_seconds(cells: list[dict]) -> tuple[float, list[str]]:
+    """The kernel's own time on the cells run (JupyterLab's recordTiming: execute_input to execute_reply),
+    and the three slowest cells ("index: seconds: first line")."""
+    from datetime import datetime
+
+    per_cell = {}
+    for index, cell in enumerate(cells):
+        timing = cell.get("execution") or {}
+        if "iopub.execute_input" in timing and "shell.execute_reply" in timing:
+            start, end = (datetime.fromisoformat(timing[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            per_cell[index] = (end - start).total_seconds()
+    slowest = sorted(per_cell, key=lambda i: -per_cell[i])[:3]
+    return round(sum(per_cell.values()), 1), [
+        f"{i}: {per_cell[i]:.1f} s: {cells[i]['source'].strip().splitlines()[0][:60]}" for i in slowest]
 
 
 def _cell_index(cells: list[dict], marker: str) -> int:
@@ -444,17 +526,21 @@ def _assert_saved_outputs(saved: Path, live: list[dict], shown: dict[int, int]) 
 # ----------------------------------------------------------------------------------------------------
 # The jobs
 # ----------------------------------------------------------------------------------------------------
-def run_solution(lab: Lab, context, path: str, errors: list[str]) -> dict:
+def run_solution(lab: Lab, context, path: str, errors: list[str], clock: Clock) -> dict:
     """Run All, count, interact, save, reopen, count again; returns what was seen (for the report)."""
     page = context.new_page()
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     stem = Path(path).stem
     _open(page, lab, path)
+    clock.lap("open")
     _run_all(page, path)
+    clock.lap("run_all")
     cells = _cells(page)
+    clock.seconds["kernel"], clock.slowest = _kernel_seconds(cells)
     _assert_no_broken_output(page, cells, path, "after Run All")
     at_least = {_cell_index(cells, marker): n for marker, n in EXPECTED.get(path, {}).items()}
     shown = _count_figures(page, cells, path, "run", at_least)
+    clock.lap("count_live")
 
     moved = {}
     for index in _visual_cells(cells):
@@ -467,22 +553,37 @@ def run_solution(lab: Lab, context, path: str, errors: list[str]) -> dict:
     explorers = {n for c in cells if c["type"] == "code" for n in EXPLORERS if f"{n}(" in c["source"]}
     assert len(moved) >= len(explorers), f"{path}: {len(explorers)} explorers ({sorted(explorers)}), " \
                                          f"{len(moved)} cells with controls moved"
+    clock.lap("interact")
 
     # Save, stop the kernel, close the tab; then open the file again in a fresh page.
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function(f"() => !({JS_CURRENT})().context.model.dirty", timeout=60_000)
-    page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
+    _shut_down(page, lab)
     page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
     page.close()
     saved = ARTIFACTS / "saved" / Path(path).name
     saved.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(lab.root / path, saved)  # kept for inspection
     _assert_saved_outputs(saved, cells, shown)
+    clock.lap("save")
     return {"figures_live": sum(shown.values()), "visual_cells": len(shown), "moved": sorted(moved.values()),
             "shown": shown}
 
 
-def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict[int, int]) -> dict:
+# Every widget output is rendered or has given up: jupyterlab-manager's renderer shows "Loading widget..."
+# until its model is found (a view), or its 2 s wait for the model ends after the saved state was restored
+# ("Error displaying widget: model not found"); a model asked for before the restore waits for it.
+JS_WIDGETS_SETTLED = """() => !document.querySelector('.jp-Notebook').textContent.includes('Loading widget...')"""
+
+
+def _wait_widgets_settled(page, path: str) -> None:
+    try:
+        page.wait_for_function(JS_WIDGETS_SETTLED, polling=200, timeout=60_000)
+    except Exception as exc:  # playwright's TimeoutError
+        raise AssertionError(f"{path}: the reopened notebook's widgets were still loading after 60 s") from exc
+
+
+def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict[int, int], clock: Clock) -> dict:
     """Open the saved notebook again: every cell draws at least the figures it drew live."""
     stem = Path(path).stem
 
@@ -495,48 +596,55 @@ def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict
     # widget: model not found" (seen for chapter 01's progress bar with two jobs on a loaded 2-core
     # machine; not with one). Such a page is loaded once more, and the summary says so.
     _start_session(lab, path)
+    clock.lap("reopen_kernel")
     retried = False
     for attempt in (1, 2):
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         _open(page, lab, path)
-        time.sleep(3)  # the renderers' 2 s wait for a model
+        _wait_widgets_settled(page, path)
         if attempt == 1 and "model not found" in page.locator(".jp-Notebook").inner_text():
             _shot(page.locator(".jp-Notebook"), f"{stem}-reopened-model-not-found")
             page.close()
             retried = True
             continue
         break
+    clock.lap("reopen_open")
     reopened_cells = _cells(page)
     assert any(c["outputs"] for c in reopened_cells), f"{path}: the reopened notebook has no outputs"
     reopened = _count_figures(page, reopened_cells, path, "reopened", shown)
     assert set(reopened) >= set(shown), f"{path}: cells {sorted(set(shown) - set(reopened))} lost their outputs"
     _assert_no_broken_output(page, reopened_cells, path, "reopened")
-    page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
+    _shut_down(page, lab)
+    clock.lap("reopen_count")
     return {"figures_reopened": sum(reopened.values()), "reopen_retried": retried}
 
 
-def run_chapter(lab: Lab, context, path: str, errors: list[str]) -> dict:
+def run_chapter(lab: Lab, context, path: str, errors: list[str], clock: Clock) -> dict:
     """Run All on the exercise notebook: it stops at the first exercise's stub, and names it."""
     page = context.new_page()
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     stem = Path(path).stem
     _open(page, lab, path)
+    clock.lap("open")
     heading = page.locator(".jp-Notebook .jp-MarkdownCell", has_text="Exercise:").first
     if heading.count():
         _shot(heading, f"{stem}-chapter-first-exercise-heading")
     _run_all(page, path)
+    clock.lap("run_all")
     cells = _cells(page)
+    clock.seconds["kernel"], clock.slowest = _kernel_seconds(cells)
     failed = [i for i, c in enumerate(cells) for o in c["outputs"] if o.get("output_type") == "error"]
     first = first_exercises().get(stem)
-    page.evaluate(f"async () => {{ await ({JS_CURRENT})().sessionContext.shutdown(); }}")
+    if failed:
+        _shot(_cell(page, failed[0]), f"{stem}-chapter-stops-cell{failed[0]:03d}")
+    _shut_down(page, lab)
     if first is None:  # a chapter without exercises runs through
         assert not failed, f"{path}: cell {failed[0]} raised, and the chapter has no exercise"
         return {"stopped_at": None}
     assert failed, f"{path}: Run All ran every cell, but the exercise {first!r} is a stub"
     index = failed[0]
     error = next(o for o in cells[index]["outputs"] if o.get("output_type") == "error")
-    _shot(_cell(page, index), f"{stem}-chapter-stops-cell{index:03d}")
     assert error["ename"] == "NotImplementedError" and f"exercise {first}:" in error["evalue"], (
         f"{path}: Run All stopped at cell {index} with {error['ename']}: {error['evalue'][:200]!r}, "
         f"not at the stub of the first exercise {first!r}")
@@ -552,20 +660,25 @@ def run_job(lab: Lab, executable: str, path: str, shown: dict[int, int] | None =
     per cell, from its run): the reopen of the saved solution."""
     from playwright.sync_api import sync_playwright
 
-    started, errors, seen = time.time(), [], {}
+    started, errors, seen, clock = time.time(), [], {}, Clock()
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            clock.lap("browser")
             try:
                 if shown is not None:
-                    seen = reopen_solution(lab, context, path, errors, shown)
+                    seen = reopen_solution(lab, context, path, errors, shown, clock)
                 else:
                     job = run_solution if path.startswith("solutions/") else run_chapter
-                    seen = job(lab, context, path, errors)
+                    seen = job(lab, context, path, errors, clock)
             finally:
                 context.close()
                 browser.close()
+                clock.lap("close")
+                seen["timing"] = clock.seconds
+                if clock.slowest:
+                    seen["slowest_cells"] = clock.slowest
         if errors:
             return f"{path}: JavaScript errors in the page: {errors[:3]}", seen, time.time() - started
         return None, seen, time.time() - started
@@ -597,11 +710,17 @@ def outcomes(request, tmp_path_factory) -> dict[str, tuple[str | None, dict, flo
         # slows the page's restore of the saved widget state enough for jupyterlab-manager 5's race (a
         # widget rendered more than 2 s before its model is restored shows "model not found"; seen for
         # chapter 01's progress bar with two jobs on a busy 2-core machine, never with one).
+        for thread in SHUTDOWNS:  # a reopen asks for a new session of its file: the run's must be gone
+            thread.join(timeout=60)
         for path, (failure, seen, seconds) in list(results.items()):
             if path.startswith("solutions/") and failure is None:
                 failure, more, extra = run_job(lab, executable, path, shown=seen.pop("shown"))
-                results[path] = (failure, {**seen, **more}, seconds + extra)
+                timing = {**seen.pop("timing", {}), **{f"reopen_{k}" if not k.startswith("reopen") else k: v
+                                                      for k, v in more.pop("timing", {}).items()}}
+                results[path] = (failure, {**seen, **more, "timing": timing}, seconds + extra)
     finally:
+        for thread in SHUTDOWNS:
+            thread.join(timeout=60)
         stop_lab(proc)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     summary = {"workers": WORKERS, "wall_seconds": round(time.time() - started, 1),

@@ -269,3 +269,38 @@ def test_a_plugged_function_without_a_graph_is_named_by_the_trainer(tiny_policy)
         with pytest.raises(NoGradientError, match=f"your `{name}` returned a tensor with no gradient graph"):
             dpo_trainer.train(small_args(rounds=1), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
                               evaluate=False, progress=False, **{name: fn})
+
+
+def _frontier_point(method, strength, kl, reward, name="beta"):
+    return {"method": method, "strength": strength, "strength_name": name, "reward": reward, "reward_se": 0.05,
+            "kl": kl, "kl_se": 0.01, "train_seconds": 0.3, "peak_memory_mb": 0.0039, "samples": [], "settings": {}}
+
+
+def test_frontier_labels_of_points_at_the_same_place_cover_neither_each_other_nor_a_marker():
+    """Smoke-size runs put DPO's and IPO's points on the base policy's (KL 0): their labels go apart."""
+    points = [_frontier_point("dpo", 0.03, 0.01, 0.30), _frontier_point("dpo", 0.5, 0.0, 0.29),
+              _frontier_point("ipo", 0.02, 0.01, 0.31), _frontier_point("ipo", 0.5, 0.0, 0.30),
+              _frontier_point("ppo", 0.1, 0.3, 0.35, "kl_coef")]
+    base = {"reward": 0.30, "reward_se": 0.05, "kl": 0.0, "kl_se": 0.0, "samples": []}
+    result = {"points": points, "base": base, "methods": {}}
+    fig = widgets.frontier_figure(result)
+    positions = [pos for trace in fig.data[:-1] for pos in trace.textposition]
+    assert len(set(positions[:4])) == 4, positions  # four points on one spot: four sides
+    # the placement itself, in pixels: no two labels overlap, no label covers a marker
+    xy = [(p["kl"], p["reward"]) for p in points]
+    texts = [f"{p['strength']:g}" for p in points]
+    chosen = widgets.label_positions(xy, texts, markers=[(0.0, 0.30)], x_range=(-0.02, 0.32))
+    px = [((x + 0.02) / 0.34 * widgets.PLOT_PX[0], (1.05 - y) / 1.05 * widgets.PLOT_PX[1]) for x, y in xy + [(0.0, 0.30)]]
+    boxes = [widgets._label_box(*px[i], texts[i], pos) for i, pos in enumerate(chosen)]
+    markers = [(x - widgets.MARKER_PX, y - widgets.MARKER_PX, x + widgets.MARKER_PX, y + widgets.MARKER_PX) for x, y in px]
+    assert all(widgets._overlap(a, b) == 0 for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert all(widgets._overlap(b, m) == 0 for b in boxes for m in markers)
+    # a lone point keeps the usual place, above its marker
+    assert widgets.label_positions([(1.0, 0.5)], ["0.1"]) == ["top center"]
+
+
+def test_cost_bars_show_two_significant_digits():
+    """A DPO run of 0.3 s reads 0.3, not 0; a GSPO peak of 0.0039 MB reads 0.0039; 261.2 s reads 261."""
+    methods = {"dpo": {"train_seconds": 0.3, "peak_memory_mb": 0.0039}, "ppo": {"train_seconds": 261.2, "peak_memory_mb": 44.82}}
+    fig = widgets.cost_figure({"methods": methods})
+    assert list(fig.data[0].text) == ["0.3", "261"] and list(fig.data[1].text) == ["0.0039", "45"]

@@ -161,3 +161,20 @@ def test_compare_lora_summarises_every_rank_and_the_scan():
     assert out["runs"]["2"]["trainable_parameters"] < out["runs"]["0"]["trainable_parameters"] / 10
     assert out["runs"]["2"]["optimizer_state_mb"] < out["runs"]["0"]["optimizer_state_mb"] / 10
     assert out["best_multiplier"]["0"] in ("1", "3")
+
+
+def test_the_lora_figures_read_full_then_the_ranks_down_with_readable_axes():
+    from rlhf_tutorial.widgets import lora as lora_widgets
+
+    run = {"trainable_parameters": 4608, "optimizer_state_mb": 0.035, "mean_reward_final": 0.89,
+           "reward_per_phase": [0.3, 0.5], "kl_per_phase": [0.0, 0.1]}
+    runs = {"0": {**run, "trainable_parameters": 865766, "optimizer_state_mb": 6.6}, "1": run, "16": run, "4": run}
+    curves = lora_widgets.rank_curves(runs)
+    assert [t.name for t in curves.data if t.showlegend] == ["full fine-tuning", "LoRA rank 16", "LoRA rank 4", "LoRA rank 1"]
+    assert curves.layout.xaxis.dtick == 1  # two phases: ticks 1 and 2, none at 1.5
+    costs = lora_widgets.cost_figure(runs, sft={r: {"pass_at_1_final": 0.5} for r in runs})
+    assert list(costs.data[0].x) == ["full", "rank 16", "rank 4", "rank 1"]
+    assert list(costs.data[0].text) == ["865,766", "4,608", "4,608", "4,608"] and costs.data[1].text[3] == "0.035"
+    assert costs.layout.yaxis.type == "log" and costs.layout.yaxis.dtick == 1
+    # each rank has the same colour in both figures
+    assert [t.line.color for t in curves.data if t.showlegend] == list(costs.data[0].marker.color)

@@ -352,3 +352,24 @@ def test_every_figure_uses_the_course_template():
     assert pio.templates.default == live.COURSE_TEMPLATE
     template = ppo_widgets.clipped_objective_figure().layout.template
     assert template.layout.paper_bgcolor == "white" and template.layout.title.x == 0.01  # plotly_white + ours
+
+
+def test_significant_keeps_small_numbers_readable():
+    assert [live.significant(v) for v in (0.3, 0.0039, 2.84, 45.2, 261.2, 0.0, -0.56)] == \
+        ["0.3", "0.0039", "2.8", "45", "261", "0", "-0.56"]
+    assert live.significant(float("nan")) == "" and live.significant(0.012345, 3) == "0.0123"
+
+
+def test_counts_get_integer_ticks_and_a_lone_point_is_drawn():
+    """Rounds 1..3 (or a single round) tick at every integer, not at 1.5; long runs keep automatic ticks;
+    a series of fewer than five points shows its markers (one point alone draws no line)."""
+    assert live.integer_ticks([1, 2, 3]) == {"tickmode": "linear", "tick0": 0, "dtick": 1}
+    assert live.integer_ticks([0.5, 1.0])["dtick"] is None and live.integer_ticks(range(40))["dtick"] is None
+    dash = live.LiveDashboard(["loss"], x_title="round", static=True)
+    dash.update(1, loss=0.7)
+    fig = dash.to_figure()
+    assert fig.layout.xaxis.dtick == 1 and fig.data[0].mode == "lines+markers"
+    for step in range(2, 30):
+        dash.update(step, loss=0.7)
+    fig = dash.to_figure()
+    assert fig.layout.xaxis.dtick is None and fig.data[0].mode == "lines"

@@ -23,7 +23,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rlhf_tutorial.widgets.live import LiveDashboard
+from rlhf_tutorial.widgets.live import LiveDashboard, significant
 
 COLOURS = {"ppo": "#1f77b4", "grpo": "#d62728", "rloo": "#ff7f0e", "gspo": "#9467bd", "dpo": "#2ca02c",
            "ipo": "#17becf", "base": "#444444"}
@@ -81,17 +81,91 @@ def _hover(point: dict[str, Any]) -> str:
     return "<br>".join(lines)
 
 
+# Where a point's label (its strength) may go, in the order tried: plotly's text positions around a marker.
+LABEL_POSITIONS = ("top center", "bottom center", "middle right", "middle left",
+                   "top right", "top left", "bottom right", "bottom left")
+# The frontier's plot area as the notebook shows it (pixels, about: the page's width less the legend),
+# the marker's half size and a label's size per character, for placing labels apart.
+PLOT_PX = (700.0, 330.0)
+MARKER_PX = 6.0
+CHAR_PX, LABEL_HEIGHT_PX = 6.0, 12.0
+
+
+def _label_box(x: float, y: float, text: str, position: str) -> tuple[float, float, float, float]:
+    """The box (left, top, right, bottom; pixels) of ``text`` placed at ``position`` around a marker at x, y."""
+    w, h = CHAR_PX * len(text) + 2, LABEL_HEIGHT_PX
+    vertical, horizontal = position.split()
+    cx = {"center": x, "right": x + MARKER_PX + w / 2, "left": x - MARKER_PX - w / 2}[horizontal]
+    cy = {"middle": y, "top": y - MARKER_PX - h / 2, "bottom": y + MARKER_PX + h / 2}[vertical]
+    if vertical != "middle" and horizontal != "center":  # diagonal: plotly starts the text at the marker's edge
+        cx -= (MARKER_PX if horizontal == "right" else -MARKER_PX)
+    return cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+def label_positions(xy: Sequence[tuple[float, float]], texts: Sequence[str], markers: Sequence[tuple[float, float]] = (),
+                    x_range: tuple[float, float] | None = None, y_range: tuple[float, float] = (0.0, 1.05),
+                    plot_px: tuple[float, float] = PLOT_PX,
+                    errors: Sequence[tuple[float, float]] = ()) -> list[str]:
+    """A text position (``LABEL_POSITIONS``) for each point's label, chosen greedily so that labels cover
+    neither each other nor any marker (``xy`` and the other ``markers``, e.g. the base policy's) nor the
+    points' error bars (``errors``: (x, y) half-widths per point of ``xy``): each label takes the first
+    position with the least overlap (in pixels of a ``plot_px`` plot area) with those and the labels
+    placed before it. Points at the same place get labels on different sides."""
+    everything = list(xy) + list(markers)
+    if x_range is None:
+        xs = [x for x, _ in everything] or [0.0]
+        pad = 0.05 * ((max(xs) - min(xs)) or 1.0)
+        x_range = (min(xs) - pad, max(xs) + pad)
+    width, height = plot_px
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return ((x - x_range[0]) / ((x_range[1] - x_range[0]) or 1.0) * width,
+                (y_range[1] - y) / ((y_range[1] - y_range[0]) or 1.0) * height)
+
+    taken = [(mx - MARKER_PX, my - MARKER_PX, mx + MARKER_PX, my + MARKER_PX) for mx, my in (px(*m) for m in everything)]
+    for (x, y), (dx, dy) in zip(xy, errors):  # error bars: thin boxes (a bar counts less than a label)
+        (left, top), (right, bottom) = px(x - dx, y + dy), px(x + dx, y - dy)
+        cx, cy = px(x, y)
+        taken += [(cx - 1, top, cx + 1, bottom), (left, cy - 1, right, cy + 1)]
+    chosen = []
+    for (x, y), text in zip(xy, texts):
+        boxes = {pos: _label_box(*px(x, y), text, pos) for pos in LABEL_POSITIONS}
+        best = min(LABEL_POSITIONS, key=lambda pos: (sum(_overlap(boxes[pos], t) for t in taken),
+                                                    LABEL_POSITIONS.index(pos)))
+        chosen.append(best)
+        taken.append(boxes[best])
+    return chosen
+
+
 def frontier_figure(result: dict[str, Any], title: str = "Reward against KL(policy || ref)") -> go.Figure:
-    """One trace per method (points sorted by KL, joined by a faint line) and the base policy."""
+    """One trace per method (points sorted by KL, joined by a faint line) and the base policy. Each point's
+    label is its strength, in its method's colour, placed beside the point where it covers no other label
+    or marker (:func:`label_positions`); hover a point for the rest."""
     fig = go.Figure()
     methods = list(dict.fromkeys(p["method"] for p in result["points"]))
+    by_method = {m: sorted((p for p in result["points"] if p["method"] == m), key=lambda p: p["kl"]) for m in methods}
+    ordered = [p for m in methods for p in by_method[m]]
+    base = result.get("base")
+    kls = [v for p in ordered for v in (p["kl"] - p.get("kl_se", 0.0), p["kl"] + p.get("kl_se", 0.0))]
+    kls += [base["kl"]] if base else []
+    pad = 0.05 * ((max(kls) - min(kls)) or 1.0) if kls else 0.05
+    positions = label_positions([(p["kl"], p["reward"]) for p in ordered], [f"{p['strength']:g}" for p in ordered],
+                                markers=[(base["kl"], base["reward"])] if base else [],
+                                errors=[(p.get("kl_se", 0.0), p.get("reward_se", 0.0)) for p in ordered],
+                                x_range=(min(kls, default=0.0) - pad, max(kls, default=1.0) + pad))
+    where = {id(p): pos for p, pos in zip(ordered, positions)}
     for method in methods:
-        pts = sorted((p for p in result["points"] if p["method"] == method), key=lambda p: p["kl"])
+        pts = by_method[method]
         fig.add_trace(go.Scatter(
             x=[p["kl"] for p in pts], y=[p["reward"] for p in pts], mode="lines+markers+text",
             name=LABELS.get(method, method), marker={"size": 10, "color": COLOURS.get(method)},
             line={"color": COLOURS.get(method), "width": 1, "dash": "dot"},
-            text=[f"{p['strength']:g}" for p in pts], textposition="top center", textfont={"size": 9},
+            text=[f"{p['strength']:g}" for p in pts], textposition=[where[id(p)] for p in pts],
+            textfont={"size": 10, "color": COLOURS.get(method)},
             error_x={"type": "data", "array": [p["kl_se"] for p in pts], "thickness": 1},
             error_y={"type": "data", "array": [p["reward_se"] for p in pts], "thickness": 1},
             hovertext=[_hover(p) for p in pts], hoverinfo="text",
@@ -121,7 +195,8 @@ def frontier_figure(result: dict[str, Any], title: str = "Reward against KL(poli
 
 
 def cost_figure(result: dict[str, Any]) -> go.Figure:
-    """Training wall time (all points of a method together) and peak memory (largest of its runs)."""
+    """Training wall time (all points of a method together) and peak memory (largest of its runs), each bar
+    labelled with two significant digits (a DPO run of 0.3 s reads "0.3", not "0")."""
     methods = list(result["methods"])
     fig = make_subplots(rows=1, cols=2, subplot_titles=["training wall time, all points (s)",
                                                         "peak memory above the start of a run (MB)"])
@@ -130,7 +205,7 @@ def cost_figure(result: dict[str, Any]) -> go.Figure:
     for col, key in ((1, "train_seconds"), (2, "peak_memory_mb")):
         values = [result["methods"][m][key] for m in methods]
         fig.add_trace(go.Bar(x=labels, y=values, marker_color=colours, showlegend=False,
-                             text=[f"{v:.0f}" for v in values], textposition="auto"), row=1, col=col)
+                             text=[significant(v) for v in values], textposition="auto"), row=1, col=col)
     fig.update_layout(height=320, template="plotly_white", margin={"t": 50, "b": 40})
     return fig
 

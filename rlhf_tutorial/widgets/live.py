@@ -50,6 +50,36 @@ pio.templates["rlhf_tutorial"] = go.layout.Template(layout=dict(
 pio.templates.default = COURSE_TEMPLATE
 
 
+# ----------------------------------------------------------------------------------------------------
+# Numbers and axes as every figure shows them
+# ----------------------------------------------------------------------------------------------------
+def significant(value: float, digits: int = 2) -> str:
+    """``value`` with at most ``digits`` significant digits, in plain notation and without trailing zeros
+    (0.3 s stays "0.3", 0.0039 MB "0.0039", 2.84 "2.8", 261.2 "261": a number of at least ``10 ** digits``
+    keeps its integer part)."""
+    if value is None or not math.isfinite(value):
+        return ""
+    if value == 0 or abs(value) >= 10 ** digits:
+        return f"{value:.0f}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text  # 0.30 -> 0.3
+
+
+# An integer quantity (a round, a phase, a step) spanning up to this many units gets a tick per unit;
+# wider spans keep plotly's automatic ticks, which are integers there.
+INTEGER_TICK_SPAN = 10
+
+
+def integer_ticks(xs: Sequence[float]) -> dict:
+    """Axis settings for an axis of counts: one tick per unit when every value is an integer and they span
+    at most ``INTEGER_TICK_SPAN`` (plotly would put ticks at halves: "round 1.5"); else automatic ticks."""
+    values = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    if values and all(v == round(v) for v in values) and max(values) - min(values) <= INTEGER_TICK_SPAN:
+        return {"tickmode": "linear", "tick0": 0, "dtick": 1}
+    return {"tickmode": "auto", "tick0": None, "dtick": None}
+
+
 def _display(obj, **kwargs):
     from IPython.display import display
 
@@ -287,6 +317,8 @@ class LiveDashboard:
             else:
                 self._view = Updatable(self.fig)
 
+    FEW_POINTS = 5
+
     # ------------------------------------------------------------------------------------------
     def update(self, step: float, **metrics: float | None) -> None:
         """Record ``metrics`` at x = ``step``; the live figure redraws at most every refresh_seconds."""
@@ -318,12 +350,19 @@ class LiveDashboard:
         return out
 
     def _fill(self, fig: go.Figure) -> None:
+        steps: list[float] = []
         for metric, index in self._trace.items():
             xs, ys = self.history.get(metric, ([], []))
+            steps += xs
             fig.data[index].x, fig.data[index].y = list(xs), list(ys)
             if metric in self._smooth_trace:
                 s = fig.data[self._smooth_trace[metric]]
                 s.x, s.y = list(xs), self._smoothed(ys, self.smooth[metric])
+            elif fig.data[index].mode == "lines" or fig.data[index].mode == "lines+markers":
+                # a line through fewer than FEW_POINTS points shows its points (one point alone has no line)
+                fig.data[index].mode = "lines+markers" if len(xs) < self.FEW_POINTS else "lines"
+                fig.data[index].marker = dict(size=5)
+        fig.update_xaxes(**integer_ticks(steps))  # rounds and phases are counts: no tick at 1.5
 
     def _draw(self) -> None:
         with self.fig.batch_update():

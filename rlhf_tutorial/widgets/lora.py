@@ -10,9 +10,25 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from rlhf_tutorial.widgets.live import integer_ticks, significant
+
 
 def _label(rank: int | str) -> str:
     return "full fine-tuning" if int(rank) == 0 else f"LoRA rank {rank}"
+
+
+def _short_label(rank: int | str) -> str:
+    return "full" if int(rank) == 0 else f"rank {rank}"
+
+
+def _by_rank(runs: Mapping[str, Any]) -> dict[str, Any]:
+    """``runs`` in reading order: full fine-tuning first, then the ranks from the largest down (a JSON
+    summary's keys come sorted as strings: "0", "1", "16", "4")."""
+    return dict(sorted(runs.items(), key=lambda item: (int(item[0]) != 0, -int(item[0]))))
+
+
+# A log axis labelled at its powers of ten only (plotly's default also labels 2 and 5 in small type).
+DECADES = dict(type="log", dtick=1)
 
 
 def _colour(i: int) -> str:
@@ -22,14 +38,19 @@ def _colour(i: int) -> str:
 def rank_curves(runs: Mapping[str, Mapping[str, Any]], title: str = "GRPO on the sentiment task, by LoRA rank") -> go.Figure:
     """Two panels, one line per run (``compare-lora``'s records: ``reward_per_phase``, ``kl_per_phase``)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["mean reward of the phase's samples", "KL to the reference (per token)"])
-    for i, (rank, record) in enumerate(runs.items()):
+    phases = []
+    for i, (rank, record) in enumerate(_by_rank(runs).items()):
         for col, key in ((1, "reward_per_phase"), (2, "kl_per_phase")):
             ys = record[key]
-            fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines", name=_label(rank),
-                                     legendgroup=str(rank), showlegend=col == 1, line=dict(color=_colour(i))),
+            phases += range(1, len(ys) + 1)
+            fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers" if len(ys) < 5 else "lines",
+                                     name=_label(rank), legendgroup=str(rank), showlegend=col == 1,
+                                     line=dict(color=_colour(i))),
                           row=1, col=col)
             fig.update_xaxes(title_text="phase", row=1, col=col)
-    fig.add_hline(y=0.9, line_dash="dot", line_color="grey", row=1, col=1)
+    fig.update_xaxes(**integer_ticks(phases))
+    fig.add_hline(y=0.9, line_dash="dot", line_color="grey", row=1, col=1, annotation_text="0.9: the target",
+                  annotation_position="top left", annotation_font_size=10)
     fig.update_layout(title=title, height=380, legend=dict(orientation="h", yanchor="top", y=-0.22),
                       margin=dict(b=90))
     return fig
@@ -38,21 +59,27 @@ def rank_curves(runs: Mapping[str, Mapping[str, Any]], title: str = "GRPO on the
 def cost_figure(runs: Mapping[str, Mapping[str, Any]], sft: Mapping[str, Mapping[str, Any]] | None = None) -> go.Figure:
     """Per rank: trained parameters (log axis), the optimizer's state (MB), GRPO's final mean reward and,
     with ``sft``, SFT's pass@1."""
-    panels = ["trained parameters", "optimizer state (MB)", "GRPO: final mean reward"] + (["SFT: pass@1"] if sft else [])
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
-    labels = [_label(r) for r in runs]
-    colours = [_colour(i) for i in range(len(runs))]
-    values = [[r["trainable_parameters"] for r in runs.values()], [r["optimizer_state_mb"] for r in runs.values()],
-              [r["mean_reward_final"] for r in runs.values()]]
+    panels = ["trained parameters", "optimizer state (MB)", "GRPO: final reward"] + (["SFT: pass@1"] if sft else [])
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels, horizontal_spacing=0.07)
+    order = list(_by_rank(runs))
+    labels = [_short_label(r) for r in order]
+    colours = [_colour(i) for i in range(len(order))]  # each rank its colour of rank_curves (the same order)
+    values = [[runs[r]["trainable_parameters"] for r in order], [runs[r]["optimizer_state_mb"] for r in order],
+              [runs[r]["mean_reward_final"] for r in order]]
     if sft:
-        values.append([sft[r]["pass_at_1_final"] if r in sft else None for r in runs])
+        values.append([sft[r]["pass_at_1_final"] if r in sft else None for r in order])
     for col, ys in enumerate(values, start=1):
-        fig.add_trace(go.Bar(x=labels, y=ys, marker_color=colours, showlegend=False), row=1, col=col)
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_yaxes(range=[0, 1], row=1, col=3)
+        text = [(f"{v:,.0f}" if col == 1 else significant(v)) if v is not None else "" for v in ys]
+        fig.add_trace(go.Bar(x=labels, y=ys, marker_color=colours, showlegend=False, text=text,
+                             textposition="outside", cliponaxis=False, textfont=dict(size=10)), row=1, col=col)
+    fig.update_yaxes(**DECADES, row=1, col=1)
+    fig.update_yaxes(**DECADES, row=1, col=2)
+    fig.update_yaxes(range=[0, 1.1], row=1, col=3)
     if sft:
-        fig.update_yaxes(range=[0, 1], row=1, col=4)
+        fig.update_yaxes(range=[0, 1.1], row=1, col=4)
+    fig.update_xaxes(tickangle=0, tickfont=dict(size=11))
+    for annotation in fig.layout.annotations:  # the panels' titles, smaller: four fit side by side
+        annotation.font.size = 13
     fig.update_layout(title="What each rank costs, and what it reaches", height=380)
     return fig
 
@@ -88,8 +115,8 @@ def spectrum_figure(spectra: Mapping[str, Any], ks: Mapping[str, tuple[int, int]
                                  line=dict(color="black", dash="dash")), row=1, col=1)
     fig.add_trace(go.Bar(x=names, y=ks50, name="k for 50%"), row=1, col=2)
     fig.add_trace(go.Bar(x=names, y=ks90, name="k for 90%"), row=1, col=2)
-    fig.update_xaxes(title_text="k (singular directions)", type="log", row=1, col=1)
+    fig.update_xaxes(title_text="k (singular directions)", **DECADES, row=1, col=1)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
     fig.update_layout(title=title or "How many directions a full fine-tune moved", height=420, barmode="group",
-                      legend=dict(orientation="h", yanchor="top", y=-0.3), margin=dict(b=110))
+                      legend=dict(orientation="h", yanchor="top", y=-0.3), margin=dict(b=110, r=60))  # room for the last tilted name
     return fig
