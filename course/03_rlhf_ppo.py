@@ -804,7 +804,7 @@ after = trainer.evaluate(args.eval_samples, seed=args.seed + 1)
 print(f"mean reward: {before['reward']:.3f} -> {after['reward']:.3f} "
       f"(KL per token {after['kl']:.3f}, phases {len(history)})")
 figures.agree("rlhf_neg", {"mean_reward_initial": before["reward"], "mean_reward_final": after["reward"],
-                           "kl_final": after["kl"]})  # the text below quotes this run
+                           "kl_final": after["kl"]});  # the text below quotes this run
 
 # %% [markdown]
 # Is it still writing reviews? Three measures beside reading the samples: the 3-gram repetition

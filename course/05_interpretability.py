@@ -278,7 +278,7 @@ half = first_layer_reaching(lens_tuned[0].tolist(), 0.5)
 print(f"the tuned model's logit lens first reaches half its final value at {labels[half]}")
 print(f"the tuned model's value head on the final residual: base model {lens_base[1, -1]:+.3f}, "
       f"tuned model {lens_tuned[1, -1]:+.3f}")
-figures.agree("interp", {"value_final.base": float(lens_base[1, -1]), "value_final.tuned": float(lens_tuned[1, -1])})
+figures.agree("interp", {"value_final.base": float(lens_base[1, -1]), "value_final.tuned": float(lens_tuned[1, -1])});
 
 # %%
 torch.manual_seed(2)
@@ -462,7 +462,7 @@ print(f"a random direction puts the negative words at mean rank {baseline['rando
       f"(delta: {baseline['negative_words_mean_rank']:.2f})")
 print("gap from each text alone:", [round(g, 3) for g in per_text])
 figures.agree("interp", {"activation_difference_sentiment.gap": baseline["gap"],
-                         "activation_difference_sentiment.random_gap_std": baseline["random_gap_std"]})
+                         "activation_difference_sentiment.random_gap_std": baseline["random_gap_std"]});
 
 # %% [markdown]
 # What it shows, in the tiny world (recorded with `interp-report --world tiny --seed 0`): the negative

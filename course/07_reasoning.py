@@ -155,7 +155,7 @@ base_eval = evaluate(base, problems, n_eval, max_new, seed=1, extract_answer=ext
 print(f"base model: pass@1 {base_eval['pass_at_1']:.3f}, pass@k {({k: round(v, 3) for k, v in base_eval['pass_at_k'].items()})}")
 # the text's figures come from `python -m rlhf_tutorial compare-reasoning --world tiny --seed 0`, this notebook's
 # run with the reference functions; each cell checks that yours agrees
-figures.agree("compare", {"base_pass_at_1": base_eval["pass_at_1"]})
+figures.agree("compare", {"base_pass_at_1": base_eval["pass_at_1"]});
 
 # %% [markdown]
 # ## 3. Supervised fine-tuning on demonstrations
@@ -179,7 +179,7 @@ if is_smoke():
 sft = train_sft(sft_args, policy=copy.deepcopy(base), progress=False, **learner_functions(globals()))
 print(f"SFT on {sft_args.n_demonstrations} demonstrations, {len(sft.losses)} steps: loss {sft.losses[0]:.3f} -> "
       f"{sft.losses[-1]:.3f}; pass@1 {sft.eval_initial['pass_at_1']:.3f} -> {sft.eval_final['pass_at_1']:.3f}")
-figures.agree("compare", {"sft.pass_at_1_final": sft.eval_final["pass_at_1"]})
+figures.agree("compare", {"sft.pass_at_1_final": sft.eval_final["pass_at_1"]});
 
 # %% [markdown]
 # ## 4. Best-of-N and rejection sampling
@@ -206,7 +206,7 @@ rs = train_rejection_sampling(sft_args, policy=copy.deepcopy(base), progress=Fal
 for record in rs.rounds:
     print(f"round {record['round']}: samples' pass rate {record['sample_pass_rate']:.3f}, kept {record['kept']}")
 print(f"rejection sampling: pass@1 {rs.eval_initial['pass_at_1']:.3f} -> {rs.eval_final['pass_at_1']:.3f}")
-figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["pass_at_1"]})
+figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["pass_at_1"]});
 
 # %% [markdown]
 # **How far is best-of-N from the model it samples?** For a continuous reward (no ties) the
@@ -252,7 +252,7 @@ print(f"strict pass@1: base {base_eval['pass_at_1']:.3f} -> hacked {hacked_eval[
 print("samples of the hacked policy:", hacked_eval["samples"])
 figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["reward"],
                           "hacked.pass_at_1": hacked_eval["pass_at_1"],
-                          "hacked.pass_at_1_lenient": hacked_eval["pass_at_1_lenient"]})
+                          "hacked.pass_at_1_lenient": hacked_eval["pass_at_1_lenient"]});
 
 # %% [markdown]
 # In the recorded run (`compare-reasoning`) the lenient reward rose from {{compare.hacked.lenient_reward_first:.3f}}

@@ -193,3 +193,23 @@ def test_the_readmes_gpu_figures_are_the_recorded_gpu_runs():
     assert all(v["ok"] for v in run["cli"].values())
     missing = [q for q in quoted if q.replace("**", "") not in readme.replace("**", "")]
     assert not missing, missing
+
+
+def test_no_notebook_cell_echoes_the_agreement():
+    """A cell whose last statement is ``figures.agree(...)`` would print a stray ``True`` under the cell's
+    output; such a call ends with ``;`` (or comes before the cell's last statement)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    echoed = []
+    for path in sorted((root / "solutions").glob("*.ipynb")):
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "agree(" not in source:
+                continue
+            last = ast.parse(source).body[-1]
+            if isinstance(last, ast.Expr) and "agree(" in ast.unparse(last).split("\n")[0]:
+                line = source.split("\n")[last.end_lineno - 1]
+                if not line[last.end_col_offset:].lstrip().startswith(";"):
+                    echoed.append(f"{path.name} cell {index}")
+    assert not echoed, echoed
