@@ -161,3 +161,20 @@ def test_compare_lora_summarises_every_rank_and_the_scan():
     assert out["runs"]["2"]["trainable_parameters"] < out["runs"]["0"]["trainable_parameters"] / 10
     assert out["runs"]["2"]["optimizer_state_mb"] < out["runs"]["0"]["optimizer_state_mb"] / 10
     assert out["best_multiplier"]["0"] in ("1", "3")
+
+
+def test_compare_lora_over_seeds_summarises_each_ranks_spread():
+    from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, compare_lora, learning_rate, run_grpo
+
+    args = CompareLoRAArgs(world="tiny", ranks=(2,), seeds=(0, 1), num_phases=1, groups_per_phase=2, eval_samples=4)
+    out = compare_lora(args)
+    stats = out["runs"]["2"]
+    assert out["seeds"] == [0, 1] and set(stats["curves"]) == {"0", "1"}
+    single = run_grpo(CompareLoRAArgs(**{**vars(args), "seeds": (), "seed": 1}), 2, learning_rate("sentiment", 2))
+    assert stats["mean_reward_final"]["per_seed"][1] == single["mean_reward_final"]  # each seed is that seed's run
+    values = stats["kl_final"]["per_seed"]
+    assert stats["kl_final"]["min"] == min(values) and stats["kl_final"]["max"] == max(values)
+    mean = sum(values) / 2
+    assert stats["kl_final"]["std"] == pytest.approx(((values[0] - mean) ** 2 + (values[1] - mean) ** 2) ** 0.5, abs=1e-4)
+    with pytest.raises(ValueError, match="--seeds is for --task sentiment"):
+        compare_lora(CompareLoRAArgs(world="tiny", task="arithmetic", seeds=(0, 1)))
