@@ -3,7 +3,8 @@
 - ``--task sentiment``: GRPO (chapter 04's trainer and tiny preset, shortened) at LoRA ranks 1, 4, 16 and
   full fine-tuning (rank 0): reward, KL, trained parameters, optimizer state, peak memory and time to a
   mean reward of 0.9, each rank at its learning rate (``LEARNING_RATES``; ``--lr-multipliers`` scans
-  around it);
+  around it); with ``--seeds S ...`` each rank at each seed instead, summarised as the spread of its final
+  reward and KL (``over_seeds``: the text quotes it, and a learner's run on another CPU is held to it);
 - ``--task arithmetic``: SFT on chapter 07's demonstrations at the same ranks: pass@1 after one pass;
 - ``--task spectrum``: the singular values of chapter 03's full fine-tune's weight change (the shipped
   tuned policy against the base, tiny world) per matrix, beside chapter 05's "how much moved".
