@@ -213,3 +213,45 @@ def test_no_notebook_cell_echoes_the_agreement():
                 if not line[last.end_col_offset:].lstrip().startswith(";"):
                     echoed.append(f"{path.name} cell {index}")
     assert not echoed, echoed
+
+
+def spread_fake() -> dict:
+    """FAKE (another CPU) with a multi-seed run of its settings: seed 0 ended at 0.955, the others lower."""
+    figs = json.loads(json.dumps(FAKE))
+    figs["demo_seeds"] = {"command": "python -m rlhf_tutorial demo --seeds 0 1 2", "recorded": "2026-11-26",
+                          "machine": FAKE["demo"]["machine"],
+                          "summary": {"mean_reward_final": {"per_seed": [0.955, 0.62, 0.7], "min": 0.62, "max": 0.955,
+                                                            "mean": 0.7583, "std": 0.1749}}}
+    return figs
+
+
+def test_a_seed_spread_sets_the_band_on_another_cpu(monkeypatch):
+    """A run that swings with the seed is held, on another CPU, to its measured spread (range +- one std):
+    0.5 (far outside band()'s 0.2 of 0.955) agrees, 0.4 does not, and the message names the seeds."""
+    figs = spread_fake()
+    monkeypatch.setitem(figures.SEED_SPREADS, "demo", "demo_seeds")
+    assert figures.seed_band(figs["demo_seeds"]["summary"]["mean_reward_final"]) == pytest.approx((0.4451, 1.1299))
+    assert not figures.disagreements("demo", {"mean_reward_final": 0.5}, figs, same=False)
+    assert not figures.disagreements("demo", {"mean_reward_final": 0.955 - 0.15}, figs, same=False)
+    (line,) = figures.disagreements("demo", {"mean_reward_final": 0.4}, figs, same=False)
+    assert "[0.955, 0.62, 0.7]" in line and "demo_seeds" in line and "0.4451" in line
+    # keys the spread did not measure keep band(); on the recording's own machine the tight band holds
+    assert figures.disagreements("demo", {"kl_final": 0.5452 * 1.9}, figs, same=False)
+    assert figures.disagreements("demo", {"mean_reward_final": 0.5}, figs, same=True)
+    # without the declaration the spread is not used
+    monkeypatch.delitem(figures.SEED_SPREADS, "demo")
+    assert figures.disagreements("demo", {"mean_reward_final": 0.5}, figs, same=False)
+
+
+def test_every_declared_seed_spread_is_a_run_that_measures_its_figures():
+    recorded = figures.recorded()
+    for name, spread_run in figures.SEED_SPREADS.items():
+        assert name in figures.RUNS and spread_run in figures.RUNS
+        assert recorded[spread_run]["command"] == figures.RUNS[spread_run].command
+        spread = recorded[spread_run]["summary"]
+        assert len(spread["seeds"]) >= 3, "a spread over fewer than three seeds justifies no band"
+        for rank, stats in spread["runs"].items():
+            for key in ("mean_reward_final", "kl_final"):
+                values = stats[key]["per_seed"]
+                assert stats[key]["min"] == min(values) and stats[key]["max"] == max(values)
+                figures.lookup(f"{name}.runs.{rank}.{key}", recorded)  # the figure it bands exists

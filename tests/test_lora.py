@@ -178,3 +178,20 @@ def test_the_lora_figures_read_full_then_the_ranks_down_with_readable_axes():
     assert costs.layout.yaxis.type == "log" and costs.layout.yaxis.dtick == 1
     # each rank has the same colour in both figures
     assert [t.line.color for t in curves.data if t.showlegend] == list(costs.data[0].marker.color)
+
+
+def test_compare_lora_over_seeds_summarises_each_ranks_spread():
+    from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, compare_lora, learning_rate, run_grpo
+
+    args = CompareLoRAArgs(world="tiny", ranks=(2,), seeds=(0, 1), num_phases=1, groups_per_phase=2, eval_samples=4)
+    out = compare_lora(args)
+    stats = out["runs"]["2"]
+    assert out["seeds"] == [0, 1] and set(stats["curves"]) == {"0", "1"}
+    single = run_grpo(CompareLoRAArgs(**{**vars(args), "seeds": (), "seed": 1}), 2, learning_rate("sentiment", 2))
+    assert stats["mean_reward_final"]["per_seed"][1] == single["mean_reward_final"]  # each seed is that seed's run
+    values = stats["kl_final"]["per_seed"]
+    assert stats["kl_final"]["min"] == min(values) and stats["kl_final"]["max"] == max(values)
+    mean = sum(values) / 2
+    assert stats["kl_final"]["std"] == pytest.approx(((values[0] - mean) ** 2 + (values[1] - mean) ** 2) ** 0.5, abs=1e-4)
+    with pytest.raises(ValueError, match="--seeds is for --task sentiment"):
+        compare_lora(CompareLoRAArgs(world="tiny", task="arithmetic", seeds=(0, 1)))

@@ -3,7 +3,8 @@
 - ``--task sentiment``: GRPO (chapter 04's trainer and tiny preset, shortened) at LoRA ranks 1, 4, 16 and
   full fine-tuning (rank 0): reward, KL, trained parameters, optimizer state, peak memory and time to a
   mean reward of 0.9, each rank at its learning rate (``LEARNING_RATES``; ``--lr-multipliers`` scans
-  around it);
+  around it); with ``--seeds S ...`` each rank at each seed instead, summarised as the spread of its final
+  reward and KL (``over_seeds``: the text quotes it, and a learner's run on another CPU is held to it);
 - ``--task arithmetic``: SFT on chapter 07's demonstrations at the same ranks: pass@1 after one pass;
 - ``--task spectrum``: the singular values of chapter 03's full fine-tune's weight change (the shipped
   tuned policy against the base, tiny world) per matrix, beside chapter 05's "how much moved".
@@ -44,6 +45,8 @@ class CompareLoRAArgs:
     world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
     task: str = arg("sentiment", "'sentiment' (GRPO, chapter 04), 'arithmetic' (SFT, chapter 07) or 'spectrum'")
     seed: int = arg(0, "seeds every run (the same seed at every rank: the same adapters' A, the same samples)")
+    seeds: tuple[int, ...] = arg((), "sentiment: run each rank at each of these seeds (in place of --seed, at the "
+                                 "rank's own rate) and summarise the spread of its final reward and KL")
     ranks: tuple[int, ...] = arg((0, 1, 4, 16), "LoRA ranks to compare; 0 is full fine-tuning")
     lora_alpha: float = arg(16.0, "alpha of every LoRA run (scale alpha / rank)")
     lr_multipliers: tuple[float, ...] = arg((1.0,), "run each rank at these multiples of its learning rate "
@@ -188,6 +191,10 @@ def compare_lora(args: CompareLoRAArgs, progress: bool = False) -> dict[str, Any
         return {"world": world, "task": args.task, **spectrum(base, tuned)}
     if args.task not in ("sentiment", "arithmetic"):
         raise ValueError(f"task must be 'sentiment', 'arithmetic' or 'spectrum', got {args.task!r}")
+    if args.seeds:
+        if args.task != "sentiment":
+            raise ValueError("--seeds is for --task sentiment (the GRPO runs)")
+        return {"world": world, "task": args.task, **over_seeds(args, progress=progress), "args": asdict(args)}
     run = run_grpo if args.task == "sentiment" else run_sft
     score = "mean_reward_final" if args.task == "sentiment" else "pass_at_1_final"
     scan: dict[str, dict[str, Any]] = {}
@@ -214,6 +221,37 @@ def compare_lora(args: CompareLoRAArgs, progress: bool = False) -> dict[str, Any
     return out
 
 
+#: What :func:`over_seeds` summarises per rank.
+SEED_KEYS = ("mean_reward_final", "kl_final", "mean_reward_last_5")
+
+
+def over_seeds(args: CompareLoRAArgs, progress: bool = False) -> dict[str, Any]:
+    """Each rank's GRPO run at its own rate (``learning_rate(..., 1)``) once per seed of ``args.seeds``: per rank
+    and key of :data:`SEED_KEYS`, ``per_seed`` (in ``args.seeds``' order), ``min``, ``max``, ``mean`` and the
+    sample standard deviation ``std`` = sqrt(sum_i (x_i - mean)^2 / (n - 1)) (0 for one seed); with each seed's
+    reward and KL per phase (``curves``), to see where a run went its own way."""
+    runs: dict[str, dict[str, Any]] = {}
+    for rank in args.ranks:
+        records = []
+        for seed in args.seeds:
+            record = run_grpo(CompareLoRAArgs(**{**asdict(args), "seed": seed}), rank,
+                              learning_rate(args.task, rank), progress=progress)
+            record.pop("_result")
+            records.append(record)
+        stats: dict[str, Any] = {}
+        for key in SEED_KEYS:
+            values = [r[key] for r in records]
+            mean = sum(values) / len(values)
+            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+            stats[key] = {"per_seed": values, "min": min(values), "max": max(values), "mean": round(mean, 4),
+                          "std": round(var ** 0.5, 4)}
+        stats["learning_rate"] = learning_rate(args.task, rank)
+        stats["curves"] = {str(seed): {"reward_per_phase": r["reward_per_phase"], "kl_per_phase": r["kl_per_phase"]}
+                           for seed, r in zip(args.seeds, records)}
+        runs[str(rank)] = stats
+    return {"seeds": list(args.seeds), "runs": runs}
+
+
 def compare_main(argv: list[str]) -> dict:
     """``python -m rlhf_tutorial compare-lora [--task sentiment|arithmetic|spectrum] [--ranks R ...]``"""
     parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial compare-lora",
@@ -227,4 +265,5 @@ def compare_main(argv: list[str]) -> dict:
     given = given_flags(CompareLoRAArgs, ns)
     given["ranks"] = tuple(int(r) for r in given.get("ranks", CompareLoRAArgs.ranks))
     given["lr_multipliers"] = tuple(float(m) for m in given.get("lr_multipliers", CompareLoRAArgs.lr_multipliers))
+    given["seeds"] = tuple(int(s) for s in given.get("seeds", CompareLoRAArgs.seeds))
     return compare_lora(CompareLoRAArgs(**given), progress=not ns.no_progress)
