@@ -223,7 +223,7 @@ for *_, chosen, rejected, gap in pairs:
 # The tiny world runs a shortened version of the CLI's run (`python -m rlhf_tutorial train-dpo --world
 # tiny --seed 0`: 384 pairs of the best and worst of 16, 5 rounds): 192 pairs, 3 rounds, the run of
 # `train-dpo --world tiny --seed 0 --num-pairs 192 --rounds 3 --eval-samples 64 --eval-samples-per-round 48`
-# (the cell checks that yours agrees). `help(DPOArgs)` (or `train-dpo --help`) documents every knob.
+# (the cell checks that yours agrees). `help(DPOArgs)` documents every knob (the CLI's `--help` lists the same as flags).
 #
 # **Which base reward?** Every run of this notebook measures the policy before and after on the same
 # 64 samples (`eval_samples=64`, drawn with the run's seed + 1 on a random stream of their own), so it prints one base reward,
@@ -319,7 +319,7 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 # RLOO's four advantages and GRPO's (`scale="group"`: the unbiased std of that group is 0.5), then run
 # the cell. Which one pushes the success harder, and by what factor? Both are the mean-centred reward
 # $r - \bar r$ times a constant of the group (so both sum to zero over it): what is each one's constant,
-# and which of the two changes for a group with two successes, $[1, 1, 0, 0]$ (unbiased std 0.577)? The
+# and which of the two changes for a group with two successes, $[1, 1, 0, 0]$ (unbiased std $1/\sqrt{3}$)? The
 # cell prints both groups, each advantage divided by $r - \bar r$, and each group's sum.
 
 # %%
