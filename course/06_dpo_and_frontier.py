@@ -140,6 +140,21 @@ print(f"world: {world}, prompt: {prompt!r}")
 
 # %% exercise rlhf_tutorial.dpo:implicit_reward | 10 min | difficulty 2 | importance 4
 
+# %%
+# The first step: the policy is the reference, so each completion's log-prob is the same under both
+chosen_logps, rejected_logps = torch.tensor([-31.2, -18.7, -25.0]), torch.tensor([-40.3, -12.5, -25.0])
+margin = (implicit_reward(chosen_logps, chosen_logps, 0.1)
+          - implicit_reward(rejected_logps, rejected_logps, 0.1))
+print(f"reward margin {margin.mean().item():.3f}, reward accuracy {(margin > 0).float().mean().item():.2f}")
+
+# %% [markdown]
+# Margin 0 and accuracy 0, not 0.5: with the policy equal to the reference every $\hat r$ is exactly 0, so
+# every pair's margin is 0, and the accuracy counts only pairs whose margin is strictly positive (a tie
+# counts as wrong). The trainer's first step logs the same (`train-dpo --world tiny --num-pairs 32
+# --rounds 1 --batch-size 64`, one step over 32 pairs: margin 0.0, accuracy 0.0). Once the policy has
+# moved, a policy that tells chosen from rejected no better than a coin logs about 0.5: that is "learned
+# nothing", and 0 at the first step is not a bad start.
+
 # %% [markdown]
 # **SimPO** (Meng et al. 2024) drops the reference model altogether. Its reward is the policy's *mean*
 # log-prob per token, $\frac{\beta}{|y|} \log \pi(y \mid x)$ (length-normalised, so a long completion is not
@@ -152,9 +167,10 @@ print(f"world: {world}, prompt: {prompt!r}")
 # %% [markdown]
 # How the three losses react to $h$ (with $\beta = 0.1$). **Predict, then check**: from the table of
 # section 3, before running the cell, write down for each loss the sign of $\partial \mathcal{L} / \partial h$
-# at $h = -20, 0, 20, 50$, and where it is exactly 0. Then compare: DPO's gradient fades but never
-# vanishes as $h$ grows, IPO's changes sign at $h = 1/(2\beta) = 5$, the hinge's is exactly zero past
-# $\beta h = 1$.
+# at $h = -20, 0, 20, 50$, and where it is exactly 0 (the cell prints $h = -5, 5, 10$ too). Then compare:
+# DPO's gradient fades but never vanishes as $h$ grows, IPO's is 0 at $h = 1/(2\beta) = 5$ and changes
+# sign there, the hinge's is exactly zero at and past $\beta h = 1$ ($h \ge 10$: at the kink itself PyTorch
+# takes the slope of $\max(0, x)$ at 0 to be 0; `-0.000` is a zero with a sign).
 
 # %%
 hs = torch.tensor([-20.0, -5.0, 0.0, 5.0, 10.0, 20.0, 50.0])
@@ -180,7 +196,7 @@ for loss_type in ["sigmoid", "ipo", "hinge"]:
 # Contract: `rewards` is `[p, G]` (one row per group); return one `(chosen, rejected)` pair of column
 # indices per row, `[p, 2]` int64 on the rewards' device. Ties go to the **first** occurrence, so a
 # group whose rewards are all equal gives the pair `(0, 0)`: a completion preferred to itself. What
-# should a trainer do with such a pair (look at `DPOArgs`'s `min_reward_gap` below), and why would
+# should a trainer do with such a pair (look up `min_reward_gap` in `help(DPOArgs)`), and why would
 # training on it be harmless but wasteful?
 
 # %% exercise rlhf_tutorial.dpo:best_worst_pairs | 15 min | difficulty 2 | importance 3
@@ -207,7 +223,7 @@ for *_, chosen, rejected, gap in pairs:
 # The tiny world runs a shortened version of the CLI's run (`python -m rlhf_tutorial train-dpo --world
 # tiny --seed 0`: 384 pairs of the best and worst of 16, 5 rounds): 192 pairs, 3 rounds, the run of
 # `train-dpo --world tiny --seed 0 --num-pairs 192 --rounds 3 --eval-samples 64 --eval-samples-per-round 48`
-# (the cell checks that yours agrees). `DPOArgs` documents every knob.
+# (the cell checks that yours agrees). `help(DPOArgs)` documents every knob (the CLI's `--help` lists the same as flags).
 #
 # **Which base reward?** Every run of this notebook measures the policy before and after on the same
 # 64 samples (`eval_samples=64`, drawn with the run's seed + 1 on a random stream of their own), so it prints one base reward,
@@ -301,13 +317,19 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 # %% [markdown]
 # **Predict, then check.** For a group of four 0/1 rewards with one success, $[1, 0, 0, 0]$, work out
 # RLOO's four advantages and GRPO's (`scale="group"`: the unbiased std of that group is 0.5), then run
-# the cell. Which one pushes the success harder, by what factor, and which one sums to zero over the
-# group?
+# the cell. Which one pushes the success harder, and by what factor? Both are the mean-centred reward
+# $r - \bar r$ times a constant of the group (so both sum to zero over it): what is each one's constant,
+# and which of the two changes for a group with two successes, $[1, 1, 0, 0]$ (unbiased std $1/\sqrt{3}$)? The
+# cell prints both groups, each advantage divided by $r - \bar r$, and each group's sum.
 
 # %%
-demo_rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
-print("RLOO:", rloo_advantages(demo_rewards).tolist())
-print("GRPO:", group_relative_advantages(demo_rewards, "group").tolist())
+demo_rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+centred = demo_rewards - demo_rewards.mean(dim=-1, keepdim=True)
+for name, advantages in [("RLOO", rloo_advantages(demo_rewards)),
+                         ("GRPO", group_relative_advantages(demo_rewards, "group"))]:
+    for group, row, c in zip(demo_rewards.tolist(), advantages.tolist(), centred.tolist()):
+        print(f"{name} {group}: advantages {[round(a, 3) for a in row]}, divided by r - mean "
+              f"{[round(a / x, 3) for a, x in zip(row, c)]}, sum {abs(sum(row)):.3f}")
 
 # %% [markdown]
 # **GSPO** (Group Sequence Policy Optimization, Qwen 2025). GRPO clips every token's ratio
@@ -397,9 +419,10 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 # optimizer steps), 64 evaluation samples per point instead of 128. The RL runs keep the CLI's 20 phases:
 # shorter runs stop on the way up, where every method still looks alike. It is the run of `frontier --world
 # tiny --ppo-kl-coefs 0.1 0.3 --grpo-kl-coefs 0.1 0.5 --dpo-betas 0.03 0.5 --ipo-betas 0.02 0.5 --rl-phases 20
-# --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate` ({{frontier_short.wall_seconds:.0f}} s on the reference machine,
-# shared with other jobs; the cell checks that yours agrees). The full grid is `python -m rlhf_tutorial
-# frontier --world tiny` ({{frontier.wall_seconds:.0f}} s there; HTML report and JSON with every point).
+# --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate` ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
+# 2 CPU cores at a load average of 2 to 3 from other jobs; the cell checks that yours agrees). The full grid
+# is `python -m rlhf_tutorial frontier --world tiny` ({{frontier.wall_seconds:.0f}} s there, recorded while other
+# runs held the 2 cores at a load of 10 to 15; HTML report and JSON with every point).
 
 # %%
 frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.1, 0.3),

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import math
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 import torch
 
 from rlhf_tutorial import display
 from rlhf_tutorial.ppo import clip_diagnostics
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, parse_command
+from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags, parse_command
 from rlhf_tutorial.trainers.plug import DIFFERENTIATED, NoGradientError, bind, learner_functions_for
 from rlhf_tutorial.trainers.schedules import warmup_then_cosine, warmup_then_linear_to_zero
 
@@ -114,6 +114,33 @@ def test_flags_are_generated_from_the_fields():
     preset = argparse.ArgumentParser()
     add_flags(preset, DemoArgs, from_preset=True)
     assert given_flags(DemoArgs, preset.parse_args(["--items", "p"])) == {"items": ("p",)}
+
+
+def test_documented_puts_every_fields_help_in_the_docstring():
+    """help(Args) in a notebook shows each knob's meaning (chapter 06 sends the learner to help(DPOArgs))."""
+    import pydoc
+
+    from rlhf_tutorial.trainers.dpo import DPOArgs
+    from rlhf_tutorial.trainers.grpo import GRPOArgs
+
+    @documented
+    @dataclass
+    class Demo:
+        """Demo knobs."""
+
+        rate: float = arg(0.5, "a rate")
+        items: tuple[str, ...] = arg(("x",), "some items")
+
+    assert Demo.__doc__.startswith("Demo knobs.")
+    assert "rate (float, default 0.5): a rate" in Demo.__doc__
+    assert "items (tuple[str, ...], default ('x',)): some items" in Demo.__doc__
+    assert Demo(rate=0.25).rate == 0.25  # still the dataclass
+    assert "a rate" not in (DemoArgs.__doc__ or "")  # undecorated: no help in the docstring
+    page = pydoc.render_doc(DPOArgs, renderer=pydoc.plaintext)
+    assert "min_reward_gap (float, default 0.05): drop groups whose best and worst reward differ" in page
+    for cls in (DPOArgs, GRPOArgs):
+        for f in fields(cls):
+            assert f"{f.name} (" in cls.__doc__ and f.metadata["help"] in cls.__doc__, (cls.__name__, f.name)
 
 
 def test_a_command_parses_its_fields_threads_and_progress():

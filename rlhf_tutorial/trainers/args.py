@@ -2,6 +2,8 @@
 command-line flags generated from those fields.
 
 - ``arg(default, help)``: a dataclass field with its help string;
+- ``@documented`` (above ``@dataclass``): the fields' help strings appended to the class docstring, so
+  ``help(Args)`` in a notebook shows what each knob means, as the CLI's ``--help`` does;
 - ``add_flags(parser, Args, ...)``: one ``--field-name`` flag per field (``--x/--no-x`` for a bool);
 - ``given_flags(Args, namespace)``: the fields given on the command line, to build the dataclass;
 - ``parse_command(prog, Args, argv, ...)``: a command's whole parser: the fields' flags, ``--threads``
@@ -20,6 +22,16 @@ _KINDS = {"int": int, "float": float, "str": str}
 def arg(default: Any, help: str) -> Any:
     """A dataclass field with a help string (shown by the CLI's ``--help``)."""
     return field(default=default, metadata={"help": help})
+
+
+def documented(args_cls: type) -> type:
+    """Append a ``Fields:`` section to the dataclass ``args_cls``'s docstring, one line per field:
+    ``name (type, default D): help``, the help string of :func:`arg`. Apply it above ``@dataclass``
+    (it reads the fields), so that ``help(Args)`` and ``Args?`` describe every knob."""
+    lines = [f"        {f.name} ({f.type}, default {f.default!r}): {f.metadata.get('help', '')}"
+             for f in fields(args_cls)]
+    args_cls.__doc__ = (args_cls.__doc__ or args_cls.__name__).rstrip() + "\n\n    Fields:\n" + "\n".join(lines) + "\n"
+    return args_cls
 
 
 def add_flags(

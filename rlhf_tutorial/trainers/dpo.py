@@ -40,7 +40,7 @@ from transformer_lens import HookedTransformer
 from rlhf_tutorial import dpo, speed
 from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.grpo import decode_completions, eos_id, sample_group
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
+from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
 from rlhf_tutorial.trainers.records import add_stats, mean_stats
@@ -52,6 +52,7 @@ from rlhf_tutorial.worlds import PROMPT
 # ----------------------------------------------------------------------------------------------------
 
 
+@documented
 @dataclass
 class DPOArgs:
     """Every knob of the DPO trainer. The defaults are the tiny world's (``DPOArgs.preset``).

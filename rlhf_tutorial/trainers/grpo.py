@@ -42,7 +42,7 @@ from rlhf_tutorial.grpo import (
 from rlhf_tutorial.rewards import ngram_repetition, sentiment_reward_fn
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.speed import REWARD_TARGET, harness_speedups, time_split, time_to_reward
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
+from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.lora import ALPHA_HELP, RANK_HELP, apply_lora, optimizer_state_mb, trainable
 from rlhf_tutorial.trainers.lora import summary as lora_summary
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
@@ -59,6 +59,7 @@ RULE_PROMPTS = (PROMPT, "I watched this film", "The plot was")
 # ----------------------------------------------------------------------------------------------------
 
 
+@documented
 @dataclass
 class GRPOArgs:
     """Every knob of the GRPO trainer. The defaults are the tiny world's; ``GRPOArgs.preset("gpt2")``
