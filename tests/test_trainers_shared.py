@@ -138,9 +138,31 @@ def test_documented_puts_every_fields_help_in_the_docstring():
     assert "a rate" not in (DemoArgs.__doc__ or "")  # undecorated: no help in the docstring
     page = pydoc.render_doc(DPOArgs, renderer=pydoc.plaintext)
     assert "min_reward_gap (float, default 0.05): drop groups whose best and worst reward differ" in page
-    for cls in (DPOArgs, GRPOArgs):
+    for cls in every_args_dataclass():
         for f in fields(cls):
-            assert f"{f.name} (" in cls.__doc__ and f.metadata["help"] in cls.__doc__, (cls.__name__, f.name)
+            assert f"{f.name} (" in cls.__doc__ and f.metadata.get("help", "") in cls.__doc__, (cls.__name__, f.name)
+    assert {DPOArgs, GRPOArgs} <= set(every_args_dataclass())
+
+
+def every_args_dataclass() -> list[type]:
+    """Every ``...Args`` dataclass the package defines (one per trainer or command), found by walking it."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import rlhf_tutorial
+
+    found = []
+    for info in pkgutil.walk_packages(rlhf_tutorial.__path__, "rlhf_tutorial."):
+        if not info.name.startswith(("rlhf_tutorial.trainers.", "rlhf_tutorial.tiny.")):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (name.endswith("Args") and dataclasses.is_dataclass(obj) and isinstance(obj, type)
+                    and obj.__module__ == module.__name__):
+                found.append(obj)
+    assert len(found) >= 12, found
+    return found
 
 
 def test_a_command_parses_its_fields_threads_and_progress():

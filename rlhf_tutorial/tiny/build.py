@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from rlhf_tutorial.buildinfo import build_info
 from rlhf_tutorial.tiny import corpus
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg, documented
 from rlhf_tutorial.trainers.runtime import torch_threads
 from rlhf_tutorial.trainers.schedules import warmup_then_cosine
 
@@ -55,6 +55,7 @@ SPECIAL = "<|endoftext|>"
 LABELS = {0: "NEGATIVE", 1: "POSITIVE"}
 
 
+@documented
 @dataclass
 class BuildArgs:
     """Everything the build depends on. Changing any value changes the artifacts."""

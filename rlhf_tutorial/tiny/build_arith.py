@@ -38,12 +38,13 @@ from rlhf_tutorial.tiny.build import (
     train_policy,
     write_manifest,
 )
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg, documented
 from rlhf_tutorial.trainers.runtime import torch_threads
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts_arith"
 
 
+@documented
 @dataclass
 class ArithBuildArgs:
     """Everything the arithmetic build depends on. Changing any value changes the artifacts."""

@@ -43,7 +43,7 @@ from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.trainers import dpo as dpo_trainer
 from rlhf_tutorial.trainers import grpo, rlhf
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg, documented
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
 from rlhf_tutorial.trainers.runtime import PeakMemory
 from rlhf_tutorial.worlds import PROMPT
@@ -51,6 +51,7 @@ from rlhf_tutorial.worlds import PROMPT
 METHODS = ("ppo", "grpo", "rloo", "gspo", "dpo", "ipo")
 
 
+@documented
 @dataclass
 class FrontierArgs:
     """The sweep: which methods, which KL strengths, how long each run trains, how points are measured.

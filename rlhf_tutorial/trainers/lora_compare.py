@@ -25,7 +25,7 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import interp, lora
 from rlhf_tutorial.speed import REWARD_TARGET, time_to_reward
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags
+from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags
 
 #: The learning rate of each task at full fine-tuning (rank 0: the trainers' tiny presets) and under LoRA
 #: (any rank, alpha = 16). Scanned with ``compare-lora --task sentiment --lr-multipliers 1 3 --num-phases 12``
@@ -38,6 +38,7 @@ LEARNING_RATES: dict[str, dict[str, float]] = {
 }
 
 
+@documented
 @dataclass
 class CompareLoRAArgs:
     """The ``compare-lora`` command. The defaults are the chapter's sizes in the tiny world."""

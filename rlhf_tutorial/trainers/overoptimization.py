@@ -37,9 +37,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg, documented
 
 
+@documented
 @dataclass
 class OveroptimizationArgs:
     """The proxy reward model's training and the PPO run that optimises it (everything else: the

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from rlhf_tutorial import ppo
 from rlhf_tutorial.ppo import Agent, RolloutBuffer, make_vector_env
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg, documented
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 
 # ---------------------------------------------------------------------------------------------------
@@ -29,6 +29,7 @@ from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 # ---------------------------------------------------------------------------------------------------
 
 
+@documented
 @dataclass
 class PPOArgs:
     """Every knob of the PPO trainer. The defaults solve CartPole-v1 on a laptop CPU.

@@ -41,7 +41,7 @@ from rlhf_tutorial.devices import device_of, rng_devices
 from rlhf_tutorial.grpo import completion_mask, decode_completions, eos_id, sample_group
 from rlhf_tutorial.speed import can_fast_sample, fast_sample
 from rlhf_tutorial.tiny import arith
-from rlhf_tutorial.trainers.args import arg, given_flags, parse_command
+from rlhf_tutorial.trainers.args import arg, documented, given_flags, parse_command
 from rlhf_tutorial.trainers.lora import ALPHA_HELP, RANK_HELP, apply_lora, trainable
 from rlhf_tutorial.trainers.lora import summary as lora_summary
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
@@ -174,6 +174,7 @@ def arithmetic_reward_fn(
 # ----------------------------------------------------------------------------------------------------
 
 
+@documented
 @dataclass
 class SFTArgs:
     """Every knob of supervised fine-tuning (``train-sft``: on demonstrations) and of rejection-sampling
@@ -458,6 +459,7 @@ def rejection_sampling_main(argv: list[str]) -> dict:
     return summary
 
 
+@documented
 @dataclass
 class PassAtKArgs:
     """The ``pass-at-k`` command: measure pass@k (k = 1, 2, 4, ... up to ``samples``) of the base model,

@@ -16,7 +16,7 @@ import torch
 
 from rlhf_tutorial import reasoning
 from rlhf_tutorial.tiny import arith
-from rlhf_tutorial.trainers.args import arg, given_flags, parse_command
+from rlhf_tutorial.trainers.args import arg, documented, given_flags, parse_command
 from rlhf_tutorial.trainers.reasoning import (
     PASS_KS,
     SFTArgs,
@@ -29,6 +29,7 @@ from rlhf_tutorial.trainers.reasoning import (
 )
 
 
+@documented
 @dataclass
 class CompareArgs:
     """The ``compare-reasoning`` command: chapter 07's notebook run with the reference functions. The

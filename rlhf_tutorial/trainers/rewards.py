@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from rlhf_tutorial import rewards
 from rlhf_tutorial.devices import device_of, resolve
 from rlhf_tutorial.rewards import PairBatch, RewardModel, evaluate_pairs, tokenize_pairs
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
+from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.plug import bind, learner_functions_for
 from rlhf_tutorial.trainers.runtime import torch_threads
 from rlhf_tutorial.trainers.schedules import warmup_then_linear_to_zero
@@ -33,6 +33,7 @@ from rlhf_tutorial.trainers.schedules import warmup_then_linear_to_zero
 # ----------------------------------------------------------------------------------------------------
 
 
+@documented
 @dataclass
 class RewardModelArgs:
     """Every knob of :func:`train_reward_model` (and of ``python -m rlhf_tutorial train-reward-model``)."""

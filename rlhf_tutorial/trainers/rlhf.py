@@ -40,7 +40,7 @@ from rlhf_tutorial.speed import (
     time_split,
     time_to_reward,
 )
-from rlhf_tutorial.trainers.args import add_flags, arg, given_flags, gpt2_size_presets
+from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags, gpt2_size_presets
 from rlhf_tutorial.trainers.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_tuned_policy, save_tuned_policy  # noqa: F401
 from rlhf_tutorial.trainers.lora import ALPHA_HELP, RANK_HELP, apply_lora, merged, optimizer_state_mb
 from rlhf_tutorial.trainers.lora import summary as lora_summary
@@ -54,6 +54,7 @@ from rlhf_tutorial.worlds import PROMPT
 # ----------------------------------------------------------------------------------------------------
 
 
+@documented
 @dataclass
 class RLHFArgs:
     """Every knob of the RLHF trainer. The defaults are the tiny world's; ``RLHFArgs.preset("gpt2")``

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from rlhf_tutorial.trainers.args import add_flags, arg
+from rlhf_tutorial.trainers.args import add_flags, arg, documented
 
 ALGOS = ("grpo", "dpo")
 #: What a "phase" is for each algorithm (the summary says it beside ``samples_per_phase``).
@@ -68,6 +68,7 @@ SMOKE = {
 SPEC_FILE, TRAINED_DIR = "spec.json", "trained"
 
 
+@documented
 @dataclass
 class ScaleTRLArgs:
     """The knobs of ``scale-trl``. The run's own settings are the world's ``GRPOArgs`` / ``DPOArgs``
