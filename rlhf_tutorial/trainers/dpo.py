@@ -255,6 +255,7 @@ def dpo_step(
     r_hat(chosen) - r_hat(rejected)), the accuracy (fraction of pairs with a positive margin) and the
     gradient norm before clipping. ``own_logprobs``: ``fns["sequence_logprobs"]`` is the learner's, so
     it gets the policy's logits; otherwise the harness's ``speed.sequence_logprobs`` computes the same."""
+    optimizer.zero_grad()  # first: the last step's gradients are freed before this forward's activations are made
     width = max(batch.chosen.shape[1], batch.rejected.shape[1])
     eos = eos_id(policy)
     tokens = torch.cat([nn.functional.pad(batch.chosen, (0, width - batch.chosen.shape[1]), value=eos),
@@ -266,7 +267,6 @@ def dpo_step(
     chosen_logps, rejected_logps = logps.split(len(batch))
     loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
                            beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
-    optimizer.zero_grad()
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
     optimizer.step()
