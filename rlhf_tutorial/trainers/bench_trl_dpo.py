@@ -248,21 +248,28 @@ def run_ours(args: dpo.DPOArgs, base: HookedTransformer | None, pairs: list[tupl
              size: str = "tiny", smoke: bool = False, per_pass: bool = True) -> tuple:
     """Our trainer, offline, on the drawn pairs (rounds x epochs passes as rounds of one epoch: the same
     sequence of shuffles), on a copy of ``base`` or (``base`` None: in a process of its own) the race's
-    policy loaded here. The reference (the trainer's and the evaluations') is copied inside the measured
-    block. ``per_pass``: evaluate after every pass (else only at the end)."""
+    policy loaded here. ``per_pass``: evaluate after every pass; then the reference (the trainer's and the
+    evaluations') is copied inside the measured block. Else only at the end: the reference log-probs come
+    from the untrained policy and no reference is kept while training (as TRL's ``precompute_ref_log_probs``);
+    the final evaluation's is loaded after the measured block."""
     policy = copy.deepcopy(base) if base is not None else load_race_policy(size, smoke)
     passes = args.rounds * args.epochs
     run_args = dpo.DPOArgs(**{**asdict(args), "seed": seed, "rounds": passes, "epochs": 1})
     with _peak() as memory:
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        # evaluated after every pass: a reference for the evaluations' KL (the trainer's too). Else, as TRL's
+        # precompute_ref_log_probs: the reference log-probs from the untrained policy itself, no copy kept
+        reference = copy.deepcopy(policy).eval().requires_grad_(False) if per_pass else None
         clock = EvalClock(reference, reward_fn, args, seed)
         clock.start()
-        batch = dpo.to_batch(pairs, reference)
+        with torch.no_grad():
+            batch = dpo.to_batch(pairs, reference if per_pass else policy)
         prepare = clock.train_seconds()
         result = dpo.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=batch,
                            evaluate=False, progress=False,
                            callback=(lambda record: clock.after_pass(policy)) if per_pass else None)
         train = clock.train_seconds() - prepare
+    if reference is None:  # the final evaluation's reference, after the measured block
+        clock.reference = load_race_policy(size, smoke).eval().requires_grad_(False) if base is None else base
     steps = passes * -(-len(batch) // args.batch_size)
     clock.curve = [(t - prepare, r) for t, r in clock.curve]
     return _side(clock, result.policy.eval(), batch, prepare, train, steps, passes, memory), batch

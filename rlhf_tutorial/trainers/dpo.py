@@ -292,7 +292,7 @@ class DPOResult:
     """What ``train`` returns: the models, one record per round, the evaluations before and after."""
 
     policy: HookedTransformer
-    reference: HookedTransformer
+    reference: HookedTransformer | None  # None: none was needed (``train``: given pairs, no evaluations)
     history: list[dict[str, Any]]
     eval_initial: dict[str, Any] | None
     eval_final: dict[str, Any] | None
@@ -322,8 +322,11 @@ def train(
     ``args.direction``) labels the sampled pairs and scores the evaluations. ``callback(record)`` gets
     each round's record. ``pairs`` (offline runs only) are used instead of drawing new ones (the
     frontier shares one set between its runs). ``evaluate=False`` skips the evaluations before, during
-    and after training (then ``eval_initial`` / ``eval_final`` are None). Wall time and peak memory
-    cover everything after the models are loaded; memory is measured on the policy's device."""
+    and after training (then ``eval_initial`` / ``eval_final`` are None). Given ``pairs`` (which carry
+    their reference log-probs) and ``evaluate=False``, nothing reads a reference: without one given,
+    none is made (``DPOResult.reference`` is None), which saves a copy of the model (as TRL's
+    ``precompute_ref_log_probs`` does). Wall time and peak memory cover everything after the models
+    are loaded; memory is measured on the policy's device."""
     fns = bind(dpo, PLUGGABLE, overrides)
     if pairs is not None and args.online:
         raise ValueError("pairs given to an online run: online runs draw their own pairs every round")
@@ -333,9 +336,10 @@ def train(
         from rlhf_tutorial.worlds import load_policy
 
         policy = load_policy(args.world)
-    if reference is None:
+    if reference is None and (pairs is None or evaluate):
         reference = copy.deepcopy(policy)
-    reference.eval().requires_grad_(False)
+    if reference is not None:
+        reference.eval().requires_grad_(False)
     if reward_fn is None:
         from rlhf_tutorial.rewards import sentiment_reward_fn
 
