@@ -40,8 +40,9 @@ def test_smoke_race_reports_both_sides():
     ours_old = summary["runs"]["ours"][0]["seconds_per_phase_split"]["old_logprobs"]
     trl_old = summary["runs"]["trl"][0]["seconds_per_phase_split"]["old_logprobs"]
     assert trl_old > 0.0 and ours_old <= 0.25 * trl_old
-    assert set(summary["ratio_ours_over_trl"]) == {"seconds_to_target", "seconds_per_phase", "peak_memory_mb"}
-    assert summary["trl_differences"]
+    assert set(summary["ratio_ours_over_trl"]) == {"seconds_to_target", "seconds_per_phase", "peak_memory_mb",
+                                                   "process_peak_mb"}
+    assert summary["trl_differences"] and "one process" in summary["memory_counted"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -246,7 +247,8 @@ def test_ppo_smoke_race_reports_both_sides():
         assert run["seconds_per_phase_split"]["sampling"] > 0 and run["seconds_per_phase_split"]["ref_logprobs"] > 0
         assert run["peak_memory_mb"] == run["peak_memory_mb"]  # not NaN
     assert summary["runs"]["trl"][0]["trl_version"] == "1.12.0"
-    assert set(summary["ratio_ours_over_trl"]) == {"seconds_to_target", "seconds_per_phase", "peak_memory_mb"}
+    assert set(summary["ratio_ours_over_trl"]) == {"seconds_to_target", "seconds_per_phase", "peak_memory_mb",
+                                                   "process_peak_mb"}
     assert summary["trl_differences"] == bench_trl_ppo.TRL_PPO_DIFFERENCES
 
 
@@ -266,9 +268,13 @@ def test_gpt2_size_smoke_race_runs_on_the_real_vocabulary(algo):
         pytest.skip(bench_trl_ppo.INSTALL_HINT)
     summary = bench_trl.main(["--algo", algo, "--size", "gpt2", "--smoke", "--seeds", "0", "--threads", "1"])
     assert summary["size"] == "gpt2" and summary["policy"]["d_vocab"] == 50257 and summary["policy"]["n_layers"] == 1
+    assert "fresh process" in summary["memory_counted"]
     for side in ("ours", "trl"):
         (run,) = summary["runs"][side]
         assert run["peak_memory_mb"] > 0 and run["wall_seconds"] > 0
+        # each side in a process of its own: the libraries and the loaded policy, then training on top
+        assert run["loaded_memory_mb"] > 100
+        assert run["process_peak_mb"] >= run["loaded_memory_mb"] + run["peak_memory_mb"] - 1
         if algo != "dpo":
             assert set(run["seconds_per_phase_split"]) == set(SECTIONS) and run["seconds_per_phase"] > 0
         else:
@@ -286,3 +292,35 @@ def test_size_defaults_follow_the_size():
     assert (tiny.seeds, tiny.threads) == ([0, 1, 2, 3], 1) and (gpt2.seeds, gpt2.threads) == ([0, 1], 2)
     assert bench_trl.resolve_common(p.parse_args(["--size", "gpt2", "--threads", "1"])).threads == 1
 
+
+
+def allocate_and_report(mb: int) -> dict:
+    """A side for ``isolated``: allocates ``mb`` MB under ``PeakMemory``; its memory figures and process id."""
+    import os
+
+    import torch
+
+    with bench_trl.PeakMemory("cpu") as memory:
+        block = torch.ones(mb * 2**18)  # mb MB of float32
+        block += 1
+    return {"pid": os.getpid(), **bench_trl.memory_fields(memory)}
+
+
+@pytest.mark.cpu_only
+def test_isolated_sides_each_get_a_fresh_process_and_count_the_same_way():
+    """cpu_only: it measures resident CPU memory. Two isolated runs of the same side each run in a new process
+    (not this one, not each other's) and see the same allocation in full: nothing freed by an earlier side is
+    reused (in one process the second allocation would come out of the first's freed pages)."""
+    import os
+
+    first = bench_trl.isolated(allocate_and_report, 1, mb=300)
+    second = bench_trl.isolated(allocate_and_report, 1, mb=300)
+    assert len({first["pid"], second["pid"], os.getpid()}) == 3
+    for run in (first, second):
+        assert 280 < run["peak_memory_mb"] < 400
+        assert run["process_peak_mb"] >= run["loaded_memory_mb"] + 280
+
+
+def test_isolated_side_failure_says_which_side_failed():
+    with pytest.raises(RuntimeError, match="allocate_and_report failed in its process"):
+        bench_trl.isolated(allocate_and_report, 1, mb="not a number")

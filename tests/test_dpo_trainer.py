@@ -304,3 +304,24 @@ def test_cost_bars_show_two_significant_digits():
     methods = {"dpo": {"train_seconds": 0.3, "peak_memory_mb": 0.0039}, "ppo": {"train_seconds": 261.2, "peak_memory_mb": 44.82}}
     fig = widgets.cost_figure({"methods": methods})
     assert list(fig.data[0].text) == ["0.3", "261"] and list(fig.data[1].text) == ["0.0039", "45"]
+
+
+def test_given_pairs_and_no_evaluations_make_no_reference_and_train_the_same(tiny_policy):
+    """Offline pairs carry their reference log-probs: without evaluations nothing reads a reference, so
+    none is copied (a model's worth of memory), and training is the same as with one given."""
+    args = small_args()
+    pairs, _ = dpo_trainer.pairs_from_samples(copy.deepcopy(tiny_policy).eval(), _reward_by_length, args)
+    batch = dpo_trainer.to_batch(pairs, copy.deepcopy(tiny_policy).eval().requires_grad_(False))
+    trained = []
+    for reference in (copy.deepcopy(tiny_policy), None):
+        policy = copy.deepcopy(tiny_policy)
+        result = dpo_trainer.train(args, policy=policy, reference=reference, reward_fn=_reward_by_length,
+                                   pairs=batch, evaluate=False, progress=False)
+        assert (result.reference is None) == (reference is None)
+        trained.append(policy.state_dict())
+    assert any(not torch.equal(trained[0][k], v) for k, v in tiny_policy.state_dict().items())  # it trained
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+    # evaluations read the reference: then one is still made
+    result = dpo_trainer.train(small_args(rounds=1), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                               pairs=batch, evaluate=True, progress=False)
+    assert result.reference is not None

@@ -26,13 +26,31 @@ weights, a word-level tokenizer) with a stand-in reward (``bench.even_word_share
 split, and peak memory, ours against TRL. Random weights change nothing about time and memory; the rewards
 and "time to 0.9" mean nothing there.
 
+Memory. At ``--size gpt2`` every side of every race runs in a fresh Python process of its own (``isolated``),
+which imports what that side needs, loads the policy (ours: the ``HookedTransformer``; TRL: the exported
+folder with transformers, its memory-mapped weights read once: ``make_resident``), then builds its trainer
+and trains. Each side reports, counted the same way:
+
+- ``peak_memory_mb``: the peak resident set while the trainer is built and trains, above the resident set
+  once the policy is loaded (``runtime.PeakMemory``): the reference model, gradients, optimizer states,
+  activations, caches and allocator slack; ``loaded_memory_mb`` is that starting resident set;
+- ``process_peak_mb``: the process's whole peak resident set (``ru_maxrss``) at the end of training:
+  the interpreter, the libraries, the policy and the above.
+
+The tiny races keep both sides in one process (``PeakMemory`` around each): there memory that one side
+freed and the allocator kept can make the side after it read low, so their memory ratios are rough.
+
 TRL is an optional extra (``pip install rlhf-tutorial[trl]``); nothing else in the course needs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import pickle
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -132,15 +150,68 @@ def _peak():
     return PeakMemory()
 
 
-def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int, base=None) -> dict[str, Any]:
+def isolated(side: Callable[..., dict], threads: int, **kwargs: Any) -> dict:
+    """``side(**kwargs)`` in a fresh Python process (``torch.set_num_threads(threads)``), so that the memory it
+    reports is its own: nothing another side allocated, or freed into the allocator, is counted or reused.
+    ``side`` and ``kwargs`` travel pickled (a module-level function; arguments that pickle); the child prints
+    the side's dict as JSON on its last stdout line (``python -m rlhf_tutorial.trainers.bench_trl --isolated``)."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "side.pkl"
+        job.write_bytes(pickle.dumps((side, kwargs)))
+        done = subprocess.run([sys.executable, "-m", "rlhf_tutorial.trainers.bench_trl", "--isolated", str(job),
+                               "--threads", str(threads)], env=env, stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side.__name__} failed in its process (exit {done.returncode}): {done.stdout[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _isolated_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description="one side of a race, in a process of its own (bench_trl.isolated)")
+    p.add_argument("--isolated", required=True, help="the pickled (side, kwargs)")
+    p.add_argument("--threads", type=int, required=True)
+    ns = p.parse_args(argv)
+    torch.set_num_threads(ns.threads)
+    side, kwargs = pickle.loads(Path(ns.isolated).read_bytes())
+    result = side(**kwargs)
+    sys.stdout.flush()
+    print(json.dumps(result))
+
+
+def load_race_policy(size: str, smoke: bool = False):
+    """The race's starting policy (CPU) by itself, as ``race_policy`` makes it (the GPT-2-size one is seeded:
+    the same weights in every process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return race_policy(size, Path(tmp) / "tokenizer", smoke)[0]
+
+
+def make_resident(model: torch.nn.Module) -> torch.nn.Module:
+    """Reads every parameter of ``model`` once; returns it. transformers maps a safetensors file into memory and
+    its weights become resident only when first read: touched at load, TRL's loaded state holds its policy as
+    ours holds our ``HookedTransformer`` (whose weights are in memory from the start), and the training peak
+    above it does not count the policy on one side only."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sum()
+    return model
+
+
+def memory_fields(memory: PeakMemory) -> dict[str, float]:
+    """A side's memory figures (module docstring): the peak above the loaded state, that state, the process's peak."""
+    return {"peak_memory_mb": round(memory.peak_mb, 1), "loaded_memory_mb": round(memory.start_mb, 1),
+            "process_peak_mb": round(memory.process_peak_mb, 1)}
+
+
+def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int, base=None,
+             size: str = "tiny", smoke: bool = False) -> dict[str, Any]:
     """Our trainer on the exported policy's TransformerLens original (the same weights): a copy of ``base``,
-    or the world's policy."""
+    or (``base`` None: in a process of its own) the race's policy loaded here (``load_race_policy``).
+    ``grpo.train`` copies its reference inside the measured block (TRL loads its own there too)."""
     import copy
 
-    from rlhf_tutorial.worlds import load_policy
-
     torch.manual_seed(seed)
-    policy = copy.deepcopy(base) if base is not None else load_policy(args.world, device="cpu")
+    policy = copy.deepcopy(base) if base is not None else load_race_policy(size, smoke)
     policy = policy.to(course_device())  # TRL's side runs on the same device (trl_config's use_cpu)
     recorder = RewardRecorder(reward_fn)
     recorder.start()
@@ -149,13 +220,15 @@ def run_ours(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_wind
                             reward_fn=recorder, evaluate_before_after=False, progress=False)
     wall = time.perf_counter() - recorder.t0
     split = {s: statistics.fmean(r.get(f"seconds_{s}", 0.0) for r in result.history) for s in SECTIONS}
-    return _side(recorder, final_window, wall, len(result.history), split, memory.peak_mb)
+    return _side(recorder, final_window, wall, len(result.history), split, memory)
 
 
 def run_trl(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_window: int) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the exported folder (TRL loads it and its tokenizer from the path, as in
-    chapter 04's last section), with the same reward."""
+    """TRL's GRPOTrainer on the exported folder (the policy loaded from it before the measured block, as
+    ours is; TRL loads its reference from the same path and the tokenizer too, as in chapter 04's last
+    section), with the same reward."""
     from datasets import Dataset
+    from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
     import rlhf_tutorial.trainers.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
@@ -167,8 +240,9 @@ def run_trl(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_windo
 
     rows = args.groups_per_phase * args.num_phases
     dataset = Dataset.from_dict({"prompt": [args.prompts[k % len(args.prompts)] for k in range(rows)]})
-    with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(model=str(folder), reward_funcs=reward, args=trl_config(args, seed, out),
+    policy = make_resident(AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True))
+    with tempfile.TemporaryDirectory() as out, _peak() as memory:
+        trainer = GRPOTrainer(model=policy, reward_funcs=reward, args=trl_config(args, seed, out),
                               train_dataset=dataset)
         model = trainer.model
         assert type(model).__name__ == "GPT2WithUnembedBias", type(model)
@@ -180,7 +254,7 @@ def run_trl(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_windo
             return None if torch.is_grad_enabled() else "old_logprobs"
 
         recorder.start()
-        with _peak() as memory, clock.method(model, "generate", "sampling"), \
+        with clock.method(model, "generate", "sampling"), \
                 clock.method(trainer, "_get_per_token_logps_and_entropies", logprobs_of):
             trainer.train()
         wall = time.perf_counter() - recorder.t0
@@ -190,20 +264,33 @@ def run_trl(args: grpo.GRPOArgs, folder: Path, seed: int, reward_fn, final_windo
     split = {s: seconds.get(f"seconds_{s}", 0.0) / phases for s in SECTIONS}
     split["scoring"] = sum(b[2] for b in recorder.batches) / phases
     split["optimisation"] = wall / phases - sum(split.values())  # the rest: forward, backward, step
-    side = _side(recorder, final_window, wall, phases, split, memory.peak_mb)
+    side = _side(recorder, final_window, wall, phases, split, memory)
     side["trl_optim"] = optim
     return side
 
 
-def _side(recorder: RewardRecorder, final_window: int, wall: float, phases: int, split: dict, peak: float) -> dict:
+def _side(recorder: RewardRecorder, final_window: int, wall: float, phases: int, split: dict,
+          memory: PeakMemory) -> dict:
     return {
         **recorder.summary(final_window),
         "phases": phases,
         "wall_seconds": round(wall, 2),
         "seconds_per_phase": round(wall / phases, 4),
         "seconds_per_phase_split": {k: round(v, 4) for k, v in split.items()},
-        "peak_memory_mb": round(peak, 1),
+        **memory_fields(memory),
     }
+
+
+#: A side's memory figures (``memory_fields``), and what they count at each size (the summary's ``memory_counted``).
+MEMORY_KEYS = ("peak_memory_mb", "loaded_memory_mb", "process_peak_mb")
+MEMORY_COUNTED = {
+    "gpt2": "each side in a fresh process of its own; peak_memory_mb: peak resident set while the trainer is built "
+            "and trains, above the resident set once the policy is loaded (loaded_memory_mb); process_peak_mb: "
+            "the process's whole peak resident set (ru_maxrss: interpreter, libraries, policy, training)",
+    "tiny": "both sides in one process; peak_memory_mb: peak resident set while the trainer is built and trains, "
+            "above the resident set once the policy is loaded (memory one side freed can make the next read low); "
+            "process_peak_mb is the shared process's and compares nothing",
+}
 
 
 def _median(values: list) -> float | None:
@@ -324,10 +411,20 @@ def race_grpo(argv: list[str]) -> dict:
         base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
         reward_fn = reward_fn or grpo.make_reward_fn(args)
         folder = export_hf(base, Path(tmp) / "policy")
-        runs = alternate(ns.seeds, "bench-trl", {
-            "ours": lambda seed: run_ours(args, folder, seed, reward_fn, ns.final_window, base),
-            "trl": lambda seed: run_trl(args, folder, seed, reward_fn, ns.final_window),
-        })
+        if ns.size == "gpt2":  # each side in a process of its own: memory counted the same way (module docstring)
+            sides = {
+                "ours": lambda seed: isolated(run_ours, ns.threads, args=args, folder=folder, seed=seed,
+                                              reward_fn=reward_fn, final_window=ns.final_window, size=ns.size,
+                                              smoke=ns.smoke),
+                "trl": lambda seed: isolated(run_trl, ns.threads, args=args, folder=folder, seed=seed,
+                                             reward_fn=reward_fn, final_window=ns.final_window),
+            }
+        else:
+            sides = {
+                "ours": lambda seed: run_ours(args, folder, seed, reward_fn, ns.final_window, base),
+                "trl": lambda seed: run_trl(args, folder, seed, reward_fn, ns.final_window),
+            }
+        runs = alternate(ns.seeds, "bench-trl", sides)
     return {**race_summary("grpo", trl.__version__, runs, ns, args, TRL_DIFFERENCES), "policy": policy_shape(base)}
 
 
@@ -351,7 +448,7 @@ def race_summary(algo: str, trl_version: str | None, runs: dict[str, list[dict]]
     ours / TRL; every run; the settings and what TRL does differently."""
     medians = {name: {k: _median([r[k] for r in runs[name]])
                       for k in ("seconds_to_target", "phases_to_target", "seconds_per_phase", "final_reward",
-                                "peak_memory_mb")} for name in runs}
+                                *MEMORY_KEYS)} for name in runs}
     split_median = {name: {s: round(statistics.median(r["seconds_per_phase_split"][s] for r in runs[name]), 4)
                            for s in SECTIONS} for name in runs}
     return {
@@ -369,7 +466,9 @@ def race_summary(algo: str, trl_version: str | None, runs: dict[str, list[dict]]
             "seconds_to_target": _ratio(medians["ours"]["seconds_to_target"], medians["trl"]["seconds_to_target"]),
             "seconds_per_phase": _ratio(medians["ours"]["seconds_per_phase"], medians["trl"]["seconds_per_phase"]),
             "peak_memory_mb": _ratio(medians["ours"]["peak_memory_mb"], medians["trl"]["peak_memory_mb"]),
+            "process_peak_mb": _ratio(medians["ours"]["process_peak_mb"], medians["trl"]["process_peak_mb"]),
         },
+        "memory_counted": MEMORY_COUNTED[ns.size],
         "final_reward_difference": (None if medians["ours"]["final_reward"] is None else
                                     round(medians["ours"]["final_reward"] - medians["trl"]["final_reward"], 4)),
         "runs": runs,
@@ -384,3 +483,7 @@ def _loadavg() -> list[float] | None:
         return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     except OSError:
         return None
+
+
+if __name__ == "__main__":
+    _isolated_main(sys.argv[1:])

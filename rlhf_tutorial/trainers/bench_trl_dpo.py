@@ -33,6 +33,12 @@ Offline DPO on the tiny world levels off near 0.8, below 0.9, so the summary als
 *common target* that both reach: per seed, the lower of the two sides' last-pass rewards
 (``seconds_to_common_target``, labelled as such). What TRL cannot express goes into
 ``TRL_DPO_DIFFERENCES``.
+
+At ``--size gpt2`` (random weights: the rewards mean nothing) each side runs in a fresh process of its own
+(``bench_trl.isolated``; memory counted as ``bench_trl``'s docstring says: from the loaded policy on, and
+the process's whole peak), and the policies are evaluated only after training, outside the measured
+block: converting TRL's weights for an evaluation after every pass would put a ``HookedTransformer``
+template, an evaluation reference and a converted copy in TRL's process that TRL itself never needs.
 """
 
 from __future__ import annotations
@@ -54,10 +60,16 @@ from rlhf_tutorial.speed import REWARD_TARGET
 from rlhf_tutorial.trainers import dpo
 from rlhf_tutorial.trainers.bench_trl import (
     GPT2_SIZES,
+    MEMORY_COUNTED,
+    MEMORY_KEYS,
     _loadavg,
     _median,
     _ratio,
     common_flags,
+    isolated,
+    load_race_policy,
+    make_resident,
+    memory_fields,
     per_process,
     policy_shape,
     race_policy,
@@ -211,8 +223,10 @@ def pair_stats(policy: HookedTransformer, batch: dpo.PairBatch, beta: float) -> 
 
 
 def _side(clock: EvalClock, policy: HookedTransformer, batch: dpo.PairBatch, prepare: float, train: float,
-          steps: int, passes: int, peak: float) -> dict[str, Any]:
+          steps: int, passes: int, memory) -> dict[str, Any]:
     final = clock.evaluate(policy, clock.args.eval_samples)
+    if not clock.curve:  # evaluated only after training (--size gpt2): the final evaluation ends the curve
+        clock.curve = [(train, final["reward"])]
     first = next((k for k, (_, r) in enumerate(clock.curve) if r >= REWARD_TARGET), None)
     return {
         "steps": steps,
@@ -222,7 +236,7 @@ def _side(clock: EvalClock, policy: HookedTransformer, batch: dpo.PairBatch, pre
         "wall_seconds": round(prepare + train, 3),
         "seconds_per_step": round(train / steps, 5),
         "seconds_per_pass": round(train / passes, 4),
-        "peak_memory_mb": round(peak, 1),
+        **memory_fields(memory),
         **pair_stats(policy, batch, clock.args.beta),
         "final_reward": round(final["reward"], 4),
         "final_reward_se": round(final["reward_se"], 4),
@@ -235,43 +249,62 @@ def _side(clock: EvalClock, policy: HookedTransformer, batch: dpo.PairBatch, pre
     }
 
 
-def run_ours(args: dpo.DPOArgs, base: HookedTransformer, pairs: list[tuple], reward_fn, seed: int) -> tuple:
+def run_ours(args: dpo.DPOArgs, base: HookedTransformer | None, pairs: list[tuple], reward_fn, seed: int,
+             size: str = "tiny", smoke: bool = False, per_pass: bool = True) -> tuple:
     """Our trainer, offline, on the drawn pairs (rounds x epochs passes as rounds of one epoch: the same
-    sequence of shuffles)."""
-    policy, reference = copy.deepcopy(base), copy.deepcopy(base)
-    reference.eval().requires_grad_(False)
+    sequence of shuffles), on a copy of ``base`` or (``base`` None: in a process of its own) the race's
+    policy loaded here. ``per_pass``: evaluate after every pass; then the reference (the trainer's and the
+    evaluations') is copied inside the measured block. Else only at the end: the reference log-probs come
+    from the untrained policy and no reference is kept while training (as TRL's ``precompute_ref_log_probs``);
+    the final evaluation's is loaded after the measured block."""
+    policy = copy.deepcopy(base) if base is not None else load_race_policy(size, smoke)
     passes = args.rounds * args.epochs
     run_args = dpo.DPOArgs(**{**asdict(args), "seed": seed, "rounds": passes, "epochs": 1})
-    clock = EvalClock(reference, reward_fn, args, seed)
-    clock.start()
     with PeakMemory("cpu") as memory:
-        batch = dpo.to_batch(pairs, reference)
+        # evaluated after every pass: a reference for the evaluations' KL (the trainer's too). Else, as TRL's
+        # precompute_ref_log_probs: the reference log-probs from the untrained policy itself, no copy kept
+        reference = copy.deepcopy(policy).eval().requires_grad_(False) if per_pass else None
+        clock = EvalClock(reference, reward_fn, args, seed)
+        clock.start()
+        with torch.no_grad():
+            batch = dpo.to_batch(pairs, reference if per_pass else policy)
         prepare = clock.train_seconds()
         result = dpo.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=batch,
-                           evaluate=False, progress=False, callback=lambda record: clock.after_pass(policy))
+                           evaluate=False, progress=False,
+                           callback=(lambda record: clock.after_pass(policy)) if per_pass else None)
         train = clock.train_seconds() - prepare
+    if reference is None:  # the final evaluation's reference, after the measured block
+        clock.reference = load_race_policy(size, smoke).eval().requires_grad_(False) if base is None else base
     steps = passes * -(-len(batch) // args.batch_size)
     clock.curve = [(t - prepare, r) for t, r in clock.curve]
-    return _side(clock, result.policy.eval(), batch, prepare, train, steps, passes, memory.peak_mb), batch
+    return _side(clock, result.policy.eval(), batch, prepare, train, steps, passes, memory), batch
 
 
-def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer, pairs: list[tuple], batch: dpo.PairBatch,
-            reward_fn, seed: int) -> dict[str, Any]:
-    """TRL's DPOTrainer on the exported folder, its dataset the same pairs as strings."""
+def run_ours_side(**kwargs: Any) -> dict[str, Any]:
+    """``run_ours``'s side dict alone (what ``bench_trl.isolated`` sends back)."""
+    return run_ours(**kwargs)[0]
+
+
+def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer | None, pairs: list[tuple], batch: dpo.PairBatch,
+            reward_fn, seed: int, max_prompt: int, size: str = "tiny", smoke: bool = False,
+            per_pass: bool = True) -> dict[str, Any]:
+    """TRL's DPOTrainer on the exported folder, its dataset the same pairs as strings. ``max_prompt``: the
+    longest prompt's tokens (``prompt_lengths``). Its weights are evaluated in a copy of ``base`` (``base``
+    None: the race's policy, loaded after training); ``per_pass``: after every pass (needs ``base``), else
+    only at the end."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import DPOTrainer
 
     import rlhf_tutorial.trainers.export  # noqa: F401  (registers the biased-head GPT-2 with the Auto classes)
 
-    reference = copy.deepcopy(base).eval().requires_grad_(False)
+    reference = copy.deepcopy(base).eval().requires_grad_(False) if base is not None else None
     clock = EvalClock(reference, reward_fn, args, seed)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
+    model = make_resident(AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True))
     assert type(model).__name__ == "GPT2WithUnembedBias", type(model)
     freeze_layernorms(model)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     dataset = Dataset.from_dict(trl_dataset_rows(pairs, args.prompts))
-    max_prompt = max(prompt_lengths(base, args).values())
 
     class AfterPass(TrainerCallback):
         def on_epoch_end(self, _args, state, control, **kwargs):
@@ -281,15 +314,18 @@ def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer, pairs: lis
         clock.start()
         with PeakMemory("cpu") as memory:
             trainer = DPOTrainer(model=model, args=trl_config(args, seed, out, max_prompt, use_cpu=True), train_dataset=dataset,
-                                 processing_class=tokenizer, callbacks=[AfterPass()])
+                                 processing_class=tokenizer, callbacks=[AfterPass()] if per_pass else [])
             prepare = clock.train_seconds()
             trainer.train()
             train = clock.train_seconds() - prepare
         clock.curve = [(t - prepare, r) for t, r in clock.curve]
         mismatches = token_mismatches(pairs, trainer)
         optim, steps = str(trainer.args.optim), trainer.state.global_step
+    if base is None:  # the evaluation's template and reference, after the measured block
+        base = load_race_policy(size, smoke).eval()
+        clock.reference = copy.deepcopy(base).eval().requires_grad_(False)
     side = _side(clock, tl_from_hf(trainer.model, base), batch, prepare, train, steps, args.rounds * args.epochs,
-                 memory.peak_mb)
+                 memory)
     side.update(trl_optim=optim, token_mismatches=mismatches)
     return side
 
@@ -302,7 +338,7 @@ SMOKE = dict(num_pairs=16, group_size=4, max_new_tokens=8, rounds=2, batch_size=
              eval_samples_per_round=8)
 
 KEYS = ("prepare_seconds", "train_seconds", "wall_seconds", "seconds_per_step", "seconds_per_pass",
-        "seconds_to_target", "seconds_to_common_target", "peak_memory_mb", "final_reward", "final_kl",
+        "seconds_to_target", "seconds_to_common_target", *MEMORY_KEYS, "final_reward", "final_kl",
         "pair_accuracy", "reward_margin")
 
 
@@ -365,11 +401,19 @@ def main(argv: list[str]) -> dict:
                   file=sys.stderr)
             order = ("ours", "trl") if seed % 2 == 0 else ("trl", "ours")  # alternate who goes first
             batch = dpo.to_batch(pairs, base)  # for the pair statistics (the same numbers ours computes)
+            max_prompt = max(prompt_lengths(base, args).values())
             for name in order:
-                if name == "ours":
+                if name == "ours" and ns.size == "gpt2":  # each side in a process of its own (module docstring)
+                    side = isolated(run_ours_side, ns.threads, args=args, base=None, pairs=pairs, reward_fn=reward_fn,
+                                    seed=seed, size=ns.size, smoke=ns.smoke, per_pass=False)
+                elif name == "ours":
                     side, _ = run_ours(args, base, pairs, reward_fn, seed)
+                elif ns.size == "gpt2":
+                    side = isolated(run_trl, ns.threads, args=args, folder=folder, base=None, pairs=pairs, batch=batch,
+                                    reward_fn=reward_fn, seed=seed, max_prompt=max_prompt, size=ns.size,
+                                    smoke=ns.smoke, per_pass=False)
                 else:
-                    side = run_trl(args, folder, base, pairs, batch, reward_fn, seed)
+                    side = run_trl(args, folder, base, pairs, batch, reward_fn, seed, max_prompt)
                 runs[name].append({"seed": seed, "pairs": len(pairs), **side})
                 print(f"[bench-trl dpo]   {name}: train {side['train_seconds']} s, reward {side['final_reward']}",
                       file=sys.stderr)
@@ -382,7 +426,7 @@ def main(argv: list[str]) -> dict:
 
     medians = {name: {k: _median([r[k] for r in runs[name]]) for k in KEYS} for name in runs}
     ratio_keys = ("prepare_seconds", "train_seconds", "wall_seconds", "seconds_per_step", "seconds_per_pass",
-                  "seconds_to_target", "seconds_to_common_target", "peak_memory_mb")
+                  "seconds_to_target", "seconds_to_common_target", "peak_memory_mb", "process_peak_mb")
     return {
         "algo": "dpo",
         "trl_version": trl.__version__,
@@ -404,5 +448,6 @@ def main(argv: list[str]) -> dict:
         "runs": runs,
         "settings": {k: v for k, v in asdict(args).items() if k != "world"},
         "trl_differences": TRL_DPO_DIFFERENCES,
+        "memory_counted": MEMORY_COUNTED[ns.size],
         "load": _loadavg(),
     }

@@ -60,6 +60,9 @@ from rlhf_tutorial.trainers.bench_trl import (
     _side,
     alternate,
     common_flags,
+    isolated,
+    load_race_policy,
+    make_resident,
     policy_shape,
     race_policy,
     race_summary,
@@ -220,28 +223,26 @@ class RewardShim(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
-def run_ours(args: RLHFArgs, seed: int, reward_fn, final_window: int, base=None) -> dict[str, Any]:
-    """Our ``RLHFTrainer`` on the exported folder's TransformerLens original: copies of ``base``, or the
-    tiny policy."""
+def run_ours(args: RLHFArgs, seed: int, reward_fn, final_window: int, base=None, size: str = "tiny",
+             smoke: bool = False) -> dict[str, Any]:
+    """Our ``RLHFTrainer`` on the exported folder's TransformerLens original: a copy of ``base``, or (``base``
+    None: in a process of its own) the race's policy loaded here (``bench_trl.load_race_policy``). The
+    reference is copied from it inside the measured block (TRL's side loads its reference there too)."""
     import copy
 
-    from rlhf_tutorial.worlds import load_policy
-
     args = RLHFArgs(**{**asdict(args), "seed": seed, "fast": True})  # with the harness speed-ups (RLHFArgs.fast)
-    if base is not None:
-        policy, ref = copy.deepcopy(base), copy.deepcopy(base)
-    else:
-        policy, ref = load_policy(args.world, device="cpu"), load_policy(args.world, device="cpu")
+    policy = copy.deepcopy(base) if base is not None else load_race_policy(size, smoke)
     recorder = RewardRecorder(reward_fn)
     with _peak() as memory:
         setup = time.perf_counter()
+        ref = copy.deepcopy(policy)
         trainer = RLHFTrainer(args, model=policy, ref_model=ref, reward_fn=recorder)
         setup = time.perf_counter() - setup
         recorder.start()
         history = trainer.train(progress=False)
     wall = time.perf_counter() - recorder.t0
     split = {s: statistics.fmean(r.get(f"seconds_{s}", 0.0) for r in history) for s in SECTIONS}
-    side = _side(recorder, final_window, wall, len(history), split, memory.peak_mb)
+    side = _side(recorder, final_window, wall, len(history), split, memory)
     side["setup_seconds"] = round(setup, 3)
     side["early_stopped"] = bool(history and history[-1].get("early_stopped", False))
     return side
@@ -291,13 +292,13 @@ def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int, size: s
     dataset = Dataset.from_dict({"input_ids": [prompt_ids] * (args.batch_size * args.num_phases)})
 
     transformers.set_seed(seed)
-    policy = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
-    ref = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
+    policy = make_resident(AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True))
     assert type(policy).__name__ == "GPT2WithUnembedBias", type(policy)
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     with tempfile.TemporaryDirectory() as out:
-        with _peak() as memory:
+        with _peak() as memory:  # from the loaded policy on, as ours: the reference is loaded inside
             setup = time.perf_counter()
+            ref = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
             value_model = ValueModel(policy, value_head(policy.config.n_embd, seed))
             transformers.set_seed(seed)
             trainer = PPOTrainer(
@@ -323,7 +324,7 @@ def trl_side(args: RLHFArgs, folder: Path, seed: int, final_window: int, size: s
     split = {s: seconds.get(f"seconds_{s}", 0.0) / phases for s in SECTIONS}
     split["scoring"] = sum(b[2] for b in recorder.batches) / phases
     split["optimisation"] = wall / phases - sum(split.values())  # the rest: advantages, forward, backward, step
-    side = _side(recorder, final_window, wall, phases, split, memory.peak_mb)
+    side = _side(recorder, final_window, wall, phases, split, memory)
     side["setup_seconds"] = round(setup, 3)
     side["gc_collect_seconds_per_phase"] = round(seconds.get("seconds_gc_collect", 0.0) / phases, 4)  # in optimisation
     side["trl_version"] = trl.__version__
@@ -355,8 +356,12 @@ def main(argv: list[str]) -> dict:
         base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
         reward_fn = reward_fn or sentiment_reward_fn(args.world, args.direction)
         folder = export_hf(base, Path(tmp) / "policy")
+        # at --size gpt2 ours runs in a process of its own too, as TRL's side always does (bench_trl: memory)
+        ours = ((lambda seed: isolated(run_ours, ns.threads, args=args, seed=seed, reward_fn=reward_fn,
+                                       final_window=ns.final_window, size=ns.size, smoke=ns.smoke))
+                if ns.size == "gpt2" else (lambda seed: run_ours(args, seed, reward_fn, ns.final_window, base)))
         runs = alternate(ns.seeds, "bench-trl ppo", {
-            "ours": lambda seed: run_ours(args, seed, reward_fn, ns.final_window, base),
+            "ours": ours,
             "trl": lambda seed: run_trl(args, folder, seed, ns.final_window, ns.threads, ns.size),
         })
     trl_version = runs["trl"][0]["trl_version"] if runs["trl"] else None

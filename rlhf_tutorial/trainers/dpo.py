@@ -256,6 +256,7 @@ def dpo_step(
     r_hat(chosen) - r_hat(rejected)), the accuracy (fraction of pairs with a positive margin) and the
     gradient norm before clipping. ``own_logprobs``: ``fns["sequence_logprobs"]`` is the learner's, so
     it gets the policy's logits; otherwise the harness's ``speed.sequence_logprobs`` computes the same."""
+    optimizer.zero_grad()  # first: the last step's gradients are freed before this forward's activations are made
     width = max(batch.chosen.shape[1], batch.rejected.shape[1])
     eos = eos_id(policy)
     tokens = torch.cat([nn.functional.pad(batch.chosen, (0, width - batch.chosen.shape[1]), value=eos),
@@ -267,7 +268,6 @@ def dpo_step(
     chosen_logps, rejected_logps = logps.split(len(batch))
     loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
                            beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
-    optimizer.zero_grad()
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
     optimizer.step()
@@ -293,7 +293,7 @@ class DPOResult:
     """What ``train`` returns: the models, one record per round, the evaluations before and after."""
 
     policy: HookedTransformer
-    reference: HookedTransformer
+    reference: HookedTransformer | None  # None: none was needed (``train``: given pairs, no evaluations)
     history: list[dict[str, Any]]
     eval_initial: dict[str, Any] | None
     eval_final: dict[str, Any] | None
@@ -323,8 +323,11 @@ def train(
     ``args.direction``) labels the sampled pairs and scores the evaluations. ``callback(record)`` gets
     each round's record. ``pairs`` (offline runs only) are used instead of drawing new ones (the
     frontier shares one set between its runs). ``evaluate=False`` skips the evaluations before, during
-    and after training (then ``eval_initial`` / ``eval_final`` are None). Wall time and peak memory
-    cover everything after the models are loaded; memory is measured on the policy's device."""
+    and after training (then ``eval_initial`` / ``eval_final`` are None). Given ``pairs`` (which carry
+    their reference log-probs) and ``evaluate=False``, nothing reads a reference: without one given,
+    none is made (``DPOResult.reference`` is None), which saves a copy of the model (as TRL's
+    ``precompute_ref_log_probs`` does). Wall time and peak memory cover everything after the models
+    are loaded; memory is measured on the policy's device."""
     fns = bind(dpo, PLUGGABLE, overrides)
     if pairs is not None and args.online:
         raise ValueError("pairs given to an online run: online runs draw their own pairs every round")
@@ -334,9 +337,10 @@ def train(
         from rlhf_tutorial.worlds import load_policy
 
         policy = load_policy(args.world)
-    if reference is None:
+    if reference is None and (pairs is None or evaluate):
         reference = copy.deepcopy(policy)
-    reference.eval().requires_grad_(False)
+    if reference is not None:
+        reference.eval().requires_grad_(False)
     if reward_fn is None:
         from rlhf_tutorial.rewards import sentiment_reward_fn
 

@@ -122,7 +122,8 @@ class GRPOArgs:
     n_logged_samples: int = arg(6, "samples kept per phase for the tables")
     # harness speed (what a learner's functions compute is unchanged)
     fast: bool = arg(True, "harness speed-ups (speed.py): a hook-free forward, and with the reference "
-                     "sample_group our own sampler, whose log-probs are pi_old's (no second forward)")
+                     "sample_group our own sampler, whose log-probs are pi_old's (no second forward); a fused AdamW; "
+                     "each step's gradients freed after it (the next forward's activations never sit beside them)")
     # chapter 08
     lora_rank: int = arg(0, RANK_HELP)
     lora_alpha: float = arg(16.0, ALPHA_HELP)
@@ -375,6 +376,9 @@ def train(
                     for _ in range(args.update_epochs):
                         for minibatch in rollout.minibatches(args.num_minibatches, generator):
                             steps.append(fns["grpo_step"](policy, optimizer, minibatch, args))
+                            if args.fast:  # free the step's gradients (grpo_step zeroes them before its backward
+                                # anyway): the next forward's activations then never sit beside them in memory
+                                optimizer.zero_grad(set_to_none=True)
                 add_stats(record, mean_stats(steps), prefix="update_")
             if args.ref_refresh_every and (phase + 1) % args.ref_refresh_every == 0:
                 reference.load_state_dict(policy.state_dict())

@@ -35,12 +35,20 @@ class PeakMemory:
     On a GPU: ``torch.cuda.max_memory_allocated`` (reset on entry). On Linux CPUs: the process's
     peak resident set (VmHWM), reset on entry by writing 5 to ``/proc/self/clear_refs``; where that
     is not allowed, a thread samples the resident set every 20 ms. Measured this way, two trainers
-    run one after the other in the same process can be compared (``ru_maxrss`` cannot be reset).
+    run one after the other in the same process can be compared (``ru_maxrss`` cannot be reset), with
+    a caveat: memory that the first freed and the allocator kept is reused by the second without
+    raising the resident set, so the second can read low. Fresh processes (``bench_trl.isolated``)
+    avoid that.
+
+    Besides ``peak_mb`` it records ``start_mb``, what was in use on entry (the resident set on a CPU,
+    allocated CUDA memory on a GPU), and ``process_peak_mb``, the whole process's peak up to the exit
+    (``peak_memory_mb``: ``ru_maxrss`` on a CPU, everything since the process started; on a GPU the
+    peak allocated since the entry's reset).
     """
 
     def __init__(self, device: Any = None) -> None:
         self.device = device
-        self.peak_mb = float("nan")
+        self.peak_mb = self.start_mb = self.process_peak_mb = float("nan")
         self._thread: threading.Thread | None = None
 
     @staticmethod
@@ -54,8 +62,10 @@ class PeakMemory:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
+            self.start_mb = self.base / 2**20
             return self
         self.base = self._rss_kb()
+        self.start_mb = self.base / 1024
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
@@ -76,6 +86,7 @@ class PeakMemory:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.process_peak_mb = peak_memory_mb(self.device)
         if self.cuda:
             self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
         elif self.mode == "hwm":
