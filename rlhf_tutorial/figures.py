@@ -284,25 +284,25 @@ def disagreements(name: str, observed: dict[str, float], figures: dict[str, Any]
     agrees within :func:`seed_band` of that spread or within :func:`band`."""
     figures = recorded() if figures is None else figures
     out = []
+    spread_run = SEED_SPREADS.get(name)
     for key, value in observed.items():
         want = float(lookup(f"{name}.{key}", figures))
         abs_tol, rel_tol = band(key, same)
-        spread_run = SEED_SPREADS.get(name)
+        if abs(value - want) <= abs_tol or abs(value - want) <= rel_tol * abs(want):
+            continue
         spread = None
         if not same and spread_run and spread_run in figures and "seconds" not in key and "memory" not in key:
             try:
                 spread = lookup(f"{spread_run}.{key}", figures)
             except KeyError:  # a key the seeds did not measure keeps band()
                 pass
-        if spread is not None:
-            lo, hi = seed_band(spread)
-            if lo <= value <= hi or abs(value - want) <= abs_tol or abs(value - want) <= rel_tol * abs(want):
-                continue
+        if spread is None:
+            out.append(f"{key}: this run {value:.4g}, the text {want:.4g} (tolerance ±{abs_tol:g} or ±{rel_tol:.0%})")
+            continue
+        lo, hi = seed_band(spread)
+        if not lo <= value <= hi:
             out.append(f"{key}: this run {value:.4g}, the text {want:.4g}; over seeds {spread['per_seed']} "
                        f"({spread_run}) a run lands within {lo:.4g} to {hi:.4g} (their range ± one standard deviation)")
-            continue
-        if not (abs(value - want) <= abs_tol or abs(value - want) <= rel_tol * abs(want)):
-            out.append(f"{key}: this run {value:.4g}, the text {want:.4g} (tolerance ±{abs_tol:g} or ±{rel_tol:.0%})")
     return out
 
 

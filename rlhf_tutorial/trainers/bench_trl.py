@@ -167,6 +167,12 @@ def isolated(side: Callable[..., dict], threads: int, **kwargs: Any) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_side(ns: argparse.Namespace, side: Callable[..., dict], **kwargs: Any) -> dict:
+    """One side of a race, ``side(**kwargs)``: at ``--size gpt2`` in a process of its own (``isolated``, memory
+    counted alike on both sides; a side given ``base=None`` loads the race's policy there), else in this one."""
+    return isolated(side, ns.threads, **kwargs) if ns.size == "gpt2" else side(**kwargs)
+
+
 def _isolated_main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description="one side of a race, in a process of its own (bench_trl.isolated)")
     p.add_argument("--isolated", required=True, help="the pickled (side, kwargs)")
@@ -411,20 +417,13 @@ def race_grpo(argv: list[str]) -> dict:
         base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
         reward_fn = reward_fn or grpo.make_reward_fn(args)
         folder = export_hf(base, Path(tmp) / "policy")
-        if ns.size == "gpt2":  # each side in a process of its own: memory counted the same way (module docstring)
-            sides = {
-                "ours": lambda seed: isolated(run_ours, ns.threads, args=args, folder=folder, seed=seed,
-                                              reward_fn=reward_fn, final_window=ns.final_window, size=ns.size,
-                                              smoke=ns.smoke),
-                "trl": lambda seed: isolated(run_trl, ns.threads, args=args, folder=folder, seed=seed,
-                                             reward_fn=reward_fn, final_window=ns.final_window),
-            }
-        else:
-            sides = {
-                "ours": lambda seed: run_ours(args, folder, seed, reward_fn, ns.final_window, base),
-                "trl": lambda seed: run_trl(args, folder, seed, reward_fn, ns.final_window),
-            }
-        runs = alternate(ns.seeds, "bench-trl", sides)
+        common = dict(args=args, folder=folder, reward_fn=reward_fn, final_window=ns.final_window)
+        own_base = None if ns.size == "gpt2" else base  # in its own process, ours loads the race's policy itself
+        runs = alternate(ns.seeds, "bench-trl", {
+            "ours": lambda seed: run_side(ns, run_ours, seed=seed, base=own_base, size=ns.size, smoke=ns.smoke,
+                                          **common),
+            "trl": lambda seed: run_side(ns, run_trl, seed=seed, **common),
+        })
     return {**race_summary("grpo", trl.__version__, runs, ns, args, TRL_DIFFERENCES), "policy": policy_shape(base)}
 
 

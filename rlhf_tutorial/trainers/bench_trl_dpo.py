@@ -66,7 +66,6 @@ from rlhf_tutorial.trainers.bench_trl import (
     _median,
     _ratio,
     common_flags,
-    isolated,
     load_race_policy,
     make_resident,
     memory_fields,
@@ -74,6 +73,7 @@ from rlhf_tutorial.trainers.bench_trl import (
     policy_shape,
     race_policy,
     resolve_common,
+    run_side,
 )
 from rlhf_tutorial.trainers.export import freeze_layernorms, tl_from_hf
 from rlhf_tutorial.trainers.policy_eval import evaluate_policy
@@ -393,6 +393,8 @@ def main(argv: list[str]) -> dict:
         base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
         base, reward_fn = base.eval(), reward_fn or sentiment_reward_fn("tiny", args.direction)
         folder = export_hf(base, Path(tmp) / "policy")
+        isolate = ns.size == "gpt2"
+        max_prompt = max(prompt_lengths(base, args).values())
         for seed in ns.seeds:
             pairs, stats = draw_pairs(args, base, reward_fn, seed)
             pair_counts.append(len(pairs))
@@ -401,19 +403,14 @@ def main(argv: list[str]) -> dict:
                   file=sys.stderr)
             order = ("ours", "trl") if seed % 2 == 0 else ("trl", "ours")  # alternate who goes first
             batch = dpo.to_batch(pairs, base)  # for the pair statistics (the same numbers ours computes)
-            max_prompt = max(prompt_lengths(base, args).values())
+            # at --size gpt2 each side in a process of its own, evaluated only at the end (module docstring)
+            common = dict(args=args, base=None if isolate else base, pairs=pairs, reward_fn=reward_fn, seed=seed,
+                          size=ns.size, smoke=ns.smoke, per_pass=not isolate)
             for name in order:
-                if name == "ours" and ns.size == "gpt2":  # each side in a process of its own (module docstring)
-                    side = isolated(run_ours_side, ns.threads, args=args, base=None, pairs=pairs, reward_fn=reward_fn,
-                                    seed=seed, size=ns.size, smoke=ns.smoke, per_pass=False)
-                elif name == "ours":
-                    side, _ = run_ours(args, base, pairs, reward_fn, seed)
-                elif ns.size == "gpt2":
-                    side = isolated(run_trl, ns.threads, args=args, folder=folder, base=None, pairs=pairs, batch=batch,
-                                    reward_fn=reward_fn, seed=seed, max_prompt=max_prompt, size=ns.size,
-                                    smoke=ns.smoke, per_pass=False)
+                if name == "ours":
+                    side = run_side(ns, run_ours_side, **common)
                 else:
-                    side = run_trl(args, folder, base, pairs, batch, reward_fn, seed, max_prompt)
+                    side = run_side(ns, run_trl, folder=folder, batch=batch, max_prompt=max_prompt, **common)
                 runs[name].append({"seed": seed, "pairs": len(pairs), **side})
                 print(f"[bench-trl dpo]   {name}: train {side['train_seconds']} s, reward {side['final_reward']}",
                       file=sys.stderr)

@@ -60,13 +60,13 @@ from rlhf_tutorial.trainers.bench_trl import (
     _side,
     alternate,
     common_flags,
-    isolated,
     load_race_policy,
     make_resident,
     policy_shape,
     race_policy,
     race_summary,
     resolve_common,
+    run_side,
 )
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
@@ -357,11 +357,10 @@ def main(argv: list[str]) -> dict:
         reward_fn = reward_fn or sentiment_reward_fn(args.world, args.direction)
         folder = export_hf(base, Path(tmp) / "policy")
         # at --size gpt2 ours runs in a process of its own too, as TRL's side always does (bench_trl: memory)
-        ours = ((lambda seed: isolated(run_ours, ns.threads, args=args, seed=seed, reward_fn=reward_fn,
-                                       final_window=ns.final_window, size=ns.size, smoke=ns.smoke))
-                if ns.size == "gpt2" else (lambda seed: run_ours(args, seed, reward_fn, ns.final_window, base)))
+        own_base = None if ns.size == "gpt2" else base
         runs = alternate(ns.seeds, "bench-trl ppo", {
-            "ours": ours,
+            "ours": lambda seed: run_side(ns, run_ours, args=args, seed=seed, reward_fn=reward_fn,
+                                          final_window=ns.final_window, base=own_base, size=ns.size, smoke=ns.smoke),
             "trl": lambda seed: run_trl(args, folder, seed, ns.final_window, ns.threads, ns.size),
         })
     trl_version = runs["trl"][0]["trl_version"] if runs["trl"] else None
