@@ -272,8 +272,12 @@ def test_gpt2_size_smoke_race_runs_on_the_real_vocabulary(algo):
     for side in ("ours", "trl"):
         (run,) = summary["runs"][side]
         assert run["peak_memory_mb"] > 0 and run["wall_seconds"] > 0
-        # each side in a process of its own: the libraries and the loaded policy, then training on top
-        assert run["loaded_memory_mb"] > 100
+        # each side in a process of its own: the loaded policy (on either device: the course's, TRL's moved
+        # there before the measured block) then training on top; on the CPU the libraries too
+        policy_mb = summary["policy"]["n_params"] * 4 / 2**20
+        assert run["loaded_memory_mb"] >= 0.95 * policy_mb, (side, run["loaded_memory_mb"], policy_mb)
+        if summary["device"] == "cpu":
+            assert run["loaded_memory_mb"] > 100
         assert run["process_peak_mb"] >= run["loaded_memory_mb"] + run["peak_memory_mb"] - 1
         if algo != "dpo":
             assert set(run["seconds_per_phase_split"]) == set(SECTIONS) and run["seconds_per_phase"] > 0

@@ -140,3 +140,18 @@ def test_the_gpu_sweep_runs_or_names_every_command(tmp_path):
     covered = {name.split()[0] for name in runs} | {name.split()[0] for name in gpu_cli.SKIPPED}
     assert covered == set(COMMANDS), covered ^ set(COMMANDS)
     assert all(reason for reason in gpu_cli.SKIPPED.values())
+    assert set(gpu_cli.OTHER_DEVICE) <= set(runs) and all(why for _, why in gpu_cli.OTHER_DEVICE.values())
+
+
+def test_the_gpu_sweep_fails_a_command_that_reports_another_device():
+    """A command passes the sweep only when its summary reports the device it was meant to run on: here
+    ``world-info`` on the CPU passes as ``cpu`` and fails when ``cuda`` was expected of it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_cli", Path(__file__).resolve().parents[1] / "scripts" / "gpu_cli.py")
+    gpu_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_cli)
+    argv = ("world-info", "--world", "tiny", "--samples", "1")
+    assert gpu_cli.run_one(argv, "cpu", 300)["ok"]
+    wrong = gpu_cli.run_one(argv, "cpu", 300, expected="cuda")
+    assert not wrong["ok"] and wrong["device"] == "cpu"

@@ -192,11 +192,13 @@ def load_race_policy(size: str, smoke: bool = False):
         return race_policy(size, Path(tmp) / "tokenizer", smoke)[0]
 
 
-def make_resident(model: torch.nn.Module) -> torch.nn.Module:
-    """Reads every parameter of ``model`` once; returns it. transformers maps a safetensors file into memory and
-    its weights become resident only when first read: touched at load, TRL's loaded state holds its policy as
-    ours holds our ``HookedTransformer`` (whose weights are in memory from the start), and the training peak
-    above it does not count the policy on one side only."""
+def make_resident(model: torch.nn.Module, device: Any = None) -> torch.nn.Module:
+    """``model`` on ``device`` (default the course's) with every parameter read once; returns it. transformers
+    maps a safetensors file into memory and its weights become resident only when first read; on a GPU the
+    trainer would move them there only inside the measured block. Either way, made resident at load, TRL's
+    loaded state holds its policy as ours holds our ``HookedTransformer`` (on the race's device from the
+    start), and the training peak above it does not count the policy on one side only."""
+    model = model.to(course_device() if device is None else device)
     with torch.no_grad():
         for p in model.parameters():
             p.sum()

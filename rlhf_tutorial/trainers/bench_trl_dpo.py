@@ -300,7 +300,7 @@ def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer | None, pai
 
     reference = copy.deepcopy(base).eval().requires_grad_(False) if base is not None else None
     clock = EvalClock(reference, reward_fn, args, seed)
-    model = make_resident(AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True))
+    model = make_resident(AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True), "cpu")
     assert type(model).__name__ == "GPT2WithUnembedBias", type(model)
     freeze_layernorms(model)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -384,9 +384,13 @@ def main(argv: list[str]) -> dict:
         overrides["num_pairs"] = ns.num_pairs
     args = dpo.DPOArgs.preset("tiny", **overrides)
 
+    from rlhf_tutorial.devices import course_device
     from rlhf_tutorial.rewards import sentiment_reward_fn
     from rlhf_tutorial.trainers.export import export_hf
 
+    if course_device().type != "cpu":
+        print(f"[bench-trl dpo] both sides run on the CPU, not {course_device()}: the race's pairs, reference and "
+              "evaluations live there, and memory is counted alike on both sides", file=sys.stderr)
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     pair_counts, dropped = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf_tutorial.devices import course_device
 from rlhf_tutorial.speed import SECTIONS, PhaseClock
 from rlhf_tutorial.trainers.bench_trl import (
     GPT2_SIZES,
@@ -138,7 +139,7 @@ def trl_ppo_config(args: RLHFArgs, seed: int, out: str):
     from trl.experimental.ppo import PPOConfig
 
     return PPOConfig(
-        output_dir=out, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+        output_dir=out, seed=seed, use_cpu=course_device().type != "cuda", bf16=False, fp16=False,
         gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=10**6,
         disable_tqdm=True, dataloader_num_workers=0, num_sample_generations=0, push_to_hub=False,
         per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=1,
