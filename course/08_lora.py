@@ -302,7 +302,8 @@ for rank, record in sft_runs.items():
 
 # %%
 recorded_sft = figures.recorded()["lora_sft"]["summary"]["runs"] if is_tiny() and not is_smoke() else sft_runs
-cost_figure({**recorded_rl, "1": rank1} if recorded_rl else {"1": rank1}, sft=recorded_sft)
+seed_spread = figures.recorded()["lora_rl_seeds"]["summary"]["runs"] if is_tiny() and not is_smoke() else None
+cost_figure({**recorded_rl, "1": rank1} if recorded_rl else {"1": rank1}, sft=recorded_sft, seeds=seed_spread)
 
 # %% [markdown]
 # The recorded SFT run (seed 0, {{lora_sft.runs.0.steps}} steps): pass@1 {{lora_sft.runs.0.pass_at_1_final:.3f}} after full fine-tuning,

@@ -180,6 +180,28 @@ def test_the_lora_figures_read_full_then_the_ranks_down_with_readable_axes():
     assert [t.line.color for t in curves.data if t.showlegend] == list(costs.data[0].marker.color)
 
 
+def test_the_cost_figure_shows_the_seeds_spread_of_the_reward_with_one_draw_marked():
+    """With ``seeds`` the reward panel is the mean over seeds with a bar from the lowest to the highest seed,
+    and the runs' own (seed-0) rewards are markers: one seed is one draw."""
+    from rlhf_tutorial.widgets import lora as lora_widgets
+
+    run = {"trainable_parameters": 4608, "optimizer_state_mb": 0.035}
+    runs = {"0": {**run, "mean_reward_final": 0.9}, "1": {**run, "mean_reward_final": 0.89}}
+    seeds = {"0": {"mean_reward_final": {"mean": 0.89, "min": 0.85, "max": 0.93, "per_seed": [0.9, 0.85, 0.93]}},
+             "1": {"mean_reward_final": {"mean": 0.73, "min": 0.63, "max": 0.89, "per_seed": [0.89, 0.63, 0.67]}}}
+    plain = lora_widgets.cost_figure(runs)
+    assert list(plain.data[2].y) == [0.9, 0.89] and len(plain.data) == 3
+    spread = lora_widgets.cost_figure(runs, seeds=seeds)
+    bars, marks = spread.data[2], spread.data[3]
+    assert list(bars.x) == ["full", "rank 1"] and list(bars.y) == [0.89, 0.73]
+    assert [round(v, 2) for v in bars.error_y.array] == [0.04, 0.16]
+    assert [round(v, 2) for v in bars.error_y.arrayminus] == [0.04, 0.10]
+    assert list(marks.y) == [0.9, 0.89] and list(marks.x) == list(bars.x)
+    assert "3 seeds" in spread.layout.annotations[2].text
+    partial = lora_widgets.cost_figure({**runs, "4": {**run, "mean_reward_final": 0.5}}, seeds=seeds)
+    assert len(partial.data) == 3  # a rank without seeds: the plain figure, no half-filled spread
+
+
 def test_compare_lora_over_seeds_summarises_each_ranks_spread():
     from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, compare_lora, learning_rate, run_grpo
 

@@ -56,10 +56,16 @@ def rank_curves(runs: Mapping[str, Mapping[str, Any]], title: str = "GRPO on the
     return fig
 
 
-def cost_figure(runs: Mapping[str, Mapping[str, Any]], sft: Mapping[str, Mapping[str, Any]] | None = None) -> go.Figure:
+def cost_figure(runs: Mapping[str, Mapping[str, Any]], sft: Mapping[str, Mapping[str, Any]] | None = None,
+                seeds: Mapping[str, Mapping[str, Any]] | None = None) -> go.Figure:
     """Per rank: trained parameters (log axis), the optimizer's state (MB), GRPO's final mean reward and,
-    with ``sft``, SFT's pass@1."""
-    panels = ["trained parameters", "optimizer state (MB)", "GRPO: final reward"] + (["SFT: pass@1"] if sft else [])
+    with ``sft``, SFT's pass@1. With ``seeds`` (``compare-lora --seeds``' ``runs``: per rank
+    ``mean_reward_final`` as ``mean``, ``min``, ``max``), the reward bar is the mean over the seeds with a
+    bar from the lowest to the highest, and ``runs``' own reward is a marker on it: one seed is one draw."""
+    seeded = seeds is not None and all(r in seeds for r in runs)
+    reward_title = f"GRPO: final reward ({len(next(iter(seeds.values()))['mean_reward_final']['per_seed'])} seeds)" \
+        if seeded else "GRPO: final reward"
+    panels = ["trained parameters", "optimizer state (MB)", reward_title] + (["SFT: pass@1"] if sft else [])
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels, horizontal_spacing=0.07)
     order = list(_by_rank(runs))
     labels = [_short_label(r) for r in order]
@@ -68,10 +74,22 @@ def cost_figure(runs: Mapping[str, Mapping[str, Any]], sft: Mapping[str, Mapping
               [runs[r]["mean_reward_final"] for r in order]]
     if sft:
         values.append([sft[r]["pass_at_1_final"] if r in sft else None for r in order])
+    if seeded:
+        spread = [seeds[r]["mean_reward_final"] for r in order]
+        values[2] = [s["mean"] for s in spread]
     for col, ys in enumerate(values, start=1):
         text = [(f"{v:,.0f}" if col == 1 else significant(v)) if v is not None else "" for v in ys]
-        fig.add_trace(go.Bar(x=labels, y=ys, marker_color=colours, showlegend=False, text=text,
-                             textposition="outside", cliponaxis=False, textfont=dict(size=10)), row=1, col=col)
+        bars = dict(error_y=dict(type="data", symmetric=False, array=[s["max"] - s["mean"] for s in spread],
+                                 arrayminus=[s["mean"] - s["min"] for s in spread], thickness=1.2, width=4),
+                    textposition="inside", insidetextanchor="start") if seeded and col == 3 else \
+            dict(textposition="outside")
+        fig.add_trace(go.Bar(x=labels, y=ys, marker_color=colours, showlegend=False, text=text, cliponaxis=False,
+                             textfont=dict(size=10), **bars), row=1, col=col)
+    if seeded:  # the runs' own rewards (seed 0), one draw each
+        fig.add_trace(go.Scatter(x=labels, y=[runs[r]["mean_reward_final"] for r in order], mode="markers",
+                                 name="seed 0 (the runs above)", marker=dict(symbol="diamond", size=9, color="black"),
+                                 hovertemplate="seed 0: %{y:.2f}<extra></extra>"), row=1, col=3)
+        fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=-0.12))
     fig.update_yaxes(**DECADES, row=1, col=1)
     fig.update_yaxes(**DECADES, row=1, col=2)
     fig.update_yaxes(range=[0, 1.1], row=1, col=3)
