@@ -148,6 +148,87 @@ def test_dpo_smoke_race_reports_both_sides():
     assert {"train_seconds", "seconds_per_step", "seconds_to_common_target", "peak_memory_mb"} <= set(
         summary["ratio_ours_over_trl"])
     assert summary["trl_differences"] == bench_trl_dpo_differences()
+    # the two trained policies compared from their weights: both moved; two passes, the second in a different
+    # pair order on each side, leave them apart by about as much as they moved
+    (gaps,) = summary["trained_weights"]
+    assert gaps["seed"] == 0 and summary["trained_weights_note"]
+    ours, theirs = gaps["max_abs_weight_change_ours"], gaps["max_abs_weight_change_trl"]
+    assert ours > 0 and theirs > 0 and gaps["max_abs_weight_diff_ours_trl"] <= ours + theirs
+    assert gaps["max_abs_weight_diff_ours_trl"] > 0.1 * min(ours, theirs)
+
+
+DPO_METRICS = ("final_reward", "final_kl", "pair_accuracy", "reward_margin")
+
+
+def test_dpo_one_pass_trains_the_same_weights_and_each_side_is_measured_on_its_own(monkeypatch):
+    """One pass: both sides see the pairs in the same order and run the same step, so their weights agree to
+    float rounding and so do their numbers. Each side's numbers come from its own weights: perturbing TRL's
+    read-back weights changes TRL's numbers and the weight difference, not ours."""
+    import torch
+
+    from rlhf_tutorial.trainers import bench_trl_dpo
+
+    race = ["--algo", "dpo", "--smoke", "--seeds", "0", "--rounds", "1"]
+    same = bench_trl.main(race)
+    (gaps,) = same["trained_weights"]
+    moved = min(gaps["max_abs_weight_change_ours"], gaps["max_abs_weight_change_trl"])
+    assert moved > 0 and gaps["max_abs_weight_diff_ours_trl"] < 0.1 * moved
+    ours, theirs = same["runs"]["ours"][0], same["runs"]["trl"][0]
+    assert ours["final_reward"] == theirs["final_reward"] and ours["pair_accuracy"] == theirs["pair_accuracy"]
+    assert abs(ours["final_kl"] - theirs["final_kl"]) < 1e-3 and abs(ours["reward_margin"] - theirs["reward_margin"]) < 1e-3
+
+    noise_max = []
+    read_back = bench_trl_dpo.tl_from_hf
+
+    def perturbed(model, template):  # TRL's weights as read back, with noise on the unembedding
+        policy = read_back(model, template)
+        noise = 0.02 * torch.randn(policy.W_U.shape, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            policy.unembed.W_U += noise
+        noise_max.append(noise.abs().max().item())
+        return policy
+
+    monkeypatch.setattr(bench_trl_dpo, "tl_from_hf", perturbed)
+    apart = bench_trl.main(race)
+    assert noise_max
+    assert {k: apart["runs"]["ours"][0][k] for k in DPO_METRICS} == {k: ours[k] for k in DPO_METRICS}
+    assert abs(apart["runs"]["trl"][0]["reward_margin"] - theirs["reward_margin"]) > 1e-3
+    (moved_apart,) = apart["trained_weights"]
+    assert moved_apart["max_abs_weight_diff_ours_trl"] == pytest.approx(
+        noise_max[-1], rel=0.01, abs=gaps["max_abs_weight_diff_ours_trl"])
+    assert moved_apart["max_abs_weight_change_ours"] == gaps["max_abs_weight_change_ours"]
+
+
+def test_dpo_weight_gaps_are_read_from_the_weight_files(tmp_path):
+    """``weight_gaps``: the largest differences, over every parameter, between the files the sides wrote and
+    against the starting policy; files that miss a parameter are refused."""
+    import copy
+
+    import torch
+
+    from rlhf_tutorial.trainers import bench_trl_dpo
+    from rlhf_tutorial.worlds import load_policy
+
+    base = load_policy("tiny", device="cpu")
+    ours, theirs = copy.deepcopy(base), copy.deepcopy(base)
+    with torch.no_grad():
+        ours.unembed.W_U[0, 0] += 0.125
+        theirs.unembed.W_U[0, 0] += 0.1875  # 0.0625 from ours there
+        theirs.blocks[0].attn.b_Q[1, 2] -= 0.25  # the largest: TRL's change, and the difference between the sides
+    bench_trl_dpo.save_trained(ours, tmp_path / "ours.safetensors")
+    bench_trl_dpo.save_trained(theirs, tmp_path / "trl.safetensors")
+    gaps = bench_trl_dpo.weight_gaps(base, tmp_path / "ours.safetensors", tmp_path / "trl.safetensors")
+    assert gaps == pytest.approx({"max_abs_weight_diff_ours_trl": 0.25, "max_abs_weight_change_ours": 0.125,
+                                  "max_abs_weight_change_trl": 0.25}, abs=1e-5)
+    same = bench_trl_dpo.weight_gaps(base, tmp_path / "ours.safetensors", tmp_path / "ours.safetensors")
+    assert same["max_abs_weight_diff_ours_trl"] == 0.0 and same["max_abs_weight_change_trl"] == pytest.approx(0.125, abs=1e-5)
+
+    from safetensors.torch import save_file
+
+    partial = {n: p.detach().contiguous() for n, p in ours.named_parameters() if not n.startswith("unembed")}
+    save_file(partial, str(tmp_path / "partial.safetensors"))
+    with pytest.raises(RuntimeError, match="parameters"):
+        bench_trl_dpo.weight_gaps(base, tmp_path / "ours.safetensors", tmp_path / "partial.safetensors")
 
 
 def bench_trl_dpo_differences():
@@ -284,6 +365,10 @@ def test_gpt2_size_smoke_race_runs_on_the_real_vocabulary(algo):
         else:
             assert run["seconds_per_step"] > 0 and run["prepare_seconds"] > 0
     assert summary["ratio_ours_over_trl"]["peak_memory_mb"] is not None
+    if algo == "dpo":  # the weights each side's process wrote, compared here
+        (gaps,) = summary["trained_weights"]
+        moved = gaps["max_abs_weight_change_ours"], gaps["max_abs_weight_change_trl"]
+        assert min(moved) > 0 and 0 < gaps["max_abs_weight_diff_ours_trl"] <= sum(moved)
 
 
 def test_size_defaults_follow_the_size():

@@ -34,6 +34,19 @@ Offline DPO on the tiny world levels off near 0.8, below 0.9, so the summary als
 (``seconds_to_common_target``, labelled as such). What TRL cannot express goes into
 ``TRL_DPO_DIFFERENCES``.
 
+Both sides run the same math, so they can report the same numbers. Each side writes the weights it is
+measured on to a file, and the summary compares them (``trained_weights``, per seed: the largest absolute
+difference between the two trained policies, ``max_abs_weight_diff_ours_trl``, and each one's largest change
+from the starting policy; ``weight_gaps``). The first pass over the pairs goes in the same order on both
+sides: TRL's sampler (accelerate's ``SeedableRandomSampler``) draws ``torch.randperm`` from a generator seeded
+with ``seed + pass``, ours from one seeded with ``seed`` once. With the same loss, clipping and fused AdamW
+step on the same batches, after one pass the two policies differ by float rounding only (far less than
+either moved from the start). Then the pair accuracy and margin (functions of the weights) agree, and so do
+the sampled reward and KL: the evaluations, drawn with the same seed from nearly the same distributions,
+sample the same tokens. That is the one-pass ``--size gpt2`` race's case (the same four numbers per seed on
+both sides), not a measuring fault. From the second pass on the orders differ (ours goes on with the same
+generator), and so do the weights and the numbers.
+
 At ``--size gpt2`` (random weights: the rewards mean nothing) each side runs in a fresh process of its own
 (``bench_trl.isolated``; memory counted as ``bench_trl``'s docstring says: from the loaded policy on, and
 the process's whole peak), and the policies are evaluated only after training, outside the measured
@@ -81,8 +94,9 @@ from rlhf_tutorial.trainers.runtime import PeakMemory
 
 #: Where TRL's DPOTrainer differs from ours with the settings mapped as closely as it allows.
 TRL_DPO_DIFFERENCES = [
-    "pair order: TRL shuffles with its own sampler (seeded by `seed`), ours with torch.randperm on a generator "
-    "seeded the same; the same pairs, a different order each pass",
+    "pair order: both shuffle with torch.randperm; TRL's sampler reseeds its generator with seed + pass, ours "
+    "seeds its generator with seed once: the same order in the first pass, a different one in the later passes "
+    "(so after one pass both policies agree to float rounding: trained_weights)",
     "optimizer: TRL's default for TrainingArguments (reported as trl_optim); ours torch.optim.AdamW, both "
     "betas (0.9, 0.999), eps 1e-8, no weight decay, constant learning rate, no warmup",
     "parameters: the export's LayerNorm weights and biases (the identity; ours are folded into the next "
@@ -177,6 +191,36 @@ def token_mismatches(pairs: list[tuple], trainer) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
+# The trained weights
+# ----------------------------------------------------------------------------------------------------
+
+
+def save_trained(policy: HookedTransformer, path: str | Path) -> None:
+    """``policy``'s parameters (float32, CPU) to a safetensors file: a side's weights as it is measured."""
+    from safetensors.torch import save_file
+
+    save_file({name: p.detach().float().cpu().contiguous() for name, p in policy.named_parameters()}, str(path))
+
+
+def weight_gaps(base: HookedTransformer, ours: str | Path, trl: str | Path) -> dict[str, float]:
+    """max |w_ours - w_trl| over every parameter of the two trained policies (read from the files their sides
+    wrote, ``save_trained``), and each side's max |w - w_start| from ``base``; read one tensor at a time."""
+    from safetensors import safe_open
+
+    start = {name: p.detach().float().cpu() for name, p in base.named_parameters()}
+    gaps = {"max_abs_weight_diff_ours_trl": 0.0, "max_abs_weight_change_ours": 0.0, "max_abs_weight_change_trl": 0.0}
+    with safe_open(str(ours), "pt") as a, safe_open(str(trl), "pt") as b:
+        if set(a.keys()) != set(start) or set(b.keys()) != set(start):
+            raise RuntimeError(f"the trained weights ({ours}, {trl}) do not have the starting policy's parameters")
+        for name, w0 in start.items():
+            w_ours, w_trl = a.get_tensor(name), b.get_tensor(name)
+            for key, gap in (("max_abs_weight_diff_ours_trl", w_ours - w_trl),
+                             ("max_abs_weight_change_ours", w_ours - w0), ("max_abs_weight_change_trl", w_trl - w0)):
+                gaps[key] = max(gaps[key], gap.abs().max().item())
+    return {k: float(f"{v:.3g}") for k, v in gaps.items()}
+
+
+# ----------------------------------------------------------------------------------------------------
 # The two sides
 # ----------------------------------------------------------------------------------------------------
 
@@ -223,7 +267,9 @@ def pair_stats(policy: HookedTransformer, batch: dpo.PairBatch, beta: float) -> 
 
 
 def _side(clock: EvalClock, policy: HookedTransformer, batch: dpo.PairBatch, prepare: float, train: float,
-          steps: int, passes: int, memory) -> dict[str, Any]:
+          steps: int, passes: int, memory, weights_out: str | None = None) -> dict[str, Any]:
+    if weights_out is not None:  # the weights measured below, for the summary's trained_weights
+        save_trained(policy, weights_out)
     final = clock.evaluate(policy, clock.args.eval_samples)
     if not clock.curve:  # evaluated only after training (--size gpt2): the final evaluation ends the curve
         clock.curve = [(train, final["reward"])]
@@ -250,13 +296,14 @@ def _side(clock: EvalClock, policy: HookedTransformer, batch: dpo.PairBatch, pre
 
 
 def run_ours(args: dpo.DPOArgs, base: HookedTransformer | None, pairs: list[tuple], reward_fn, seed: int,
-             size: str = "tiny", smoke: bool = False, per_pass: bool = True) -> tuple:
+             size: str = "tiny", smoke: bool = False, per_pass: bool = True, weights_out: str | None = None) -> tuple:
     """Our trainer, offline, on the drawn pairs (rounds x epochs passes as rounds of one epoch: the same
     sequence of shuffles), on a copy of ``base`` or (``base`` None: in a process of its own) the race's
     policy loaded here. ``per_pass``: evaluate after every pass; then the reference (the trainer's and the
     evaluations') is copied inside the measured block. Else only at the end: the reference log-probs come
     from the untrained policy and no reference is kept while training (as TRL's ``precompute_ref_log_probs``);
-    the final evaluation's is loaded after the measured block."""
+    the final evaluation's is loaded after the measured block. ``weights_out``: where to write the trained
+    weights (``save_trained``)."""
     policy = copy.deepcopy(base) if base is not None else load_race_policy(size, smoke)
     passes = args.rounds * args.epochs
     run_args = dpo.DPOArgs(**{**asdict(args), "seed": seed, "rounds": passes, "epochs": 1})
@@ -277,7 +324,7 @@ def run_ours(args: dpo.DPOArgs, base: HookedTransformer | None, pairs: list[tupl
         clock.reference = load_race_policy(size, smoke).eval().requires_grad_(False) if base is None else base
     steps = passes * -(-len(batch) // args.batch_size)
     clock.curve = [(t - prepare, r) for t, r in clock.curve]
-    return _side(clock, result.policy.eval(), batch, prepare, train, steps, passes, memory), batch
+    return _side(clock, result.policy.eval(), batch, prepare, train, steps, passes, memory, weights_out), batch
 
 
 def run_ours_side(**kwargs: Any) -> dict[str, Any]:
@@ -287,11 +334,11 @@ def run_ours_side(**kwargs: Any) -> dict[str, Any]:
 
 def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer | None, pairs: list[tuple], batch: dpo.PairBatch,
             reward_fn, seed: int, max_prompt: int, size: str = "tiny", smoke: bool = False,
-            per_pass: bool = True) -> dict[str, Any]:
+            per_pass: bool = True, weights_out: str | None = None) -> dict[str, Any]:
     """TRL's DPOTrainer on the exported folder, its dataset the same pairs as strings. ``max_prompt``: the
     longest prompt's tokens (``prompt_lengths``). Its weights are evaluated in a copy of ``base`` (``base``
     None: the race's policy, loaded after training); ``per_pass``: after every pass (needs ``base``), else
-    only at the end."""
+    only at the end. ``weights_out``: where to write the read-back weights (``save_trained``)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import DPOTrainer
@@ -325,7 +372,7 @@ def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer | None, pai
         base = load_race_policy(size, smoke).eval()
         clock.reference = copy.deepcopy(base).eval().requires_grad_(False)
     side = _side(clock, tl_from_hf(trainer.model, base), batch, prepare, train, steps, args.rounds * args.epochs,
-                 memory)
+                 memory, weights_out)
     side.update(trl_optim=optim, token_mismatches=mismatches)
     return side
 
@@ -333,6 +380,13 @@ def run_trl(args: dpo.DPOArgs, folder: Path, base: HookedTransformer | None, pai
 # ----------------------------------------------------------------------------------------------------
 # The race
 # ----------------------------------------------------------------------------------------------------
+
+#: What the summary's ``trained_weights`` shows (module docstring).
+TRAINED_WEIGHTS_NOTE = (
+    "per seed, from the weights each side's metrics are measured on: the largest absolute difference between the "
+    "two trained policies and each one's largest change from the start. The first pass goes in the same pair order "
+    "on both sides (trl_differences): after one pass the policies differ by float rounding only, far less than "
+    "they moved, and the sampled metrics agree (the same evaluation seed draws the same tokens)")
 
 SMOKE = dict(num_pairs=16, group_size=4, max_new_tokens=8, rounds=2, batch_size=4, eval_samples=16,
              eval_samples_per_round=8)
@@ -392,7 +446,7 @@ def main(argv: list[str]) -> dict:
         print(f"[bench-trl dpo] both sides run on the CPU, not {course_device()}: the race's pairs, reference and "
               "evaluations live there, and memory is counted alike on both sides", file=sys.stderr)
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
-    pair_counts, dropped = [], []
+    pair_counts, dropped, trained = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         base, reward_fn = race_policy(ns.size, Path(tmp) / "tokenizer", ns.smoke)
         base, reward_fn = base.eval(), reward_fn or sentiment_reward_fn("tiny", args.direction)
@@ -410,14 +464,19 @@ def main(argv: list[str]) -> dict:
             # at --size gpt2 each side in a process of its own, evaluated only at the end (module docstring)
             common = dict(args=args, base=None if isolate else base, pairs=pairs, reward_fn=reward_fn, seed=seed,
                           size=ns.size, smoke=ns.smoke, per_pass=not isolate)
+            weights = {name: str(Path(tmp) / f"{name}.safetensors") for name in order}  # each side's trained weights
             for name in order:
                 if name == "ours":
-                    side = run_side(ns, run_ours_side, **common)
+                    side = run_side(ns, run_ours_side, weights_out=weights[name], **common)
                 else:
-                    side = run_side(ns, run_trl, folder=folder, batch=batch, max_prompt=max_prompt, **common)
+                    side = run_side(ns, run_trl, folder=folder, batch=batch, max_prompt=max_prompt,
+                                    weights_out=weights[name], **common)
                 runs[name].append({"seed": seed, "pairs": len(pairs), **side})
                 print(f"[bench-trl dpo]   {name}: train {side['train_seconds']} s, reward {side['final_reward']}",
                       file=sys.stderr)
+            trained.append({"seed": seed, **weight_gaps(base, weights["ours"], weights["trl"])})
+            for path in weights.values():  # the next seed's sides write their own (at --size gpt2, 650 MB each)
+                Path(path).unlink()
             ours, theirs = runs["ours"][-1], runs["trl"][-1]
             common = min(ours["reward_per_pass"][-1], theirs["reward_per_pass"][-1])
             for run in (ours, theirs):
@@ -446,6 +505,8 @@ def main(argv: list[str]) -> dict:
         "ratio_ours_over_trl": {k: _ratio(medians["ours"][k], medians["trl"][k]) for k in ratio_keys},
         "final_reward_difference": round(medians["ours"]["final_reward"] - medians["trl"]["final_reward"], 4),
         "token_mismatches": sum(r["token_mismatches"] for r in runs["trl"]),
+        "trained_weights": trained,
+        "trained_weights_note": TRAINED_WEIGHTS_NOTE,
         "runs": runs,
         "settings": {k: v for k, v in asdict(args).items() if k != "world"},
         "trl_differences": TRL_DPO_DIFFERENCES,
