@@ -155,7 +155,7 @@ def select_correct(rewards: Float[Tensor, "p G"], max_per_prompt: int | None = N
 
 def best_of_n_kl(n: int) -> float:
     """The KL divergence (nats) of best-of-n sampling from the reference policy it samples from,
-    for a continuous reward (no ties), in closed form:
+    for a continuous reward (no ties): this integral, evaluated in closed form in n,
 
         KL(pi_best-of-n || pi_ref) = integral_0^1 n u^(n-1) ln(n u^(n-1)) du        (n >= 1)
 
