@@ -28,9 +28,9 @@
 # Answer: 6       <- what the verifier reads
 # ```
 #
-# The chapter trains on one-step problems (difficulty 1), where the base model is right about a third
-# of the time and nearly always within 16 tries, and measures two- and three-step problems that
-# pretraining showed but no fine-tuning does.
+# The chapter trains on one-step problems (difficulty 1), where the base model is right on
+# {{compare.pass_at_k.base.1:.0%}} of its samples (pass@1) and within 16 tries on {{compare.pass_at_k.base.16:.0%}} of the problems
+# (pass@16), and measures two- and three-step problems that pretraining showed but no fine-tuning does.
 
 # %% imports
 import copy
@@ -129,6 +129,15 @@ for p, texts in zip(problems[:4], samples):
               f"lenient {lenient_extract_answer(text)!s:>5}   {text!r}")
 
 # %% [markdown]
+# What the run shows. The strict verifier rewards a sample only when its arithmetic is right *and* its
+# last answer line is well formed: look for samples whose working is right but whose answer line is
+# not (in the tiny world `"Answer = 0"`, `"answer = 4"`, `"Answer: 7 ."`, copied from sloppy writers).
+# They score 0, so part of what fine-tuning on this reward teaches is the format. The lenient reader agrees with the strict one
+# on a worked solution only when the first operand *is* the answer (`7+0`, `7-0`): over the base
+# model's samples its pass@1 is {{compare.base_pass_at_1_lenient:.3f}}, against {{compare.base_pass_at_1:.3f}} for the strict verifier
+# (section 5 prints both).
+
+# %% [markdown]
 # ## 2. Measuring: pass@k
 #
 # With a verifier, "how good is the model" becomes: sample $k$ solutions, is at least one right?
@@ -209,17 +218,23 @@ print(f"rejection sampling: pass@1 {rs.eval_initial['pass_at_1']:.3f} -> {rs.eva
 figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["pass_at_1"]});
 
 # %% [markdown]
-# **How far is best-of-N from the model it samples?** For a continuous reward (no ties) the
-# distribution of the best of $N$ samples has, whatever the model and the reward,
+# **How far is best-of-N from the model it samples?** Take a continuous reward (no ties) and measure
+# every completion by its quantile $u \in [0, 1]$ under $\pi_\text{ref}$: the reward of a sample
+# from $\pi_\text{ref}$ is then uniform. Best-of-$N$ returns the sample of highest reward, and the
+# largest of $N$ uniform quantiles has density $N u^{N-1}$ (its cumulative distribution is $u^N$).
+# So best-of-$N$ reweights $\pi_\text{ref}$ by $\pi_{\text{best-of-}N} / \pi_\text{ref} = N u^{N-1}$,
+# whatever the model and the reward, and
 #
-# $$\mathrm{KL}\big(\pi_{\text{best-of-}N} \,\|\, \pi_\text{ref}\big) = \log N - \frac{N - 1}{N}$$
+# $$\mathrm{KL}\big(\pi_{\text{best-of-}N} \,\|\, \pi_\text{ref}\big)
+# = \mathbb{E}_{\pi_{\text{best-of-}N}}\Big[\log \frac{\pi_{\text{best-of-}N}}{\pi_\text{ref}}\Big]
+# = \int_0^1 N u^{N-1} \log\big(N u^{N-1}\big)\, du$$
 #
-# nats (Beirami et al. 2024; often quoted as just $\log N$, an upper bound): the sample of rank $i$
-# out of $N$ is chosen with probability $N u^{N-1}$ at quantile $u$ of the reward, and
-# $\int_0^1 N u^{N-1} \log(N u^{N-1})\, du = \log N - (N-1)/N$. Section 7 puts it beside the KL
-# measured on our binary reward. A Python float in nats, for an int $N \ge 1$.
+# nats (Beirami et al. 2024). The exercise: evaluate this integral by hand, in closed form in $N$,
+# and return it. Two checks of your algebra: it is 0 at $N = 1$ (best-of-1 is the reference itself),
+# and it stays below $\log N$, the value often quoted (an upper bound). Section 7 puts it beside the
+# KL measured on our binary reward. A Python float in nats, for an int $N \ge 1$.
 
-# %% exercise rlhf_tutorial.reasoning:best_of_n_kl | 5 min | difficulty 1 | importance 3
+# %% exercise rlhf_tutorial.reasoning:best_of_n_kl | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # **Predict, then check.** Before running the cell: how many nats does best-of-2 cost, and best-of-16?
@@ -228,7 +243,15 @@ figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["p
 
 # %%
 for n in (1, 2, 16, 1024):
-    print(f"N = {n:>4}: KL {best_of_n_kl(n):.3f} nats, the bound log N {math.log(n):.3f}")
+    kl, bound = best_of_n_kl(n), math.log(n)
+    gap = f"{bound - kl:.3f} nats below it ({(bound - kl) / bound:.0%} of it)" if n > 1 else "equal"
+    print(f"N = {n:>4}: KL {kl:.3f} nats, the bound log N {bound:.3f}: {gap}")
+
+# %% [markdown]
+# The gap $\log N - \mathrm{KL} = (N - 1)/N$ tends to 1 nat, while both grow like $\log N$: at
+# $N = 2$ the bound is more than three times the true cost; at $N = 1024$ the gap is a seventh of the
+# bound. Either way the KL grows only logarithmically in $N$: many times the samples cost a few nats,
+# which makes best-of-N a strong baseline for any fine-tuning method to beat.
 
 # %% [markdown]
 # ## 5. A verifier that can be hacked
@@ -257,7 +280,11 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 # %% [markdown]
 # In the recorded run (`compare-reasoning`) the lenient reward rose from {{compare.hacked.lenient_reward_first:.3f}}
 # to {{compare.hacked.lenient_reward_last:.3f}} in {{compare.args.hack_phases}} phases while strict pass@1 fell from
-# {{compare.base_pass_at_1:.3f}} to {{compare.hacked.pass_at_1:.3f}}.
+# {{compare.base_pass_at_1:.3f}} to {{compare.hacked.pass_at_1:.3f}}. Read the hacked samples: `The answer is N.`, and N is
+# mostly wrong. By the lenient reader's own count the hacked policy is right on
+# {{compare.hacked.pass_at_1_lenient:.3f}} of its samples, far fewer than the {{compare.base_pass_at_1:.3f}} the base model got right *with* its
+# working: the new format pays better than the working did under the lenient reader (whose pass@1 for
+# the base model was {{compare.base_pass_at_1_lenient:.3f}}), and the policy gave up right answers to get it.
 #
 # The fix is the strict verifier of section 1: the same run with `verifier="strict"` is section 6.
 # The general lesson: the policy optimises the checker you wrote, not the one you meant; read samples.
@@ -304,7 +331,9 @@ grpo_reasoning_curves({"strict verifier": grpo.history, "lenient verifier (hacke
 # %% [markdown]
 # ## 7. What RL adds: pass@k, harder problems, and best-of-N's KL
 #
-# pass@k for k = 1 .. 64 of the four models on the same problems (64 samples each).
+# pass@k for k = 1 .. 64 of the four models on the same problems (64 samples each, drawn afresh with
+# another seed: the base model's pass@1 here, {{compare.pass_at_k.base.1:.3f}}, differs from section 2's
+# {{compare.base_pass_at_1:.3f}} from 16 samples by sampling noise alone).
 
 # %%
 n_big = 8 if is_smoke() else 64
@@ -370,10 +399,12 @@ best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 #
 # - **pass@1** rises with every method, GRPO's the most (the CLI's 100 phases:
 #   {{grpo_arith.pass_at_1_initial:.2f}} -> {{grpo_arith.pass_at_1_final:.2f}}).
-# - **pass@k at large k** does not rise, and falls for GRPO (pass@64 {{compare.pass_at_k.grpo.64:.3f}} against the base
-#   model's {{compare.pass_at_k.base.64:.3f}}; the CLI's run: pass@16 {{grpo_arith.pass_at_k_initial.16:.2f}} ->
-#   {{grpo_arith.pass_at_k.16:.3f}}): the base model already found a right answer within 64 tries on every
-#   problem. RL sharpens the distribution onto answers it could already produce (the entropy falls from
+# - **pass@k at large k** cannot rise at k = 64 (the base model already found a right answer within
+#   64 tries on every problem: {{compare.pass_at_k.base.64:.3f}}), and falls for GRPO ({{compare.pass_at_k.grpo.64:.3f}}). At
+#   k = 16, where there is room, SFT ({{compare.pass_at_k.sft.16:.3f}}) is above the base model
+#   ({{compare.pass_at_k.base.16:.3f}}), rejection sampling about level ({{compare.pass_at_k.rejection_sampling.16:.3f}}), GRPO below
+#   ({{compare.pass_at_k.grpo.16:.3f}}; the CLI's 100 phases: pass@16 {{grpo_arith.pass_at_k_initial.16:.2f}} ->
+#   {{grpo_arith.pass_at_k.16:.3f}}). RL sharpens the distribution onto answers it could already produce (the entropy falls from
 #   {{compare.grpo.entropy_first:.2f}} nats per token in the first phase to {{compare.grpo.entropy_last:.2f}} in the last) and loses a
 #   few it could, which is what Yue et al. (2025) report for large models. SFT and rejection sampling,
 #   trained on whole solutions with a likelihood loss, keep more of the spread.

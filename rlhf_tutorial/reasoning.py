@@ -35,12 +35,12 @@ from torch import Tensor
 def extract_answer(completion: str) -> int | None:
     """The final answer of a worked solution, read strictly.
 
-    The completion is split on ``"\\n"``. A line counts when it is exactly ``Answer:``, then optional
-    plain spaces, an optional ``-``, one or more ASCII digits, optional trailing spaces, and nothing
-    else (regular expression ``Answer: *(-?[0-9]+) *`` matched against the whole line). Among those
-    lines the **last** one wins, wherever it stands (text after it is ignored). Returns its N as a
-    Python ``int``, or ``None`` when no line has that form: ``"Answer: 12 apples"``, ``"answer: 12"``,
-    ``"  Answer: 12"``, ``"Answer: +12"`` and ``"Answer: 1.5"`` are not answers.
+    The completion is split on ``"\\n"``. A line counts when the whole line is ``Answer:``, then
+    optional plain spaces, an optional ``-``, one or more ASCII digits 0-9, optional trailing spaces,
+    and nothing else. Among those lines the **last** one wins, wherever it stands (text after it is
+    ignored). Returns its N as a Python ``int``, or ``None`` when no line has that form:
+    ``"Answer: 12 apples"``, ``"answer: 12"``, ``"  Answer: 12"``, ``"Answer: +12"``, ``"Answer: 1.5"``
+    and digits of other scripts (``"Answer: ٤٢"``, which ``int()`` reads as 42) are not answers.
     """
     # >>> exercise
     answer = None
@@ -154,12 +154,14 @@ def select_correct(rewards: Float[Tensor, "p G"], max_per_prompt: int | None = N
 
 
 def best_of_n_kl(n: int) -> float:
-    """The KL divergence (nats) of best-of-n sampling from the reference policy it samples from:
+    """The KL divergence (nats) of best-of-n sampling from the reference policy it samples from,
+    for a continuous reward (no ties): this integral, evaluated in closed form in n,
 
-        KL(pi_best-of-n || pi_ref) = ln n - 1 + 1/n        (n >= 1)
+        KL(pi_best-of-n || pi_ref) = integral_0^1 n u^(n-1) ln(n u^(n-1)) du        (n >= 1)
 
-    exact for a continuous reward (no ties); 0.0 at n = 1 (best-of-1 is the reference itself), and
-    below the bound log(n) that is often quoted.
+    (u: the reward's quantile under pi_ref; n u^(n-1): the density of the best of n quantiles, so
+    pi_best-of-n / pi_ref = n u^(n-1)). 0.0 at n = 1 (best-of-1 is the reference itself), and below
+    the bound ln n that is often quoted. A Python float.
     """
     # >>> exercise
     return math.log(n) - (n - 1) / n

@@ -4,7 +4,8 @@ Regimes probed (where plausible implementations differ):
 - extract_answer: two answer lines (the last wins, and text after it is ignored), a negative answer,
   ``Answer:`` with text after the number on the same line, no space / several spaces after the colon,
   trailing spaces, an indented or lower-case ``answer:`` line, ``+7``, ``1_000`` and ``1.5`` (``int()``
-  accepts the first two), a number in the working before the answer line, no answer at all, an empty
+  accepts the first two), digits of another script after a real answer (``\\d`` matches them and
+  ``int()`` reads them), a number in the working before the answer line, no answer at all, an empty
   completion, and the return type (a Python int, never a str, float or bool);
 - verifiable_reward: right, wrong and missing answers, a missing answer when the true answer is 0
   (None must not count as 0), negative answers, two answer lines, an empty batch, a batch of 1; dtype
@@ -12,7 +13,8 @@ Regimes probed (where plausible implementations differ):
 - sft_loss: rows of very different completion lengths (one mean over tokens, not a mean of per-row
   means), a prompt-only row (no True: a per-row mean is 0 / 0 there), prompt and padding to mask, an
   all-True mask (``loss_mask[:, 0]`` must be ignored, in the sum and in the count), large logits (x60:
-  log(softmax) underflows), a batch of 1; then the gradient w.r.t. the logits on a seeded case, against
+  log(softmax) underflows), a batch of 1, a mask with no True at all (0.0: a count not clamped gives
+  0 / 0 = NaN); then the gradient w.r.t. the logits on a seeded case, against
   the reference's (a detached or no_grad output, or a detached input, is named);
 - pass_at_k: k = 1, k = n, c = 0, c = n, n - c == k (one all-wrong subset: not yet 1.0), n - c < k, and
   n = 1024 with k up to 1023 (factorials overflow a float from 171!, int64 products wrap), compared
@@ -40,6 +42,7 @@ from rlhf_tutorial.checks.core import (
     compare_to_reference,
     describe_exception,
     expect_tensor,
+    failure,
     fmt,
     seeded,
     to_device,
@@ -87,6 +90,7 @@ _ANSWER_TEXTS = [
     ("'+7', '1_000' and '1.5' (not plain digits)", "Answer: +7\nAnswer: 1_000\nAnswer: 1.5"),
     ("'Answer:' with no number, after a real answer", "Answer: 3\nAnswer:"),
     ("a leading zero", "Answer: 007"),
+    ("digits of another script (int() reads them)", "Answer: 5\nAnswer: \u0664\u0662"),
 ]
 
 
@@ -146,6 +150,11 @@ def _extract_one_space(text):
     return found[-1] if found else None
 
 
+def _extract_any_unicode_digit(text):  # \d matches every script's digits, and int() reads them
+    found = [int(m.group(1)) for line in text.split("\n") if (m := re.fullmatch(r"Answer: *(-?\d+) *", line))]
+    return found[-1] if found else None
+
+
 def _extract_last_line_only(text):
     lines = text.rstrip("\n").split("\n")
     m = _strict_line(lines[-1]) if lines else None
@@ -161,6 +170,9 @@ EXTRACT_MISTAKES = [
             "'Answer:', spaces, the number and optional spaces, nothing else (match the whole line).",
             _extract_prefix_only),
     Mistake("Negative answers are missed: the number may start with '-'.", _extract_unsigned),
+    Mistake("Digits of another script counted (in a regular expression `\\d` matches every Unicode digit, and "
+            "int() reads '\u0664\u0662' as 42): the contract allows the ASCII digits 0-9 only.",
+            _extract_any_unicode_digit),
     Mistake("int() decided what a number is: it also accepts '+7', '1_000', spaces and tabs. The contract "
             "allows only an optional '-' and ASCII digits, with plain spaces around.", _extract_via_int),
     Mistake("An indented answer line counted (the line was stripped first): the line must start with 'Answer:' "
@@ -186,8 +198,9 @@ EXTRACT_MISTAKES = [
         "hinges on stating exactly what an answer line is (Python's `re` module can match a pattern "
         "against a WHOLE string).",
         "A line counts when, as a whole, it is 'Answer:', any number of plain spaces, an optional '-', "
-        "one or more ASCII digits, any number of trailing spaces, and nothing else (`re.fullmatch` with "
-        "a capturing group for the number; `int()` alone would also accept '+7', ' 7' and '1_000'). Keep "
+        "one or more ASCII digits 0-9, any number of trailing spaces, and nothing else (`re.fullmatch` "
+        "with a capturing group for the number; `int()` alone would also accept '+7', ' 7' and '1_000', "
+        "and `\\d` matches other scripts' digits too). Keep "
         "the number of the LAST such line as an int; None when no line counts.",
         "```python\nanswer = None\nfor line in completion.split(\"\\n\"):\n    match = re.fullmatch(r\"Answer: "
         "*(-?[0-9]+) *\", line)\n    if match:\n        answer = int(match.group(1))\nreturn answer\n```",
@@ -198,7 +211,7 @@ def check_extract_answer(candidate) -> str:
     compare_to_reference(_returns(int, "extract_answer", candidate), reasoning.extract_answer, cases,
                          mistakes=EXTRACT_MISTAKES, atol=0, rtol=0, arg_names=["completion"])
     return (f"matches the reference on {len(cases)} completions ("
-            + ", ".join(label for label, _ in _ANSWER_TEXTS) + ").")
+            + "; ".join(label for label, _ in _ANSWER_TEXTS) + ").")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -269,6 +282,9 @@ def _completion_mask(spans: list[tuple[int, int]], s: int) -> torch.Tensor:
     return (pos >= start) & (pos < start + n)
 
 
+_SFT_EMPTY = "a mask with no True at all (the contract: 0.0, not 0 / 0)"
+
+
 def _sft_cases() -> list[Case]:
     g = seeded(70)
     b, s, v = 4, 10, 13
@@ -285,6 +301,8 @@ def _sft_cases() -> list[Case]:
         Case("an all-True mask (loss_mask[:, 0] must be ignored)", (logits[:3, :6], tokens[:3, :6], all_true)),
         Case("large logits (x60) and unlikely tokens", (big, big_tokens, _completion_mask([(2, 5), (1, 3), (4, 3)], 7))),
         Case("a batch of 1", (logits[:1], tokens[:1], lengths[:1])),
+        Case(_SFT_EMPTY,
+             (logits[:2], tokens[:2], torch.zeros(2, s, dtype=torch.bool))),
     ]
 
 
@@ -392,8 +410,16 @@ def compare_gradient(candidate, reference, case: Case, wrt: int, *, arg_names: l
 )
 def check_sft_loss(candidate) -> str:
     arg_names = ["logits", "tokens", "loss_mask"]
-    detail = compare_to_reference(candidate, reasoning.sft_loss, _sft_cases(), mistakes=SFT_MISTAKES,
-                                  arg_names=arg_names)
+    try:
+        detail = compare_to_reference(candidate, reasoning.sft_loss, _sft_cases(), mistakes=SFT_MISTAKES,
+                                      arg_names=arg_names)
+    except CheckFailure as failed:
+        if failed.message.startswith(f"On {_SFT_EMPTY}") and "NaN" in failed.message:
+            # the generic NaN advice (exp / log of large values) would mislead here: it is a count of 0
+            raise failure(f"On {_SFT_EMPTY}, your loss is NaN: there are no tokens to average, and 0 / 0 = nan.",
+                          "Divide by the number of masked tokens clamped to at least 1: the contract gives 0.0 "
+                          "when the mask has no True (a batch of prompts only).") from None
+        raise
     compare_gradient(candidate, reasoning.sft_loss, _sft_cases()[0], 0, arg_names=arg_names)
     return detail + " Its gradient with respect to the logits matches too."
 
@@ -580,10 +606,12 @@ def _bon_diagnose(case: Case, got, expected) -> str | None:
     "best_of_n_kl",
     chapter=CHAPTER,
     hint=(
-        "Nothing to sample or fit: the KL of best-of-n from the reference has a closed form in n alone "
-        "(Beirami et al. 2024), for a continuous reward.",
-        "KL = ln n - 1 + 1/n nats (the natural logarithm): 0 at n = 1, below ln n for every n. Return a "
-        "Python float.",
+        "Nothing to sample or fit: evaluate the integral by hand. Split the logarithm, ln(n u^(n-1)) = "
+        "ln n + (n - 1) ln u, and integrate each term against the density n u^(n-1) on [0, 1].",
+        "The first term gives ln n (the density integrates to 1). For the second, the integral of "
+        "n u^(n-1) ln u over [0, 1] is -1/n (by parts, with u^n as the antiderivative of n u^(n-1): "
+        "[u^n ln u] from 0 to 1 is 0, minus the integral of u^(n-1), which is 1/n). So KL = ln n - (n - 1)/n nats, natural "
+        "logarithm: 0 at n = 1, below ln n for every n. Return a Python float.",
         "```python\nreturn math.log(n) - (n - 1) / n\n```",
     ),
 )

@@ -746,7 +746,7 @@ def compare_to_reference(
         raise failure(message, hint)
     for i in grad_cases if grad else ():
         compare_gradients(candidate, reference, cases[i], grad, arg_names=arg_names)
-    return f"matches the reference on {len(cases)} cases ({', '.join(c.label for c in cases)})."
+    return f"matches the reference on {len(cases)} cases ({'; '.join(c.label for c in cases)})."
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -109,6 +109,15 @@ def answer_stripped_lines(completion):  # strips each line first: an indented an
     return answer
 
 
+def answer_any_digit(completion):  # \d: every script's digits, and int() reads them
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer: *(-?\d+) *", line)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
 def answer_whole_text_tail(completion):  # the answer must end the completion
     m = re.search(r"Answer: *(-?\d+) *$", completion)
     return int(m.group(1)) if m else None
@@ -124,6 +133,7 @@ def answer_whole_text_tail(completion):  # the answer must end the completion
         (answer_as_text, "should return a Python int, got a str"),
         (answer_stripped_lines, "An indented answer line counted"),  # only the indented line exposes it
         (answer_whole_text_tail, "You read only the last line"),
+        (answer_any_digit, "Digits of another script counted"),  # only the Arabic-Indic digits expose it
         (reasoning.lenient_extract_answer, "lenient parser"),
     ],
 )
@@ -243,6 +253,20 @@ def sft_counts_position_zero(logits, tokens, loss_mask):
     return -(token_logps(logits, tokens) * m).sum() / loss_mask.sum()
 
 
+def masked_mean(picked, loss_mask):  # minus the mean over loss_mask[:, 1:], 0.0 when it has no True
+    m = loss_mask[:, 1:]
+    return -torch.where(m, picked, 0.0).sum() / m.sum().clamp(min=1)
+
+
+def sft_count_not_clamped(logits, tokens, loss_mask):  # right on every mask with a True
+    return -token_logps(logits, tokens)[loss_mask[:, 1:]].mean()
+
+
+def sft_cross_entropy_mean(logits, tokens, loss_mask):  # ignore_index's mean: 0 / 0 on an empty mask
+    targets = tokens[:, 1:].masked_fill(~loss_mask[:, 1:], -100)
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100)
+
+
 def sft_log_of_softmax(logits, tokens, loss_mask):
     lp = logits[:, :-1].softmax(-1).log().gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
     return -lp[loss_mask[:, 1:]].mean()
@@ -254,23 +278,23 @@ def sft_detached_output(logits, tokens, loss_mask):
 
 def sft_under_no_grad(logits, tokens, loss_mask):
     with torch.no_grad():
-        return -token_logps(logits, tokens)[loss_mask[:, 1:]].mean()
+        return masked_mean(token_logps(logits, tokens), loss_mask)
 
 
 def sft_detached_input(logits, tokens, loss_mask):
     logits = logits.detach()
-    return -token_logps(logits, tokens)[loss_mask[:, 1:]].mean()
+    return masked_mean(token_logps(logits, tokens), loss_mask)
 
 
 def sft_item_back_to_tensor(logits, tokens, loss_mask):
-    value = -token_logps(logits, tokens)[loss_mask[:, 1:]].mean().item()
+    value = masked_mean(token_logps(logits, tokens), loss_mask).item()
     return torch.tensor(value, device=logits.device, requires_grad=True)
 
 
 def sft_detached_normaliser(logits, tokens, loss_mask):
     lp = logits[:, :-1] - logits[:, :-1].logsumexp(-1, keepdim=True).detach()
     picked = lp.gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return -picked[loss_mask[:, 1:]].mean()
+    return masked_mean(picked, loss_mask)
 
 
 @pytest.mark.parametrize(
@@ -281,7 +305,9 @@ def sft_detached_normaliser(logits, tokens, loss_mask):
         (sft_unshifted, "not shifted"),
         (sft_mask_misaligned, "mask is shifted the wrong way"),
         (sft_counts_position_zero, "count includes loss_mask[:, 0]"),  # only the all-True mask exposes it
-        (sft_log_of_softmax, "NaN or inf"),  # only the large logits expose it
+        (sft_log_of_softmax, "NaN or inf"),
+        (sft_count_not_clamped, "0 / 0 = nan"),
+        (sft_cross_entropy_mean, "0 / 0 = nan"),  # only the mask with no True exposes it  # only the large logits expose it
         (sft_detached_output, "detached"),
         (sft_under_no_grad, "torch.no_grad()"),
         (sft_detached_input, "carry no gradient"),
@@ -296,7 +322,8 @@ def test_sft_loss_mistakes(wrong, fragment):
 def test_sft_loss_written_differently():
     def with_ignore_index(logits, tokens, loss_mask):
         targets = tokens[:, 1:].masked_fill(~loss_mask[:, 1:], -100)
-        return F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100)
+        total = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100, reduction="sum")
+        return total / max(int(loss_mask[:, 1:].sum()), 1)
 
     def with_loops(logits, tokens, loss_mask):
         total, count = logits.new_zeros(()), 0
