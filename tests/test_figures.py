@@ -271,3 +271,23 @@ def test_every_declared_seed_spread_is_a_run_that_measures_its_figures():
                 values = stats[key]["per_seed"]
                 assert stats[key]["min"] == min(values) and stats[key]["max"] == max(values)
                 figures.lookup(f"{name}.runs.{rank}.{key}", recorded)  # the figure it bands exists
+
+
+def test_every_markdown_table_row_has_as_many_cells_as_its_header():
+    """A row with a cell too many (a stray ``|``, e.g. left by a merge) renders as a broken table."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    broken = []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        header = None
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.startswith("|"):
+                header = None
+                continue
+            cells = re.sub(r"`[^`]*`", "", line).replace("\\|", "").count("|")
+            if header is None:
+                header = cells
+            elif cells != header:
+                broken.append(f"{path.name}:{number}: {cells - 1} cells, the header has {header - 1}")
+    assert not broken, broken
