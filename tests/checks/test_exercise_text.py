@@ -9,8 +9,12 @@ approach). Every exercise's hint has exactly three rungs, the third (the code) n
 "A piece of code" is a whole statement of the solution, or a compound sub-expression of one (two or
 more operations: calls, subscripts, arithmetic, comparisons) at least ``MIN_CHARS`` long, compared with
 whitespace removed and ``dim=`` dropped (``.mean(1)`` is ``.mean(dim=1)``). Trivial statements
-(``return x``, ``optimizer.step()``, short lines), signatures, docstrings and comments are never pieces: naming a function
-(``torch.gather``) or a shape is what the text should do.
+(``return x``, ``optimizer.step()``, short lines), signatures, type annotations, docstrings and comments are never
+pieces: naming a function (``torch.gather``) or a shape is what the text should do.
+
+Every chapter notebook is scanned too: no string of it holds a line of any solution, and no cell (given code,
+a helper shown whole, a demo, markdown) spells out a compound piece of any solution, the exercise's own stub
+aside (see ``solution_expressions_in``).
 """
 
 from __future__ import annotations
