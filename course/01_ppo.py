@@ -30,7 +30,7 @@ from torch.distributions import Categorical
 
 from rlhf_tutorial import check, figures, hint, ppo, probes, progress
 from rlhf_tutorial.devices import describe
-from rlhf_tutorial.ppo import Agent, RolloutBuffer, explained_variance, make_vector_env
+from rlhf_tutorial.ppo import Agent, RolloutBuffer, explained_variance, make_vector_env, masked_mean
 from rlhf_tutorial.trainers.ppo import PPOArgs, learner_functions, train
 from rlhf_tutorial.widgets.ppo import clipped_objective_explorer, ppo_dashboard
 from rlhf_tutorial.worlds import is_smoke, is_tiny
@@ -105,7 +105,9 @@ clipped_objective_explorer(epsilon=0.2, ratio=1.3)
 agent = Agent(obs_dim=4, n_actions=2, hidden=64, init_layer=layer_init)
 print(agent)
 obs = torch.randn(3, 4)
-print("logits", agent.actor(obs).detach(), "\nvalues", agent.critic(obs).squeeze(-1).detach())
+print("logits, shape", tuple(agent.actor(obs).shape), "\n", agent.actor(obs).detach())
+print("values, shape", tuple(agent.critic(obs).shape), "(the critic's last layer has one output)\n",
+      agent.critic(obs).detach())
 
 # %% [markdown]
 # ## 3. Advantages: generalised advantage estimation (GAE)

@@ -530,11 +530,11 @@ print("policy 0.5 nats higher: sum of r_t =",
 torch.manual_seed(0)
 T = 30
 scores = torch.tensor([1.0, -1.0, 0.5, -0.5])
-vals = torch.zeros(4, T)
+vals = torch.zeros(4, 1 + T)  # V at every position of a one-token prompt and T generated tokens: 0 here
 sparse = compute_per_token_rewards(scores, torch.zeros(4, T), torch.zeros(4, T), kl_coef=0.0)
 spread = scores[:, None].expand(4, T).clone()
 for name, rewards in [("score at the last token", sparse), ("score at every token", spread)]:
-    returns = compute_gae_advantages(rewards, vals, gamma=1.0, gae_lambda=0.95) + vals
+    returns = compute_gae_advantages(rewards, vals, 1, gamma=1.0, gae_lambda=0.95)  # + V(s_t), 0 here
     print(f"{name:>24}: value targets up to |{returns.abs().max().item():.1f}|, first-token target "
           f"{[round(x, 1) for x in returns[:, 0].tolist()]}")
 

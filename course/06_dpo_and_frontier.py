@@ -145,15 +145,17 @@ print(f"world: {world}, prompt: {prompt!r}")
 chosen_logps, rejected_logps = torch.tensor([-31.2, -18.7, -25.0]), torch.tensor([-40.3, -12.5, -25.0])
 margin = (implicit_reward(chosen_logps, chosen_logps, 0.1)
           - implicit_reward(rejected_logps, rejected_logps, 0.1))
-print(f"reward margin {margin.mean().item():.3f}, reward accuracy {(margin > 0).float().mean().item():.2f}")
+print("each pair's margin:", margin.tolist())
+print("the pairs the reward accuracy counts as right (margin > 0):", (margin > 0).tolist())
 
 # %% [markdown]
 # Margin 0 and accuracy 0, not 0.5: with the policy equal to the reference every $\hat r$ is exactly 0, so
-# every pair's margin is 0, and the accuracy counts only pairs whose margin is strictly positive (a tie
-# counts as wrong). The trainer's first step logs the same (`train-dpo --world tiny --num-pairs 32
-# --rounds 1 --batch-size 64`, one step over 32 pairs: margin 0.0, accuracy 0.0). Once the policy has
-# moved, a policy that tells chosen from rejected no better than a coin logs about 0.5: that is "learned
-# nothing", and 0 at the first step is not a bad start.
+# every pair's margin is 0 (their mean, the reward margin, too), and the accuracy, the share of pairs
+# whose margin is strictly positive, counts none of them (a tie counts as wrong). The trainer's first
+# step logs the same (`train-dpo --world tiny --num-pairs 32 --rounds 1 --batch-size 64`, one step over
+# 32 pairs: margin 0.0, accuracy 0.0). Once the policy has moved, a policy that tells chosen from
+# rejected no better than a coin logs about 0.5: that is "learned nothing", and 0 at the first step is
+# not a bad start.
 
 # %% [markdown]
 # **SimPO** (Meng et al. 2024) drops the reference model altogether. Its reward is the policy's *mean*

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
 from rlhf_tutorial.dpo import gspo_sequence_ratio, rloo_advantages
-from rlhf_tutorial.ppo import clip_diagnostics
+from rlhf_tutorial.ppo import clip_diagnostics, masked_mean
 from rlhf_tutorial.rlhf import approx_kl
 from rlhf_tutorial.speed import PhaseClock, can_fast_sample, fast_sample, token_logprobs
 
@@ -556,14 +556,12 @@ def grpo_diagnostics(logprobs: Float[Tensor, "B g"], batch: GroupRollout, args: 
       ``clipfrac`` and depends on the advantage's sign;
     - ``kl_ref``: k3 KL to the reference; ``ratio_mean``: mean of r.
     """
-    m = batch.mask.float()
-    n = m.sum().clamp(min=1)
     clipped = clipped_tokens(logprobs, batch.old_logprobs, batch.advantages, batch.mask, args.clip_coef, args.clip_coef_high)
     return {
         **clip_diagnostics(logprobs, batch.old_logprobs, args.clip_coef, batch.mask),  # approx_kl, clipfrac
-        "clip_active_frac": (clipped.float().sum() / n).item(),
-        "kl_ref": ((approx_kl(logprobs, batch.ref_logprobs, "k3") * m).sum() / n).item(),
-        "ratio_mean": ((torch.exp(logprobs - batch.old_logprobs) * m).sum() / n).item(),
+        "clip_active_frac": masked_mean(clipped, batch.mask).item(),
+        "kl_ref": masked_mean(approx_kl(logprobs, batch.ref_logprobs, "k3"), batch.mask).item(),
+        "ratio_mean": masked_mean(torch.exp(logprobs - batch.old_logprobs), batch.mask).item(),
     }
 
 

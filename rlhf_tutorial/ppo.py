@@ -147,6 +147,15 @@ def calc_clipped_surrogate_objective(
     # <<< exercise
 
 
+def masked_mean(x: Float[Tensor, "*b"] | Bool[Tensor, "*b"], mask: Bool[Tensor, "*b"] | None = None) -> Float[Tensor, ""]:
+    """The mean of ``x`` (in float32) over the elements where ``mask`` is True: sum of x over them divided
+    by their count, 0 where there is none (a count of 0 is taken as 1); the plain mean when ``mask`` is
+    None. ``x`` and ``mask`` have the same shape."""
+    if mask is None:
+        return x.float().mean()
+    return (x.float() * mask).sum() / mask.sum().clamp(min=1)
+
+
 @torch.no_grad()
 def clip_diagnostics(
     logprobs: Float[Tensor, "*b"],
@@ -164,11 +173,11 @@ def clip_diagnostics(
     """
     log_ratio = logprobs - old_logprobs
     ratio = log_ratio.exp()
+    return {
+        "approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),
+        "clipfrac": masked_mean((ratio - 1).abs() > clip_coef, mask).item(),
+    }
 
-    def mean(x: Tensor) -> Tensor:
-        return x.float().mean() if mask is None else (x.float() * mask).sum() / mask.sum().clamp(min=1)
-
-    return {"approx_kl": mean((ratio - 1) - log_ratio).item(), "clipfrac": mean((ratio - 1).abs() > clip_coef).item()}
 
 
 def calc_value_function_loss(

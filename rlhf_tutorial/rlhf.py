@@ -252,19 +252,23 @@ def compute_per_token_rewards(
 
 
 def compute_gae_advantages(
-    rewards: Float[Tensor, "b g"], values: Float[Tensor, "b g"], gamma: float, gae_lambda: float
+    rewards: Float[Tensor, "b g"], values: Float[Tensor, "b s"], prefix_len: int, gamma: float, gae_lambda: float
 ) -> Float[Tensor, "b g"]:
     """GAE over the generated tokens, each sequence one episode that ends at its last token.
 
-    Chapter 01's ``compute_gae`` is time-major (``[steps, env]``): here steps are token positions
-    and envs are sequences, so the tensors are transposed in and out. ``dones`` is True at the last
-    position only, so nothing is bootstrapped past the end.
+    ``rewards`` are per generated token; ``values`` are the whole sequence's, as ``compute_advantages``
+    takes them: V(s_t) for the state that chose generated token i is at position t = prefix_len - 1 + i,
+    so the g states are positions prefix_len - 1 .. s - 2. Chapter 01's ``compute_gae`` is time-major
+    (``[steps, env]``): here steps are token positions and envs are sequences, so the tensors are
+    transposed in and out. ``dones`` is True at the last position only, so nothing is bootstrapped
+    past the end.
     """
     batch, gen = rewards.shape
+    state_values = values[:, prefix_len - 1 : -1]  # [b g]
     dones = torch.zeros(gen, batch, dtype=torch.bool, device=rewards.device)
     dones[-1] = True
     next_value = torch.zeros(batch, device=rewards.device)
-    advantages = compute_gae(rewards.T, values.T, next_value, dones, gamma, gae_lambda)  # [g b]
+    advantages = compute_gae(rewards.T, state_values.T, next_value, dones, gamma, gae_lambda)  # [g b]
     return advantages.T
 
 
@@ -280,12 +284,15 @@ def rollout_advantages(
     """The advantages of a rollout's generated tokens, by ``args.advantage_estimator``:
 
         "one_step":  compute_advantages(values, scores, prefix_len)        (the KL goes in the objective)
-        "gae":       compute_gae_advantages(r, values[:, prefix_len - 1:-1], gamma, gae_lambda)
+        "gae":       compute_gae_advantages(r, values, prefix_len, gamma, gae_lambda)
                      with r = compute_per_token_rewards(scores, logprobs, ref_logprobs, kl_coef)
+
+    Both take the whole sequence's ``values`` ``[b s]`` and pick the states that chose the generated
+    tokens themselves.
     """
     if args.advantage_estimator == "gae":
         token_rewards = compute_per_token_rewards(scores, logprobs, ref_logprobs, kl_coef)
-        return compute_gae_advantages(token_rewards, values[:, prefix_len - 1 : -1], args.gamma, args.gae_lambda)
+        return compute_gae_advantages(token_rewards, values, prefix_len, args.gamma, args.gae_lambda)
     return compute_advantages(values, scores, prefix_len)
 
 

@@ -70,6 +70,17 @@ def test_clipped_value_loss_by_hand():
         ppo.calc_value_function_loss(v, r, 0.3).item())
 
 
+def test_masked_mean_over_the_true_elements_and_zero_over_none():
+    x = torch.tensor([[1.0, 2.0, 30.0], [4.0, 50.0, 6.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert ppo.masked_mean(x, mask).item() == pytest.approx(7.0 / 3)  # (1 + 2 + 4) / 3, not / 6
+    assert ppo.masked_mean(x).item() == pytest.approx(x.mean().item())
+    assert ppo.masked_mean(x, torch.zeros_like(mask)).item() == 0.0  # no True: 0, not NaN
+    assert ppo.masked_mean(x > 3, mask).item() == pytest.approx(1 / 3)  # a share, from a bool tensor
+    assert ppo.masked_mean(x.double(), mask).dtype == torch.float32
+    assert ppo.masked_mean(torch.tensor([float("nan"), 1.0]), torch.tensor([True, True])).isnan()  # not hidden
+
+
 def test_layer_init_is_orthogonal_and_in_place():
     layer = torch.nn.Linear(5, 3)
     assert ppo.layer_init(layer, std=2.0, bias_const=0.1) is layer

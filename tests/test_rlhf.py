@@ -120,6 +120,19 @@ def test_skipping_the_zero_kl_term_leaves_the_objective_and_gradients_unchanged(
     torch.testing.assert_close(grads[0], grads[1], atol=1e-7, rtol=1e-6)
 
 
+def test_gae_advantages_take_the_states_that_chose_the_generated_tokens():
+    """``compute_gae_advantages`` takes the sequence's values, as ``compute_advantages`` does: with
+    gamma = lambda = 1 and the score at the last token only, A_i = score - V(state that chose token i),
+    the states at positions prefix_len - 1 .. s - 2 (never the last position's value)."""
+    values = torch.tensor([[9.0, 0.5, 0.25, 0.125, 7.0]])  # s = 5; prefix_len = 2 -> g = 3
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    advantages = rlhf.compute_gae_advantages(rewards, values, 2, gamma=1.0, gae_lambda=1.0)
+    assert torch.allclose(advantages, torch.tensor([[0.5, 0.75, 0.875]]))
+    # lambda = 0: the one-step estimate, the same as compute_advantages' on the per-token rewards
+    one_step = rlhf.compute_gae_advantages(rewards, values, 2, gamma=1.0, gae_lambda=0.0)
+    assert torch.allclose(one_step, rlhf.compute_advantages(values, torch.tensor([1.0]), 2))
+
+
 def test_optimizer_has_no_weight_decay(tokenizer):
     trainer = make(tokenizer)
     assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.0, 0.0]

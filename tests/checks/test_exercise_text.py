@@ -9,17 +9,24 @@ approach). Every exercise's hint has exactly three rungs, the third (the code) n
 "A piece of code" is a whole statement of the solution, or a compound sub-expression of one (two or
 more operations: calls, subscripts, arithmetic, comparisons) at least ``MIN_CHARS`` long, compared with
 whitespace removed and ``dim=`` dropped (``.mean(1)`` is ``.mean(dim=1)``). Trivial statements
-(``return x``, ``optimizer.step()``, short lines), signatures, docstrings and comments are never pieces: naming a function
-(``torch.gather``) or a shape is what the text should do.
+(``return x``, ``optimizer.step()``, short lines), signatures, type annotations, docstrings and comments are never
+pieces: naming a function (``torch.gather``) or a shape is what the text should do.
+
+Every chapter notebook is scanned too: no string of it holds a line of any solution, and no cell (given code,
+a helper shown whole, a demo, markdown) spells out a compound piece of any solution, the exercise's own stub
+aside (see ``solution_expressions_in``).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import io
 import json
 import re
 import textwrap
+import tokenize
 
 import nbformat
 import pytest
@@ -35,6 +42,7 @@ from rlhf_tutorial.notebooks import (
     parse_source,
     resolve,
     sources,
+    stub_message,
     stub_source,
 )
 
@@ -151,7 +159,36 @@ def code_pieces(ref: str, compound: bool = True) -> set[str]:
                 piece = normalise(text)
                 if len(piece) >= MIN_CHARS and _operations(node) >= 1:
                     pieces.add(piece)
-            elif compound and isinstance(node, ast.expr) and _operations(node) >= 2:
+    if compound:
+        pieces |= compound_expressions(ref)
+    return pieces
+
+
+def _annotations(tree: ast.AST) -> set[int]:
+    """The ids of every node inside a type annotation (``hooks: list[tuple[str, Callable]] = []``): an
+    annotation states the contract (a type, a shape), which the text should give; it is no code of the
+    exercise."""
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            roots.append(node.returns)
+    return {id(sub) for root in roots for sub in ast.walk(root)}
+
+
+def compound_expressions(ref: str) -> set[str]:
+    """The compound sub-expressions of the solution of ``ref``, normalised: two or more operations and
+    at least ``MIN_CHARS`` characters (``values[:, prefix_len - 1:-1]``, ``mask.sum().clamp(min=1)``; not
+    ``x.shape[0]``, ``torch.zeros_like(x)``, a bare name, nor a formula over one-letter symbols such as
+    ``(n - c - i) / (n - i)``, which prose writes as maths). Annotations are none."""
+    pieces = set()
+    for stmt in _solution_statements(ref):
+        skip = _annotations(stmt)
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.expr) and id(node) not in skip and _operations(node) >= 2:
                 piece = normalise(ast.unparse(node))
                 if len(piece) >= MIN_CHARS:
                     pieces.add(piece)
@@ -314,3 +351,175 @@ def test_the_notebook_scan_finds_a_code_rung_and_a_solution_written_in_a_cell():
     solved = json.loads(nbformat.writes(build(parse_source((ROOT / "course" / "05_interpretability.py").read_text()),
                                               "solution", "05_interpretability")))
     assert solution_lines_in(solved, lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The chapter notebooks spell out no solution's expression: not in the given code, not in the prose
+# ----------------------------------------------------------------------------------------------------
+# A whole line is what the scan above finds; a learner who reads the given cell after an exercise (a
+# demo, a helper shown whole) gets the answer from a *piece* of it just as well: ``values[:, prefix_len -
+# 1 : -1]`` is chapter 03's shift, whatever line it sits in. So every compound sub-expression of every
+# solution (``compound_expressions``) is looked for in every cell of every chapter notebook:
+#
+# - in a code cell, among the sub-expressions of its code, each parsed and unparsed (so spacing,
+#   parentheses and line breaks do not matter; ``dim=`` is dropped as above), and as text in its strings
+#   (docstrings) and comments;
+# - in a markdown cell, as text (whitespace removed), starting and ending at a word boundary.
+#
+# Only the exercise's own stub is left out (its signature may repeat the solution's annotation). A later
+# chapter is not: it may *call* an exercise solved before it (a call is no piece of the body), but it must
+# not re-write the body inline: a learner may open any chapter first, and the course keeps one home per
+# piece of code. Names count: a copy with other names is not found (the eye of the author still is).
+_IDENT = re.compile(r"\w")
+
+
+@functools.cache
+def solution_expressions() -> dict[str, frozenset[str]]:
+    """Every compound sub-expression of every exercise's solution, normalised, with its exercises."""
+    found: dict[str, set[str]] = {}
+    for _, ref, _ in EXERCISES:
+        for piece in compound_expressions(ref):
+            found.setdefault(piece, set()).add(exercise_name(ref))
+    return {piece: frozenset(names) for piece, names in found.items()}
+
+
+def _in_prose(piece: str, text: str) -> bool:
+    """``piece`` (normalised) in ``text``, normalised the same way, starting and ending at a word
+    boundary: not inside a longer name, where a space stood (``slice values[...]`` holds ``values[...]``)."""
+    flat, gaps = _flat(text)
+    start = flat.find(piece)
+    while start >= 0:
+        end = start + len(piece)
+        before_ok = start in gaps or not (_IDENT.match(flat[start - 1]) and _IDENT.match(piece[0]))
+        after_ok = end in gaps or not (_IDENT.match(flat[end]) and _IDENT.match(piece[-1]))
+        if before_ok and after_ok:
+            return True
+        start = flat.find(piece, start + 1)
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _flat(text: str) -> tuple[str, frozenset[int]]:
+    """``text`` normalised, and the positions in it where whitespace stood before a character."""
+    flat, gaps = "", set()
+    for word in text.split():
+        gaps.add(len(flat))
+        flat += normalise(word)
+    gaps.add(len(flat))
+    return flat, frozenset(gaps)
+
+
+def _code_parts(code: str) -> tuple[set[str], list[str]]:
+    """A code cell's sub-expressions (normalised) and its prose (strings and comments); a cell that does
+    not parse (a shell or magic line) is all prose, so nothing in it goes unread."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set(), [code]
+    expressions, prose = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            prose.append(node.value)
+        elif isinstance(node, ast.expr):
+            expressions.add(normalise(ast.unparse(node)))
+    prose += [tok.string for tok in tokenize.generate_tokens(io.StringIO(code).readline) if tok.type == tokenize.COMMENT]
+    return expressions, prose
+
+
+def _own_stubs(code: str) -> dict[str, str]:
+    """The exercises whose stub this cell holds (the build puts it first, with the stub's message)."""
+    stubs = {}
+    for _, ref, _ in EXERCISES:
+        name = exercise_name(ref)
+        if stub_message(name) in code and _stub(ref) in code:
+            stubs[name] = _stub(ref)
+    return stubs
+
+
+@functools.cache
+def _stub(ref: str) -> str:
+    return stub_source(resolve(ref), exercise_name(ref))
+
+
+def solution_expressions_in(notebook: dict, pieces: dict[str, frozenset[str]] | None = None) -> list[str]:
+    """Where a solution's expression shows in ``notebook`` (a decoded .ipynb): "cell N (type):
+    exercises: expression", the longest only where one found expression holds another."""
+    pieces = solution_expressions() if pieces is None else pieces
+    found = []
+    for i, cell in enumerate(notebook.get("cells", [])):
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else source
+        hits: dict[str, frozenset[str]] = {}
+        if cell.get("cell_type") == "code":
+            stubs = _own_stubs(source)
+            views = {}  # which exercises' stubs are left out -> (expressions, prose)
+            for piece, names in pieces.items():
+                own = frozenset(names & stubs.keys())
+                if own not in views:
+                    code = source
+                    for name in own:
+                        code = code.replace(stubs[name], "")
+                    views[own] = _code_parts(code)
+                expressions, prose = views[own]
+                if piece in expressions or any(_in_prose(piece, text) for text in prose):
+                    hits[piece] = names
+        else:
+            hits = {piece: names for piece, names in pieces.items() if _in_prose(piece, source)}
+        for piece, names in hits.items():
+            if not any(piece != other and piece in other for other in hits):
+                found.append(f"cell {i} ({cell.get('cell_type')}): {'/'.join(sorted(names))}: {piece}")
+    return found
+
+
+@pytest.mark.parametrize("path", CHAPTER_NOTEBOOKS, ids=[p.stem for p in CHAPTER_NOTEBOOKS])
+def test_no_chapter_notebook_spells_out_an_expression_of_any_solution(path):
+    """No cell of a chapter notebook (given code, a helper shown whole, a demo, markdown, a docstring)
+    holds a compound expression of any exercise's solution, of its own chapter or another; the
+    exercise's own stub aside. A hit is fixed in ``course/NN_*.py``: the given code calls the course's
+    function instead, or the demo comes after the check and calls the learner's function."""
+    found = solution_expressions_in(json.loads(path.read_text()))
+    assert not found, (f"chapters/{path.name} spells out pieces of solutions (cell: exercises: expression, "
+                       "normalised):\n  " + "\n  ".join(found))
+
+
+def _cells(*cells: tuple[str, str]) -> dict:
+    return {"cells": [{"cell_type": kind, "source": source} for kind, source in cells]}
+
+
+def test_the_expression_scan_finds_a_planted_expression_and_passes_prose_calls_and_trivia():
+    """The scan itself, on chapter 03's ``compute_advantages`` (``one_step_q - values[:, prefix_len - 1 :
+    -1]``) and chapter 07's ``sft_loss``."""
+    assert "values[:,prefix_len-1:-1]" in solution_expressions()
+    assert "compute_advantages" in solution_expressions()["values[:,prefix_len-1:-1]"]
+    # planted in given code, spaced and wrapped otherwise, inside a bigger expression: found, with the cell
+    planted = _cells(("markdown", "A demo."),
+                     ("code", "gae = compute_gae_advantages(token_rewards,\n    values[:, prefix_len-1:-1], 1.0, 0.95)"))
+    assert [f for f in solution_expressions_in(planted) if f.startswith("cell 1 (code): ")
+            and "compute_advantages" in f and f.endswith("values[:,prefix_len-1:-1]")]
+    # `dim=` and a line break do not hide it; nor does a docstring, a comment or a markdown code span
+    # (sft_loss writes `logits[:, :-1].log_softmax(dim=-1)`)
+    assert solution_expressions_in(_cells(("code", "lp = (logits[:, :-1]\n      .log_softmax(-1))")))
+    assert solution_expressions_in(_cells(("code", "loss = -(x * m).sum() / mask.sum().clamp(min=1)")))
+    assert solution_expressions_in(_cells(("code", "def f():\n    '''slice values[:, prefix_len - 1 : -1]'''")))
+    assert solution_expressions_in(_cells(("code", "x = 1  # then values[:, prefix_len - 1:-1]")))
+    assert solution_expressions_in(_cells(("markdown", "Take `values[:, prefix_len - 1 : -1]`.")))
+    # the formula in prose, a call of the exercise's function, trivia, a longer name: nothing
+    prose = _cells(("markdown", r"$A_t = V(s_{t+1}) - V(s_t)$ for the states at positions $p - 1, \dots, s - 2$, "
+                                r"with $\prod_{i<k} \frac{n - c - i}{n - i}$; `values` is `[b, s]`."),
+                   ("code", "adv = compute_advantages(values, scores, prefix_len)\n"
+                            "n, z = values.shape[0], torch.zeros_like(values)\nvalues"),
+                   ("markdown", "`my_values[:, prefix_len - 1 : -1]`"))
+    assert solution_expressions_in(prose) == []
+
+
+def test_the_expression_scan_leaves_out_the_exercises_own_stub_only():
+    """Chapter 08's ``lora_hooks`` stub repeats its solution's annotation (no piece: annotations are
+    none); a stub's cell is scanned for other exercises' pieces, and for its own beyond the stub."""
+    ref = "rlhf_tutorial.rlhf:compute_advantages"
+    stub = stub_source(resolve(ref), "compute_advantages")
+    assert solution_expressions_in(_cells(("code", stub))) == []
+    assert solution_expressions_in(_cells(("code", stub + "\n\n\nprint(values[:, prefix_len - 1 : -1])")))
+    # a solved exercise in the cell is found: the solution notebook as built is full of them
+    solved = json.loads(nbformat.writes(build(parse_source((ROOT / "course" / "03_rlhf_ppo.py").read_text()),
+                                              "solution", "03_rlhf_ppo")))
+    assert any("compute_advantages" in f for f in solution_expressions_in(solved))
