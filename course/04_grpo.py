@@ -111,7 +111,7 @@ print(f"world: {world}, prompt: {prompt!r}, EOS token id: {eos_id(policy)}")
 # %%
 rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.2, 0.9, 0.4, 0.5]])
 for scale in ["group", "batch", "none"]:
-    print(f"{scale:>5}:", group_relative_advantages(rewards, scale).round(decimals=2).tolist())
+    print(f"{scale:>5}:", [[round(a, 2) for a in row] for row in group_relative_advantages(rewards, scale).tolist()])
 
 # %% [markdown]
 # ## 2. Sampling a group, and which tokens count
@@ -147,12 +147,13 @@ for scale in ["group", "batch", "none"]:
 # %% exercise rlhf_tutorial.grpo:sample_group | 15 min | difficulty 2 | importance 4
 
 # %% [markdown]
-# One group from the base policy, with its mask (`·` marks a masked position) and its rewards:
+# One group of 6 from the base policy, 40 new tokens at most, with its mask (`#` a token that counts, `·` a
+# masked position: the padding after a row's EOS) and its rewards. A row of `#` only was cut off at the limit.
 
 # %%
 torch.manual_seed(1)
 prompt_tokens = policy.to_tokens(prompt)[0]
-tokens, mask = sample_group(policy, prompt_tokens, 6, 24, eos_id(policy), temperature=1.0)
+tokens, mask = sample_group(policy, prompt_tokens, 6, 40, eos_id(policy), temperature=1.0)
 texts = decode_completions(policy, tokens, mask, prompt)
 for row_mask, text, r in zip(mask, texts, sentiment_reward(texts).tolist()):
     print(f"P(neg)={r:.2f} {''.join('#' if m else '·' for m in row_mask.tolist())}  {text!r}")
@@ -325,14 +326,16 @@ print(reward_fn_rule(["This movie was really dull. The acting was wooden.",
 # its sampling and forward passes. The diagnostic is `frac_reward_zero_std`: the fraction of groups
 # whose rewards have zero spread. DAPO's **dynamic sampling** drops those groups and samples new
 # prompts until the batch is full of groups that carry signal (`dynamic_sampling=True`, at most
-# `max_sampling_rounds` rounds per phase).
+# `max_sampling_rounds` rounds per phase, each round sampling as many groups as are still missing).
+# When the rounds run out first, the phase trains on the groups it kept, fewer than $p$: the run
+# prints both counts (`groups sampled`, `groups kept`).
 #
 # The run below trains the rule reward on three review openings (`RULE_PROMPTS`, none of which
 # mentions the acting), 8 groups of 8 per phase, 40 tokens at most, with dynamic sampling on. The
-# base policy almost never earns the reward, so at first nearly every group is all zeros:
-# `frac_reward_zero_std` (measured on the groups sampled, before dropping) starts near 1 and dynamic
-# sampling has to draw several rounds to find groups with a success in them. As the policy learns it
-# falls; once the policy succeeds on most samples, groups of all ones appear and it rises again.
+# base policy rarely earns the reward, so at first most groups are all zeros: `frac_reward_zero_std`
+# (measured on the groups sampled, before dropping) starts high, dynamic sampling draws all its rounds
+# and still keeps fewer than 8 groups. As the policy learns it falls (and the phases fill up); once
+# the policy succeeds on most samples, groups of all ones appear and it rises again.
 
 # %%
 rule_args = GRPOArgs.preset(world, reward="rule", aspect="acting", max_sentences=3, seed=0, dynamic_sampling=True,
@@ -461,6 +464,10 @@ for name, summary in [("PPO", ppo_summary), ("GRPO", grpo_summary)]:
     print(f"{name:>4}: reward {summary['mean_reward_initial']:.3f} -> {summary['mean_reward_final']:.3f}, "
           f"KL {summary['kl_final']:.3f}, {summary['phases']} phases x {summary['samples_per_phase']} samples, "
           f"{summary['wall_seconds']:.1f} s, peak memory {summary['peak_memory_mb']:.0f} MB")
+    split = summary["seconds_per_phase"]  # where a phase's seconds went, in the order a phase spends them
+    parts = ["sampling", "scoring", "old_logprobs", "ref_logprobs", "optimisation", "other"]
+    print(f"      one phase {split['phase']:.2f} s: "
+          + ", ".join(f"{part.replace('_', ' ')} {split.get(part, 0.0):.2f}" for part in parts))
 comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
                   title=f"PPO vs GRPO, {world} world, {COMPARE_PHASES} phases, seed 0")
 
@@ -474,8 +481,12 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 #   shape of GRPO's curve depends on $G$ and $p$ (more samples per group: a better baseline, fewer
 #   groups).
 # - **Wall time.** Both spend their time in the same places: sampling, and forward and backward
-#   passes of the same policy (plus one reference forward). GRPO saves the value head's share,
-#   small at this scale, and its completions stop at EOS.
+#   passes of the same policy (plus one reference forward); the second line printed for each run
+#   splits one phase into them. GRPO's phases are shorter, even at this scale: PPO's learning passes
+#   also run and train the value head, and PPO's rollout makes a forward pass of its own for
+#   $\pi_{\theta_\text{old}}$'s log-probs, which GRPO's own sampler (the one the command runs) records
+#   while it samples. GRPO's completions may stop at EOS, but here almost none does (see **KL**), so
+#   that saves nothing.
 # - **Memory.** At this scale the peak of a process is mostly Python, PyTorch and the three models
 #   (policy, reference, classifier), the same in both: expect bars of similar height. The saving
 #   GRPO is known for appears where the critic is a separate model as large as the policy (the usual
@@ -497,7 +508,9 @@ comparison_figure({"PPO": ppo_summary, "GRPO": grpo_summary},
 #   each token only its own KL, and whose gradient follows $\mathrm{KL}(\pi_\text{ref} \| \pi_\theta)$ (chapter 03); (2) **the
 #   schedule**: PPO's learning rate decays linearly towards a tenth (reached just after the last
 #   phase), GRPO's stays constant. The
-#   same $\beta = 0.1$ is not the same tether in the two algorithms.
+#   same $\beta = 0.1$ is not the same tether in the two algorithms. The runs above are much shorter
+#   and end before either reward has levelled off, at two different rewards: their KLs (printed above
+#   the figure) may come out in either order.
 #
 # ## 9. The group viewer
 #

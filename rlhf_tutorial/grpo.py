@@ -192,9 +192,10 @@ def sample_group(
     Sample with ``model.generate`` from G copies of the prompt, stopping at ``eos_token_id``; a row
     that stopped early is padded with EOS, and when every row stopped before ``max_new_tokens`` the
     output is padded on the right up to g = ``max_new_tokens`` (so every group has the same g).
-    ``generate`` runs under ``torch.inference_mode``: clone its output. The mask covers the
-    completion only (``completion_mask`` of ``tokens[:, prompt_len:]``). Both outputs are on the
-    model's device, where ``generate`` returns its tokens (a GPU when the model is on one).
+    ``generate`` runs under ``torch.inference_mode``: clone its output. The mask (``completion_mask``,
+    ``[G, g]``) covers the generated tokens only: the prompt may hold the EOS id too (it is also BOS),
+    and that must not end a completion. Both outputs are on the model's device, where ``generate``
+    returns its tokens (a GPU when the model is on one).
     """
     prompt_len = prompt_tokens.shape[0]
     # >>> exercise

@@ -363,6 +363,18 @@ def test_group_viewer_flags_all_equal_groups():
     assert "no signal" in widgets.group_html(flat[0])
 
 
+def test_dashboard_keeps_the_all_equal_fraction_on_zero_to_one():
+    # the classifier's reward never gives an all-equal group: a constant 0, which plotly would centre on [-1, 1]
+    history = [{"phase": i, "reward": 0.3 + 0.1 * i, "frac_reward_zero_std": 0.0, "kl": 0.01 * i,
+                "clip_active_frac": 0.03} for i in range(4)]
+    fig = widgets.grpo_curves(history)
+    panel = widgets.GRPO_PANELS.index("frac_reward_zero_std") + 1
+    low, high = fig.layout[f"yaxis{panel}"].range
+    assert -0.05 < low <= 0.0 and 1.0 <= high < 1.05
+    assert fig.layout.yaxis.range is None  # the other panels scale to their data
+    assert fig.data[panel - 1].y == (0.0, 0.0, 0.0, 0.0)
+
+
 def test_comparison_figure_has_reward_time_and_memory_for_both():
     runs = {"PPO": widgets.run_summary([0.2, 0.5], 10.0, 300.0, 64),
             "GRPO": widgets.run_summary([0.2, 0.6], 8.0, 250.0, 64)}

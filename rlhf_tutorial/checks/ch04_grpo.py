@@ -358,7 +358,7 @@ OBJECTIVE_MISTAKES = [
         "Per token: ratio = exp(logprobs - old_logprobs); surrogate = min(ratio * A, clip(ratio, 1 - "
         "clip_eps, 1 + clip_eps_high) * A), with each row's advantage broadcast over its tokens (A has "
         "shape [B]); k3 is chapter 03's `approx_kl` of logprobs against ref_logprobs with the 'k3' "
-        "estimator. Zero masked tokens with a select (`torch.where`), not by multiplying. With n_b the "
+        "estimator. Masked positions hold junk (any finite value): zero them before any sum. With n_b the "
         "row's token count: 'grpo' = mean over rows of (row sum / n_b); 'dapo' = total sum / total "
         "count; 'dr_grpo' = total sum / (B * L), L = max_completion_len or g. clip_eps_high None means "
         "clip_eps; any other loss_type raises ValueError.",

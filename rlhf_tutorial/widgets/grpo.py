@@ -134,6 +134,8 @@ class GRPODashboard:
     def __init__(self, title: str = "GRPO", static: bool | None = None):
         self.live = LiveDashboard(GRPO_PANELS, title=title, titles=GRPO_TITLES, cols=4, x_title="phase",
                                   static=static, height_per_row=240)
+        # A fraction: its axis stays [0, 1] (a constant 0, as with the classifier's reward, would span -1 to 1).
+        self.live.fig.layout[f"yaxis{GRPO_PANELS.index('frac_reward_zero_std') + 1}"].range = [-0.02, 1.02]
 
     def update(self, record: dict[str, Any]) -> None:
         self.live.update(record["phase"], **{k: record.get(k) for k in GRPO_PANELS})
