@@ -1747,12 +1747,12 @@ def _delta(trainer, before) -> torch.Tensor:
     hint=(
         "A loop over `memory.get_minibatches(...)` with the four calls of every gradient step (zero, "
         "backward, clip, step) around `compute_rlhf_objective`, then the scheduler once.",
-        "For each minibatch of memory.get_minibatches(args.num_minibatches, args.update_epochs, "
-        "trainer.generator): zero the optimizer's gradients; objective and stats from "
-        "compute_rlhf_objective(trainer.model, trainer.ref_model, minibatch, trainer.prefix_len, "
-        "trainer.objective_kl_coef, args); backpropagate the objective; clip the gradient norm of "
-        "trainer.model's parameters to args.max_grad_norm; step the optimizer; append stats to all_stats. "
-        "After the loop, step trainer.scheduler once.",
+        "The order is the point. Per minibatch: clear the gradients the last step left (else they add up); "
+        "the objective's KL coefficient is the trainer's objective_kl_coef (0 with GAE, whose per-token "
+        "rewards already hold the KL: do not count it twice); backpropagate the objective; clip the global norm of all the policy's gradients together, after the "
+        "backward pass and before the step; then step. Draw the minibatches with the trainer's own "
+        "generator (a fresh one repeats the same order every phase), and keep each minibatch's stats. The "
+        "schedule steps once per phase, not once per minibatch.",
         solution_code(rlhf.learning_phase),
     ),
 )
