@@ -747,8 +747,8 @@ def _same_update(got: torch.Tensor, want: torch.Tensor, start: torch.Tensor) -> 
         "1. no_grad: next_value = V(next_obs) (squeezed to [env]), advantages from compute_gae with args.gamma "
         "and args.gae_lambda, returns R = A + V. 2. Flatten obs, actions, logprobs, advantages, returns, values "
         "from [steps, env] to one batch dimension, in the same order for all. 3. For each of args.update_epochs "
-        "epochs and each index tensor from get_minibatch_indices(args.batch_size, args.minibatch_size, "
-        "generator): the new logits and log-probs of the stored actions, the new values; objective = "
+        "epochs and each minibatch of indices that get_minibatch_indices draws with the generator you are "
+        "given: the new logits and log-probs of the stored actions, the new values; objective = "
         "clipped surrogate - value loss + entropy bonus; zero the gradients, backpropagate, clip the gradient "
         "norm to args.max_grad_norm, step. 4. Record clip_diagnostics and the terms per minibatch; return their "
         "means (and the explained variance).",
@@ -834,8 +834,7 @@ def check_learning_phase(candidate) -> str:
     all_rows = {tuple(r.tolist()) for r in einops.rearrange(buffer.obs, "s e d -> (s e) d")}
     if rows != all_rows:
         raise CheckFailure("The minibatches do not cover the whole rollout.",
-                           hint="Use every index of get_minibatch_indices(args.batch_size, args.minibatch_size, "
-                                "generator) each epoch.")
+                           hint="Each epoch, use every minibatch of indices that get_minibatch_indices gives.")
     # 3. The order comes from the generator it is given: the same generator seed gives the same minibatches,
     #    whatever the global random state (a learner's code that ignores the generator draws from the latter).
     first = seen[:]
@@ -845,8 +844,8 @@ def check_learning_phase(candidate) -> str:
     if len(seen) != len(first) or any(not torch.equal(a, b) for a, b in zip(seen, first)):
         raise CheckFailure("Two runs with generators of the same seed drew different minibatches: your code does "
                            "not take its order from the generator argument.",
-                           hint="Pass the generator to get_minibatch_indices(args.batch_size, args.minibatch_size, "
-                                "generator): a run must be reproducible from its seed.")
+                           hint="Draw the minibatches with the generator argument you are given (get_minibatch_indices "
+                                "takes one): a run must be reproducible from its seed.")
     return ("matches the reference's update (one minibatch, two epochs, clipped gradients), reports approx_kl and "
             f"clipfrac, makes {expected_steps} minibatch steps covering the rollout with 4 minibatches x 3 epochs, "
             "in the order its generator gives.")

@@ -188,11 +188,17 @@ def compound_expressions(ref: str) -> set[str]:
     for stmt in _solution_statements(ref):
         skip = _annotations(stmt)
         for node in ast.walk(stmt):
-            if isinstance(node, ast.expr) and id(node) not in skip and _operations(node) >= 2:
+            if isinstance(node, ast.expr) and id(node) not in skip and (_operations(node) >= 2 or _long_call(node)):
                 piece = normalise(ast.unparse(node))
                 if len(piece) >= MIN_CHARS:
                     pieces.add(piece)
     return pieces
+
+
+def _long_call(node: ast.AST) -> bool:
+    """A call with three or more arguments (``compute_rlhf_objective(trainer.model, trainer.ref_model,
+    minibatch, ...)``): one operation, but written out it is the solution's line, arguments and order."""
+    return isinstance(node, ast.Call) and len(node.args) + len(node.keywords) >= 3
 
 
 def _docstrings(source: str) -> str:
@@ -267,6 +273,17 @@ def test_the_comparison_catches_code_in_the_text_and_passes_a_formula():
     formula = (r"$\text{direction} = \operatorname{mean}_{i \in N} W_U[:, i] - \operatorname{mean}_{j \in P}"
                r" W_U[:, j]$, shape `[d_model]`: index the columns, then `Tensor.mean` over the vocabulary.")
     assert not [w for w in leaks(ref, formula) if w.startswith("markdown")]
+
+
+def test_a_call_written_out_with_its_arguments_is_a_piece_and_naming_the_function_is_not():
+    """``learning_phase``'s second rung as it read before this test: one call, but its arguments in order
+    are the solution's line; naming the function and what it takes is the contract."""
+    ref = "rlhf_tutorial.rlhf:learning_phase"
+    old_rung = ("objective and stats from compute_rlhf_objective(trainer.model, trainer.ref_model, minibatch, "
+                "trainer.prefix_len, trainer.objective_kl_coef, args); backpropagate the objective")
+    assert any(where.startswith("markdown") for where in leaks(ref, old_rung))
+    naming = "the objective from `compute_rlhf_objective`, with the trainer's `objective_kl_coef`"
+    assert not [w for w in leaks(ref, naming) if w.startswith("markdown")]
 
 
 def test_a_solution_statement_and_its_compound_parts_are_pieces():
