@@ -45,10 +45,27 @@ def test_bad_candidates_fail_with_a_message_and_never_raise(candidate, fragment)
 
 def test_not_implemented_says_so():
     def stub(model, tokens):
-        raise NotImplementedError("exercise next_token_probs")
+        raise NotImplementedError("exercise next_token_probs: your code here (stuck? see the hint below)")
 
     result = run_check("next_token_probs", stub)
     assert not result.passed and "not implemented yet" in result.message
+
+
+def test_a_mode_the_learner_left_out_is_not_called_an_untouched_stub():
+    """A real implementation that raises for a case it does not handle yet (``scale="batch"``) is told
+    that the contract covers the case, not to replace the stub's raise line."""
+    def lacks_batch(rewards, scale="group", eps=1e-4):
+        centred = rewards - rewards.mean(-1, keepdim=True)
+        if scale == "group":
+            return centred / (rewards.std(-1, keepdim=True) + eps)
+        if scale == "none":
+            return centred
+        raise NotImplementedError(f"scale={scale!r} is not supported")
+
+    result = run_check("group_relative_advantages", lacks_batch)
+    assert not result.passed
+    assert "not implemented yet" not in result.message and "raise NotImplementedError(...)` line" not in result.message
+    assert "scale='batch' is not supported" in result.message and "the contract covers this case" in result.message
 
 
 def test_in_place_mutation_of_an_input_is_caught():
@@ -245,7 +262,7 @@ def test_an_output_on_another_device_than_the_inputs_is_named():
 
 def test_a_librarys_not_implemented_error_is_not_an_untouched_stub(scratch_checker):
     def stub(x):
-        raise NotImplementedError("write this")
+        raise NotImplementedError("exercise _scratch: your code here")
 
     assert "not implemented yet" in run_check("_scratch", stub).message
     library = run_check("_scratch", lambda x: torch.ones(2).to_sparse().view(-1, 1))
@@ -603,3 +620,53 @@ def test_checking_an_untouched_stub_stops_run_all_with_the_exercise_name(capsys,
     assert "[FAILED] compute_gae" in capsys.readouterr().out  # the verdict is shown first
     check(lambda *a, **k: 1 / 0, name="compute_gae")  # a written but wrong attempt: a verdict, no exception
     assert "ZeroDivisionError" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hint, short", [
+    ("Trailing spaces after the number are allowed ('Answer: 2   ' is 2). Strip them.",
+     "Trailing spaces after the number are allowed ('Answer: 2   ' is 2)."),
+    ("Build new tensors with an explicit dtype (e.g. float32): the reference's.",
+     "Build new tensors with an explicit dtype (e.g. float32)."),
+    ('The line must be "Answer: N" exactly. Anything else is no answer.', 'The line must be "Answer: N" exactly.'),
+    ("Keep `else: raise ValueError(...)` whole; then more.", "Keep `else: raise ValueError(...)` whole."),
+    ("The learner's sum is per row: use one sum.", "The learner's sum is per row."),
+    ("Indices [a: b] are fine here. More.", "Indices [a: b] are fine here."),
+    ("No separator at all", "No separator at all."),
+])
+def test_the_nudge_is_never_cut_inside_quotes_parentheses_or_code(hint, short):
+    from rlhf_tutorial.checks.core import nudge
+
+    assert nudge(hint) == short
+
+
+def test_a_known_mistake_is_named_only_when_it_agrees_on_every_case_run(scratch_checker):
+    """A mistake that matches the candidate on the failing case but not on a case the candidate passed
+    is not what the candidate did: no diagnosis rather than a wrong one."""
+    from rlhf_tutorial.checks.core import Case, Mistake, checker, compare_to_reference
+
+    def reference(x):
+        return x.abs()
+
+    def negatives_wrong(x):  # wrong on every negative entry
+        return x.clone()
+
+    @checker("_agree", chapter="_scratch", hint="a nudge about the absolute value")
+    def check(candidate):
+        cases = [Case("negatives", (torch.tensor([-1.0, -2.0]),)), Case("large", (torch.tensor([-1e6, 3.0]),))]
+        return compare_to_reference(candidate, reference, cases,
+                                    mistakes=[Mistake("You returned x itself: negatives stay negative.", negatives_wrong)])
+
+    try:
+        # right on the first case, wrong on the second exactly as negatives_wrong is: but negatives_wrong
+        # fails the first case, so it is not this candidate's mistake
+        def clamps_large(x):
+            return torch.where(x.abs() > 1e3, x, x.abs())
+
+        result = run_check("_agree", clamps_large)
+        assert not result.passed and "You returned x itself" not in result.message
+        result = run_check("_agree", negatives_wrong)
+        assert not result.passed and "You returned x itself" in result.message
+    finally:
+        from rlhf_tutorial.checks.core import REGISTRY
+
+        REGISTRY.pop("_agree", None)

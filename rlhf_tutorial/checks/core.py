@@ -376,6 +376,14 @@ def device_problem(out: Any, want: torch.device | None) -> str | None:
 
 # The start of the verdict on an exercise whose stub is untouched (``check`` then stops Run All).
 NOT_IMPLEMENTED = "not implemented yet"
+STUB_RAISE = "your code here"  # what every untouched stub's NotImplementedError says (notebooks.stub_message)
+
+
+def is_stub_raise(exc: NotImplementedError) -> bool:
+    """Whether ``exc`` is the untouched stub's raise (its message, or a bare ``raise NotImplementedError``),
+    not a learner's own raise for a case their code does not handle (``scale="batch"`` not written yet)."""
+    text = str(exc)
+    return not text or STUB_RAISE in text
 
 
 def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = None,
@@ -404,6 +412,10 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     except NotImplementedError as exc:
         if not _raised_by_learner(exc):  # a library's NotImplementedError, not the exercise stub's
             raise CheckFailure(f"your code raised {describe_exception(exc)}") from None
+        if not is_stub_raise(exc):  # the learner's own raise: a case (a mode, an option) their code lacks
+            raise CheckFailure(
+                f"your code raised {describe_exception(exc)}: the contract covers this case, so it needs an "
+                "answer, not a raise.") from None
         raise CheckFailure(
             f"{NOT_IMPLEMENTED}: replace the `raise NotImplementedError(...)` line with your code."
         ) from None
@@ -655,15 +667,37 @@ def form_mismatch(out: Any, expected: Any) -> str | None:
 
 
 def nudge(hint: str) -> str:
-    """The short form of a hint: what is wrong, without the fix (its first clause or sentence). A
-    separator inside `code` does not end the clause (`else: raise ValueError(...)` stays whole)."""
-    in_code = False
+    """The short form of a hint: what is wrong, without the fix (its first clause or sentence).
+
+    A separator (": ", ". ", "; ") ends the clause only at the top level of the text: never inside
+    `code`, "double" or 'single' quotes (an apostrophe inside a word is no quote), or parentheses and
+    brackets, so that ``else: raise ValueError(...)``, "('Answer: 2' is 2)" and "(e.g. float32)" stay
+    whole.
+    """
+    closing = {"(": ")", "[": "]", "{": "}"}
+    stack: list[str] = []  # what closes the innermost open span: ")", "]", "}", "`", '"' or "'"
     for i, ch in enumerate(hint):
-        if ch == "`":
-            in_code = not in_code
-        elif not in_code and i > 0 and hint[i:i + 2] in (": ", ". ", "; "):
+        prev = hint[i - 1] if i > 0 else " "
+        after = hint[i + 1] if i + 1 < len(hint) else " "
+        top = stack[-1] if stack else None
+        if top in ("`", '"', "'"):  # inside code or a quotation only its own end counts
+            if ch == top and (ch != "'" or not after.isalnum()):
+                stack.pop()
+            continue
+        if ch in "`\"" or (ch == "'" and not prev.isalnum()):
+            stack.append(ch)
+        elif ch in closing:
+            stack.append(closing[ch])
+        elif stack and ch == top:
+            stack.pop()
+        elif not stack and i > 0 and hint[i:i + 2] in (": ", ". ", "; ") and not _abbreviation(hint, i):
             return hint[:i].rstrip(".") + "."
     return hint.rstrip(".") + "."
+
+
+def _abbreviation(text: str, i: int) -> bool:
+    """Whether the full stop at ``text[i]`` ends an abbreviation ("e.g.", "i.e.", "vs."), not a sentence."""
+    return text[i] == "." and text[:i + 1].rsplit(" ", 1)[-1].lstrip("(").lower() in ("e.g.", "i.e.", "vs.", "etc.")
 
 
 def failure(message: str, hint: str | None) -> CheckFailure:
@@ -675,11 +709,15 @@ def failure(message: str, hint: str | None) -> CheckFailure:
 
 
 def _known_mistake(got: Any, case: Case, mistakes: Sequence[Mistake], atol: float, rtol: float,
-                   expected: Any = None) -> str | None:
-    """The hint of the first known mistake whose output on ``case`` equals the candidate's.
+                   expected: Any = None, earlier: Sequence[tuple[Case, Any]] = ()) -> str | None:
+    """The hint of the first known mistake whose output on ``case`` equals the candidate's and that
+    agrees with the candidate on every case run before it.
 
     A mistake whose output on this case equals the correct one (``expected``) is never named: on this
-    case it is indistinguishable from a right answer, so it cannot explain a wrong one.
+    case it is indistinguishable from a right answer, so it cannot explain a wrong one. Nor is one that
+    differs from the candidate on an ``earlier`` case (``(case, the candidate's output)``, all of which
+    the candidate passed): that mistake would have failed there, so it is not what the candidate did (a
+    diagnosis right for the wrong reason is worse than none).
     """
     for mistake in mistakes:
         try:
@@ -688,9 +726,21 @@ def _known_mistake(got: Any, case: Case, mistakes: Sequence[Mistake], atol: floa
             continue
         if expected is not None and _close(wrong, expected, atol, rtol):
             continue
-        if _close(got, wrong, atol, rtol):
+        if _close(got, wrong, atol, rtol) and _agrees_before(mistake, earlier, atol, rtol):
             return mistake.hint
     return None
+
+
+def _agrees_before(mistake: Mistake, earlier: Sequence[tuple[Case, Any]], atol: float, rtol: float) -> bool:
+    """Whether ``mistake`` gives the candidate's outputs on the cases the candidate already passed."""
+    for case, got in earlier:
+        try:
+            wrong = mistake.fn(*_clone(case.args), **_clone(case.kwargs))
+        except Exception:  # noqa: BLE001 - it crashes where the candidate answered: not the candidate's mistake
+            return False
+        if not _close(got, wrong, atol, rtol):
+            return False
+    return True
 
 
 def compare_to_reference(
@@ -719,13 +769,14 @@ def compare_to_reference(
     summary for the pass message.
     """
     cases = [to_device(case) for case in cases]
+    passed: list[tuple[Case, Any]] = []  # the cases the candidate got right, with its outputs
     for case in cases:
         expected = reference(*_clone(case.args), **_clone(case.kwargs))
         got = call(candidate, *_clone(case.args), _arg_names=arg_names, **_clone(case.kwargs))
         try:
             _check_output_form(got, expected, case.label)
         except CheckFailure as form:
-            hint = _known_mistake(got, case, mistakes, atol, rtol, expected)
+            hint = _known_mistake(got, case, mistakes, atol, rtol, expected, passed)
             raise (failure(form.message, hint) if hint else form) from None
         mismatch = form_mismatch(got, expected)
         if mismatch and _close(got, expected, atol, rtol):
@@ -736,11 +787,12 @@ def compare_to_reference(
                 about_devices=DEVICE_MISMATCH in mismatch,
             )
         if _close(got, expected, atol, rtol):
+            passed.append((case, got))
             continue
         message = f"Wrong values on {case.label}.\n  expected: {fmt(expected)}\n  got:      {fmt(got)}"
         if mismatch:
             message += f"\n  (also, {mismatch})"
-        hint = _known_mistake(got, case, mistakes, atol, rtol, expected)
+        hint = _known_mistake(got, case, mistakes, atol, rtol, expected, passed)
         if hint is None and diagnose is not None:
             hint = diagnose(case, got, expected)
         raise failure(message, hint)
