@@ -34,7 +34,7 @@ STAND_IN_HF ?= .stand-in-hf
 # 300 s cell limit (2-core machine under load).
 STAND_IN_GPT2_TOKENIZER ?= trained
 
-.PHONY: install lock lab test lint unit unit-simgpu nbval-simgpu test-gpu trl-ppo nbval nbval-gpt2 gpt2-bpe stand-in-hub browser chromium notebooks tiny demo clean help
+.PHONY: install lock lab test lint mutate unit unit-simgpu nbval-simgpu test-gpu trl-ppo nbval nbval-gpt2 gpt2-bpe stand-in-hub browser chromium notebooks tiny demo clean help
 
 help:
 	@echo "make lab | make test | make nbval-gpt2 | make demo | make notebooks | make tiny | make lock | make clean"
@@ -96,6 +96,16 @@ lint: $(STAMP)
 
 unit: $(STAMP) $(TRL_STAMP) $(TRL_PPO_STAMP) gpt2-bpe
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests -m "not browser" $(PYTEST_ARGS)
+
+# The mutation test of the checkers (rlhf_tutorial/checks/mutants.py): each reference's exercise lines
+# changed one syntax node at a time (an operator, a number, a dim, a slice bound, a statement removed, an
+# argument swapped or dropped, a .detach() or clamp added...); every mutant must fail its exercise's
+# checker, or be listed with its reason in tests/mutants_equivalent.txt. Each mutant is checked in a child
+# forked from one process that loaded the checkers once, all cores at a time (MUTATE_ARGS=--jobs N).
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_DEVICE=cpu RLHF_TUTORIAL_PROGRESS_FILE=off \
+	  $(BIN)/python -m rlhf_tutorial mutate --equivalents tests/mutants_equivalent.txt $(MUTATE_ARGS)
 
 # The CPU-side guard against GPU bugs: the unit suite again with every model on a simulated GPU
 # (RLHF_TUTORIAL_DEVICE=simgpu, rlhf_tutorial/simgpu.py: tensors that compute on the CPU but raise on a
@@ -163,7 +173,7 @@ chromium:
 browser: $(STAMP) chromium
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
 
-test: lint unit unit-simgpu nbval nbval-gpt2 nbval-simgpu browser
+test: lint mutate unit unit-simgpu nbval nbval-gpt2 nbval-simgpu browser
 
 notebooks: $(STAMP)
 	$(BIN)/python -m rlhf_tutorial build-notebooks

