@@ -427,13 +427,20 @@ def _replace(tree: ast.AST, old: ast.AST, new: ast.AST | list[ast.stmt]) -> None
     raise ValueError("node not found")
 
 
-def _enclosing_statement(tree: ast.AST, node: ast.AST) -> ast.stmt | None:
-    best = None
-    for n in ast.walk(tree):
-        if isinstance(n, ast.stmt) and any(m is node for m in ast.walk(n)):
-            if best is None or any(m is n for m in ast.walk(best)):
-                best = n
-    return best
+def _statement_of(tree: ast.AST) -> dict[int, int]:
+    """``ast.walk`` index of each node -> that of the innermost statement holding it (itself, for one)."""
+    index = {id(n): i for i, n in enumerate(ast.walk(tree))}
+    out: dict[int, int] = {}
+
+    def visit(node: ast.AST, current: int) -> None:
+        if isinstance(node, ast.stmt):
+            current = index[id(node)]
+        out[index[id(node)]] = current
+        for child in ast.iter_child_nodes(node):
+            visit(child, current)
+
+    visit(tree, 0)
+    return out
 
 
 def _first_line(node: ast.AST | None) -> str:
@@ -468,13 +475,14 @@ def mutants_of(target: Target, skipped: Counter | None = None) -> list[Mutant]:
         for n, s in enumerate(sorted(group, key=lambda s: s.col), start=1):
             ids[id(s)] = f"{target.name}:{loc}:{op}:{what}" + (f"#{n}" if n > 1 else "")
     raw.sort(key=lambda pair: (pair[1], pair[0].col, pair[0].index))
+    statement_of = _statement_of(tree)
     out = []
     for s, _ in raw:
         mutated = copy.deepcopy(tree)
         mnodes = list(ast.walk(mutated))
         node = mnodes[s.index]
-        stmt = _enclosing_statement(mutated, node)
-        before = _first_line(_enclosing_statement(tree, nodes[s.index]))
+        stmt = mnodes[statement_of[s.index]]
+        before = _first_line(nodes[statement_of[s.index]])
         try:
             new = s.build(node)
             if isinstance(new, ast.AST):
@@ -492,14 +500,15 @@ def mutants_of(target: Target, skipped: Counter | None = None) -> list[Mutant]:
             skipped["duplicate"] += 1
             continue
         seen.add(source)
-        try:
-            code = compile(ast.unparse(_Probed().visit(mutated)), f"<mutant {ids[id(s)]}>", "exec", flags=target.flags, dont_inherit=True)
-        except SyntaxError:
-            skipped["does not compile"] += 1
-            continue
         after = "(removed)" if s.op == "stmt" else _first_line(stmt if stmt is not node else new)
         if s.op == "nograd":
             after = "(its body, without no_grad)"
+        try:
+            code = compile(ast.unparse(_Probed().visit(mutated)), f"<mutant {ids[id(s)]}>", "exec",
+                           flags=target.flags, dont_inherit=True)
+        except SyntaxError:
+            skipped["does not compile"] += 1
+            continue
         out.append(Mutant(target, ids[id(s)], s.op, s.col[0], before, after, source, code))
     return out
 
