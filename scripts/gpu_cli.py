@@ -81,6 +81,7 @@ SKIPPED = {
     "record-figures": "re-runs the quoted runs at full length",
     "fetch-gpt2-bpe": "touches no model (a registry download)",
     "timings": "touches no model (reads progress files)",
+    "mutate": "the checkers' mutation test forks a child per batch of mutants: on the CPU by design (CUDA does not survive a fork)",
 }
 
 

@@ -132,3 +132,24 @@ def test_a_course_exercise_is_mutated_inside_its_markers_only():
     found = mutants.mutants_of(target)
     assert found and all(start <= m.line <= end for m in found)
     assert textwrap.dedent(lines[start - 1]).startswith("num_steps")
+
+
+def test_a_mutant_that_poisons_shared_state_does_not_decide_the_others_verdicts(tmp_path):
+    """In a batch (one child, mutants one after the other), a mutant that breaks state the checker shares
+    would fail every later mutant, and the reference: the batch is then checked again, each alone."""
+    poisoned = []
+    target = toy_target(tmp_path)
+
+    def poisoning(name, candidate):
+        if poisoned:
+            return False, "state broken by an earlier mutant"
+        if candidate is not target.obj:  # every mutant breaks the shared state for what follows it
+            poisoned.append(True)
+        return WEAK(name, candidate)
+
+    found = mutants.mutants_of(target)
+    assert found[0].id != "scale:L1:binop:Mult->Div"  # the survivor is checked after a poisoning mutant
+    alone = mutants.run_mutants(found, poisoning, batch=1)
+    together = mutants.run_mutants(found, poisoning, batch=len(found))
+    assert [(o.mutant.id, o.killed) for o in together] == [(o.mutant.id, o.killed) for o in alone]
+    assert "scale:L1:binop:Mult->Div" in {o.mutant.id for o in together if not o.killed}

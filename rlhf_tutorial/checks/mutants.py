@@ -326,7 +326,7 @@ def sites(tree: ast.AST, regions: list[tuple[int, int]]) -> Iterator[Site]:
                     if ast.dump(node.args[k]) != ast.dump(node.args[k + 1]):
                         yield site("args", f"swap-{k}-{k + 1}", lambda n, k=k: _swap_args(n, k))
             for kw in node.keywords:
-                if kw.arg is not None:
+                if kw.arg is not None and kw.arg != "device":  # on the CPU, where this runs, a no-op
                     yield site("kw", f"drop-{kw.arg}", lambda n, a=kw.arg: ast.Call(
                         n.func, n.args, [w for w in n.keywords if w.arg != a]))
             fname = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
@@ -545,75 +545,154 @@ def checker_verdict(name: str, candidate: Any) -> tuple[bool, str]:
 Check = Callable[[str, Any], "tuple[bool, str]"]
 
 
-def _child(mutant: Mutant, check: Check, write_fd: int) -> None:
+class _Timeout(BaseException):
+    """Raised in a child by its alarm: past a mutant's time (a BaseException: no checker catches it)."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _Timeout
+
+
+def _verdict(mutant: Mutant, check: Check) -> dict:
+    FIRED.clear()
+    try:
+        candidate = build_mutant(mutant)
+    except Exception as exc:  # noqa: BLE001 - a definition the reference's module cannot run
+        return {"killed": True, "why": f"defining it raised {type(exc).__name__}"}
+    passed, message = check(mutant.target.name, candidate)
+    return {"killed": not passed, "why": message,
+            "inert": passed and mutant.op in ("detach", "clamp") and not FIRED}
+
+
+def _child(batch: list[Mutant], check: Check, write_fd: int, limits: list[float]) -> None:
+    """Check ``batch`` (mutants of one exercise) one after the other, a JSON line per verdict; after a
+    batch of several, the reference's own verdict (a mutant that changed state the checker shares, a
+    cached fixture say, makes the batch's verdicts untrustworthy: the parent then checks each alone)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        try:
-            candidate = build_mutant(mutant)
-        except Exception as exc:  # noqa: BLE001
-            verdict = {"killed": True, "why": f"defining it raised {type(exc).__name__}"}
-        else:
-            passed, message = check(mutant.target.name, candidate)
-            verdict = {"killed": not passed, "why": message}
-            verdict["inert"] = passed and mutant.op in ("detach", "clamp") and not FIRED
-        os.write(write_fd, json.dumps(verdict).encode()[:60000])
+        signal.signal(signal.SIGALRM, _on_alarm)
+        for index, (mutant, limit) in enumerate(zip(batch, limits)):
+            signal.setitimer(signal.ITIMER_REAL, limit)
+            try:
+                verdict = _verdict(mutant, check)
+            except _Timeout:
+                verdict = {"killed": True, "why": "timeout"}
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            verdict["index"] = index
+            os.write(write_fd, (json.dumps(verdict)[:20000] + "\n").encode())
+            if verdict["why"] == "timeout" and len(batch) > 1:
+                return  # state left mid-check: the parent checks the rest anew
+        if len(batch) > 1:
+            target = batch[0].target
+            signal.setitimer(signal.ITIMER_REAL, limits[0])
+            try:
+                passed, _ = check(target.name, target.obj)
+            except _Timeout:
+                passed = False
+            os.write(write_fd, (json.dumps({"reference": passed}) + "\n").encode())
     finally:
         os._exit(0)
 
 
+def batches(mutants: list[Mutant], size: int) -> list[list[Mutant]]:
+    """Consecutive mutants of one exercise, at most ``size`` together."""
+    out: list[list[Mutant]] = []
+    for m in mutants:
+        if out and len(out[-1]) < size and out[-1][0].target is m.target:
+            out[-1].append(m)
+        else:
+            out.append([m])
+    return out
+
+
 def run_mutants(mutants: list[Mutant], check: Check = checker_verdict, jobs: int = 1,
-                timeout: dict[str, float] | float = 60.0, progress: Callable[[Outcome], None] | None = None
-                ) -> list[Outcome]:
-    """Each mutant checked in its own child process forked from this one (``jobs`` at a time); one that
-    runs past its exercise's ``timeout`` is stopped, and counts as killed (a learner would see it hang)."""
-    pending = list(mutants)[::-1]
-    running: dict[int, tuple[Mutant, int, float, bytearray]] = {}  # read fd -> (mutant, pid, start, data)
+                timeout: dict[str, float] | float = 60.0, progress: Callable[[Outcome], None] | None = None,
+                batch: int = 20) -> list[Outcome]:
+    """Check every mutant in child processes forked from this one (``jobs`` at a time), each child a batch
+    of up to ``batch`` mutants of one exercise. A mutant that runs past its exercise's ``timeout`` is
+    stopped and counts as killed (a learner would see it hang); one that kills its process, too. When a
+    batch's child dies, hangs or leaves the reference failing its checker, its unsettled mutants are
+    checked again one per child."""
+    pending = batches(list(mutants), max(1, batch))[::-1]
+    running: dict[int, dict] = {}  # read fd -> {batch, pid, start, data, done: {index: verdict}}
     outcomes: list[Outcome] = []
+
+    def settle(mutant: Mutant, verdict: dict, seconds: float) -> None:
+        outcomes.append(Outcome(mutant, bool(verdict["killed"]), str(verdict["why"]), seconds,
+                                bool(verdict.get("inert"))))
+        if progress:
+            progress(outcomes[-1])
+
     sys.stdout.flush()
     sys.stderr.flush()
     while pending or running:
         while pending and len(running) < max(1, jobs):
-            mutant = pending.pop()
+            group = pending.pop()
+            limits = [_limit(timeout, m.target.name) for m in group]
             read_fd, write_fd = os.pipe()
             pid = os.fork()
             if pid == 0:
                 os.close(read_fd)
-                _child(mutant, check, write_fd)
+                _child(group, check, write_fd, limits)
             os.close(write_fd)
-            running[read_fd] = (mutant, pid, time.monotonic(), bytearray())
+            running[read_fd] = {"batch": group, "pid": pid, "start": time.monotonic(), "data": b"",
+                                "done": {}, "reference": None, "deadline": time.monotonic() + sum(limits) + 5}
         now = time.monotonic()
-        limits = {fd: _limit(timeout, m.target.name) - (now - start) for fd, (m, _, start, _) in running.items()}
-        ready, _, _ = select.select(list(running), [], [], max(0.0, min(limits.values())))
+        wait = max(0.0, min(r["deadline"] for r in running.values()) - now)
+        ready, _, _ = select.select(list(running), [], [], wait)
         for fd in ready:
+            run = running[fd]
             chunk = os.read(fd, 65536)
+            run["data"] += chunk
+            *lines, run["data"] = run["data"].split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if "reference" in message:
+                    run["reference"] = message["reference"]
+                else:
+                    run["done"][message["index"]] = message
             if chunk:
-                running[fd][3].extend(chunk)
                 continue
-            mutant, pid, start, data = running.pop(fd)
+            del running[fd]
             os.close(fd)
-            _, status = os.waitpid(pid, 0)
-            try:
-                verdict = json.loads(bytes(data).decode())
-                killed, why, inert = bool(verdict["killed"]), str(verdict["why"]), bool(verdict.get("inert"))
-            except ValueError:
-                killed, why, inert = True, f"crashed ({_status(status)})", False
-            outcomes.append(Outcome(mutant, killed, why, time.monotonic() - start, inert))
-            if progress:
-                progress(outcomes[-1])
+            _, status = os.waitpid(run["pid"], 0)
+            _finish(run, f"crashed ({_status(status)})", pending, settle)
         now = time.monotonic()
-        for fd, (mutant, pid, start, _) in list(running.items()):
-            if fd not in ready and now - start > _limit(timeout, mutant.target.name):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+        for fd, run in list(running.items()):
+            if now > run["deadline"]:
+                os.kill(run["pid"], signal.SIGKILL)
+                os.waitpid(run["pid"], 0)
                 os.close(fd)
                 del running[fd]
-                outcomes.append(Outcome(mutant, True, "timeout", now - start))
-                if progress:
-                    progress(outcomes[-1])
+                _finish(run, "timeout", pending, settle)
     order = {id(m): i for i, m in enumerate(mutants)}
     return sorted(outcomes, key=lambda o: order[id(o.mutant)])
+
+
+def _finish(run: dict, failure: str, pending: list[list[Mutant]], settle: Callable) -> None:
+    """Settle a finished child's mutants: all of them when it ran through; else (it died, hung, or its
+    reference failed after the batch) the ones it settled before the first unsettled one are kept when the
+    reference was not found failing, and the rest go back, one per child. A lone mutant is settled
+    whatever happened: ``failure`` names how its child ended."""
+    group, done = run["batch"], run["done"]
+    seconds = (time.monotonic() - run["start"]) / max(1, len(group))
+    if len(group) == 1:
+        settle(group[0], done.get(0, {"killed": True, "why": failure}), seconds)
+        return
+    trusted = run["reference"] is not False
+    kept = 0
+    while trusted and kept in done and done[kept]["why"] != "timeout":
+        kept += 1
+    if kept < len(group) and kept in done and trusted:  # a timeout: that mutant is settled, killed
+        kept += 1
+    for index, mutant in enumerate(group):
+        if index < kept:
+            settle(mutant, done[index], seconds)
+        else:
+            pending.append([mutant])
 
 
 def _limit(timeout: dict[str, float] | float, name: str) -> float:
@@ -730,7 +809,7 @@ def write_survivors(report: Report, folder: Path) -> list[Path]:
 
 def run(targets: list[Target], equivalents: dict[str, str], jobs: int = 1, timeout: float = 10.0,
         max_per_exercise: int = 0, seed: int = 0, check: Check = checker_verdict,
-        progress: Callable[[Outcome], None] | None = None) -> Report:
+        progress: Callable[[Outcome], None] | None = None, batch: int = 20) -> Report:
     """Mutate every target, check every mutant; a target whose reference fails its own checker is
     reported (``broken``) and not mutated. Each exercise's timeout is ``timeout`` plus 20 times its
     reference's check."""
@@ -753,7 +832,7 @@ def run(targets: list[Target], equivalents: dict[str, str], jobs: int = 1, timeo
             skipped["over the cap"] += len(mutants) - max_per_exercise
             mutants = [m for i, m in enumerate(mutants) if i in keep]
         all_mutants += mutants
-    outcomes = run_mutants(all_mutants, check, jobs, limits, progress)
+    outcomes = run_mutants(all_mutants, check, jobs, limits, progress, batch)
     return Report(outcomes, equivalents, targets, skipped, time.monotonic() - started, broken)
 
 
@@ -767,12 +846,16 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants checked at once")
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds per mutant, plus 20 times its reference's check")
+    parser.add_argument("--batch", type=int, default=20,
+                        help="mutants of one exercise checked one after the other in one child (1: each alone)")
     parser.add_argument("--max-per-exercise", type=int, default=0, help="sample this many per exercise (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
     parser.add_argument("--list", action="store_true", help="only list the mutants (id | line -> mutated)")
     parser.add_argument("--verbose", action="store_true", help="a line per mutant checked, on stderr")
     args = parser.parse_args(argv)
-    os.environ.setdefault("RLHF_TUTORIAL_DEVICE", "cpu")
+    # On the CPU always: children are forked, and CUDA does not survive a fork (a mutant's checker on the
+    # GPU would fail for that alone). What only the GPU pass of a checker sees is not mutated (below).
+    os.environ["RLHF_TUTORIAL_DEVICE"] = "cpu"
     import torch
 
     torch.set_num_threads(1)  # one thread per forked child; --jobs children at a time
@@ -792,7 +875,7 @@ def main(argv: list[str]) -> dict:
               file=sys.stderr, flush=True)
 
     report = run(targets, equivalents, args.jobs, args.timeout, args.max_per_exercise, args.seed,
-                 progress=progress if args.verbose else None)
+                 progress=progress if args.verbose else None, batch=args.batch)
     summary = report.summary()
     if args.survivors_dir:
         summary["survivors_files"] = [str(p) for p in write_survivors(report, args.survivors_dir)]
