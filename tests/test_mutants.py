@@ -6,6 +6,7 @@ region's lines are mutated."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -115,6 +116,11 @@ def test_the_equivalents_list_needs_a_reason_for_each(tmp_path):
     path = tmp_path / "eq.txt"
     path.write_text("# comment\n\nscale:L1:binop:Mult->Div  the only case has k = 1\n")
     assert mutants.read_equivalents(path) == {"scale:L1:binop:Mult->Div": "the only case has k = 1"}
+    path.write_text("scale:L1:binop:Mult->Div | the only case has k = 1\n")  # the notes' form
+    assert mutants.read_equivalents(path) == {"scale:L1:binop:Mult->Div": "the only case has k = 1"}
+    path.write_text("scale:L1:binop:Mult->Div |\n")
+    with pytest.raises(ValueError, match="no reason"):
+        mutants.read_equivalents(path)
     path.write_text("scale:L1:binop:Mult->Div\n")
     with pytest.raises(ValueError, match="no reason"):
         mutants.read_equivalents(path)
@@ -153,3 +159,24 @@ def test_a_mutant_that_poisons_shared_state_does_not_decide_the_others_verdicts(
     together = mutants.run_mutants(found, poisoning, batch=len(found))
     assert [(o.mutant.id, o.killed) for o in together] == [(o.mutant.id, o.killed) for o in alone]
     assert "scale:L1:binop:Mult->Div" in {o.mutant.id for o in together if not o.killed}
+
+
+def test_the_command_on_a_course_exercise_prints_its_verdict(tmp_path, monkeypatch, capsys):
+    """End to end on the real checker of a small exercise: the listed equivalents and the survivors file."""
+    monkeypatch.setenv("RLHF_TUTORIAL_DEVICE", "cpu")  # main forces it: keep the session's as it was
+    listed = mutants.main(["--list", "--exercise", "layer_init"])
+    assert listed["mutants"] == len(capsys.readouterr().out.strip().splitlines()) > 0
+    empty = tmp_path / "none.txt"
+    empty.write_text("")
+    summary = mutants.main(["--exercise", "layer_init", "--jobs", "1", "--equivalents", str(empty),
+                            "--survivors-dir", str(tmp_path / "out")])
+    assert summary["passed"] and summary["killed"] == summary["mutants"] == listed["mutants"]
+    assert (tmp_path / "out" / "01_ppo.txt").read_text() == ""
+    stale = tmp_path / "stale.txt"
+    stale.write_text("layer_init:L1:stmt:remove-Expr  wrongly listed\n")
+    with pytest.raises(SystemExit) as failed:
+        mutants.main(["--exercise", "layer_init", "--jobs", "1", "--equivalents", str(stale)])
+    assert failed.value.code == 1
+    out = capsys.readouterr().out
+    assert "no longer survive" in out and "layer_init:L1:stmt:remove-Expr" in out
+    assert json.loads(out.strip().splitlines()[-1])["stale"] == ["layer_init:L1:stmt:remove-Expr"]

@@ -709,8 +709,8 @@ def _status(status: int) -> str:
 # The list of equivalent mutants
 # ----------------------------------------------------------------------------------------------------
 def read_equivalents(path: Path) -> dict[str, str]:
-    """``{id: reason}`` from a list file: one mutant a line, its id, then its reason (required); blank
-    lines and ``#`` comments are ignored."""
+    """``{id: reason}`` from a list file: one mutant a line, its id, then its reason (required), apart
+    or after a ``|``; blank lines and ``#`` comments are ignored."""
     out: dict[str, str] = {}
     if not path.exists():
         return out
@@ -719,9 +719,10 @@ def read_equivalents(path: Path) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         mutant_id, _, reason = line.partition(" ")
-        if not reason.strip():
+        reason = reason.strip().removeprefix("|").strip()
+        if not reason:
             raise ValueError(f"{path}:{number}: the equivalent mutant {mutant_id} has no reason")
-        out[mutant_id] = reason.strip()
+        out[mutant_id] = reason
     return out
 
 
@@ -838,8 +839,8 @@ def run(targets: list[Target], equivalents: dict[str, str], jobs: int = 1, timeo
 
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial mutate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--equivalents", type=Path, default=DEFAULT_EQUIVALENTS,
-                        help="the list of equivalent mutants (default: tests/mutants_equivalent.txt)")
+    parser.add_argument("--equivalents", type=Path, action="append",
+                        help="a list of equivalent mutants (repeatable; default: tests/mutants_equivalent.txt)")
     parser.add_argument("--survivors-dir", type=Path, help="write <chapter>.txt there: one line per survivor")
     parser.add_argument("--exercise", action="append", help="only this exercise (repeatable)")
     parser.add_argument("--chapter", action="append", help="only this chapter's stem, e.g. 01_ppo (repeatable)")
@@ -858,7 +859,15 @@ def main(argv: list[str]) -> dict:
     os.environ["RLHF_TUTORIAL_DEVICE"] = "cpu"
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread per forked child; --jobs children at a time
+    try:
+        return _main(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(args: argparse.Namespace) -> dict:
     targets = course_targets(args.chapter, args.exercise)
     if args.exercise and len(targets) < len(set(args.exercise)):
         raise SystemExit(f"no such exercise: {sorted(set(args.exercise) - {t.name for t in targets})}")
@@ -868,7 +877,9 @@ def main(argv: list[str]) -> dict:
         for m in listed:
             print(f"{m.id}  |  {m.before}  ->  {m.after}")
         return {"mutants": len(listed), "skipped": dict(skipped)}
-    equivalents = read_equivalents(args.equivalents)
+    lists = args.equivalents or [DEFAULT_EQUIVALENTS]
+    equivalents = {i: r for path in lists for i, r in read_equivalents(path).items()}
+    named = " + ".join(map(str, lists))
 
     def progress(o: Outcome) -> None:
         print(f"{'killed  ' if o.killed else 'inert   ' if o.inert else 'SURVIVED'} {o.seconds:6.2f}s {o.mutant.id}  {o.why[:80]}",
@@ -883,13 +894,13 @@ def main(argv: list[str]) -> dict:
         if report.broken:
             print("references their own checker rejects:\n  " + "\n  ".join(report.broken))
         if report.unexpected:
-            print(f"{len(report.unexpected)} mutant(s) survived that {args.equivalents} does not list as "
+            print(f"{len(report.unexpected)} mutant(s) survived that {named} does not list as "
                   "equivalent (each: a checker to strengthen, or an equivalent mutant to list with its reason):")
             for o in report.unexpected:
                 print("  " + survivor_line(o))
         if report.stale:
             print(f"{len(report.stale)} listed equivalent(s) no longer survive (remove them from "
-                  f"{args.equivalents}):\n  " + "\n  ".join(report.stale))
+                  f"{named}):\n  " + "\n  ".join(report.stale))
         print(json.dumps(summary, sort_keys=True))
         raise SystemExit(1)
     return summary
