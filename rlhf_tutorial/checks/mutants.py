@@ -11,9 +11,14 @@ bound moved by one, a statement removed, two arguments swapped, a keyword argume
 or extremum swapped (``mean`` <-> ``sum``, ``min`` <-> ``max``...), a ``.detach()``, ``.clone()`` or
 ``torch.no_grad()`` taken away. Each mutant is the reference's source with that one change, executed in a
 copy of the reference module's namespace (what the reference itself sees), and handed to the exercise's
-checker (:func:`rlhf_tutorial.checks.run_check`) in a child process forked from one that already ran the
-reference's check (its fixtures loaded): cheap, isolated from the others (a mutant that changes shared
-state changes nothing for the next), and stopped by a timeout. The checker failing kills the mutant.
+checker (:func:`rlhf_tutorial.checks.run_check`), on the CPU, in a child process forked from one that
+already ran the reference's check (its fixtures loaded). A child checks up to 20 mutants of one exercise
+in turn, then the reference again: when that fails (a mutant changed state the checker shares), or the
+child dies or hangs, its mutants are checked again one per child. A mutant past its time (10 s plus 20
+times its reference's check) is stopped. The checker failing kills the mutant; so do a hang and a crash.
+An added ``.detach()`` that never met a tensor requiring grad, or an added clamp that never changed a
+value, during a check that passed, is *inert* (it did nothing to tell apart), counted but not a survivor.
+Device keywords are not dropped: on the CPU that changes nothing.
 
 A mutant that survives either is equivalent (it computes what the reference computes on every input the
 contract allows: a tolerance doubled, a clamp that never binds) or shows a checker too weak. The
@@ -27,8 +32,10 @@ module, or in another exercise, leaves it unchanged. Enumeration is deterministi
 samples with ``--seed``. Mutants that do not compile, whose source is the reference's, or whose source
 another mutant of the same exercise already has, are skipped.
 
-``python -m rlhf_tutorial mutate [--equivalents FILE] [--survivors-dir DIR] [--exercise NAME] [--jobs N]``
-prints the unexpected survivors and one JSON summary on its last line; ``make mutate`` runs it in CI.
+``python -m rlhf_tutorial mutate [--equivalents FILE ...] [--survivors-dir DIR] [--exercise NAME] [--jobs N]``
+prints the unexpected survivors and stale entries, then one JSON summary on its last line, and exits 1
+when there are any; ``make mutate`` (part of ``make test``) runs it. Against another checkout:
+``PYTHONPATH=that/checkout python rlhf_tutorial/checks/mutants.py ...`` (its course and checkers).
 """
 
 from __future__ import annotations
