@@ -29,12 +29,14 @@ def final_normalized_residual(
     as stored: [batch, pos, d_model], no dimension squeezed.
 
     This is exactly what the unembedding sees (logits = normalized @ W_U + b_U), so it is the natural
-    input for a value head.
+    input for a value head. The result stays in the forward pass's graph: a loss computed from it sends
+    its gradient back into the transformer's weights (a value head on it trains the shared trunk). Every
+    hook the function adds is gone from the model when it returns.
     """
     stored: list[Tensor] = []
 
     def save(activation: Float[Tensor, "b s d_model"], hook) -> None:
-        stored.append(activation.detach())
+        stored.append(activation)
 
     model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", save)])
     return stored[0]
