@@ -21,7 +21,16 @@ from transformer_lens import HookedTransformer
 
 from rlhf_tutorial import tour
 from rlhf_tutorial.checks import fixtures
-from rlhf_tutorial.checks.core import Case, CheckFailure, Mistake, call, checker, compare_to_reference, fmt, seeded
+from rlhf_tutorial.checks.core import (
+    Case,
+    CheckFailure,
+    Mistake,
+    call,
+    checker,
+    compare_to_reference,
+    fmt,
+    seeded,
+)
 from rlhf_tutorial.notebooks import solution_code
 
 CHAPTER = "00_setup_and_tour"
