@@ -58,8 +58,8 @@ def init_scaled_twice(layer, std=SQRT2, bias_const=0.0):
 
 
 @pytest.mark.parametrize("fn, fragment", [
-    (init_gain_ignored, "gain=std"),
-    (init_normal, "orthogonal_"),
+    (init_gain_ignored, "The gain is 1"),
+    (init_normal, "orthogonal matrix"),
     (init_bias_untouched, "bias_const"),
     (init_new_layer, "same layer"),
     (init_no_return, "return layer"),
@@ -361,7 +361,7 @@ def minibatches_swapped_sizes(batch_size, minibatch_size, generator=None):
 @pytest.mark.parametrize("fn, fragment", [
     (minibatches_in_order, "shuffle"),
     (minibatches_with_replacement, "without replacement"),
-    (minibatches_ignore_generator, "generator=generator"),
+    (minibatches_ignore_generator, "`generator` argument"),
     (minibatches_swapped_sizes, "ONE minibatch"),
     (minibatches_squeezed, "squeeze()"),
 ])
@@ -443,7 +443,7 @@ def rollout_with_grad(agent, envs, obs, buffer, step):
 
 @pytest.mark.parametrize("fn, fragment", [
     (rollout_stores_next_obs, "not the one envs.step returns"),
-    (rollout_greedy, "not logits.argmax"),
+    (rollout_greedy, "not a sample"),
     (rollout_ignores_truncation, "truncated"),
     (rollout_stores_probs, "probabilities"),
     (rollout_with_grad, "torch.no_grad()"),
@@ -476,39 +476,78 @@ def test_rollout_step_written_differently():
 # ppo_learning_phase
 # ----------------------------------------------------------------------------------------------------
 def _learning(agent, optimizer, buffer, next_obs, args, generator=None, *, bug=None):
-    """An implementation written here (reshape instead of einops), with one optional bug."""
-    with torch.no_grad():
-        next_value = agent.critic(next_obs).squeeze(-1)
+    """An implementation written here (reshape instead of einops, its own diagnostics), with one optional bug."""
+    if bug == "buffer_written":  # rewards scaled in place
+        buffer.rewards /= buffer.rewards.std() + 1e-8
+    with torch.enable_grad() if bug == "targets_with_grad" else torch.no_grad():
+        next_value = torch.zeros(next_obs.shape[0]) if bug == "next_value_zero" else agent.critic(next_obs).squeeze(-1)
         adv = ppo.compute_gae(buffer.rewards, buffer.values, next_value, buffer.dones, args.gamma,
                               args.gae_lambda)
         returns = adv if bug == "returns_are_advantages" else adv + buffer.values
     n = args.batch_size
-    b_obs = buffer.obs.reshape(n, -1)
-    b_act, b_logp, b_adv, b_ret = (x.reshape(n) for x in (buffer.actions, buffer.logprobs, adv, returns))
-    kls, fracs = [], []
+    b_obs = buffer.obs.transpose(0, 1).reshape(n, -1) if bug == "flatten_mismatch" else buffer.obs.reshape(n, -1)
+    b_act, b_logp, b_adv, b_ret, b_val = (x.reshape(n) for x in (buffer.actions, buffer.logprobs, adv, returns,
+                                                                  buffer.values))
+    if bug == "batch_normalised":
+        b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+    per = {k: [] for k in ("policy_objective", "value_loss", "entropy", "approx_kl", "clipfrac")}
     for _ in range(args.update_epochs):
-        batches = [torch.arange(n)] if bug == "full_batch" else \
-            ppo.get_minibatch_indices(n, args.minibatch_size, generator)
+        if bug == "full_batch":
+            batches = [torch.arange(n)]
+        elif bug == "ignore_generator":
+            batches = list(torch.randperm(n).reshape(-1, args.minibatch_size))
+        else:
+            batches = ppo.get_minibatch_indices(n, args.minibatch_size, generator)
         for mb in batches:
             logits = agent.actor(b_obs[mb])
-            new_logp = Categorical(logits=logits).log_prob(b_act[mb])
-            pol = ppo.calc_clipped_surrogate_objective(new_logp, b_logp[mb], b_adv[mb], args.clip_coef)
+            dist = Categorical(logits=logits)
+            new_logp = dist.log_prob(b_act[mb])
+            old_logp = new_logp.detach() if bug == "old_is_new" else b_logp[mb]
+            if bug == "batch_normalised":  # its own surrogate, on advantages normalised once over the batch
+                ratio = (new_logp - old_logp).exp()
+                pol = torch.minimum(ratio * b_adv[mb], ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef) * b_adv[mb])
+                pol = pol.mean()
+            else:
+                pol = ppo.calc_clipped_surrogate_objective(new_logp, old_logp, b_adv[mb], args.clip_coef)
             vl = ppo.calc_value_function_loss(agent.critic(b_obs[mb]).squeeze(-1), b_ret[mb], args.vf_coef)
             ent = ppo.calc_entropy_bonus(logits, args.ent_coef)
-            objective = pol + vl + ent if bug == "value_sign" else pol - vl + ent
+            objective = {"value_sign": pol + vl + ent, "minimise": -(pol - vl + ent),
+                         "no_entropy": pol - vl}.get(bug, pol - vl + ent)
             if bug != "no_zero_grad":
                 optimizer.zero_grad()
             objective.backward()
             if bug != "no_clip":
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            if bug != "after_step":
+                before = new_logp.detach()
             optimizer.step()
+            if bug == "after_step":
+                with torch.no_grad():
+                    before = Categorical(logits=agent.actor(b_obs[mb])).log_prob(b_act[mb])
             with torch.no_grad():
-                logratio = new_logp - b_logp[mb]
-                kls.append(((logratio.exp() - 1) - logratio).mean().item())
-                fracs.append(((logratio.exp() - 1).abs() > args.clip_coef).float().mean().item())
-    stats = {"approx_kl": sum(kls) / len(kls), "clipfrac": sum(fracs) / len(fracs)}
+                logratio = before - old_logp if bug != "kl_swapped" else old_logp - before
+                ratio = logratio.exp()
+                per["approx_kl"].append((-logratio).mean().item() if bug == "k1" else
+                                        ((ratio - 1) - logratio).mean().item())
+                clipped = ratio > 1 + args.clip_coef if bug == "clipfrac_one_sided" else \
+                    (ratio - 1).abs() > args.clip_coef
+                per["clipfrac"].append(clipped.float().mean().item())
+                h = dist.entropy().mean().item()
+                per["entropy"].append(args.ent_coef * h if bug == "entropy_bonus_reported" else h)
+            per["policy_objective"].append(pol.item())
+            per["value_loss"].append(vl.item())
+    stats = {k: (v[-1] if bug == "last_only" else sum(v) / len(v)) for k, v in per.items()}
+    if bug == "ev_swapped":
+        stats["explained_variance"] = ppo.explained_variance(b_ret, b_val)
+    elif bug == "ev_new_values":
+        with torch.no_grad():
+            stats["explained_variance"] = ppo.explained_variance(agent.critic(b_obs).squeeze(-1), b_ret)
+    else:
+        stats["explained_variance"] = ppo.explained_variance(b_val, b_ret)
     if bug == "no_diagnostics":
         return {}
+    if bug == "no_explained_variance":
+        del stats["explained_variance"]
     return stats
 
 
@@ -521,7 +560,7 @@ def _with_bug(bug):
 
 
 @pytest.mark.parametrize("bug, fragment", [
-    ("no_clip", "clip_grad_norm_"),
+    ("no_clip", "not clipped"),
     ("no_zero_grad", "zero_grad()"),
     ("value_sign", "wrong sign"),
     ("returns_are_advantages", "returns = advantages + buffer.values"),
@@ -543,29 +582,39 @@ def test_learning_phase_written_differently():
             ret = adv + buffer.values
         flat = lambda x: x.flatten(0, 1)  # noqa: E731
         obs, act, old, adv, ret = map(flat, (buffer.obs, buffer.actions, buffer.logprobs, adv, ret))
-        kl_sum, frac_sum, count = 0.0, 0.0, 0
+        sums = {"policy_objective": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clipfrac": 0.0}
+        count = 0
         for _ in range(args.update_epochs):
-            perm = torch.randperm(args.batch_size, generator=generator)
+            perm = torch.argsort(torch.rand(args.batch_size, generator=generator))  # another order than randperm's
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb = perm[start:start + args.minibatch_size]
                 dist = Categorical(logits=agent.actor(obs[mb]))
                 new = dist.log_prob(act[mb])
                 values = agent.critic(obs[mb])[:, 0]
-                objective = (ppo.calc_clipped_surrogate_objective(new, old[mb], adv[mb], args.clip_coef)
-                             - 0.5 * args.vf_coef * ((values - ret[mb]) ** 2).mean()
-                             + args.ent_coef * dist.entropy().mean())
+                surrogate = ppo.calc_clipped_surrogate_objective(new, old[mb], adv[mb], args.clip_coef)
+                value_loss = 0.5 * args.vf_coef * ((values - ret[mb]) ** 2).mean()
+                entropy = dist.entropy().mean()
+                objective = surrogate - value_loss + args.ent_coef * entropy
+                with torch.no_grad():  # before the step
+                    ratio = torch.exp(new - old[mb]).double()
+                    sums["approx_kl"] += (ratio - 1 - ratio.log()).mean().item()
+                    sums["clipfrac"] += ((ratio < 1 - args.clip_coef) | (ratio > 1 + args.clip_coef)).double().mean().item()
+                    sums["policy_objective"] += surrogate.item()
+                    sums["value_loss"] += value_loss.item()
+                    sums["entropy"] += entropy.item()
+                    count += 1
                 optimizer.zero_grad()
                 objective.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
-                with torch.no_grad():
-                    ratio = torch.exp(new - old[mb])
-                    kl_sum += (ratio - 1 - ratio.log()).mean().item()
-                    frac_sum += ((ratio - 1).abs() > args.clip_coef).float().mean().item()
-                    count += 1
-        return {"approx_kl": kl_sum / count, "clipfrac": frac_sum / count}
+        stats = {k: v / count for k, v in sums.items()}
+        v, r = buffer.values.flatten().double(), ret.double()
+        stats["explained_variance"] = 1 - ((r - v).var() / r.var()).item()
+        return stats
 
     result = run_check("ppo_learning_phase", learning_own_minibatches)
+    assert result.passed, result.message
+    result = run_check("ppo_learning_phase", _with_bug(None))  # the helper above, without a bug
     assert result.passed, result.message
 
 
