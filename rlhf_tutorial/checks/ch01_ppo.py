@@ -46,6 +46,104 @@ from rlhf_tutorial.trainers.ppo import PPOArgs
 CHAPTER = "01_ppo"
 DEVICE = "cpu"  # chapter 01 trains gymnasium agents on the CPU on every machine: its code is checked there
 
+#: The contract of each exercise (its CURRICULUM row and docstring), clause by clause; the tests write a
+#: version that breaks each one (tests/checks/test_ch01_ppo.py: VIOLATIONS).
+CLAUSES = {
+    "layer_init": {
+        "orthogonal": "the weight is orthogonal: orthonormal rows when out <= in, orthonormal columns when it widens",
+        "gain": "the orthogonal matrix is scaled by exactly std (W W^T = std^2 I)",
+        "default_std": "std defaults to sqrt(2)",
+        "bias": "every entry of the bias equals bias_const",
+        "default_bias": "bias_const defaults to 0",
+        "same_layer": "the given layer is initialised in place and that same layer is returned",
+    },
+    "compute_gae": {
+        "dones_t": "dones[t] masks transition t itself (True when the episode ended with it), not t+1",
+        "no_bootstrap": "no V_{t+1} is bootstrapped across an episode end: (1 - dones[t]) in delta_t",
+        "recursion_masked": "no advantage flows back across an episode end: (1 - dones[t]) in the recursion too",
+        "lambda": "the recursion is weighted by gamma * gae_lambda",
+        "gamma": "gamma discounts both V_{t+1} in delta_t and A_{t+1} in the recursion",
+        "next_value": "V after the last step is next_value (not 0)",
+        "backwards": "A_t depends on A_{t+1}: the recursion runs backwards in time from A_T = 0",
+        "advantages": "the advantages are returned, not the returns A + V",
+        "bool_dones": "dones is a Bool tensor (arithmetic on it needs a conversion)",
+        "inputs_unchanged": "no input tensor is modified in place",
+        "dtype": "the result has the rewards' shape [steps, env] and dtype",
+    },
+    "calc_clipped_surrogate_objective": {
+        "normalised": "the advantages are normalised before use",
+        "centred": "the normalisation subtracts the mean of the advantages",
+        "unbiased_std": "the normalisation divides by torch's default (unbiased) std",
+        "all_elements": "mean and std are over all elements of a batch of any shape, not per row",
+        "eps": "eps (the argument, default 1e-8) is added to the std: all-equal advantages give no NaN",
+        "ratio": "the ratio is exp(logprobs - old_logprobs) = pi / pi_old",
+        "clip_ratio": "the ratio is clipped to [1 - clip_coef, 1 + clip_coef], not the advantages",
+        "min": "each sample takes the min of the unclipped and clipped terms (both are needed)",
+        "mean": "the result is the mean over samples, not their sum",
+        "sign": "an objective to maximise, not a loss",
+        "differentiable": "the gradient with respect to logprobs is the reference's (nothing detached)",
+        "inputs_unchanged": "no input tensor is modified in place",
+    },
+    "calc_value_function_loss": {
+        "half": "the loss carries the factor 0.5",
+        "vf_coef": "the loss is scaled by vf_coef",
+        "mean": "the mean over all elements of a batch of any shape (not a sum, not divided by the rows)",
+        "squared": "of the squared differences (not absolute, not square-rooted, not the squared mean)",
+        "sign": "a loss: positive, the objective subtracts it",
+        "differentiable": "the gradient with respect to values is the reference's (nothing detached)",
+        "inputs_unchanged": "no input tensor is modified in place",
+    },
+    "calc_entropy_bonus": {
+        "coef": "the mean entropy is scaled by ent_coef",
+        "sign": "a bonus to maximise: the entropy -sum p log p, which is >= 0",
+        "mean_over_batch": "the mean of the per-state entropies over every batch dimension, not their sum",
+        "last_dim": "the distribution is over the last dimension (the actions)",
+        "sum_over_actions": "the entropy sums p log p over the actions (not a mean over them)",
+        "weighted": "each log p is weighted by p (not a cross-entropy with the uniform distribution)",
+        "stable": "large logits (scale 1e4) give a finite result",
+        "differentiable": "the gradient with respect to logits is the reference's (nothing detached)",
+    },
+    "get_minibatch_indices": {
+        "permutation": "every index of range(batch_size) appears exactly once per epoch",
+        "shuffled": "the order is random, not 0, 1, 2, ...",
+        "generator": "the permutation is drawn from the generator argument: same seed, same minibatches",
+        "count": "batch_size // minibatch_size minibatches of minibatch_size each",
+        "shape": "each minibatch is a 1-d index tensor, also with one minibatch or minibatches of 1",
+        "integer": "the indices are integers",
+    },
+    "rollout_step": {
+        "obs": "buffer.obs[step] is the observation the action was chosen in, not the next one",
+        "samples": "the action is sampled from Categorical(logits=actor(obs)), not the argmax",
+        "logprob": "buffer.logprobs[step] is log pi(a | obs) of the action taken",
+        "value": "buffer.values[step] is V(obs) of the observation acted in",
+        "rewards": "buffer.rewards[step] holds the rewards of the env step",
+        "dones": "dones = terminated | truncated",
+        "no_grad": "nothing stored carries a graph (no gradients needed during the rollout)",
+        "returns_next_obs": "the next observation is returned as a float32 tensor",
+    },
+    "ppo_learning_phase": {
+        "next_value": "next_value is the critic's value of next_obs",
+        "returns": "the value targets are R = A + V",
+        "targets_fixed": "advantages and returns are computed once, without gradients",
+        "flatten": "every buffer field is flattened in the same [steps, env] order",
+        "old_logprobs": "the ratio's old log-probs are the stored ones",
+        "objective": "objective = L_clip - L_value + L_entropy, stepped by an optimizer that maximises",
+        "zero_grad": "the gradients are zeroed before every backward",
+        "grad_clip": "the gradient norm is clipped to max_grad_norm before every step",
+        "minibatches": "update_epochs epochs of one optimizer step per minibatch",
+        "generator": "the minibatches are drawn from the generator argument",
+        "per_minibatch_normalisation": "the advantages are normalised per minibatch, not once over the batch",
+        "buffer_read_only": "the buffer is read, never written",
+        "keys": "the dict has policy_objective, value_loss, entropy, approx_kl, clipfrac and explained_variance",
+        "approx_kl": "approx_kl is the k3 estimate mean((r - 1) - log r) with r = exp(new - stored log-probs)",
+        "clipfrac": "clipfrac counts ratios outside the clip range on both sides (|r - 1| > clip_coef)",
+        "mean_over_steps": "each diagnostic is the mean over every minibatch step of every epoch",
+        "before_step": "approx_kl and clipfrac are measured before the minibatch's optimizer step",
+        "explained_variance": "explained_variance is of the stored values against the returns",
+        "entropy": "entropy is the policy's mean entropy, without ent_coef",
+    },
+}
+
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -268,7 +366,8 @@ def _surrogate_case(label: str, shape: tuple[int, ...], seed: int, spread: float
 )
 def check_calc_clipped_surrogate_objective(candidate) -> str:
     cases = [
-        _surrogate_case("5 samples, ratios inside and outside the clip range", (5,), seed=1, spread=0.4),
+        # seed 10: every known mistake gives a different value here (none is named for another)
+        _surrogate_case("5 samples, ratios inside and outside the clip range", (5,), seed=10, spread=0.4),
         _surrogate_case("a [4, 6] batch", (4, 6), seed=2, spread=0.3),
         _surrogate_case("ratios far from 1", (16,), seed=3, spread=1.5, clip_coef=0.1),
         _surrogate_case("new == old (ratio 1)", (7,), seed=4, spread=0.0),
@@ -334,7 +433,7 @@ def _vcase(label: str, shape: tuple[int, ...], seed: int, vf_coef: float, equal:
 )
 def check_calc_value_function_loss(candidate) -> str:
     cases = [
-        _vcase("8 values, vf_coef = 0.5", (8,), 1, 0.5),
+        _vcase("8 values, vf_coef = 0.7", (8,), 1, 0.7),  # not 0.5: a missing 0.5 and a missing vf_coef differ
         _vcase("a [3, 5] batch, vf_coef = 1", (3, 5), 2, 1.0),
         _vcase("a batch of 1", (1,), 3, 0.5),
         _vcase("vf_coef = 0.25", (10,), 4, 0.25),
