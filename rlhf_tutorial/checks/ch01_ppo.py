@@ -974,8 +974,9 @@ def _same_update(got: torch.Tensor, want: torch.Tensor, start: torch.Tensor) -> 
         "epochs and each minibatch of indices that get_minibatch_indices draws with the generator you are "
         "given: the new logits and log-probs of the stored actions, the new values; objective = "
         "clipped surrogate - value loss + entropy bonus; zero the gradients, backpropagate, clip the gradient "
-        "norm to args.max_grad_norm, step. 4. Record clip_diagnostics and the terms per minibatch; return their "
-        "means (and the explained variance).",
+        "norm to args.max_grad_norm, step. 4. Per minibatch, from the log-probabilities the loss used (so before "
+        "the step), record clip_diagnostics, the two terms' values and the policy's entropy (without ent_coef); "
+        "return their means over every step, and the explained variance of the stored values against the returns.",
         solution_code(ppo.ppo_learning_phase),
     ),
 )
