@@ -780,6 +780,10 @@ def entropy_unweighted(logits, ent_coef):
     return ent_coef * (-logits.log_softmax(-1)).mean()
 
 
+def entropy_mean_over_first_dim(logits, ent_coef):  # only a batch with two batch dimensions exposes it
+    return ent_coef * Categorical(logits=logits).entropy().mean(0)
+
+
 def entropy_detached(logits, ent_coef):
     return ent_coef * Categorical(logits=logits.detach()).entropy().mean()
 
@@ -868,7 +872,7 @@ VIOLATIONS = {
     "calc_entropy_bonus": {
         "coef": [entropy_no_coef],
         "sign": [entropy_negated],
-        "mean_over_batch": [entropy_summed_over_batch],
+        "mean_over_batch": [entropy_summed_over_batch, entropy_mean_over_first_dim],
         "last_dim": [entropy_wrong_dim],
         "sum_over_actions": [entropy_mean_over_actions],
         "weighted": [entropy_unweighted],
