@@ -16,7 +16,8 @@ def next_token_probs(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Fl
 
     pi(x_s | x_{<s}) = softmax_v(z_{s-1}, v): the logits z_t at position t score token t+1, so the last
     position's logits give the next token's distribution, a softmax over the vocabulary (every row sums
-    to 1; logits in the hundreds must not overflow).
+    to 1; logits in the hundreds must not overflow). The probabilities stay in the graph of the forward
+    pass: a loss computed from them trains the model's weights.
     """
     logits: Float[Tensor, "b s v"] = model(tokens)
     return logits[:, -1, :].softmax(dim=-1)

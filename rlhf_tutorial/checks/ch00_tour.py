@@ -3,7 +3,7 @@
 Regimes probed (where plausible implementations differ):
 - next_token_probs: a batch of 1 (a dropped batch dimension), one token per row (first position ==
   last), and logits in the hundreds (an unembedding x 2000), where a hand-written exp / sum softmax
-  overflows;
+  overflows; then the gradient with respect to every weight of the model (a detached result has none);
 - final_normalized_residual: the same token cases, against the neighbouring activations (the residual
   before the final LayerNorm, the last block's ln2, the logits); the batch of 1 and the one-token rows
   are where a squeeze() of the [batch, pos, d_model] activation drops a dimension; then the gradient of
@@ -43,6 +43,7 @@ CLAUSES = {
         "softmax_over_vocab": "probabilities: a softmax over the vocabulary (the last dimension), every row sums to 1",
         "shape": "the result is [batch, vocab]: a batch of 1 keeps its batch dimension",
         "stable": "logits in the hundreds give finite probabilities (no overflow of exp)",
+        "differentiable": "the probabilities stay in the graph: a loss on them trains the model's weights",
     },
     "final_normalized_residual": {
         "which_activation": "the activation at ln_final.hook_normalized, not a neighbouring one",
@@ -89,7 +90,7 @@ def check_next_token_probs(candidate) -> str:
     with torch.no_grad():
         loud.W_U.mul_(2000.0)
     tokens = torch.randint(0, loud.cfg.d_vocab, (2, 4), generator=seeded(1))
-    return compare_to_reference(
+    summary = compare_to_reference(
         candidate,
         tour.next_token_probs,
         _token_cases(model) + [Case("logits in the hundreds (exp overflows)", (loud, tokens))],
@@ -104,6 +105,9 @@ def check_next_token_probs(candidate) -> str:
                     lambda m, t: m(t)[:, -1].softmax(0)),
         ],
     )
+    _check_gradient_reaches_model(candidate, tour.next_token_probs,
+                                  "a loss on these probabilities (the policy's) would never train the policy")
+    return f"{summary} Its gradient reaches every weight of the model."
 
 
 @checker(
@@ -178,12 +182,14 @@ def _check_hooks_removed(candidate) -> None:
         )
 
 
-def _check_gradient_reaches_model(candidate) -> None:
+def _check_gradient_reaches_model(candidate, reference=tour.final_normalized_residual,
+                                  what: str = "a value head on it would train only itself, never the shared trunk "
+                                              "below it") -> None:
     """The gradient of sum(w * result) with respect to every weight of the model, against the reference's."""
     model = small_model(seed=1)
     tokens = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=seeded(4))
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    want_out = tour.final_normalized_residual(model, tokens)
+    want_out = reference(model, tokens)
     weights = torch.randn(want_out.shape, generator=seeded(5)).to(want_out.device)
     want = torch.autograd.grad((weights * want_out).sum(), [p for _, p in params], allow_unused=True)
     got_out = call(candidate, model, tokens, _arg_names=["model", "tokens"])
@@ -193,11 +199,10 @@ def _check_gradient_reaches_model(candidate) -> None:
     if not got_out.requires_grad:
         raise CheckFailure(
             "Your result is detached from the model: the values are right, but no gradient reaches the "
-            "transformer's weights through it, so a value head on it would train only itself, never the shared "
-            "trunk below it.",
-            hint="The activation must stay in the graph of the forward pass: run_with_cache's cache holds "
-                 "detached copies, and a .detach() in your hook or a forward pass under torch.no_grad() drops the "
-                 "graph too. Keep the tensor the hook receives as it is.",
+            f"transformer's weights through it, so {what}.",
+            hint="The result must stay in the graph of the forward pass: run_with_cache's cache holds detached "
+                 "copies, and a .detach() (in a hook or on the result) or a forward pass under torch.no_grad() "
+                 "drops the graph too.",
         )
     got = torch.autograd.grad((weights.to(got_out.dtype) * got_out).sum(), [p for _, p in params],
                               allow_unused=True)
@@ -211,6 +216,6 @@ def _check_gradient_reaches_model(candidate) -> None:
                 f"The values are right, but {what} the model's weight {name} through your result: part of the "
                 "computation is detached (computed from a cached or detached activation), so training would not "
                 "move that weight as it should.",
-                hint="Return the activation the hook receives during the forward pass, kept in the graph (no "
-                     "cache, no .detach(), no torch.no_grad()).",
+                hint="Compute the result from the forward pass itself, kept in the graph (no cache, no .detach(), "
+                     "no torch.no_grad()).",
             )

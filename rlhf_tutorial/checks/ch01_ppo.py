@@ -6,13 +6,16 @@ Regimes probed (where plausible implementations differ):
 - compute_gae: random episode ends, none, every step an end (the dones[t] vs dones[t+1] convention),
   a single step and env, gamma = lambda = 1 and lambda = 0 (the recursion's factors), equal rewards;
 - calc_clipped_surrogate_objective: ratios inside and far outside the clip range, ratio exactly 1,
-  all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation);
+  all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation), ratios up
+  to e^4 with negative advantages (the unclipped term chosen however large: a cap on it shows);
 - calc_value_function_loss: 1-d and 2-d batches (len() is the number of rows), values == returns;
 - calc_entropy_bonus: ties (all logits equal: log n), logits x 1e4 (log(softmax) underflows), a batch of 1;
 - get_minibatch_indices: minibatch == batch, minibatches of 1 (a squeeze() drops the size-1 dimension
   there), 512 indices (order, seeding);
-- rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation; one
-  setting with the gradient clip inactive and one where it clips every step.
+- rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation, with
+  float64 observations (the returned one must be float32); one setting with the gradient clip inactive
+  and one where it clips every step; 4 minibatches x 2 epochs in the learner's order, replayed on the
+  reference, with every returned diagnostic compared.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ CLAUSES = {
         "all_elements": "mean and std are over all elements of a batch of any shape, not per row",
         "eps": "eps (the argument, default 1e-8) is added to the std: all-equal advantages give no NaN",
         "ratio": "the ratio is exp(logprobs - old_logprobs) = pi / pi_old",
+        "large_ratios": "no ratio or term is capped: large log-ratios with negative advantages take the unclipped term",
         "clip_ratio": "the ratio is clipped to [1 - clip_coef, 1 + clip_coef], not the advantages",
         "min": "each sample takes the min of the unclipped and clipped terms (both are needed)",
         "mean": "the result is the mean over samples, not their sum",
@@ -376,6 +380,12 @@ def check_calc_clipped_surrogate_objective(candidate) -> str:
         # eps matters only where the std is small: here it is 1e-4, so eps = 1e-3 shrinks A tenfold
         _surrogate_case("near-constant advantages (std 1e-4), eps = 1e-3", (8,), seed=7, spread=0.5, eps=1e-3,
                         advantages=2.0 + 1e-4 * torch.randn(8, generator=seeded(8))),
+        # Large log-ratios (ratios up to e^4 ~ 55) with negative advantages: there the min takes the unclipped
+        # term however large the ratio, so a ratio or term capped at some bound shows.
+        Case("large log-ratios (up to 4) with negative advantages", (
+            torch.tensor([-2.0, -1.4, -1.0, -8.0, -4.9, -2.2, -5.2, -1.5]),
+            torch.tensor([-5.0, -4.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0]),
+            torch.tensor([-1.0, -2.0, 1.5, 0.5, -0.5, -1.5, 2.0, -0.3]), 0.2)),
     ]
     return compare_to_reference(
         candidate, ppo.calc_clipped_surrogate_objective, cases,
@@ -591,7 +601,8 @@ def check_get_minibatch_indices(candidate) -> str:
 # rollout_step
 # ----------------------------------------------------------------------------------------------------
 class _ScriptedEnv(gym.Env):
-    """A deterministic env for checking rollouts: 3-d observations, 3 actions, reward = action + t / 10.
+    """A deterministic env for checking rollouts: 3-d float64 observations (as many gymnasium envs give:
+    the rollout must convert them to float32), 3 actions, reward = action + t / 10.
 
     Env ``k`` ends its episodes after ``k + 2`` steps, by truncation when ``k`` is odd, by termination
     otherwise; the observation records (time, env, episode, last action).
@@ -599,12 +610,12 @@ class _ScriptedEnv(gym.Env):
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.observation_space = gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32)
+        self.observation_space = gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float64)
         self.action_space = gym.spaces.Discrete(3)
         self.t, self.episode = 0, 0
 
     def _obs(self, last_action: int) -> np.ndarray:
-        return np.array([self.t / 4 + self.k / 10, self.episode / 3 - self.k, last_action - 1.0], dtype=np.float32)
+        return np.array([self.t / 4 + self.k / 10, self.episode / 3 - self.k, last_action - 1.0], dtype=np.float64)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

@@ -192,12 +192,24 @@ def normalized_hook_left_on(model, tokens):
     return kept[0]
 
 
+def probs_detached(model, tokens):
+    return model(tokens)[:, -1, :].softmax(-1).detach()
+
+
+def probs_under_no_grad(model, tokens):
+    import torch
+
+    with torch.no_grad():
+        return model(tokens)[:, -1, :].softmax(-1)
+
+
 VIOLATIONS = {
     "next_token_probs": {
         "last_position": [probs_from_first_position],
         "softmax_over_vocab": [probs_softmax_over_batch, probs_as_logits, probs_as_log_probs],
         "shape": [probs_squeezed],
         "stable": [probs_naive_softmax],
+        "differentiable": [probs_detached, probs_under_no_grad],
     },
     "final_normalized_residual": {
         "which_activation": [resid_post_by_hook, ln2_by_hook, logits_instead],
@@ -219,3 +231,7 @@ VIOLATIONS = {
 ])
 def test_final_normalized_residual_graph_and_hooks(wrong, fragment):
     assert_fails_with("final_normalized_residual", wrong, fragment)
+
+
+def test_next_token_probs_detached_is_named():
+    assert_fails_with("next_token_probs", probs_under_no_grad, "detached from the model")

@@ -730,6 +730,19 @@ def surrogate_summed(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
     return torch.minimum(ratio * a, ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).sum()
 
 
+def surrogate_log_ratio_capped(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    # a cap "for stability": ratios above e^2 never show, which the min needs where advantages are negative
+    ratio = (logprobs - old_logprobs).clamp(max=2.0).exp()
+    a = _norm(advantages, eps)
+    return torch.minimum(ratio * a, ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).mean()
+
+
+def surrogate_term_capped(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
+    a = _norm(advantages, eps)
+    ratio = (logprobs - old_logprobs).exp()
+    return torch.minimum((ratio * a).clamp(-10, 10), ratio.clamp(1 - clip_coef, 1 + clip_coef) * a).mean()
+
+
 def surrogate_detached(logprobs, old_logprobs, advantages, clip_coef, eps=1e-8):
     return _surrogate_from(_norm(advantages, eps), logprobs.detach(), old_logprobs, clip_coef)
 
@@ -824,6 +837,16 @@ def rollout_returns_float64(agent, envs, obs, buffer, step):
     return torch.as_tensor(next_obs, dtype=torch.float64)
 
 
+def rollout_returns_env_dtype(agent, envs, obs, buffer, step):  # right while the env gives float32
+    with torch.no_grad():
+        dist = Categorical(logits=agent.actor(obs))
+        value = agent.critic(obs).squeeze(-1)
+    action = dist.sample()
+    next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+    _store(buffer, step, obs, action, dist.log_prob(action), value, reward, terminated, truncated)
+    return torch.as_tensor(next_obs)
+
+
 VIOLATIONS = {
     "layer_init": {
         "orthogonal": [init_normal],
@@ -853,6 +876,7 @@ VIOLATIONS = {
         "all_elements": [surrogate_per_row],
         "eps": [surrogate_fixed_eps, surrogate_without_eps],
         "ratio": [surrogate_inverted_ratio],
+        "large_ratios": [surrogate_log_ratio_capped, surrogate_term_capped],
         "clip_ratio": [surrogate_clips_advantages],
         "min": [surrogate_max, surrogate_clipped_term_only, surrogate_unclipped_only],
         "mean": [surrogate_summed],
@@ -895,7 +919,7 @@ VIOLATIONS = {
         "rewards": [rollout_forgets_rewards],
         "dones": [rollout_ignores_truncation],
         "no_grad": [rollout_with_grad],
-        "returns_next_obs": [rollout_returns_float64],
+        "returns_next_obs": [rollout_returns_float64, rollout_returns_env_dtype],
     },
     "ppo_learning_phase": {
         "next_value": [_with_bug("next_value_zero")],
