@@ -99,8 +99,8 @@ def check_next_token_probs(candidate) -> str:
             Mistake("These are raw logits: apply softmax to get probabilities.", lambda m, t: m(t)[:, -1]),
             Mistake("These are log-probabilities: use softmax, not log_softmax.",
                     lambda m, t: m(t)[:, -1].log_softmax(-1)),
-            Mistake("You read the first position: the next token is predicted by the LAST position, "
-                    "logits[:, -1].", lambda m, t: m(t)[:, 0].softmax(-1)),
+            Mistake("You read the first position: the next token is predicted by the LAST position's logits.",
+                    lambda m, t: m(t)[:, 0].softmax(-1)),
             Mistake("The softmax is over the batch dimension: use dim=-1 (the vocabulary).",
                     lambda m, t: m(t)[:, -1].softmax(0)),
         ],

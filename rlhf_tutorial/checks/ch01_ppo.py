@@ -392,16 +392,17 @@ def check_calc_clipped_surrogate_objective(candidate) -> str:
         arg_names=["logprobs", "old_logprobs", "advantages", "clip_coef", "eps"],
         grad=DIFFERENTIATED["calc_clipped_surrogate_objective"],
         mistakes=[
-            Mistake("The advantages are not normalised: start with A = (A - A.mean()) / (A.std() + eps).",
+            Mistake("The advantages are not normalised: start with A_hat = (A - mean(A)) / (std(A) + eps).",
                     lambda *a, **k: _surrogate(*a, **k, norm="none")),
-            Mistake("The eps argument is ignored (a fixed 1e-8, or none): A = (A - A.mean()) / (A.std() + eps), with the "
+            Mistake("The eps argument is ignored (a fixed 1e-8, or none): A_hat = (A - mean(A)) / (std(A) + eps), with the "
                     "eps you are given; it matters when the advantages are nearly equal.",
                     lambda lp, old, adv, c, eps=1e-8: _surrogate(lp, old, adv, c)),
-            Mistake("You used the biased std (unbiased=False / population std): the contract uses torch's default "
-                    "A.std().", lambda *a, **k: _surrogate(*a, **k, norm="biased")),
-            Mistake("You divided by the std but did not subtract the mean: A = (A - A.mean()) / (A.std() + eps).",
+            Mistake("You used the biased std (the population std, dividing by n): the contract uses torch's default, "
+                    "the unbiased std (dividing by n - 1).", lambda *a, **k: _surrogate(*a, **k, norm="biased")),
+            Mistake("You divided by the std but did not subtract the mean: A_hat = (A - mean(A)) / (std(A) + eps).",
                     lambda *a, **k: _surrogate(*a, **k, norm="no_center")),
-            Mistake("You normalised each row separately: normalise over all elements (A.mean(), A.std() with no dim).",
+            Mistake("You normalised each row separately: normalise over all elements (one mean and one std for the whole "
+                    "tensor).",
                     lambda *a, **k: _surrogate(*a, **k, norm="per_row")),
             Mistake("That takes the max of the two terms: PPO takes the min (a pessimistic bound).",
                     lambda *a, **k: _surrogate(*a, **k, op="max")),
