@@ -124,6 +124,7 @@ CLAUSES = {
         "dones": "dones = terminated | truncated",
         "no_grad": "nothing stored carries a graph (no gradients needed during the rollout)",
         "returns_next_obs": "the next observation is returned as a float32 tensor",
+        "row_step": "the transition goes into row `step` of the buffer; no other row is written",
     },
     "ppo_learning_phase": {
         "next_value": "next_value is the critic's value of next_obs",

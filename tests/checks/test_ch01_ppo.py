@@ -847,6 +847,17 @@ def rollout_returns_env_dtype(agent, envs, obs, buffer, step):  # right while th
     return torch.as_tensor(next_obs)
 
 
+def rollout_values_broadcast(agent, envs, obs, buffer, step):  # every row of values gets this step's
+    with torch.no_grad():
+        dist = Categorical(logits=agent.actor(obs))
+        value = agent.critic(obs).squeeze(-1)
+    action = dist.sample()
+    next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+    _store(buffer, step, obs, action, dist.log_prob(action), value, reward, terminated, truncated)
+    buffer.values[:] = value
+    return torch.as_tensor(next_obs, dtype=torch.float32)
+
+
 VIOLATIONS = {
     "layer_init": {
         "orthogonal": [init_normal],
@@ -920,6 +931,7 @@ VIOLATIONS = {
         "dones": [rollout_ignores_truncation],
         "no_grad": [rollout_with_grad],
         "returns_next_obs": [rollout_returns_float64, rollout_returns_env_dtype],
+        "row_step": [rollout_values_broadcast],
     },
     "ppo_learning_phase": {
         "next_value": [_with_bug("next_value_zero")],
