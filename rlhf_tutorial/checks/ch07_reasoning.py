@@ -5,8 +5,11 @@ Regimes probed (where plausible implementations differ):
   ``Answer:`` with text after the number on the same line, no space / several spaces after the colon,
   trailing spaces, an indented or lower-case ``answer:`` line, ``+7``, ``1_000`` and ``1.5`` (``int()``
   accepts the first two), digits of another script after a real answer (``\\d`` matches them and
-  ``int()`` reads them), a number in the working before the answer line, no answer at all, an empty
-  completion, and the return type (a Python int, never a str, float or bool);
+  ``int()`` reads them), whitespace that is not the plain space (a tab, a no-break space, ``\\r`` of
+  ``\\r\\n`` endings: ``\\s`` and ``int()`` take them all), line breaks other than ``\\n`` (form feed,
+  U+2028: ``splitlines()`` breaks there), ``Answer:`` on one line and the number on the next, ``Answer:``
+  with no digit after a real answer, a number in the working before the answer line, no answer at all,
+  an empty completion, and the return type (a Python int, never a str, float or bool);
 - verifiable_reward: right, wrong and missing answers, a missing answer when the true answer is 0
   (None must not count as 0), negative answers, two answer lines, an empty batch, a batch of 1; dtype
   float32;
@@ -16,13 +19,17 @@ Regimes probed (where plausible implementations differ):
   log(softmax) underflows), a batch of 1, a mask with no True at all (0.0: a count not clamped gives
   0 / 0 = NaN); then the gradient w.r.t. the logits on a seeded case, against
   the reference's (a detached or no_grad output, or a detached input, is named);
-- pass_at_k: k = 1, k = n, c = 0, c = n, n - c == k (one all-wrong subset: not yet 1.0), n - c < k, and
-  n = 1024 with k up to 1023 (factorials overflow a float from 171!, int64 products wrap), compared
-  with the exact value to 1e-8;
+- pass_at_k: k = 1, k = n, c = 0, c = n, n - c == k (one all-wrong subset: not yet 1.0), n - c < k, then
+  a sweep of the contract's whole range in order of n (n from 2 to 1024, c and k at the edges, in between
+  and around n - c = k; k = 1000 factors: no recursion k deep), compared with the exact estimator
+  (rational arithmetic) to float64 precision (relative 1e-9: float32 fails; factorials overflow a float
+  from 171!, int64 products wrap from n = 21; binomials in floats are exact up to n = 1029, beyond the
+  contract);
 - select_correct: a cap per prompt (not over the batch), the first correct samples of a prompt (not the
-  last), a prompt with none and one with all correct, a cap of 1 and one above G, no correct sample at
-  all (an empty int64 result), one prompt;
-- best_of_n_kl: n = 1 (0.0), 2, 3, 16 and 1024 (log(n) alone is the bound, not the value).
+  last), a prompt with none and one with all correct, a cap of 1, one above G and one of 0 (nothing kept:
+  0 is no "None"), no correct sample at all (an empty int64 result), one prompt, one kept sample (still
+  1-D); inputs never modified (``call``);
+- best_of_n_kl: n = 1 (0.0), 2, 3, 16 and 1024 (log(n) alone, the integral's first term, is not the value).
 """
 
 from __future__ import annotations
