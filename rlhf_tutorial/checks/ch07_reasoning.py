@@ -355,9 +355,10 @@ EXTRACT_MISTAKES = [
         "hinges on stating exactly what an answer line is (Python's `re` module can match a pattern "
         "against a WHOLE string).",
         "A line counts when, as a whole, it is 'Answer:', any number of plain spaces, an optional '-', "
-        "one or more ASCII digits 0-9, any number of trailing spaces, and nothing else (`re.fullmatch` "
-        "with a capturing group for the number; `int()` alone would also accept '+7', ' 7' and '1_000', "
-        "and `\\d` matches other scripts' digits too). Keep "
+        "one or more ASCII digits 0-9, any number of trailing spaces, and nothing else (a pattern matched "
+        "against the whole line, capturing the number). Near misses to rule out: '+7' and '1_000', which "
+        "`int()` accepts; a tab, a non-breaking space or a '\\r', which `int()` and `\\s` take for spaces; "
+        "other scripts' digits, which `\\d` matches. Split on '\\n' only. Keep "
         "the number of the LAST such line as an int; None when no line counts.",
         "```python\nanswer = None\nfor line in completion.split(\"\\n\"):\n    match = re.fullmatch(r\"Answer: "
         "*(-?[0-9]+) *\", line)\n    if match:\n        answer = int(match.group(1))\nreturn answer\n```",
@@ -485,10 +486,10 @@ def _sft_variant(*, shift=True, mask_shift=True, reduce="tokens", use_mask=True,
 
 
 SFT_MISTAKES = [
-    Mistake("The logits are not shifted: logits[:, t - 1] predicts token t, so compare logits[:, :-1] with "
-            "tokens[:, 1:].", _sft_variant(shift=False)),
-    Mistake("The mask is shifted the wrong way: it marks the tokens to predict, so pair tokens[:, 1:] with "
-            "loss_mask[:, 1:].", _sft_variant(mask_shift=False)),
+    Mistake("The logits are not shifted: the logits at position t - 1 predict token t, so each position's "
+            "log-probabilities are read at the NEXT token.", _sft_variant(shift=False)),
+    Mistake("The mask is shifted the wrong way: loss_mask[:, t] marks token t as one to learn, so it selects "
+            "the prediction OF token t (made at position t - 1), not the one made at t.", _sft_variant(mask_shift=False)),
     Mistake("You took a mean of per-row means: the contract is one mean over every masked token of the batch "
             "(a long completion counts more; a row with no True would be 0 / 0).", _sft_variant(reduce="rows")),
     Mistake("The prompt is not masked: only the positions where loss_mask is True count.", _sft_variant(use_mask=False)),
@@ -496,7 +497,8 @@ SFT_MISTAKES = [
     Mistake("The sign is flipped: that is the mean log-likelihood; the loss is its negative.", _sft_variant(sign=1)),
     Mistake("The count includes loss_mask[:, 0]: position 0 has no prediction, so count only loss_mask[:, 1:].",
             _sft_variant(count_first=True)),
-    Mistake("log(softmax(x)) underflows to log(0) = -inf for large logits: use log_softmax.",
+    Mistake("log(softmax(x)) underflows to log(0) = -inf for large logits: the log-probabilities need one "
+            "stable step (x minus its log-sum-exp), not a log of probabilities that rounded to 0.",
             _sft_variant(stable=False)),
 ]
 
