@@ -320,13 +320,14 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 #   sampled (up to `max_sampling_rounds`);
 # - **clip-higher**: the ratio $\pi_\theta / \pi_\text{old}$ is clipped to
 #   $[1 - \varepsilon_\text{low},\, 1 + \varepsilon_\text{high}]$ with $\varepsilon_\text{low} =$
-#   {{grpo_arith.args.clip_coef:g}} and a larger $\varepsilon_\text{high} =$ {{grpo_arith.args.clip_coef_high:g}}. The upper
-#   clip caps how far one update can raise a token with a positive advantage: to $(1 + \varepsilon)$
-#   times its old probability. A likely token (0.9) is hardly held back, but a rare one (0.01) can only
-#   reach $0.01\,(1 + \varepsilon)$: with a symmetric clip the rare tokens, the exploratory ones a new
-#   correct solution needs, grow slowly while the likely ones take over, the distribution sharpens and
-#   the **entropy collapses**. DAPO raises only the upper bound, so that rare tokens can grow more per
-#   update (the lower bound is left as it is: widening it would push tokens towards zero faster);
+#   {{grpo_arith.args.clip_coef:g}} and a larger $\varepsilon_\text{high} =$ {{grpo_arith.args.clip_coef_high:g}}. The
+#   upper clip caps how far one update can raise a token with a positive advantage: to
+#   $(1 + \varepsilon)$ times its old probability $p$. A likely token is hardly held back
+#   ($p (1 + \varepsilon)$ is near or above 1), but a rare one gains at most $\varepsilon p$, almost
+#   nothing. With a symmetric clip the rare tokens, the exploratory ones a new correct solution needs,
+#   grow slowly while the likely ones take over: the distribution sharpens and the **entropy
+#   collapses**. DAPO raises only the upper bound, so that rare tokens can grow more per update (the
+#   lower bound is left as it is: widening it would push tokens towards zero faster);
 # - token-level averaging (`loss_type="dapo"`) and no KL term.
 #
 # The policy's entropy per token (estimated on its own samples: the mean of $-\log \pi_\text{old}$ over
