@@ -45,10 +45,12 @@ from rlhf_tutorial.checks.core import (
     call,
     check_device,
     checker,
+    compare_gradients,
     compare_to_reference,
     expect_tensor,
     failure,
     fmt,
+    is_stub_raise,
     seeded,
     to_device,
 )
@@ -57,6 +59,87 @@ from rlhf_tutorial.trainers.grpo import GRPOArgs
 from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "04_grpo"
+
+#: The contract of each exercise (its CURRICULUM.md row and its docstring), clause by clause; the checker
+#: tests hold a version breaking each (``VIOLATIONS``), and ``tests/checks/test_contract_clauses.py`` holds
+#: the two together.
+CLAUSES = {
+    "group_relative_advantages": {
+        "group_mean": "the baseline of a completion is the mean of its own group (a row), not of the batch "
+                      "nor of a column",
+        "group_std": 'for "group" the centred rewards are divided by their own group\'s std plus eps',
+        "unbiased_std": "the std is torch's default, unbiased one (divides by n - 1)",
+        "eps_added": "eps is added to the std (not inside a square root, not left out: an all-equal group "
+                     "gets 0, not NaN)",
+        "eps_honoured": "the eps argument is used, whatever its value",
+        "batch_mode": 'for "batch" the group-centred rewards are divided by the std of all p * G rewards plus '
+                      "eps (an answer, not a raise)",
+        "none_mode": 'for "none" the rewards are only centred, never divided',
+        "unknown_scale": "any other scale raises an error instead of returning something",
+        "not_in_place": "the rewards tensor is never modified in place",
+        "dtype": "the advantages have the rewards' shape and dtype",
+    },
+    "calc_grpo_objective": {
+        "ratio": "the ratio is exp(logprobs - old_logprobs) = pi_theta / pi_old",
+        "pessimistic_min": "the surrogate is the min of ratio * A and clip(ratio) * A",
+        "clip_eps": "the ratio is clipped at 1 - clip_eps below, with the clip_eps given",
+        "clip_eps_high": "the ratio is clipped at 1 + clip_eps_high above, clip_eps_high given (0.0 included: "
+                         "a value, not unset)",
+        "clip_eps_high_default": "clip_eps_high None means clip_eps",
+        "no_dual_clip": "no floor on the surrogate of negative-advantage tokens (no dual clip)",
+        "large_log_ratios": "the log-ratio to pi_old is not clamped: at |log r| up to 12, with either sign of "
+                            "advantage, value and gradient are those of exp(log r) * A",
+        "k3": "the KL term is k3 of the policy against the reference, exp(ref - logprobs) - 1 - (ref - logprobs), "
+              "not k1, k2 nor k3 with its arguments swapped",
+        "k3_exact": "k3 is exact however far the reference is (no clamp of its log-ratio or of k3)",
+        "kl_subtracted": "the KL penalty is subtracted from the surrogate (the objective is maximised)",
+        "kl_to_reference": "the KL is measured against ref_logprobs, not old_logprobs",
+        "beta": "beta scales the KL term, beta = 0.0 included (a value, not unset)",
+        "mask": "masked tokens count for nothing, whatever their values, in the sums and in the token counts",
+        "grpo_aggregation": '"grpo" is the mean over sequences of (masked sum / that sequence\'s token count)',
+        "dapo_aggregation": '"dapo" is the masked sum over the batch / the total number of unmasked tokens',
+        "dr_grpo_aggregation": '"dr_grpo" is the masked sum / (B * max_completion_len)',
+        "max_completion_len": "max_completion_len is honoured when given and defaults to g",
+        "differentiable": "the objective is differentiable in logprobs, with the reference's gradient",
+        "not_in_place": "no input tensor is modified in place",
+        "scalar": "the result is a 0-dim tensor",
+    },
+    "completion_mask": {
+        "eos_counted": "the first EOS itself is True (it belongs to the completion)",
+        "after_eos_masked": "every token after the first EOS is False",
+        "first_eos": "the mask stops at the first EOS, not at a later one",
+        "no_eos": "a row without EOS is all True",
+        "eos_argument": "the EOS is the eos_token_id given, not a fixed id",
+        "bool": "the mask is a bool tensor of the completions' shape",
+    },
+    "sample_group": {
+        "shape": "the tokens are [G, prompt_len + max_new_tokens] int64, the mask [G, max_new_tokens] bool",
+        "prompt_first": "every row starts with the prompt",
+        "group_sampled": "the G rows are G samples, not one sample repeated",
+        "stops_at_eos": "sampling stops at eos_token_id: what follows a row's first EOS is EOS padding",
+        "eos_argument": "the eos_token_id argument stops the rows and ends the mask (not a fixed id)",
+        "padded": "when every row stopped early the output is padded with EOS up to max_new_tokens",
+        "mask_counts_eos": "the mask is True up to and including the first EOS, False after",
+        "mask_completion_only": "the mask is computed on the generated tokens only (a prompt that starts "
+                                "with the EOS id does not end the completion)",
+        "temperature": "the samples follow the model's distribution at the temperature given",
+        "top_k": "top_k is honoured",
+    },
+    "grpo_step": {
+        "temperature": "the log-probs are those of logits / args.temperature",
+        "old_logprobs": "the ratio is to the batch's stored old_logprobs (pi_old)",
+        "reference": "the KL is to the batch's ref_logprobs",
+        "args_passed": "clip_coef, kl_coef, loss_type and clip_coef_high of args reach the objective",
+        "max_completion_len": "max_completion_len = args.max_new_tokens reaches the objective",
+        "zero_grad": "the gradients are zeroed before each backward pass",
+        "ascent": "the update ascends the objective (the optimizer is built with maximize=True)",
+        "grad_clip": "the global gradient norm is clipped to args.max_grad_norm before the step",
+        "steps": "the optimizer steps once: the parameters move",
+        "objective_returned": "the diagnostics hold the objective of the step, before the update",
+        "grad_norm": "the grad_norm reported is the global norm before clipping",
+        "batch_read_only": "the batch's tensors are never modified",
+    },
+}
 small_model = partial(fixtures.small_model, n_ctx=64)
 
 
@@ -168,10 +251,56 @@ ADV_MISTAKES = [
     ),
 )
 def check_group_relative_advantages(candidate) -> str:
-    return compare_to_reference(
+    _check_adv_modes(candidate)
+    detail = compare_to_reference(
         candidate, grpo.group_relative_advantages, _adv_cases(), mistakes=ADV_MISTAKES,
         arg_names=["rewards"],
     )
+    rewards = to_device(torch.tensor([[0.0, 1.0, 0.5], [1.0, 1.0, 0.0]]))
+    for bad in ("std", "grpo"):
+        try:
+            call(candidate, rewards.clone(), scale=bad, eps=1e-4, _arg_names=["rewards"])
+        except CheckFailure as exc:
+            if "your code raised" in exc.message:
+                continue
+            raise
+        raise CheckFailure(f"scale={bad!r} did not raise an error: an unknown scale must not silently give "
+                           "some other normalisation.",
+                           hint="Any scale other than 'group', 'batch' and 'none' raises ValueError naming the "
+                           "three.")
+    return detail + " Unknown scales raise."
+
+
+ADV_MODES = ("group", "batch", "none")
+
+
+def _check_adv_modes(candidate) -> None:
+    """Each of the three scales must have an answer: an attempt that raises for one (a ValueError of its
+    final ``else``, or its own NotImplementedError) is told which mode is missing, not that it is the
+    untouched stub."""
+    rewards = to_device(torch.tensor([[0.0, 1.0, 0.5, 0.2], [1.0, 1.0, 0.0, 0.3]]))
+    for mode in ADV_MODES:
+        try:
+            candidate(rewards.clone(), scale=mode, eps=1e-4)
+        except NotImplementedError as exc:
+            if is_stub_raise(exc):
+                return  # the untouched stub: compare_to_reference says so
+            missing = exc
+        except ValueError as exc:
+            missing = exc
+        except Exception:  # noqa: BLE001 - any other error is reported, with its line, by compare_to_reference
+            return
+        else:
+            continue
+        raise CheckFailure(
+            f'scale="{mode}" raised {type(missing).__name__}({str(missing)!r}): your code has no answer for this '
+            'mode yet. The contract has three, "group", "batch" and "none", and each must return advantages.',
+            hint=f'Add the "{mode}" case: ' + {
+                "group": "divide each centred reward by its own group's std plus eps.",
+                "batch": "divide each centred reward (still centred on its own group's mean) by the std of "
+                         "all p * G rewards plus eps.",
+                "none": "return the centred rewards, with no division.",
+            }[mode])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -206,6 +335,17 @@ def _objective_cases() -> list[Case]:
     # alone, where a clamp of the log-ratio or of k3 differs.
     far_lp = torch.tensor([[-0.3, -14.0, -1.0], [-2.0, -0.5, -16.0]])
     far_ref = torch.tensor([[-15.3, -1.0, -1.2], [-1.0, -13.5, -1.0]])
+    # Large log-ratios to pi_old (|log r| up to 12), beta = 0: a negative advantage keeps its full
+    # ratio * A (e^12 * A), a positive one its tiny ratio * A; a clamp of log r (at 5, 10, ...) or of the
+    # ratio "to be safe" changes the value there (and zeroes the gradient of the clamped tokens).
+    big_lp = torch.tensor([[-0.5, -1.0, -0.2], [-12.5, -7.0, -0.9]])
+    big_old = big_lp - torch.tensor([[12.0, 6.0, 0.3], [-12.0, -6.0, 0.1]])
+    big_adv = torch.tensor([-0.5, 1.5])
+    # One positive-advantage token at log r = -11 (its value ~ 3e-5): only the gradient shows a clamp at 10.
+    tiny_lp = torch.tensor([[-11.5, -0.3, -2.0]])
+    tiny_old = tiny_lp - torch.tensor([[-11.0, 3.0, -4.0]])
+    tiny_mask = torch.tensor([[True, False, False]])
+    low_lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.5, -2.5]])
     return [
         Case('loss_type="grpo"', (lp, old, ref, adv, mask), {**base, "loss_type": "grpo"}),
         Case('loss_type="dapo"', (lp, old, ref, adv, mask), {**base, "loss_type": "dapo"}),
@@ -223,6 +363,20 @@ def _objective_cases() -> list[Case]:
         Case("zero advantages, a reference far from the policy (|logr| up to 15), beta=0.1",
              (far_lp, far_lp.clone(), far_ref, torch.zeros(2), torch.ones(2, 3, dtype=torch.bool)),
              {"clip_eps": 0.2, "beta": 0.1, "loss_type": "grpo"}),
+        Case("large log-ratios to pi_old (|log r| up to 12, both signs of advantage), beta=0",
+             (big_lp, big_old, big_lp.clone(), big_adv, torch.ones(2, 3, dtype=torch.bool)),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "grpo"}),
+        Case("one positive-advantage token at log r = -11, beta=0",
+             (tiny_lp, tiny_old, tiny_lp.clone(), torch.tensor([2.0]), tiny_mask),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case("beta=0.0 (a value, not unset), a reference away from the policy", (lp, old, ref, adv, mask),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case("clip_eps=0.3, negative advantages with ratios from 0.6 to 1",
+             (low_lp, low_lp + torch.tensor([[0.5, 0.3, 0.1], [0.25, 0.4, 0.02]]), low_lp.clone(),
+              torch.tensor([-1.0, -0.6]), torch.ones(2, 3, dtype=torch.bool)),
+             {"clip_eps": 0.3, "beta": 0.04, "loss_type": "grpo"}),
+        Case("clip_eps_high=0.0 (a value, not unset), positive advantages", (lp2, old2, ref2, adv.abs()[:4], mask2),
+             {"clip_eps": 0.2, "beta": 0.04, "loss_type": "grpo", "clip_eps_high": 0.0}),
     ]
 
 
@@ -235,6 +389,11 @@ def _objective_diagnosis(case: Case, got, expected) -> str | None:
         return ("With negative advantages and large ratios your surrogate is higher than min(ratio * A, "
                 "clip(ratio) * A): that is a dual clip (a floor such as max(., c * A) for A < 0). The contract "
                 "has none: a negative-advantage token with a large ratio keeps its full ratio * A.")
+    if case.label.startswith("large log-ratios") and higher:
+        return ("With log-ratios to pi_old as large as 12 and a negative advantage, your surrogate is higher than "
+                "ratio * A: the log-ratio (or the ratio) is clamped, or the surrogate has a floor. The contract has "
+                "neither: ratio = exp(logprobs - old_logprobs) exactly, however large; the clip of PPO bounds "
+                "only the side that would raise the objective.")
     if case.label.startswith("zero advantages, a reference far") and higher:
         return ("Your KL penalty is smaller than k3 where the reference is far from the policy (|logr| up to 15): "
                 "the log-ratio or k3 is clamped. Use k3 = exp(logr) - 1 - logr exactly (approx_kl(logprobs, "
@@ -244,14 +403,17 @@ def _objective_diagnosis(case: Case, got, expected) -> str | None:
 
 def _objective_variant(
     *, aggregate=None, kl="k3", kl_sign=-1, use_high=True, use_mask=True, reducer="min", ratio="new_old",
-    kl_against="ref", dr_len="max", dual_clip=None, logr_clamp=None,
+    kl_against="ref", dr_len="max", dual_clip=None, logr_clamp=None, ratio_clamp=None,
 ):
     """A configurable (possibly wrong) calc_grpo_objective."""
 
     def fn(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04, loss_type="grpo",
            clip_eps_high=None, max_completion_len=None):
         high = clip_eps if (clip_eps_high is None or not use_high) else clip_eps_high
-        r = torch.exp(logprobs - old_logprobs) if ratio == "new_old" else torch.exp(old_logprobs - logprobs)
+        logr = logprobs - old_logprobs if ratio == "new_old" else old_logprobs - logprobs
+        if ratio_clamp is not None:
+            logr = logr.clamp(-ratio_clamp, ratio_clamp)
+        r = torch.exp(logr)
         a = advantages[:, None]
         unclipped, clipped = r * a, r.clamp(1 - clip_eps, 1 + high) * a
         if reducer == "min":
@@ -318,6 +480,12 @@ OBJECTIVE_MISTAKES = [
             "max_completion_len (given, or g), whatever this batch's lengths.", _objective_variant(dr_len="longest")),
     Mistake("You added a dual clip (a floor c * A on the surrogate of negative-advantage tokens): the contract "
             "has none, min(ratio * A, clip(ratio) * A) only.", _objective_variant(dual_clip=3.0)),
+    Mistake("The log-ratio to pi_old is clamped (to [-5, 5]) before the exponential: ratio = exp(logprobs - "
+            "old_logprobs) exactly. A negative-advantage token whose ratio has grown large keeps its full "
+            "ratio * A, and its gradient: that is what pulls its probability back.", _objective_variant(ratio_clamp=5.0)),
+    Mistake("The log-ratio to pi_old is clamped (to [-10, 10]) before the exponential: ratio = exp(logprobs - "
+            "old_logprobs) exactly. A negative-advantage token whose ratio has grown large keeps its full "
+            "ratio * A, and its gradient: that is what pulls its probability back.", _objective_variant(ratio_clamp=10.0)),
     Mistake("Your k3 clamps the log-ratio (to [-10, 10]): k3 = exp(logr) - 1 - logr exactly, however far "
             "the reference is.", _objective_variant(logr_clamp=10.0)),
     Mistake("The mask is ignored: masked tokens (after the first EOS) count for nothing, in the sum and in "
@@ -375,12 +543,22 @@ OBJECTIVE_MISTAKES = [
     ),
 )
 def check_calc_grpo_objective(candidate) -> str:
-    return compare_to_reference(
+    detail = compare_to_reference(
         candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
         diagnose=_objective_diagnosis,
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
-        grad=DIFFERENTIATED["calc_grpo_objective"], grad_cases=(0, 1, 2, 4),
+        grad=DIFFERENTIATED["calc_grpo_objective"], grad_cases=(0, 1, 2, 4, 9),
     )
+    tiny = next(case for case in _objective_cases() if case.label.startswith("one positive-advantage token"))
+    try:
+        compare_gradients(candidate, grpo.calc_grpo_objective, tiny, DIFFERENTIATED["calc_grpo_objective"],
+                          arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"])
+    except CheckFailure as exc:
+        raise failure(exc.message.split("\n")[0],
+                      "This token's value is tiny (ratio e^-11 times A), but its gradient is not zero: a clamp of "
+                      "the log-ratio (or of the ratio) at its size cuts the gradient off. The ratio is "
+                      "exp(logprobs - old_logprobs) exactly, however small or large.") from None
+    return detail
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -815,6 +993,17 @@ def check_grpo_step(candidate) -> str:
         objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
         objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
         if objective_ok and e1 < 1e-3 and e2 < 1e-3:
+            if "grad_norm" in outs[0]:
+                norm, want = float(outs[0]["grad_norm"]), ref_outs[0]["grad_norm"]
+                if not math.isclose(norm, want, rel_tol=1e-3, abs_tol=1e-6):
+                    clipped = math.isclose(norm, min(want, step_args.max_grad_norm), rel_tol=1e-3)
+                    raise failure(
+                        f"{label}: the update is right, but the grad_norm you report ({norm:.5f}) is not the "
+                        f"gradient norm before clipping ({want:.5f}).",
+                        "The reported grad_norm is the norm clipping measured, before it scaled the gradients "
+                        "down (the norm after clipping is at most max_grad_norm, whatever happened)."
+                        if clipped else "The reported grad_norm is the global norm of all the gradients "
+                        "before clipping.")
             details.append(f"{label.split(',')[0]} ({e1:.1e}, {e2:.1e})")
             continue
         for mistake in STEP_MISTAKES:
