@@ -39,6 +39,97 @@ from rlhf_tutorial.checks.fixtures import small_model
 
 CHAPTER = "05_interpretability"
 
+#: The contract of each exercise (its CURRICULUM.md row and its docstring), clause by clause; the checker
+#: tests hold a version breaking each (``VIOLATIONS``), and ``tests/checks/test_contract_clauses.py`` holds
+#: the two together.
+CLAUSES = {
+    "sentiment_direction": {
+        "sign": "the negative words' mean minus the positive words' (the direction raises the negative words)",
+        "mean": "a mean over each list's words, not a sum",
+        "duplicates": "a word listed twice counts twice",
+        "unnormalised": "the direction keeps its scale (not normalised to unit length)",
+        "columns": "a token's vector is a column of W_U (W_U is [d, v])",
+    },
+    "ln_pre": {
+        "centred": "the mean over the last dim is subtracted",
+        "biased_variance": "the variance is the biased one (divides by d)",
+        "eps_inside": "eps is inside the square root",
+        "eps_honoured": "the eps given is used, and without eps a constant vector would give NaN",
+        "last_dim": "the means are over the last dim, for any number of leading dims",
+        "centred_variance": "the variance is the mean square of the centred values (exact for a large common "
+                            "offset, where E[x^2] - E[x]^2 cancels)",
+        "not_in_place": "x is never modified in place",
+    },
+    "logit_lens_score": {
+        "layer_norm_first": "each vector goes through ln_pre before the projection",
+        "layer_norm_scale": "the normalisation is ln_pre's (centred, divided by sqrt(var + eps)), not a unit norm",
+        "eps_passed": "eps is passed on to ln_pre",
+        "last_dim": "ln_pre works over the last dim, not over the layers",
+        "leading_dims": "every leading dim is kept, whatever their number",
+        "direction_as_given": "the direction is used as given (not normalised)",
+    },
+    "value_lens": {
+        "layer_norm_first": "the head reads ln_pre of each vector, not the raw residual",
+        "eps_passed": "eps is passed on to ln_pre",
+        "squeeze_last": "only the head's trailing dim of size 1 is dropped (a layer or batch of 1 stays)",
+        "parameters_untouched": "the head's parameters are not changed",
+        "grads_untouched": "the head's .grad tensors are not changed (no zero_grad, no backward)",
+        "requires_grad_untouched": "the head's requires_grad flags are not changed",
+    },
+    "head_attribution": {
+        "centred": "each head output is centred over d before the projection",
+        "own_scale": "each example is divided by its own ln_scale, before averaging",
+        "divides": "the scale divides (not multiplies, not left out)",
+        "mean_over_batch": "the mean over the batch, not the sum",
+        "shape": "the result is [layer, head], even for one layer and one head",
+        "not_in_place": "head_out is never modified in place",
+    },
+    "patch_activation": {
+        "positions_dim": "positions index dim 1 (the sequence), not the batch",
+        "none_is_all": "positions None replaces every position",
+        "empty_is_none": "positions [] replaces nothing",
+        "negative_positions": "Python indexing: [-1] is the last position",
+        "trailing_dims": "any trailing dims after [b, s] (per-head activations) are copied whole",
+        "source_untouched": "source is never modified",
+        "returns_activation": "the hook returns the patched activation",
+    },
+    "restored_fraction": {
+        "ratio_of_means": "a ratio of means, not a mean of per-example ratios",
+        "all_entries": "the means are over every entry, whatever the shape",
+        "orientation": "(patched - base) over (tuned - base): 0 restores nothing, 1 everything",
+        "signed": "the fraction keeps its sign and is not clamped to [0, 1]",
+        "zero_dim_tensor": "the result is a 0-dim tensor in the inputs' dtype",
+    },
+    "activation_difference": {
+        "orientation": "tuned minus base",
+        "first_positions": "the first n_positions positions, BOS included, no more and no fewer",
+        "positions_dim": "positions are dim 1, not the batch",
+        "mean": "a mean over the batch and the positions, not a sum",
+        "short_texts": "texts shorter than n_positions average over the positions that exist",
+        "default": "n_positions defaults to 5",
+        "shape": "the result is one d-vector",
+    },
+    "param_change": {
+        "relative": "the norm of the change divided by the norm of the base tensor",
+        "clamped": "the denominator is at least 1e-8 (a zero base gives no inf)",
+        "norm_of_change": "the norm of the difference, not the difference of the norms",
+        "whole_tensor": "one norm over all entries of each tensor",
+        "names_in_both": "only the names in both dicts, skipping the others",
+        "python_floats": "the values are Python floats",
+        "parameters": "works on dict(model.named_parameters()): tensors that require grad",
+    },
+    "fraction_changed": {
+        "strict": "an entry counts when |tuned - base| > atol, strictly",
+        "entries_together": "entries are counted over all tensors together, not per tensor then averaged",
+        "absolute_value": "moves down count as well as up",
+        "absolute_threshold": "atol is an absolute threshold (no relative tolerance)",
+        "changed": "the fraction that changed, not the fraction unchanged",
+        "names_in_both": "only the names in both dicts, skipping the others",
+        "python_float": "the result is a Python float",
+        "parameters": "works on dict(model.named_parameters()): tensors that require grad",
+    },
+}
+
 
 def _offset(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """Add a different constant to every vector (over the last dim): their means are far from 0."""
@@ -105,6 +196,8 @@ def _ln_cases() -> list[Case]:
         Case("one vector", (_offset(torch.randn(16, generator=g), g),)),
         Case("[2, 3, 16]", (_offset(torch.randn(2, 3, 16, generator=g), g),)),
         Case("large magnitudes (x1e4)", (_offset(torch.randn(2, 8, generator=g), g) * 1e4,)),
+        # E[x^2] - E[x]^2 cancels catastrophically here: the variance must be that of the centred values
+        Case("a large common offset (300 + values of spread 1)", (300 + torch.randn(3, 8, generator=g),)),
         Case("tiny magnitudes (x1e-3: eps matters)", (torch.randn(3, 8, generator=g) * 1e-3,)),
         Case("a zero tensor", (torch.zeros(2, 8),)),
         Case("all entries equal (ties)", (torch.full((2, 5), 4.0),)),
@@ -143,6 +236,11 @@ def check_ln_pre(candidate) -> str:
                     "sqrt(var + eps).",
                     lambda x, eps=1e-5: (x - x.mean(-1, keepdim=True))
                     / (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True).sqrt()),
+            Mistake("Your variance is E[x^2] - E[x]^2: with a large common offset the two terms are huge and "
+                    "nearly equal, and their difference loses most of its digits in float32. Take the mean square "
+                    "of the centred values instead.",
+                    lambda x, eps=1e-5: (x - x.mean(-1, keepdim=True))
+                    / (x.pow(2).mean(-1, keepdim=True) - x.mean(-1, keepdim=True) ** 2 + eps).sqrt()),
             Mistake("You normalised over the first dim: the means are over the LAST dim (d_model), dim=-1.",
                     lambda x, eps=1e-5: (x - x.mean(0, keepdim=True))
                     / ((x - x.mean(0, keepdim=True)).pow(2).mean(0, keepdim=True) + eps).sqrt()),
@@ -358,11 +456,29 @@ def _call_hook(run: Callable, device: torch.device):
                 "device (device=activation.device).")
 
 
+def _patch_none_is_nothing(activation, hook, source, positions=None):
+    if positions is not None:
+        activation[:, positions] = source[:, positions]
+    return activation
+
+
+def _patch_second_to_last(activation, hook, source, positions=None):
+    idx = slice(None) if positions is None else positions
+    activation[..., idx, :] = source[..., idx, :]
+    return activation
+
+
+_PATCH_BATCH_DIM = Mistake("You indexed the batch dim: positions index dim 1 (the sequence), activation[:, positions].",
+                           _patch_batch_dim)
 _PATCH_MISTAKES = [
+    Mistake("With positions=None every position is replaced (None means all of them); yours left the "
+            "activation as it was.", _patch_none_is_nothing),
+    Mistake("You indexed the second-to-last dim: that is the position only for [b, s, d] activations. Per-head "
+            "activations are [b, s, head, d_head]; the position is always dim 1, and every dim after it is "
+            "copied whole.", _patch_second_to_last),
     Mistake("With positions=[] nothing should change, but you replaced every position: `if not positions` "
             "treats [] like None. Test `if positions is None`.", _patch_dropping_empty),
-    Mistake("You indexed the batch dim: positions index dim 1 (the sequence), activation[:, positions].",
-            _patch_batch_dim),
+    _PATCH_BATCH_DIM,
 ]
 
 
@@ -401,7 +517,7 @@ def check_patch_activation(candidate) -> str:
             out = _call_hook(lambda: candidate(act_in, None, src_in, positions), activation.device)  # noqa: B023
         except CheckFailure as failure:
             if "for dimension 0" in failure.message:  # an index that fits the sequence but not the batch
-                raise CheckFailure(f"On {label}: {failure.message}", hint=_PATCH_MISTAKES[1].hint) from None
+                raise CheckFailure(f"On {label}: {failure.message}", hint=_PATCH_BATCH_DIM.hint) from None
             raise
         if not torch.equal(src_in, source):
             raise CheckFailure(f"On {label}, your hook modified `source`.",
@@ -610,6 +726,34 @@ def _compare_numbers(candidate: Callable, reference: Callable, cases: list[Case]
         raise
 
 
+def _check_on_parameters(candidate: Callable, reference: Callable, **kwargs) -> None:
+    """The contract's own input: ``dict(model.named_parameters())``, tensors that require grad (a
+    ``.numpy()`` or an in-place edit fails on them, and a result must still be a plain number)."""
+    g = seeded(61)
+    base = {"w": nn.Parameter(to_device(torch.randn(3, 4, generator=g))),
+            "b": nn.Parameter(to_device(torch.randn(4, generator=g)))}
+    tuned = {"w": nn.Parameter(base["w"].detach() + to_device(0.1 * torch.randn(3, 4, generator=g))),
+             "b": nn.Parameter(base["b"].detach().clone())}
+    got = call(candidate, base, tuned, _arg_names=["base_params", "tuned_params"], **kwargs)
+    with torch.no_grad():
+        expected = reference(base, tuned, **kwargs)
+    values = list(got.values()) if isinstance(got, dict) else [got]
+    if any(isinstance(v, torch.Tensor) for v in values):
+        raise CheckFailure(f"On parameters that require grad (dict(model.named_parameters())), your function "
+                           f"returned tensors: {fmt(got)}.", hint="Return Python floats, whatever the inputs carry.")
+    def close(a, b) -> bool:
+        return isinstance(a, (int, float)) and abs(a - b) <= 1e-6 + 1e-4 * abs(b)
+
+    if isinstance(expected, dict):
+        same = isinstance(got, dict) and got.keys() == expected.keys() and all(close(got[k], v)
+                                                                               for k, v in expected.items())
+    else:
+        same = close(got, expected)
+    if not same:
+        raise CheckFailure(f"On parameters that require grad (dict(model.named_parameters())), your function "
+                           f"returned {fmt(got)}, expected {fmt(expected)}.")
+
+
 def _common(base: dict, tuned: dict):
     return [(base[k].double(), tuned[k].double()) for k in base if k in tuned]
 
@@ -645,7 +789,10 @@ def check_param_change(candidate) -> str:
                 "tensor.",
                 lambda B, T: {k: ((T[k] - B[k]).abs() / B[k].abs().clamp(min=1e-8)).mean().item() for k in B if k in T}),
     ]
-    return _compare_numbers(candidate, interp.param_change, cases, mistakes, arg_names=["base_params", "tuned_params"])
+    detail = _compare_numbers(candidate, interp.param_change, cases, mistakes,
+                              arg_names=["base_params", "tuned_params"])
+    _check_on_parameters(candidate, interp.param_change)
+    return detail + " Parameters that require grad give the same numbers."
 
 
 @checker(
@@ -705,5 +852,7 @@ def check_fraction_changed(candidate) -> str:
         Mistake("That is the fraction UNCHANGED (the sparsity): return the fraction that changed.",
                 lambda B, T, atol=0.0: 1 - interp.fraction_changed(B, T, atol)),
     ]
-    return _compare_numbers(candidate, interp.fraction_changed, cases, mistakes,
-                            arg_names=["base_params", "tuned_params", "atol"])
+    detail = _compare_numbers(candidate, interp.fraction_changed, cases, mistakes,
+                              arg_names=["base_params", "tuned_params", "atol"])
+    _check_on_parameters(candidate, interp.fraction_changed, atol=0.05)
+    return detail + " Parameters that require grad give the same number."
