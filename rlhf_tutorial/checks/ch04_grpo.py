@@ -213,21 +213,21 @@ def _adv_variant(*, center="group", std="group", unbiased=True, eps_mode="add", 
 
 ADV_MISTAKES = [
     Mistake("You used the population std (unbiased=False, divides by G). The contract uses torch's default, "
-            "the unbiased std (divides by G - 1): rewards.std(dim=-1, keepdim=True).",
+            "the unbiased std (divides by G - 1), over each group.",
             _adv_variant(unbiased=False)),
     Mistake("There is no eps: divide by (std + eps). Without it a group whose rewards barely differ gets "
             "huge advantages, and an all-equal group gives 0 / 0 = NaN.", _adv_variant(eps_mode="none")),
     Mistake("eps is inside the square root: the contract adds it to the std, (r - mean) / (std + eps).",
             _adv_variant(eps_mode="sqrt")),
     Mistake("eps is hard-coded: use the `eps` argument.", _adv_variant(eps_mode="fixed")),
-    Mistake('For scale="group" the std is over the batch (all p*G rewards): take it over each group, '
-            "std(dim=-1, keepdim=True). (Over the batch is what scale=\"batch\" does.)", _adv_variant(std="batch")),
-    Mistake("You subtracted the mean of the whole batch: the baseline is each group's own mean, "
-            "rewards.mean(dim=-1, keepdim=True).", _adv_variant(center="batch")),
+    Mistake('For scale="group" the std is over the batch (all p*G rewards): take it over each group '
+            "(along the last dim). (Over the batch is what scale=\"batch\" does.)", _adv_variant(std="batch")),
+    Mistake("You subtracted the mean of the whole batch: the baseline is each group's own mean "
+            "(one mean per row).", _adv_variant(center="batch")),
     Mistake("You subtracted the batch mean and divided by the batch std: that is whitening, not a group baseline.",
             _adv_variant(center="batch", std="batch")),
     Mistake("You normalised over dim 0 (across prompts): a group is a row, the G completions of one prompt "
-            "(dim=-1).", _adv_variant(center="prompts", std="prompts")),
+            "(the last dim).", _adv_variant(center="prompts", std="prompts")),
     Mistake('scale="none" (Dr. GRPO) only centres the rewards: do not divide by a std.',
             _adv_variant(none_divides=True)),
 ]
@@ -396,8 +396,8 @@ def _objective_diagnosis(case: Case, got, expected) -> str | None:
                 "only the side that would raise the objective.")
     if case.label.startswith("zero advantages, a reference far") and higher:
         return ("Your KL penalty is smaller than k3 where the reference is far from the policy (|logr| up to 15): "
-                "the log-ratio or k3 is clamped. Use k3 = exp(logr) - 1 - logr exactly (approx_kl(logprobs, "
-                "ref_logprobs, 'k3')), however large.")
+                "the log-ratio or k3 is clamped. k3 = exp(logr) - 1 - logr, with logr = ref_logprobs - "
+                "logprobs, exactly, however large.")
     return None
 
 
@@ -495,11 +495,11 @@ OBJECTIVE_MISTAKES = [
     Mistake("The KL term has the wrong sign: the objective is maximised, so the penalty is subtracted: "
             "surrogate - beta * k3.", _objective_variant(kl_sign=+1)),
     Mistake("That KL term is k1 (logprobs - ref_logprobs): GRPO uses k3 = exp(logr) - 1 - logr with "
-            "logr = ref_logprobs - logprobs (approx_kl(..., 'k3')).", _objective_variant(kl="k1")),
-    Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 (approx_kl(..., 'k3')).", _objective_variant(kl="k2")),
+            "logr = ref_logprobs - logprobs (chapter 03's approx_kl, 'k3' estimator).", _objective_variant(kl="k1")),
+    Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 = exp(logr) - 1 - logr.", _objective_variant(kl="k2")),
     Mistake("Your k3 has its arguments swapped: it no longer estimates KL(policy || ref) (on tokens from the "
-            "policy it averages to chi2(policy || ref) - KL(policy || ref)). Use "
-            "approx_kl(logprobs, ref_logprobs, 'k3'), i.e. logr = ref_logprobs - logprobs.",
+            "policy it averages to chi2(policy || ref) - KL(policy || ref)). k3's "
+            "log-ratio is logr = ref_logprobs - logprobs: the reference over the policy.",
             _objective_variant(kl="k3_swapped")),
     Mistake("The KL is measured against old_logprobs: the penalty keeps the policy near the frozen "
             "*reference* (ref_logprobs).", _objective_variant(kl_against="old")),
@@ -671,10 +671,11 @@ def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str
     others = completions[wrong].unique().tolist()
     if len(others) == 1:
         hint = (f"The padding after EOS is {others[0]}, not EOS: pad with eos_token_id (generate pads finished rows "
-                "with it; pad the output up to prompt_len + max_new_tokens with value=eos_token_id too).")
+                "with it; the output is padded with it up to prompt_len + max_new_tokens too).")
     else:
-        hint = ("Your rows go on after their first EOS: generate did not stop at EOS. Pass stop_at_eos=True and "
-                "eos_token_id=eos_token_id to model.generate (a finished row is then padded with EOS).")
+        hint = ("Your rows go on after their first EOS: generate did not stop at EOS. Have generate stop each "
+                "row at eos_token_id (it has options for stopping at EOS and for the EOS id); a finished row is then "
+                "padded with EOS.")
     raise failure(f"{where}, rows {rows[:6]} hold tokens other than EOS after their first EOS: "
                   f"{completions[rows[0]].tolist()}", hint)
 
@@ -712,7 +713,7 @@ def check_sample_group(candidate) -> str:
     if tokens.is_inference():
         raise CheckFailure("your tokens are an inference tensor, made under torch.inference_mode by generate: "
                            "they cannot enter a forward pass that needs gradients.",
-                           hint="Return tokens.clone().")
+                           hint="Return a clone of the generated tokens: a clone is an ordinary tensor.")
     if tuple(tokens.shape) != (size, plen + new):
         raise CheckFailure(f"the tokens have shape {tuple(tokens.shape)}, expected (G, prompt_len + max_new_tokens)"
                            f" = {(size, plen + new)}.",
@@ -720,11 +721,11 @@ def check_sample_group(candidate) -> str:
     expect_tensor(mask, dtype=torch.bool, what="the mask (second output)")
     if tuple(mask.shape) == tuple(tokens.shape):
         raise CheckFailure(f"the mask has shape {tuple(mask.shape)}, the shape of the whole sequence.",
-                           hint="The mask covers the completion only: completion_mask(tokens[:, prompt_len:], eos).")
+                           hint="The mask covers the completion only: the generated tokens, from prompt_len on.")
     expect_tensor(mask, shape=(size, new), what="the mask (second output)")
     if not torch.equal(tokens[:, :plen], prompt.expand(size, -1)):
         raise CheckFailure(f"the rows do not start with the prompt {prompt.tolist()}: got {tokens[:, :plen].tolist()}",
-                           hint="Sample from G copies of the prompt: prompt_tokens[None].expand(G, -1).")
+                           hint="Sample from a batch of G copies of the prompt.")
     expected_mask = grpo.completion_mask(tokens[:, plen:], EOS)
     if not torch.equal(mask, expected_mask):
         completions = tokens[:, plen:]
@@ -741,7 +742,7 @@ def check_sample_group(candidate) -> str:
     if not (~mask).any() or mask.all(-1).sum() == 0:
         raise CheckFailure("with this model some rows should stop at EOS and others not; yours do not: "
                            f"{tokens[:, plen:].tolist()}",
-                           hint="Stop at eos_token_id (generate(..., stop_at_eos=True, eos_token_id=eos_token_id)).")
+                           hint="Stop each row at eos_token_id (generate has options for it).")
 
     # 1b. a prompt that starts with the EOS token (in the tiny world and in GPT-2, BOS *is* EOS): a mask
     #     computed over the whole sequence and then sliced sees that EOS and masks every completion.
@@ -756,7 +757,7 @@ def check_sample_group(candidate) -> str:
         hint = ("You computed the mask over the whole sequence and then sliced it: the prompt starts with BOS, "
                 "which is the EOS token here (as in the tiny world and GPT-2), so every completion looks "
                 "finished before it starts and the mask is all False (training then dies later on NaN logits). "
-                "Compute completion_mask(tokens[:, prompt_len:], eos_token_id) on the completion only."
+                "Compute the mask on the generated tokens only, from prompt_len on."
                 if torch.equal(mask_b, whole) else None)
         raise failure(f"with a prompt that starts with the EOS token {bos_prompt.tolist()}, the mask is wrong.\n"
                       f"  your mask: {mask_b.int().tolist()}\n  expected:  {expected_b.int().tolist()}",
@@ -771,7 +772,7 @@ def check_sample_group(candidate) -> str:
             f"when every row stops at the first token, your tokens have shape {tuple(tokens2.shape)}, expected "
             f"{(4, plen + new)}.",
             hint="generate stops as soon as every row has emitted EOS: pad the output on the right with EOS "
-            "up to prompt_len + max_new_tokens (torch.nn.functional.pad(tokens, (0, missing), value=eos)).",
+            "up to prompt_len + max_new_tokens.",
         )
     expect_tensor(mask2, shape=(4, new), dtype=torch.bool, what="the mask")
     _check_eos_padding(tokens2[:, plen:], mask2, "when every row stops at the first token")
@@ -818,7 +819,7 @@ def check_sample_group(candidate) -> str:
     greedy = int(last_logits.argmax())
     if not bool((tokens5[:, plen] == greedy).all()):
         raise failure(f"with top_k=1 every row's first token should be the most likely one ({greedy}), got "
-                      f"{tokens5[:, plen].tolist()}.", "Pass top_k=top_k to generate.")
+                      f"{tokens5[:, plen].tolist()}.", "top_k is ignored: pass it on to generate.")
     return (f"shapes, prompt, mask (EOS counted, the rest masked), {size} distinct samples, padding when all rows "
             f"stop early, another eos_token_id, the distribution at temperatures 0.5 and 2 (TV {tvs[0]:.3f}, "
             f"{tvs[1]:.3f}) and top_k=1 are right.")
@@ -925,20 +926,20 @@ def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", 
 STEP_MISTAKES = [
     Mistake("The update goes the wrong way: the optimizer is built with maximize=True, so backpropagate the "
             "objective itself (not its negative).", _step_variant(sign=-1.0)),
-    Mistake("Gradients accumulate from one step to the next: call optimizer.zero_grad() before backward().",
+    Mistake("Gradients accumulate from one step to the next: zero the gradients (the optimizer's zero_grad) before each backward pass.",
             _step_variant(zero_grad=False)),
-    Mistake("The gradient norm is not clipped: nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm) "
-            "between backward() and step().", _step_variant(clip=False)),
+    Mistake("The gradient norm is not clipped: clip the global norm of the policy's gradients to "
+            "args.max_grad_norm after the backward pass and before the optimizer step.", _step_variant(clip=False)),
     Mistake("The ratio uses the current log-probs detached as pi_old (so it is always 1): use the batch's "
             "old_logprobs, stored at rollout time.", _step_variant(old="detached")),
     Mistake("old_logprobs and ref_logprobs are swapped.", _step_variant(old="ref", ref="old")),
-    Mistake("The objective ignores the args: pass clip_eps=args.clip_coef, beta=args.kl_coef, loss_type, clip_eps_high=args.clip_coef_high and "
-            "max_completion_len=args.max_new_tokens to calc_grpo_objective.", _step_variant(pass_args=False)),
+    Mistake("The objective ignores the args: its clip_eps is args.clip_coef, beta args.kl_coef, loss_type "
+            "args.loss_type, clip_eps_high args.clip_coef_high and max_completion_len args.max_new_tokens.", _step_variant(pass_args=False)),
     Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
-            "log-probs of logits / temperature (group_token_logprobs(..., args.temperature)).",
+            "log-probs of logits / temperature (group_token_logprobs takes the temperature).",
             _step_variant(temperature=False)),
     Mistake("max_completion_len is not passed: Dr. GRPO divides by B * max_completion_len, and the rollout's "
-            "completions may be shorter than args.max_new_tokens, so pass max_completion_len=args.max_new_tokens.",
+            "completions may be shorter than args.max_new_tokens, so its max_completion_len is args.max_new_tokens.",
             _step_variant(max_len=False)),
 ]
 
@@ -1016,7 +1017,7 @@ def check_grpo_step(candidate) -> str:
         if e1 < 1e-3 and e2 < 1e-3:
             raise failure(f"{label}: the update is right, but the objective you return ({objective:.5f}) differs "
                           f"from the reference's ({expected:.5f}) on the first step.",
-                          "Return the objective of the step (before the update), objective.item().")
+                          "Return the objective of the step, computed before the update, as a number.")
         which = "first" if e1 >= 1e-3 else "second"
         raise CheckFailure(
             f"{label}: after the {which} step your parameters differ from the reference's (relative difference "

@@ -277,8 +277,8 @@ def check_logit_lens_score(candidate) -> str:
     return compare_to_reference(
         candidate, interp.logit_lens_score, cases, arg_names=["resid_stack", "direction", "eps"],
         mistakes=[
-            Mistake("You read the raw residual stream: apply the final LayerNorm first, ln_pre(resid_stack) "
-                    "@ direction (the scale of the residual grows with depth).",
+            Mistake("You read the raw residual stream: apply the final LayerNorm (your ln_pre) to "
+                    "each vector before projecting it on the direction (the scale of the residual grows with depth).",
                     lambda r, d, eps=1e-5: r @ d),
             Mistake("You divided by the norm of each vector instead of its LayerNorm scale: ln_pre centres "
                     "and divides by sqrt(var + eps), which is ||x - mean|| / sqrt(d).",
@@ -287,7 +287,7 @@ def check_logit_lens_score(candidate) -> str:
             Mistake("You normalised over the layer dim: ln_pre works on each vector, over the LAST dim.",
                     lambda r, d, eps=1e-5: ((r - r.mean(0, keepdim=True))
                                             / ((r - r.mean(0, keepdim=True)).pow(2).mean(0, keepdim=True) + eps).sqrt()) @ d),
-            Mistake("eps was not passed on: call ln_pre(resid_stack, eps).",
+            Mistake("eps was not passed on: ln_pre takes the eps this function was given.",
                     lambda r, d, eps=1e-5: _ln(r) @ d),
         ],
     )
@@ -335,12 +335,12 @@ def check_value_lens(candidate) -> str:
             Mistake("You fed the raw residual stream to the head: it was trained on the final LayerNorm's "
                     "output, so normalise the stack with ln_pre first.",
                     lambda r, h, eps=1e-5: h(r).squeeze(-1)),
-            Mistake("eps was not passed on: call ln_pre(resid_stack, eps).",
+            Mistake("eps was not passed on: ln_pre takes the eps this function was given.",
                     lambda r, h, eps=1e-5: h(_ln(r)).squeeze(-1)),
-            Mistake("The head's output keeps a trailing dim of size 1: drop it with squeeze(-1).",
+            Mistake("The head's output keeps a trailing dim of size 1: drop that dim (and only that one).",
                     lambda r, h, eps=1e-5: h(_ln(r, eps))),
             Mistake("squeeze() dropped every dim of size 1 (here the layer, or the example, too): drop only the "
-                    "head's trailing one, squeeze(-1).", lambda r, h, eps=1e-5: h(_ln(r, eps)).squeeze()),
+                    "head's trailing one.", lambda r, h, eps=1e-5: h(_ln(r, eps)).squeeze()),
         ],
     )
     # The head is left as it was: parameters, their gradients, requires_grad (on the checker's device).
@@ -468,7 +468,7 @@ def _patch_second_to_last(activation, hook, source, positions=None):
     return activation
 
 
-_PATCH_BATCH_DIM = Mistake("You indexed the batch dim: positions index dim 1 (the sequence), activation[:, positions].",
+_PATCH_BATCH_DIM = Mistake("You indexed the batch dim: positions index dim 1 (the sequence), every batch row alike.",
                            _patch_batch_dim)
 _PATCH_MISTAKES = [
     Mistake("With positions=None every position is replaced (None means all of them); yours left the "
@@ -477,7 +477,7 @@ _PATCH_MISTAKES = [
             "activations are [b, s, head, d_head]; the position is always dim 1, and every dim after it is "
             "copied whole.", _patch_second_to_last),
     Mistake("With positions=[] nothing should change, but you replaced every position: `if not positions` "
-            "treats [] like None. Test `if positions is None`.", _patch_dropping_empty),
+            "treats [] like None. Only None means every position.", _patch_dropping_empty),
     _PATCH_BATCH_DIM,
 ]
 
@@ -662,24 +662,24 @@ def check_activation_difference(candidate) -> str:
         mistakes=[
             Mistake("The sign is flipped: the lens is tuned - base (what the fine-tune ADDED).",
                     lambda b, t, n=5: (b[:, :n] - t[:, :n]).mean((0, 1))),
-            Mistake("You averaged over every position: only the first n_positions count, [:, :n_positions].",
+            Mistake("You averaged over every position: only the first n_positions count.",
                     lambda b, t, n=5: (t - b).mean((0, 1))),
-            Mistake("You took the LAST n_positions: the lens reads the first ones, [:, :n_positions].",
+            Mistake("You took the LAST n_positions: the lens reads the first ones.",
                     lambda b, t, n=5: (t[:, -n:] - b[:, -n:]).mean((0, 1))),
-            Mistake("You sliced the batch dim: positions are dim 1, tuned_resid[:, :n_positions].",
+            Mistake("You sliced the batch dim: positions are dim 1; every example counts.",
                     lambda b, t, n=5: (t[:n] - b[:n]).mean((0, 1))),
             Mistake("You summed over positions: average over the batch and the positions.",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0)),
-            Mistake("Off by one: the first n_positions positions are [:, :n_positions] (indices 0 .. n - 1), not "
-                    "[:, :n_positions + 1].", lambda b, t, n=5: (t[:, :n + 1] - b[:, :n + 1]).mean((0, 1))),
-            Mistake("Off by one: the first n_positions positions are [:, :n_positions], not [:, :n_positions - 1].",
+            Mistake("Off by one: you kept [:, :n_positions + 1], one position too many: the lens "
+                    "reads positions 0 .. n_positions - 1.", lambda b, t, n=5: (t[:, :n + 1] - b[:, :n + 1]).mean((0, 1))),
+            Mistake("Off by one: you kept [:, :n_positions - 1], one position too few.",
                     lambda b, t, n=5: (t[:, :n - 1] - b[:, :n - 1]).mean((0, 1))),
             Mistake("You skipped position 0 (the BOS): the lens reads the first n_positions positions, BOS "
-                    "included, [:, :n_positions].", lambda b, t, n=5: (t[:, 1:n + 1] - b[:, 1:n + 1]).mean((0, 1))),
-            Mistake("You skipped position 0 (the BOS) and kept n_positions - 1: the slice is [:, :n_positions], "
-                    "BOS included.", lambda b, t, n=5: (t[:, 1:n] - b[:, 1:n]).mean((0, 1))),
+                    "included.", lambda b, t, n=5: (t[:, 1:n + 1] - b[:, 1:n + 1]).mean((0, 1))),
+            Mistake("You skipped position 0 (the BOS) and kept n_positions - 1: the lens reads positions "
+                    "0 .. n_positions - 1, BOS included.", lambda b, t, n=5: (t[:, 1:n] - b[:, 1:n]).mean((0, 1))),
             Mistake("You divided the sum by n_positions: when the texts are shorter than n_positions, fewer "
-                    "positions exist. Average over the positions you sliced, .mean(dim=(0, 1)).",
+                    "positions exist. Average over the batch and the positions that exist.",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0) / n),
         ],
     )
@@ -715,14 +715,14 @@ def _compare_numbers(candidate: Callable, reference: Callable, cases: list[Case]
     values = list(got.values()) if isinstance(got, dict) else [got]
     if any(isinstance(v, torch.Tensor) for v in values):
         raise CheckFailure(f"On {cases[0].label}, your function returned tensors: {fmt(got)}.",
-                           hint="Return Python floats: .item() on a 0-d tensor, or float(...).")
+                           hint="Return Python floats (a 0-d tensor converts to one).")
     try:
         return compare_to_reference(candidate, reference, cases, mistakes=mistakes, arg_names=arg_names,
                                     atol=1e-7, rtol=1e-4)
     except CheckFailure as failure:
         if "KeyError" in failure.message or "keys" in failure.message:
             raise CheckFailure(failure.message, hint="Only names in BOTH dicts count: skip a name that one of them "
-                               "lacks (`if name in tuned_params`).") from None
+                               "lacks.") from None
         raise
 
 

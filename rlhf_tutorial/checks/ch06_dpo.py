@@ -165,10 +165,10 @@ def _seq_product_of_probs(logits, tokens, mask):
 
 SEQ_MISTAKES = [
     Mistake("The logits are not shifted: logits[:, t] predicts token t + 1, so token t's log-prob is "
-            "log_softmax(logits[:, t - 1])[tokens[:, t]] (compare logits[:, :-1] with tokens[:, 1:]).",
+            "log_softmax(logits[:, t - 1])[tokens[:, t]].",
             _seq_variant(shift=False)),
-    Mistake("The mask is shifted the wrong way: pair logits[:, :-1] and tokens[:, 1:] with mask[:, 1:] "
-            "(the mask marks the tokens, not the positions that predict them).", _seq_variant(mask_shift=False)),
+    Mistake("The mask is shifted the wrong way: mask[:, t] goes with token t, "
+            "which the logits at t - 1 predict (the mask marks the tokens, not the positions that predict them).", _seq_variant(mask_shift=False)),
     Mistake("You averaged over the completion's tokens: the contract is the sum (the log-probability of the "
             "whole completion, a product of token probabilities).", _seq_variant(reduce="mean")),
     Mistake("You summed over every position: only the tokens where mask is True count.", _seq_variant(use_mask=False)),
@@ -177,8 +177,8 @@ SEQ_MISTAKES = [
     Mistake("You multiplied the token probabilities and took the log of the product: a product of many "
             "probabilities underflows to 0 (log 0 = -inf). Sum the token log-probs instead.",
             _seq_product_of_probs),
-    Mistake("The last token is dropped: with the shift, logits[:, :-1] predict tokens[:, 1:], all the way to "
-            "the end.", _seq_variant(drop_last=True)),
+    Mistake("The last token is dropped: with the shift, every token from position 1 to the "
+            "last has its prediction, the last token included.", _seq_variant(drop_last=True)),
 ]
 
 
@@ -327,7 +327,7 @@ def check_dpo_loss(candidate) -> str:
     for bad in ("kto", "Sigmoid", ""):
         if not _raises_value_error(candidate, *to_device(_pair_logps(3, seed=4)), beta=0.1, loss_type=bad):
             raise CheckFailure(f"loss_type={bad!r} did not raise ValueError.",
-                               hint="End the chain of loss types with `else: raise ValueError(...)` naming the "
+                               hint="Any other loss_type raises ValueError naming the "
                                "accepted ones: a typo must not silently train with another loss.")
     return detail + " Unknown loss types raise ValueError."
 
@@ -548,7 +548,7 @@ def _compare_rloo(candidate) -> str:
                 lambda r: r - (r.sum(-1, keepdim=True) - r) / r.shape[-1]),
         Mistake("RLOO does not divide by a std: only the baseline changes.",
                 lambda r: (r - (r.sum(-1, keepdim=True) - r) / (r.shape[-1] - 1)) / (r.std(-1, keepdim=True) + 1e-4)),
-        Mistake("The baseline is over the whole batch: leave-one-out works within each group (dim=-1).",
+        Mistake("The baseline is over the whole batch: leave-one-out works within each group (a row).",
                 lambda r: r - (r.sum() - r) / (r.numel() - 1)),
     ], arg_names=["rewards"])
 
@@ -618,14 +618,14 @@ def check_gspo_sequence_ratio(candidate) -> str:
                 _gspo_product_root),
         Mistake("The log-ratios are summed, not averaged: that is the ratio of the whole sequence's probabilities, "
                 "which explodes with the length. Divide by the number of tokens.", _gspo_variant(kind="product")),
-        Mistake("The mean divides by g, the padded length: divide by each row's own number of tokens, mask.sum(-1).",
+        Mistake("The mean divides by g, the padded length: divide by each row's own number of tokens (its True positions).",
                 _gspo_variant(denom="g")),
         Mistake("The ratio is upside down: pi_theta / pi_old, exp(logprobs - old_logprobs).", _gspo_variant(invert=True)),
         Mistake("Masked positions were counted: only the completion's tokens (mask True) enter the mean.",
                 _gspo_variant(use_mask=False)),
         Mistake("You averaged the first mask.sum(-1) positions, as if the True positions always started at 0: "
-                "they need not (a completion after a prompt). Select with the mask itself, "
-                "torch.where(mask, logprobs - old_logprobs, 0).", _gspo_leading_positions),
+                "they need not (a completion after a prompt). Select the positions "
+                "with the mask itself.", _gspo_leading_positions),
     ], arg_names=["logprobs", "old_logprobs", "mask"], grad=DIFFERENTIATED["gspo_sequence_ratio"])
 
 
