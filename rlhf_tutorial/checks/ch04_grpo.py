@@ -293,8 +293,9 @@ def _check_adv_modes(candidate) -> None:
         else:
             continue
         raise CheckFailure(
-            f'scale="{mode}" raised {type(missing).__name__}({str(missing)!r}): your code has no answer for this '
-            'mode yet. The contract has three, "group", "batch" and "none", and each must return advantages.',
+            f'scale="{mode}" raised {type(missing).__name__}: {missing}: the contract covers this case, so it needs '
+            'an answer, not a raise. Your code has no answer for this mode yet: the contract has three modes, '
+            '"group", "batch" and "none", and each returns advantages.',
             hint=f'Add the "{mode}" case: ' + {
                 "group": "divide each centred reward by its own group's std plus eps.",
                 "batch": "divide each centred reward (still centred on its own group's mean) by the std of "
