@@ -687,8 +687,9 @@ def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str
     hint=(
         "One call to `model.generate` samples the whole group if you give it G copies of the prompt as a "
         "batch; then make the shape fixed and build the mask with your `completion_mask`.",
-        "(1) A [G, prompt_len] batch of the prompt (`expand` needs no copy). (2) `generate` with "
-        "max_new_tokens, stop_at_eos=True, the EOS id, the temperature and top_k, verbose=False. (3) "
+        "(1) A [G, prompt_len] batch of the prompt (`expand` needs no copy). (2) `generate` with the "
+        "token budget, stopping at the EOS id given, at the temperature and top_k given, without a "
+        "progress bar. (3) "
         "Clone the result (it is an inference tensor). (4) If every row stopped early the output is "
         "shorter than prompt_len + max_new_tokens: pad it on the right with the EOS id. (5) The mask is "
         "`completion_mask` of the generated columns only (from prompt_len on): the prompt may contain "

@@ -954,3 +954,56 @@ VIOLATIONS = {
         "batch_read_only": [_step_with(modify_batch=True)],
     },
 }
+
+
+@pytest.mark.parametrize("wrong", [adv_batch_raises_value_error, adv_batch_not_implemented])
+def test_a_missing_scale_mode_is_named_not_called_the_stub(wrong):
+    """An attempt whose "batch" branch raises (its final ValueError, or its own NotImplementedError) is told
+    that mode is missing, never to replace the stub's raise line."""
+    result = run_check("group_relative_advantages", wrong)
+    assert not result.passed
+    assert 'scale="batch" raised' in result.message and "no answer for this mode" in result.message, result.message
+    assert "not implemented yet" not in result.message and "raise NotImplementedError(...)" not in result.message
+
+
+@pytest.mark.parametrize("bound, fragment", [
+    (5.0, "clamped (to [-5, 5])"),
+    (10.0, "clamped (to [-10, 10])"),
+])
+def test_calc_grpo_objective_a_clamped_log_ratio_is_named(bound, fragment):
+    """A clamp of log(pi_theta / pi_old) "to be safe": at log r = 12 with a negative advantage it changes the
+    value (and zeroes the gradient of the clamped tokens)."""
+    assert_fails_with("calc_grpo_objective", _objective_with(ratio_clamp=bound), fragment)
+
+
+def test_calc_grpo_objective_a_clamp_below_shows_in_the_gradient():
+    result = run_check("calc_grpo_objective", obj_ratio_clamped_below_only)
+    assert not result.passed and "log r = -11" in result.message, result.message
+    assert "clamp of the log-ratio" in result.hint, result.hint
+
+
+def test_calc_grpo_objective_in_float64_and_as_a_ratio_of_probabilities_passes():
+    """Right answers written differently must pass the large log-ratio cases too: float64 inside, the ratio
+    as exp(logprobs) / exp(old_logprobs), the clipped branch chosen with torch.where."""
+
+    def float64_inside(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                       loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+        lp, old, ref = logprobs.double(), old_logprobs.double(), ref_logprobs.double()
+        upper = 1 + (clip_eps if clip_eps_high is None else clip_eps_high)
+        ratio = lp.exp() / old.exp()
+        a = advantages.double()[:, None]
+        clipped = ratio.clamp(1 - clip_eps, upper)
+        surr = torch.where(ratio * a < clipped * a, ratio * a, clipped * a)
+        logr = ref - lp
+        per_token = torch.where(mask, surr - beta * (torch.expm1(logr) - logr), 0.0)
+        counts = mask.sum(-1).double()
+        if loss_type == "grpo":
+            out = (per_token.sum(-1) / counts).mean()
+        elif loss_type == "dapo":
+            out = per_token.sum() / counts.sum()
+        else:
+            out = per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+        return out.float()
+
+    result = run_check("calc_grpo_objective", float64_inside)
+    assert result.passed, result.message
