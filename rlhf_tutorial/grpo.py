@@ -65,7 +65,7 @@ def group_relative_advantages(
                   ... / (std of all p * G rewards + eps)        "batch"
 
     std is torch's default (unbiased, divides by n - 1). A group whose rewards are all equal gets
-    A = 0 for every member: it carries no learning signal.
+    A = 0 for every member: it carries no learning signal. Any other ``scale`` raises ValueError.
     """
     # >>> exercise
     centred = rewards - rewards.mean(dim=-1, keepdim=True)  # [p G]
@@ -104,6 +104,8 @@ def calc_grpo_objective(
         "grpo":    mean_b ( sum_t obj[b, t] / n_b )           each sequence weighs the same
         "dapo":    sum_{b, t} obj[b, t] / sum_b n_b            each token weighs the same
         "dr_grpo": sum_{b, t} obj[b, t] / (B * L)              L = max_completion_len (default g)
+
+    Any other ``loss_type`` raises ValueError.
     """
     # >>> exercise
     high = clip_eps if clip_eps_high is None else clip_eps_high

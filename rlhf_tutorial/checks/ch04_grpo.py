@@ -103,6 +103,7 @@ CLAUSES = {
         "differentiable": "the objective is differentiable in logprobs, with the reference's gradient",
         "not_in_place": "no input tensor is modified in place",
         "scalar": "the result is a 0-dim tensor",
+        "unknown_loss_type": "any other loss_type raises an error (ValueError) instead of returning something",
     },
     "completion_mask": {
         "eos_counted": "the first EOS itself is True (it belongs to the completion)",
@@ -176,6 +177,8 @@ def _adv_cases() -> list[Case]:
         Case("0/1 rewards with 3 prompts x 3 (square)", (torch.tensor([[1.0, 0, 0], [1, 1, 0], [0, 0, 1]]),),
              {"scale": "group", "eps": 1e-4}),
         Case('scale="batch"', (torch.randn(3, 4, generator=g) * 2 + 1,), {"scale": "batch", "eps": 1e-4}),
+        Case('scale="batch", rewards that barely differ (eps matters)',
+             (torch.tensor([[0.500, 0.504, 0.498], [0.503, 0.501, 0.499]]),), {"scale": "batch", "eps": 1e-4}),
         Case('scale="none"', (torch.randn(3, 4, generator=g),), {"scale": "none", "eps": 1e-4}),
         Case("eps = 0.5", (torch.randn(2, 4, generator=g),), {"scale": "group", "eps": 0.5}),
     ]
@@ -370,6 +373,9 @@ def _objective_cases() -> list[Case]:
         Case("one positive-advantage token at log r = -11, beta=0",
              (tiny_lp, tiny_old, tiny_lp.clone(), torch.tensor([2.0]), tiny_mask),
              {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case('a batch of 1 whose completion is one token (EOS first), "dapo"',
+             (lp1[:, :2], old1[:, :2], ref1[:, :2], adv1, torch.tensor([[True, False]])),
+             {"clip_eps": 0.2, "beta": 0.04, "loss_type": "dapo"}),
         Case("beta=0.0 (a value, not unset), a reference away from the policy", (lp, old, ref, adv, mask),
              {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
         Case("clip_eps=0.3, negative advantages with ratios from 0.6 to 1",
@@ -550,6 +556,18 @@ def check_calc_grpo_objective(candidate) -> str:
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
         grad=DIFFERENTIATED["calc_grpo_objective"], grad_cases=(0, 1, 2, 4, 9),
     )
+    lp, old, ref, adv, mask = to_device(_objective_inputs(3, 4, [4, 2, 3], seed=4))
+    for bad in ("gspo", "GRPO"):
+        try:
+            call(candidate, lp, old, ref, adv, mask, loss_type=bad,
+                 _arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"])
+        except CheckFailure as exc:
+            if "your code raised" in exc.message:
+                continue
+            raise
+        raise CheckFailure(f"loss_type={bad!r} did not raise an error.",
+                           hint="Any loss_type other than 'grpo', 'dapo' and 'dr_grpo' raises ValueError: a typo "
+                           "must not silently train with another aggregation.")
     tiny = next(case for case in _objective_cases() if case.label.startswith("one positive-advantage token"))
     try:
         compare_gradients(candidate, grpo.calc_grpo_objective, tiny, DIFFERENTIATED["calc_grpo_objective"],
@@ -815,6 +833,17 @@ def check_sample_group(candidate) -> str:
             raise CheckFailure(f"the first sampled tokens do not follow the model's distribution at temperature "
                                f"{temperature} (total variation {tv:.2f} over {n} samples).", hint=hint)
 
+    # 3b. a budget above generate's default (10 tokens) from a model that never stops: every row runs to the end
+    torch.manual_seed(9)
+    long_new = 13
+    tokens6, mask6 = _sampled(candidate, _eos_model(-30.0), prompt, 4, long_new)
+    expect_tensor(tokens6, shape=(4, plen + long_new), dtype=torch.int64, what=f"the tokens (max_new_tokens={long_new})")
+    if bool((tokens6[:, plen:] == EOS).any()) or not bool(mask6.all()):
+        raise failure(f"with max_new_tokens={long_new} and a model that never emits EOS, your rows hold EOS (or a "
+                      f"masked tail): {tokens6[:, plen:].tolist()}",
+                      "The token budget is max_new_tokens: generate must be given it (its own default is 10 "
+                      "tokens, and padding then fills the rest with EOS).")
+
     # 4. top_k = 1: every row is the greedy continuation
     torch.manual_seed(8)
     tokens5, _ = _sampled(candidate, model, prompt, 4, 1, top_k=1)
@@ -839,7 +868,7 @@ def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
     gen = seeded(8)
     size, g = 4, 6
     args = GRPOArgs(
-        group_size=size, max_new_tokens=g, clip_coef=0.2, clip_coef_high=0.3, kl_coef=0.1, loss_type="dapo",
+        group_size=size, max_new_tokens=g, clip_coef=0.25, clip_coef_high=0.3, kl_coef=0.1, loss_type="dapo",
         temperature=0.8, max_grad_norm=0.05, learning_rate=0.1,
     )
     tokens, prefix_lens = [], []

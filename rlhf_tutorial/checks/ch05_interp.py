@@ -117,6 +117,7 @@ CLAUSES = {
         "names_in_both": "only the names in both dicts, skipping the others",
         "python_floats": "the values are Python floats",
         "parameters": "works on dict(model.named_parameters()): tensors that require grad",
+        "wide_dtype": "bfloat16 parameters give the change computed in float32 or wider",
     },
     "fraction_changed": {
         "strict": "an entry counts when |tuned - base| > atol, strictly",
@@ -775,6 +776,11 @@ def _common(base: dict, tuned: dict):
 )
 def check_param_change(candidate) -> str:
     cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(58)]
+    g = seeded(62)
+    w = torch.randn(8, 8, generator=g)
+    # bfloat16 parameters (a model rounded to bf16): a norm taken in bf16 is off by ~0.4%
+    cases.append(Case("bfloat16 parameters", ({"w": w.bfloat16()}, {"w": (w + 0.05 * torch.randn(8, 8, generator=g))
+                                                                    .bfloat16()})))
     mistakes = [
         Mistake("That is the absolute change ||tuned - base||: divide by ||base|| to make it relative.",
                 lambda B, T: {k: (T[k] - B[k]).norm().item() for k in B if k in T}),

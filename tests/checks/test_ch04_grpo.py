@@ -221,7 +221,9 @@ def test_calc_grpo_objective_written_differently():
             return (sums / counts).mean()
         if loss_type == "dapo":
             return sums.sum() / counts.sum()
-        return sums.sum() / (B * (g if max_completion_len is None else max_completion_len))
+        if loss_type == "dr_grpo":
+            return sums.sum() / (B * (g if max_completion_len is None else max_completion_len))
+        raise ValueError(f"unknown loss_type {loss_type!r}")
 
     result = run_check("calc_grpo_objective", per_row_loops)
     assert result.passed, result.message
@@ -233,7 +235,9 @@ def _aggregate(per_token, mask, loss_type, max_completion_len):
         return (per_token.sum(1) / mask.sum(1)).mean()
     if loss_type == "dapo":
         return per_token.sum() / mask.sum()
-    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+    if loss_type == "dr_grpo":
+        return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+    raise ValueError(f"loss_type must be 'grpo', 'dapo' or 'dr_grpo', got {loss_type!r}")
 
 
 def obj_dual_clip_clamped_k3(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
@@ -775,6 +779,11 @@ def obj_ratio_clamped_below_only(logprobs, old_logprobs, ref_logprobs, advantage
     return _aggregate(surr - beta * _k3(logprobs, ref_logprobs), mask, loss_type, max_completion_len)
 
 
+def _agg_unknown_is_dr_grpo(per_token, mask, loss_type, max_completion_len):
+    """Every loss_type other than "grpo" and "dapo" falls through to the last branch."""
+    return _aggregate(per_token, mask, loss_type if loss_type in ("grpo", "dapo") else "dr_grpo", max_completion_len)
+
+
 def _agg_dr_by_true_tokens(per_token, mask, loss_type, max_completion_len):
     if loss_type == "dr_grpo":
         return per_token.sum() / mask.sum()
@@ -917,6 +926,7 @@ VIOLATIONS = {
         "differentiable": [_objective_with(detach_ratio=True)],
         "not_in_place": [_objective_with(in_place=True)],
         "scalar": [_objective_with(item=True)],
+        "unknown_loss_type": [_objective_with(agg=_agg_unknown_is_dr_grpo)],
     },
     "completion_mask": {
         "eos_counted": [mask_drops_eos],
@@ -1001,8 +1011,10 @@ def test_calc_grpo_objective_in_float64_and_as_a_ratio_of_probabilities_passes()
             out = (per_token.sum(-1) / counts).mean()
         elif loss_type == "dapo":
             out = per_token.sum() / counts.sum()
-        else:
+        elif loss_type == "dr_grpo":
             out = per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+        else:
+            raise ValueError(loss_type)
         return out.float()
 
     result = run_check("calc_grpo_objective", float64_inside)

@@ -630,6 +630,15 @@ def change_per_entry(base_params, tuned_params):
             for k, v in base_params.items() if k in tuned_params}
 
 
+def change_norm_in_own_dtype(base_params, tuned_params):
+    out = {}
+    for k, v in base_params.items():
+        if k in tuned_params:
+            delta = (tuned_params[k].float() - v.float()).norm()
+            out[k] = (delta / v.norm().clamp(min=1e-8)).item()  # ||base|| in the parameters' own dtype
+    return out
+
+
 def change_with_numpy(base_params, tuned_params):
     out = {}
     for k, v in base_params.items():
@@ -752,6 +761,7 @@ VIOLATIONS = {
         "names_in_both": [change_all_names],
         "python_floats": [change_tensors],
         "parameters": [change_with_numpy],
+        "wide_dtype": [change_norm_in_own_dtype],
     },
     "fraction_changed": {
         "strict": [fraction_ge],
