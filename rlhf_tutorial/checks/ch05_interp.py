@@ -829,6 +829,8 @@ def check_fraction_changed(candidate) -> str:
         Case("large weights moved by 1e-6 of their size (below torch.isclose's default rtol)",
              ({"w": 1000 + x[0]}, {"w": 1000 + x[0] + torch.tensor([1e-3, 0, 2e-3, 0, -1e-3, 0])})),
         # the threshold is absolute: 0.5 on weights near 10 is not 5% of them
+        Case("atol=20: changes of 15 and 25 (large moves)",
+             ({"w": torch.zeros(4)}, {"w": torch.tensor([15.0, -25.0, 0.0, 25.0])}), {"atol": 20.0}),
         Case("atol=0.5 on weights near 10 (an absolute threshold)",
              ({"w": 10 + x[1]}, {"w": 10 + x[1] + torch.tensor([0.6, 0.4, 2.0, -0.7, 0.1, 0.0])}), {"atol": 0.5}),
     ]
