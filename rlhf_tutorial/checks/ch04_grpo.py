@@ -11,17 +11,23 @@
   are run the same way to name the mistake.
 
 Regimes probed (where plausible implementations differ):
-- group_relative_advantages: rewards that barely differ (eps matters), an all-equal group (std 0),
-  a batch of 1, 0/1 rewards in a square batch (dim 0 vs dim -1), each scale;
+- group_relative_advantages: rewards that barely differ (eps matters, for "group" and "batch"), an
+  all-equal group (std 0), a batch of 1, 0/1 rewards in a square batch (dim 0 vs dim -1), each scale (an
+  attempt raising for one is told that mode is missing), unknown scales (they must raise);
 - calc_grpo_objective: completions of 1 to g tokens with junk under the mask, each loss type,
   max_completion_len > g, clip-higher, zero advantages (the KL alone), negative advantages with ratios
   up to 12 and beta = 0 (a dual clip shows only there), a reference far from the policy (|logr| up to
-  15: a clamped log-ratio or k3 shows only there);
+  15: a clamped log-ratio or k3 shows only there), log-ratios to pi_old of +-6 to +-12 with both signs of
+  advantage (a log-ratio clamped "to be safe" shows there, in the value; a clamp below -10 only in the
+  gradient of a lone token at log r = -11), beta = 0 and clip_eps_high = 0 (values, not unset), a lower
+  clip of 0.3 on negative advantages, a batch of 1 whose completion is one token; unknown loss types raise;
 - completion_mask: EOS first, last, absent, repeated, EOS padding;
 - sample_group: rows stopping early and not, every row stopping at once (padding), a prompt starting
   with the EOS token (BOS = EOS: a whole-sequence mask), the padding token after EOS, the temperature;
-- grpo_step: dapo with the gradient clip active; dr_grpo with max_new_tokens above the batch's g and
-  the clip inactive (the objective's scale, max_completion_len).
+- sample_group also: max_new_tokens above generate's own default (10) from a model that never stops;
+- grpo_step: dapo with the gradient clip active (every arg away from calc_grpo_objective's defaults);
+  dr_grpo with max_new_tokens above the batch's g and the clip inactive (the objective's scale,
+  max_completion_len); the grad_norm reported, when there is one, is the norm before clipping.
 """
 
 from __future__ import annotations

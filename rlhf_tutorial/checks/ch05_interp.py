@@ -9,7 +9,10 @@ alone and honour ``[]`` and ``[-1]``; ``value_lens`` must leave the head's param
 they were; ``param_change`` and ``fraction_changed`` return Python numbers over the names in both dicts.
 Two edge cases in particular: restored_fraction's [2, 3] batch (where averaging over dim 0 only gives
 one ratio per column) and activation_difference's texts shorter than n_positions (where dividing a sum
-by n_positions rather than by the positions that exist shows).
+by n_positions rather than by the positions that exist shows). Also: ln_pre on vectors with a large
+common offset (a variance taken as E[x^2] - E[x]^2 cancels there), param_change on bfloat16 parameters,
+param_change and fraction_changed on parameters that require grad (the contract's own input), and
+fraction_changed with an atol of 20.
 """
 
 from __future__ import annotations
