@@ -64,7 +64,8 @@ $(TRL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --progress-bar on -c $(LOCK) -e ".[dev,trl]"
 	$(BIN)/python scripts/lock.py check $(LOCK)
 	@touch $(TRL_STAMP)
-# TRL 1.12.0, the last release with PPOTrainer, for `bench-trl --algo ppo` only: it cannot share the venv
+# TRL 1.12.0 (its PPOTrainer is under trl.experimental since 1.10 and a later release removed it; pinned here),
+# for `bench-trl --algo ppo` only: it cannot share the venv
 # with the extra's TRL (the same package), so it goes beside it, without dependencies (the pinned stack
 # already meets them: pip installs nothing else); the race imports it in a subprocess.
 TRL_PPO_DIR   := $(VENV)/trl-1.12

@@ -145,11 +145,18 @@ print("ln_final.hook_normalized:", tuple(cache["ln_final.hook_normalized"].shape
 #
 # Write `final_normalized_residual(model, tokens)` that returns the activation at
 # `ln_final.hook_normalized` (shape `[batch, seq, d_model]`), captured by a hook of your own during a
-# forward pass (not the cache: chapter 03's value head reads it the same way, in the same forward pass
-# that makes the logits). A hook is called with the activation and the hook point; what it returns
-# replaces the activation, so a hook that only *reads* returns nothing. The check compares with the
-# neighbouring activations (the residual before the final LayerNorm, the last block's other LayerNorm,
-# the logits) and probes a batch of 1 and one-token rows: return the activation as stored.
+# forward pass. Why not the cache? `run_with_cache` stores *detached* copies of the activations: they
+# carry no graph, so a loss computed from them sends no gradient back into the model. Chapter 03 puts a
+# value head on this activation and trains it together with the transformer under it (one trunk for
+# actor and critic); from a cached copy the value loss would train the head alone. The activation a
+# hook receives is the one in the forward pass, graph included: keep it as it is (no `.detach()`, no
+# `torch.no_grad()`). A hook is called with the activation and the hook point; what it returns
+# replaces the activation, so a hook that only *reads* returns nothing. `run_with_hooks` removes its
+# hooks when the pass ends; a hook you add by hand stays on the model until you remove it. The check
+# compares with the neighbouring activations (the residual before the final LayerNorm, the last
+# block's other LayerNorm, the logits), probes a batch of 1 and one-token rows (return the activation
+# as stored), follows the gradient of your result back into the model's weights, and looks for hooks
+# left behind.
 #
 # **Predict, then check.** The unembedding reads exactly this activation. What should
 # `resid @ W_U + b_U` be, and how far from it, in float32? The cell after the check tells.
@@ -208,12 +215,16 @@ for p, t in zip(p_positive, texts):
 # checker tests your KL on identical logits for exactly that).
 
 # %%
+from torch.distributions import Categorical, kl_divergence
+
 reference = load_policy(world)
 for p in reference.parameters():
     p.requires_grad_(False)
-p_pol = next_token_probs(policy, tokens)
-p_ref = next_token_probs(reference, tokens)
-kl = (p_pol * (p_pol.log() - p_ref.log())).sum(-1)
+# KL(p || q) = sum_v p_v (log p_v - log q_v), with the log-probabilities taken from the logits: the log of a
+# probability that underflowed to 0 is -inf (and 0 * -inf = NaN) on a peaked distribution (chapter 01)
+pol = Categorical(logits=policy(tokens)[:, -1])
+ref = Categorical(logits=reference(tokens)[:, -1])
+kl = kl_divergence(pol, ref)
 print("KL(policy || reference) before training:", kl.item())
 
 # %%

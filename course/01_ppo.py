@@ -255,8 +255,11 @@ print("log 2 =", round(math.log(2), 4), " log 4 =", round(math.log(4), 4))
 # **Exercise.** `ppo_learning_phase(agent, optimizer, buffer, next_obs, args, generator)`: compute
 # `next_value`, the advantages (your `compute_gae`) and the returns without gradients; flatten the
 # buffer to `[(steps env), ...]` (the same order for every field!); then for every epoch and minibatch,
-# recompute logits and values, build the objective from your three functions, step, and record
-# `approx_kl` and `clipfrac` (and `value_loss`, `entropy`, ...). Return a dict of their means.
+# recompute logits and values, build the objective from your three functions, step, and record the
+# minibatch's `policy_objective`, `value_loss`, `entropy` (the policy's, without `ent_coef`), `approx_kl`
+# and `clipfrac` (measured before its step). Return a dict of their means over every step, with the
+# rollout's `explained_variance` (the stored values against the returns). The check replays your
+# minibatches on the reference and compares the update and every one of these numbers.
 #
 # The two diagnostics have one definition in the course, used by chapters 01, 03 and 04 alike (read
 # it, then call it from your learning phase):

@@ -417,8 +417,9 @@ print(f"soft overlong penalty: mean {soft_penalty.mean().item():.3f}, "
 # have to be retuned with the reward's scale.
 #
 # `kl_coef` ($\beta$) is the other knob: DeepSeekMath used 0.04; several later recipes (DAPO, Dr. GRPO) set it to 0
-# for verifiable rewards, where there is no reward model to fool, and drop the reference model
-# altogether.
+# and drop the reference model altogether. DAPO's reason: in long chain-of-thought reasoning the policy is
+# meant to move far from the initial model, so a penalty that holds it near that model is unnecessary,
+# even harmful.
 
 # %% [markdown]
 # ## 8. PPO and GRPO side by side
@@ -631,6 +632,6 @@ progress("04")
 # TRL's on the exported tiny policy with the settings above, alternating runs over seeds 0-3, and
 # prints each side's time per phase (split into sampling, scoring, old and reference log-probs and
 # optimisation), time to a mean reward of 0.9, final reward and peak memory. `--algo ppo` races
-# chapter 03's trainer against TRL 1.12's `PPOTrainer` (the last TRL with PPO) and `--algo dpo`
-# chapter 06's against TRL's `DPOTrainer`. The README lists the figures measured here and every
+# chapter 03's trainer against TRL 1.12's `PPOTrainer` (PPO moved to `trl.experimental` in TRL 1.10,
+# and a later release removed it) and `--algo dpo` chapter 06's against TRL's `DPOTrainer`. The README lists the figures measured here and every
 # setting TRL expresses differently.

@@ -1,22 +1,30 @@
 # %% [markdown]
-# # 07. Reasoning with verifiable rewards: SFT, best-of-N, rejection sampling, then GRPO
+# # 07. Reasoning with verifiable rewards: SFT, best-of-N, rejection sampling and GRPO
 #
 # Chapters 03 and 04 rewarded the policy with a *learned* judge (a sentiment classifier). Since
 # DeepSeek-R1, reinforcement learning on language models is used above all where a program can check
 # the answer: maths with a known result, code with tests. That is **reinforcement learning with
 # verifiable rewards** (RLVR): no reward model, nothing to fool but the checker itself.
 #
-# The recipe of today's reasoning models, which this chapter runs end to end on a CPU:
+# The methods of today's reasoning models, which this chapter runs on a CPU and compares:
 #
 # 1. a **base model** that can sometimes solve the problems (here: a small transformer pretrained on
 #    worked arithmetic written by fallible writers, who forget carries and slip by one or ten);
-# 2. **supervised fine-tuning** (SFT) on a few correct demonstrations;
+# 2. **supervised fine-tuning** (SFT) on {{sft.args.n_demonstrations}} correct demonstrations;
 # 3. **best-of-N** and **rejection-sampling fine-tuning** (expert iteration): sample, keep what the
 #    verifier accepts, fine-tune on it;
 # 4. **GRPO** (chapter 04's trainer) with the verifier as the reward, with DAPO's fixes: dynamic
 #    sampling and clip-higher;
-# 5. what RL adds and what it does not: **pass@k** for k = 1 .. 64 (Yue et al. 2025 report that RL
-#    raises pass@1 but not pass@k at large k), and accuracy on **harder problems** no fine-tuning saw.
+# 5. what RL adds and what it does not: **pass@k** for k = 1 .. 64 (Yue et al. 2025 find that RL
+#    raises pass@k at small k, but that at large k the base model's pass@k overtakes the RL-trained
+#    model's), and accuracy on **harder problems** no fine-tuning saw.
+#
+# These are not one chained recipe here. DeepSeek-R1 chains such stages (a cold-start SFT, RL,
+# rejection-sampling fine-tuning on the RL model's samples, RL again); this chapter starts **every**
+# method from the same base model, so that each one's effect is measured on its own: SFT, rejection
+# sampling and GRPO each begin from the base model, GRPO as in DeepSeek-R1-Zero (RL with no SFT
+# before it). On GPT-2, which has never seen the answer format, GRPO starts from the SFT model; the
+# last section shows how to run GRPO after SFT in the tiny world.
 #
 # The world: a problem chains additions and subtractions of one-digit numbers; the model writes one
 # line per step and ends with `Answer: N`.
@@ -71,9 +79,9 @@ from rlhf_tutorial.worlds import is_smoke, is_tiny, load_reasoning_policy, resol
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
-print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 if is_tiny():
     torch.set_num_threads(1)  # the tiny model runs fastest on one thread
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 base = load_reasoning_policy(world)  # tiny: the shipped arithmetic model; gpt2: GPT-2 itself
 difficulty = arith.TRAIN_DIFFICULTY
 problems = split_problems("eval", 8 if is_smoke() else 32, difficulty)  # fresh problems for every measurement
@@ -90,16 +98,17 @@ for text in sample_completions(base, [example.prompt], 4, max_new, seed=0)[0]:
 # ## 1. The verifier
 #
 # A worked solution is right when its **final answer** equals the true one. The verifier reads the
-# final answer strictly: among the lines of the exact form `Answer: N` (optional spaces, an optional
-# minus sign, digits, nothing else) it takes the **last**, wherever it stands, and returns `N` as an
+# final answer strictly: among the lines of the exact form `Answer: N` (optional plain spaces, an optional
+# minus sign, ASCII digits, nothing else) it takes the **last**, wherever it stands, and returns `N` as an
 # integer, or `None` when there is no such line. Strictness is the point: `Answer: 12 apples`,
 # `answer: 12`, `The answer is 12.` are not answers. A verifier that accepts more is one a policy can
 # learn to satisfy without being right, as section 5 shows.
 #
 # The edge cases that decide it: several answer lines (the last wins, even if text follows it), a
 # negative answer, no space or several spaces after the colon, trailing spaces, and the near misses
-# Python's `int()` would accept (`+12`, ` 12`, `1_000`) or a loose pattern would (`Answer: 12 apples`,
-# a leading space before `Answer`). Strings only: no model here.
+# Python's `int()` would accept (`+12`, `1_000`, a tab or a non-breaking space before the number: the
+# contract's spaces are plain spaces only) or a loose pattern would (`Answer: 12 apples`, a leading
+# space before `Answer`, a line break other than `"\n"`). Strings only: no model here.
 
 # %% exercise rlhf_tutorial.reasoning:extract_answer | 10 min | difficulty 2 | importance 5
 
@@ -148,13 +157,15 @@ for p, texts in zip(problems[:4], samples):
 #
 # the probability that $k$ samples drawn without replacement from the $n$ include a correct one
 # (unbiased for the model's true pass@k). When $n - c < k$ every subset holds a correct sample and the
-# estimate is 1. The binomials overflow a float for $n$ in the hundreds; their ratio does not:
+# estimate is 1. Factorials overflow a float from $171!$, and the binomials themselves from $n = 1030$
+# ($\binom{1030}{515} > 1.8 \cdot 10^{308}$, the largest float); their ratio never does:
 # $\binom{n-c}{k} / \binom{n}{k} = \prod_{i=0}^{k-1} \frac{n - c - i}{n - i}$, each factor in $[0, 1]$.
 #
 # Contract: Python ints in, a Python float out; the range check ($1 \le k \le n$, $0 \le c \le n$) is
 # given. The cases that separate a right estimator from a plausible one: $c = 0$ (exactly 0), $n - c < k$
-# (exactly 1), $n - c = k$ (just below 1), $n = 1024$ with $k = 512$ (no overflow), and $k = 1$ (it
-# must equal $c / n$).
+# (exactly 1), $n - c = k$ (just below 1), $k = 1$ (it must equal $c / n$), and every size up to
+# $n = 1024$ with $k$ up to $n$ (no overflow, no int64 wrap, float64's precision: the check sweeps the
+# range).
 
 # %% exercise rlhf_tutorial.reasoning:pass_at_k | 15 min | difficulty 3 | importance 5
 
@@ -229,29 +240,34 @@ figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["p
 # = \mathbb{E}_{\pi_{\text{best-of-}N}}\Big[\log \frac{\pi_{\text{best-of-}N}}{\pi_\text{ref}}\Big]
 # = \int_0^1 N u^{N-1} \log\big(N u^{N-1}\big)\, du$$
 #
-# nats (Beirami et al. 2024). The exercise: evaluate this integral by hand, in closed form in $N$,
-# and return it. Two checks of your algebra: it is 0 at $N = 1$ (best-of-1 is the reference itself),
-# and it stays below $\log N$, the value often quoted (an upper bound). Section 7 puts it beside the
-# KL measured on our binary reward. A Python float in nats, for an int $N \ge 1$.
+# nats. The exercise: evaluate this integral by hand, in closed form in $N$, and return it. Two checks
+# of your algebra: it is 0 at $N = 1$ (best-of-1 is the reference itself), and it stays below $\log N$
+# for $N > 1$. Its closed form is the value usually quoted for best-of-$N$'s KL (Stiennon et al. 2020).
+# It is exact for a reward with a continuous distribution, as assumed here; for discrete outputs, where
+# two samples can be the same completion, Beirami et al. (2024) show that it is only an upper bound on
+# the true KL. Section 7 puts it beside the KL measured on our binary reward. A Python float in nats,
+# for an int $N \ge 1$.
 
 # %% exercise rlhf_tutorial.reasoning:best_of_n_kl | 10 min | difficulty 2 | importance 3
 
 # %% [markdown]
 # **Predict, then check.** Before running the cell: how many nats does best-of-2 cost, and best-of-16?
-# How far below the quoted bound $\log N$ is the exact value at $N = 2$, and at $N = 1024$, in nats and
-# as a fraction of the bound? (Which grows without limit, and which tends to a constant?)
+# How far below $\log N$ is the closed form at $N = 2$, and at $N = 1024$, in nats and as a fraction of
+# $\log N$? (Which grows without limit, and which tends to a constant?)
 
 # %%
 for n in (1, 2, 16, 1024):
-    kl, bound = best_of_n_kl(n), math.log(n)
-    gap = f"{bound - kl:.3f} nats below it ({(bound - kl) / bound:.0%} of it)" if n > 1 else "equal"
-    print(f"N = {n:>4}: KL {kl:.3f} nats, the bound log N {bound:.3f}: {gap}")
+    kl, log_n = best_of_n_kl(n), math.log(n)
+    gap = f"{log_n - kl:.3f} nats below it ({(log_n - kl) / log_n:.0%} of it)" if n > 1 else "equal"
+    print(f"N = {n:>4}: KL {kl:.3f} nats, log N {log_n:.3f}: {gap}")
 
 # %% [markdown]
 # The gap $\log N - \mathrm{KL} = (N - 1)/N$ tends to 1 nat, while both grow like $\log N$: at
-# $N = 2$ the bound is more than three times the true cost; at $N = 1024$ the gap is a seventh of the
-# bound. Either way the KL grows only logarithmically in $N$: many times the samples cost a few nats,
-# which makes best-of-N a strong baseline for any fine-tuning method to beat.
+# $N = 2$, $\log N$ is more than three times the KL; at $N = 1024$ the gap is a seventh of $\log N$.
+# Quoting $\log N$ alone overstates the cost of best-of-N; quoting $\log N - (N - 1)/N$ is right for a
+# continuous reward and still an overstatement for discrete outputs (section 7 measures one). Either way
+# the KL grows only logarithmically in $N$: many times the samples cost a few nats, which makes
+# best-of-N a strong baseline for any fine-tuning method to beat.
 
 # %% [markdown]
 # ## 5. A verifier that can be hacked
@@ -286,8 +302,13 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 # working: the new format pays better than the working did under the lenient reader (whose pass@1 for
 # the base model was {{compare.base_pass_at_1_lenient:.3f}}), and the policy gave up right answers to get it.
 #
-# The fix is the strict verifier of section 1: the same run with `verifier="strict"` is section 6.
-# The general lesson: the policy optimises the checker you wrote, not the one you meant; read samples.
+# The fix is the strict verifier of section 1. Section 6 trains GRPO with it, with the same seed and
+# settings, but it is the chapter's main run, not a replay of this one: in the tiny world it starts
+# from the same base model, is longer and samples more groups per phase ({{compare.args.num_phases}} phases of
+# {{compare.args.groups_per_phase}} groups, against {{compare.args.hack_phases}} phases of
+# {{compare.args.hack_groups}} here), so compare the curves of the two runs by their trend, not their
+# last points. The general lesson: the policy optimises the checker you wrote, not the one you meant;
+# read samples.
 #
 # ## 6. GRPO with the verifiable reward
 #
@@ -297,9 +318,16 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 # - **dynamic sampling**: with a binary reward many groups are all right or all wrong; their
 #   group-relative advantages are all zero and they teach nothing. They are dropped and more are
 #   sampled (up to `max_sampling_rounds`);
-# - **clip-higher**: the ratio is clipped to $[1 - 0.2,\, 1 + 0.28]$. A symmetric clip stops a rare
-#   correct token (small $\pi_\text{old}$) from growing fast, while a common token can still be pushed
-#   down, so the distribution sharpens and the **entropy collapses**; a higher upper clip slows that;
+# - **clip-higher**: the ratio $\pi_\theta / \pi_\text{old}$ is clipped to
+#   $[1 - \varepsilon_\text{low},\, 1 + \varepsilon_\text{high}]$ with $\varepsilon_\text{low} =$
+#   {{grpo_arith.args.clip_coef:g}} and a larger $\varepsilon_\text{high} =$ {{grpo_arith.args.clip_coef_high:g}}. The
+#   upper clip caps how far one update can raise a token with a positive advantage: to
+#   $(1 + \varepsilon)$ times its old probability $p$. A likely token is hardly held back
+#   ($p (1 + \varepsilon)$ is near or above 1), but a rare one gains at most $\varepsilon p$, almost
+#   nothing. With a symmetric clip the rare tokens, the exploratory ones a new correct solution needs,
+#   grow slowly while the likely ones take over: the distribution sharpens and the **entropy
+#   collapses**. DAPO raises only the upper bound, so that rare tokens can grow more per update (the
+#   lower bound is left as it is: widening it would push tokens towards zero faster);
 # - token-level averaging (`loss_type="dapo"`) and no KL term.
 #
 # The policy's entropy per token (estimated on its own samples: the mean of $-\log \pi_\text{old}$ over
@@ -370,7 +398,7 @@ held_out_figure(held_out)
 # Its KL is then exactly that of the two outcomes,
 # $q \log \frac{q}{p} + (1 - q) \log \frac{1 - q}{1 - p}$, measured below from each problem's $p$
 # (64 samples; `binary_best_of_n_kl`), and below the analytic value: ties make best-of-N cheaper than the
-# formula says.
+# formula says, as Beirami et al. (2024) prove for every discrete output space.
 
 # %%
 ns = [1, 2, 4, 8, 16, 32, 64][: 4 if is_smoke() else 7]
@@ -406,7 +434,8 @@ best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 #   ({{compare.pass_at_k.grpo.16:.3f}}; the CLI's 100 phases: pass@16 {{grpo_arith.pass_at_k_initial.16:.2f}} ->
 #   {{grpo_arith.pass_at_k.16:.3f}}). RL sharpens the distribution onto answers it could already produce (the entropy falls from
 #   {{compare.grpo.entropy_first:.2f}} nats per token in the first phase to {{compare.grpo.entropy_last:.2f}} in the last) and loses a
-#   few it could, which is what Yue et al. (2025) report for large models. SFT and rejection sampling,
+#   few it could, which is what Yue et al. (2025) report for large models: the RL-trained model wins at
+#   small k, and at large k the base model's pass@k overtakes it. SFT and rejection sampling,
 #   trained on whole solutions with a likelihood loss, keep more of the spread.
 # - **Harder problems**: a one-step skill made more reliable helps chains of steps only a little
 #   (two steps: {{compare.held_out_pass_at_1.base.2:.3f}} for the base model, {{compare.held_out_pass_at_1.grpo.2:.3f}} to

@@ -65,7 +65,7 @@ def group_relative_advantages(
                   ... / (std of all p * G rewards + eps)        "batch"
 
     std is torch's default (unbiased, divides by n - 1). A group whose rewards are all equal gets
-    A = 0 for every member: it carries no learning signal.
+    A = 0 for every member: it carries no learning signal. Any other ``scale`` raises ValueError.
     """
     # >>> exercise
     centred = rewards - rewards.mean(dim=-1, keepdim=True)  # [p G]
@@ -98,12 +98,15 @@ def calc_grpo_objective(
         k3[b, t]    = exp(ref - logprobs) - 1 - (ref - logprobs)         (approx_kl, "k3")
         obj[b, t]   = surr - beta * k3
 
-    Only tokens with ``mask`` True count (masked ones contribute nothing, whatever their values).
+    Only tokens with ``mask`` True count (masked ones contribute nothing, whatever their values);
+    every row has at least one True (``completion_mask`` always keeps the first generated token).
     ``clip_eps_high`` defaults to ``clip_eps``. With n_b = mask[b].sum():
 
         "grpo":    mean_b ( sum_t obj[b, t] / n_b )           each sequence weighs the same
         "dapo":    sum_{b, t} obj[b, t] / sum_b n_b            each token weighs the same
         "dr_grpo": sum_{b, t} obj[b, t] / (B * L)              L = max_completion_len (default g)
+
+    Any other ``loss_type`` raises ValueError.
     """
     # >>> exercise
     high = clip_eps if clip_eps_high is None else clip_eps_high

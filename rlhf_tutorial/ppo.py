@@ -134,9 +134,12 @@ def calc_clipped_surrogate_objective(
 ) -> Float[Tensor, ""]:
     """The PPO-clip objective (to maximise), with the advantages normalised first.
 
-        A_hat = (A - mean(A)) / (std(A) + eps)            std: torch's default (unbiased)
-        r     = exp(logprobs - old_logprobs)              = pi(a|s) / pi_old(a|s)
-        L     = mean(min(r * A_hat, clip(r, 1 - clip_coef, 1 + clip_coef) * A_hat))
+    First the advantages are standardised over all their elements: their mean subtracted, then divided by
+    their standard deviation (the unbiased one, torch's default) plus ``eps``. The probability ratio of
+    each sample is pi_theta(a|s) / pi_old(a|s), recovered from the two log-probabilities. Each sample
+    contributes the smaller of two terms: the ratio times its normalised advantage, and the same with the
+    ratio first clipped to the interval [1 - clip_coef, 1 + clip_coef]. The objective is the mean of those
+    contributions over all samples.
     """
     # >>> exercise
     advantages = (advantages - advantages.mean()) / (advantages.std() + eps)
@@ -346,11 +349,16 @@ def ppo_learning_phase(
        ``get_minibatch_indices(batch_size, minibatch_size, generator)``: recompute logits and values,
        ``objective = L_clip - L_value + L_entropy``, ``zero_grad``, ``backward``, clip the gradient
        norm to ``max_grad_norm``, ``optimizer.step()`` (the optimizer maximises).
-    3. Beside the loss (no gradients): ``clip_diagnostics`` gives ``approx_kl = mean((r - 1) - log r)``
-       and ``clipfrac = mean(|r - 1| > clip_coef)``.
+       The advantages are normalised per minibatch (``calc_clipped_surrogate_objective`` does it on the
+       minibatch it is given), never once over the whole batch.
+    3. Beside the loss (no gradients), on the log-probabilities the loss used, before the step:
+       ``clip_diagnostics`` gives ``approx_kl = mean((r - 1) - log r)`` and
+       ``clipfrac = mean(|r - 1| > clip_coef)``.
 
-    Returns means over all minibatches of ``policy_objective``, ``value_loss``, ``entropy``,
-    ``approx_kl``, ``clipfrac``, plus the rollout's ``explained_variance``.
+    Returns a dict: the means over every minibatch step (all epochs) of ``policy_objective`` and
+    ``value_loss`` (the two functions' values), ``entropy`` (the policy's mean entropy on the minibatch,
+    without ``ent_coef``), ``approx_kl`` and ``clipfrac``; plus the rollout's ``explained_variance`` of
+    the stored values against the returns.
     """
     # >>> exercise
     with torch.no_grad():

@@ -2,17 +2,18 @@
 
 A worked solution ends with a line ``Answer: N``. Whether it is right needs no reward model: a
 program reads N and compares it with the true result. That is a **verifiable reward**, and with it
-the chapter runs the recipe of today's reasoning models: supervised fine-tuning (SFT) on correct
-demonstrations, best-of-N and rejection-sampling fine-tuning (SFT on the model's own correct
-samples), then GRPO (chapter 04's trainer) with the verifier as the reward. The pieces a learner
-writes, in the order the chapter builds them:
+the chapter runs the methods of today's reasoning models side by side, each from the same base model:
+supervised fine-tuning (SFT) on correct demonstrations, best-of-N and rejection-sampling fine-tuning
+(SFT on the model's own correct samples), and GRPO (chapter 04's trainer) with the verifier as the
+reward, started from the base model as in DeepSeek-R1-Zero. The pieces a learner writes, in the
+order the chapter builds them:
 
 1. ``extract_answer``     the strict parser: the last line ``Answer: N`` of a completion, or None
 2. ``verifiable_reward``  1.0 where the parsed answer is the true one, else 0.0
 3. ``sft_loss``           next-token cross-entropy on the completion only (the prompt is masked)
 4. ``pass_at_k``          the unbiased estimator of pass@k from n samples of which c are correct
 5. ``select_correct``     which samples rejection-sampling fine-tuning trains on (at most m per prompt)
-6. ``best_of_n_kl``       the KL of best-of-n sampling from the reference, log n - (n - 1) / n
+6. ``best_of_n_kl``       the KL of best-of-n sampling from the reference, an integral evaluated by hand
 
 ``lenient_extract_answer`` is the verifier done wrong (the first number anywhere in the text): a
 policy trained against it learns to put the right-looking number first, and the chapter shows it.
@@ -61,11 +62,9 @@ def lenient_extract_answer(completion: str) -> int | None:
 
 
 def verifiable_reward(completions: list[str], answers: list[int]) -> Float[Tensor, "b"]:
-    """The verifiable reward of each completion, against the true answers:
-
-        r_i = 1.0  if extract_answer(completions[i]) == answers[i]  else 0.0
-
-    A completion with no answer line gets 0.0. Returns a float32 tensor of shape ``[len(completions)]``
+    """The verifiable reward of each completion, against the true answers: r_i is 1.0 when the answer
+    that ``extract_answer`` reads from completion i equals ``answers[i]`` (as integers), and 0.0
+    otherwise. A completion with no answer line gets 0.0, whatever the true answer (0 included). Returns a float32 tensor of shape ``[len(completions)]``
     on the CPU (its inputs are text; trainers move rewards to the model's device, as for every
     reward function of the course).
     """
@@ -155,13 +154,16 @@ def select_correct(rewards: Float[Tensor, "p G"], max_per_prompt: int | None = N
 
 def best_of_n_kl(n: int) -> float:
     """The KL divergence (nats) of best-of-n sampling from the reference policy it samples from,
-    for a continuous reward (no ties): this integral, evaluated in closed form in n,
+    for a reward with a continuous distribution under the reference (no ties): this integral,
+    evaluated in closed form in n,
 
         KL(pi_best-of-n || pi_ref) = integral_0^1 n u^(n-1) ln(n u^(n-1)) du        (n >= 1)
 
     (u: the reward's quantile under pi_ref; n u^(n-1): the density of the best of n quantiles, so
     pi_best-of-n / pi_ref = n u^(n-1)). 0.0 at n = 1 (best-of-1 is the reference itself), and below
-    the bound ln n that is often quoted. A Python float.
+    ln n for n > 1. This closed form is the value usually quoted for best-of-n; Beirami et al. (2024)
+    show that for discrete outputs (a language model's, whose samples repeat) it is an upper bound on
+    the true KL, exact only in the continuous case. A Python float.
     """
     # >>> exercise
     return math.log(n) - (n - 1) / n

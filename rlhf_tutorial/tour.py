@@ -16,7 +16,8 @@ def next_token_probs(model: HookedTransformer, tokens: Int[Tensor, "b s"]) -> Fl
 
     pi(x_s | x_{<s}) = softmax_v(z_{s-1}, v): the logits z_t at position t score token t+1, so the last
     position's logits give the next token's distribution, a softmax over the vocabulary (every row sums
-    to 1; logits in the hundreds must not overflow).
+    to 1; logits in the hundreds must not overflow). The probabilities stay in the graph of the forward
+    pass: a loss computed from them trains the model's weights.
     """
     logits: Float[Tensor, "b s v"] = model(tokens)
     return logits[:, -1, :].softmax(dim=-1)
@@ -29,12 +30,14 @@ def final_normalized_residual(
     as stored: [batch, pos, d_model], no dimension squeezed.
 
     This is exactly what the unembedding sees (logits = normalized @ W_U + b_U), so it is the natural
-    input for a value head.
+    input for a value head. The result stays in the forward pass's graph: a loss computed from it sends
+    its gradient back into the transformer's weights (a value head on it trains the shared trunk). Every
+    hook the function adds is gone from the model when it returns.
     """
     stored: list[Tensor] = []
 
     def save(activation: Float[Tensor, "b s d_model"], hook) -> None:
-        stored.append(activation.detach())
+        stored.append(activation)
 
     model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", save)])
     return stored[0]

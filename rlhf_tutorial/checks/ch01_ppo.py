@@ -6,13 +6,16 @@ Regimes probed (where plausible implementations differ):
 - compute_gae: random episode ends, none, every step an end (the dones[t] vs dones[t+1] convention),
   a single step and env, gamma = lambda = 1 and lambda = 0 (the recursion's factors), equal rewards;
 - calc_clipped_surrogate_objective: ratios inside and far outside the clip range, ratio exactly 1,
-  all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation);
+  all-equal advantages (std 0: a missing eps gives NaN), 2-d batches (per-row normalisation), ratios up
+  to e^4 with negative advantages (the unclipped term chosen however large: a cap on it shows);
 - calc_value_function_loss: 1-d and 2-d batches (len() is the number of rows), values == returns;
 - calc_entropy_bonus: ties (all logits equal: log n), logits x 1e4 (log(softmax) underflows), a batch of 1;
 - get_minibatch_indices: minibatch == batch, minibatches of 1 (a squeeze() drops the size-1 dimension
   there), 512 indices (order, seeding);
-- rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation; one
-  setting with the gradient clip inactive and one where it clips every step.
+- rollout_step / ppo_learning_phase: scripted envs that end by termination and by truncation, with
+  float64 observations (the returned one must be float32); one setting with the gradient clip inactive
+  and one where it clips every step; 4 minibatches x 2 epochs in the learner's order, replayed on the
+  reference, with every returned diagnostic compared.
 """
 
 from __future__ import annotations
@@ -45,6 +48,106 @@ from rlhf_tutorial.trainers.ppo import PPOArgs
 
 CHAPTER = "01_ppo"
 DEVICE = "cpu"  # chapter 01 trains gymnasium agents on the CPU on every machine: its code is checked there
+
+#: The contract of each exercise (its CURRICULUM row and docstring), clause by clause; the tests write a
+#: version that breaks each one (tests/checks/test_ch01_ppo.py: VIOLATIONS).
+CLAUSES = {
+    "layer_init": {
+        "orthogonal": "the weight is orthogonal: orthonormal rows when out <= in, orthonormal columns when it widens",
+        "gain": "the orthogonal matrix is scaled by exactly std (W W^T = std^2 I)",
+        "default_std": "std defaults to sqrt(2)",
+        "bias": "every entry of the bias equals bias_const",
+        "default_bias": "bias_const defaults to 0",
+        "same_layer": "the given layer is initialised in place and that same layer is returned",
+    },
+    "compute_gae": {
+        "dones_t": "dones[t] masks transition t itself (True when the episode ended with it), not t+1",
+        "no_bootstrap": "no V_{t+1} is bootstrapped across an episode end: (1 - dones[t]) in delta_t",
+        "recursion_masked": "no advantage flows back across an episode end: (1 - dones[t]) in the recursion too",
+        "lambda": "the recursion is weighted by gamma * gae_lambda",
+        "gamma": "gamma discounts both V_{t+1} in delta_t and A_{t+1} in the recursion",
+        "next_value": "V after the last step is next_value (not 0)",
+        "backwards": "A_t depends on A_{t+1}: the recursion runs backwards in time from A_T = 0",
+        "advantages": "the advantages are returned, not the returns A + V",
+        "bool_dones": "dones is a Bool tensor (arithmetic on it needs a conversion)",
+        "inputs_unchanged": "no input tensor is modified in place",
+        "dtype": "the result has the rewards' shape [steps, env] and dtype",
+    },
+    "calc_clipped_surrogate_objective": {
+        "normalised": "the advantages are normalised before use",
+        "centred": "the normalisation subtracts the mean of the advantages",
+        "unbiased_std": "the normalisation divides by torch's default (unbiased) std",
+        "all_elements": "mean and std are over all elements of a batch of any shape, not per row",
+        "eps": "eps (the argument, default 1e-8) is added to the std: all-equal advantages give no NaN",
+        "ratio": "the ratio is exp(logprobs - old_logprobs) = pi / pi_old",
+        "large_ratios": "no ratio or term is capped: large log-ratios with negative advantages take the unclipped term",
+        "clip_ratio": "the ratio is clipped to [1 - clip_coef, 1 + clip_coef], not the advantages",
+        "min": "each sample takes the min of the unclipped and clipped terms (both are needed)",
+        "mean": "the result is the mean over samples, not their sum",
+        "sign": "an objective to maximise, not a loss",
+        "differentiable": "the gradient with respect to logprobs is the reference's (nothing detached)",
+        "inputs_unchanged": "no input tensor is modified in place",
+    },
+    "calc_value_function_loss": {
+        "half": "the loss carries the factor 0.5",
+        "vf_coef": "the loss is scaled by vf_coef",
+        "mean": "the mean over all elements of a batch of any shape (not a sum, not divided by the rows)",
+        "squared": "of the squared differences (not absolute, not square-rooted, not the squared mean)",
+        "sign": "a loss: positive, the objective subtracts it",
+        "differentiable": "the gradient with respect to values is the reference's (nothing detached)",
+        "inputs_unchanged": "no input tensor is modified in place",
+    },
+    "calc_entropy_bonus": {
+        "coef": "the mean entropy is scaled by ent_coef",
+        "sign": "a bonus to maximise: the entropy -sum p log p, which is >= 0",
+        "mean_over_batch": "the mean of the per-state entropies over every batch dimension, not their sum",
+        "last_dim": "the distribution is over the last dimension (the actions)",
+        "sum_over_actions": "the entropy sums p log p over the actions (not a mean over them)",
+        "weighted": "each log p is weighted by p (not a cross-entropy with the uniform distribution)",
+        "stable": "large logits (scale 1e4) give a finite result",
+        "differentiable": "the gradient with respect to logits is the reference's (nothing detached)",
+    },
+    "get_minibatch_indices": {
+        "permutation": "every index of range(batch_size) appears exactly once per epoch",
+        "shuffled": "the order is random, not 0, 1, 2, ...",
+        "generator": "the permutation is drawn from the generator argument: same seed, same minibatches",
+        "count": "batch_size // minibatch_size minibatches of minibatch_size each",
+        "shape": "each minibatch is a 1-d index tensor, also with one minibatch or minibatches of 1",
+        "integer": "the indices are integers",
+    },
+    "rollout_step": {
+        "obs": "buffer.obs[step] is the observation the action was chosen in, not the next one",
+        "samples": "the action is sampled from Categorical(logits=actor(obs)), not the argmax",
+        "logprob": "buffer.logprobs[step] is log pi(a | obs) of the action taken",
+        "value": "buffer.values[step] is V(obs) of the observation acted in",
+        "rewards": "buffer.rewards[step] holds the rewards of the env step",
+        "dones": "dones = terminated | truncated",
+        "no_grad": "nothing stored carries a graph (no gradients needed during the rollout)",
+        "returns_next_obs": "the next observation is returned as a float32 tensor",
+        "row_step": "the transition goes into row `step` of the buffer; no other row is written",
+    },
+    "ppo_learning_phase": {
+        "next_value": "next_value is the critic's value of next_obs",
+        "returns": "the value targets are R = A + V",
+        "targets_fixed": "advantages and returns are computed once, without gradients",
+        "flatten": "every buffer field is flattened in the same [steps, env] order",
+        "old_logprobs": "the ratio's old log-probs are the stored ones",
+        "objective": "objective = L_clip - L_value + L_entropy, stepped by an optimizer that maximises",
+        "zero_grad": "the gradients are zeroed before every backward",
+        "grad_clip": "the gradient norm is clipped to max_grad_norm before every step",
+        "minibatches": "update_epochs epochs of one optimizer step per minibatch",
+        "generator": "the minibatches are drawn from the generator argument",
+        "per_minibatch_normalisation": "the advantages are normalised per minibatch, not once over the batch",
+        "buffer_read_only": "the buffer is read, never written",
+        "keys": "the dict has policy_objective, value_loss, entropy, approx_kl, clipfrac and explained_variance",
+        "approx_kl": "approx_kl is the k3 estimate mean((r - 1) - log r) with r = exp(new - stored log-probs)",
+        "clipfrac": "clipfrac counts ratios outside the clip range on both sides (|r - 1| > clip_coef)",
+        "mean_over_steps": "each diagnostic is the mean over every minibatch step of every epoch",
+        "before_step": "approx_kl and clipfrac are measured before the minibatch's optimizer step",
+        "explained_variance": "explained_variance is of the stored values against the returns",
+        "entropy": "entropy is the policy's mean entropy, without ent_coef",
+    },
+}
 
 
 
@@ -100,19 +203,19 @@ def check_layer_init(candidate) -> str:
             raise CheckFailure(
                 f"On {label}, the weight is not a scaled orthogonal matrix: W W^T has off-diagonal entries "
                 f"up to {off_diag:.3g} (expected 0).",
-                hint="Use nn.init.orthogonal_(layer.weight, gain=std): the rows (or columns) must be orthogonal, "
-                     "which normal, uniform, xavier or kaiming initialisation are not.",
+                hint="The weight must be an orthogonal matrix (orthonormal rows, or columns when the layer widens) "
+                     "scaled by std; normal, uniform, xavier or kaiming initialisation do not make one.",
             )
         if not math.isclose(gain**2, std**2, rel_tol=1e-3, abs_tol=1e-8):
-            hint = ("The gain is 1: pass gain=std to orthogonal_." if math.isclose(gain, 1.0, rel_tol=1e-3)
+            hint = ("The gain is 1: the orthogonal matrix must be scaled by std." if math.isclose(gain, 1.0, rel_tol=1e-3)
                     else "The weight was scaled twice: gain=std already scales it, do not also multiply by std."
                     if math.isclose(gain, std**2, rel_tol=1e-3)
-                    else "The orthogonal matrix must be scaled by exactly `std` (gain=std).")
+                    else "The orthogonal matrix must be scaled by exactly `std`.")
             raise CheckFailure(f"On {label}, the weight is orthogonal with gain {gain:.4g}, expected std = {std:.4g}.",
                                hint=hint)
         if not torch.allclose(layer.bias.detach(), torch.full_like(layer.bias, bias_const)):
             raise CheckFailure(f"On {label}, the bias is {fmt(layer.bias)}, expected every entry = {bias_const}.",
-                               hint="Fill the bias with bias_const: nn.init.constant_(layer.bias, bias_const).")
+                               hint="Every entry of the bias must equal bias_const (its default is 0).")
     return f"orthogonal weights with gain std and constant bias on {len(cases)} layer shapes."
 
 
@@ -268,7 +371,8 @@ def _surrogate_case(label: str, shape: tuple[int, ...], seed: int, spread: float
 )
 def check_calc_clipped_surrogate_objective(candidate) -> str:
     cases = [
-        _surrogate_case("5 samples, ratios inside and outside the clip range", (5,), seed=1, spread=0.4),
+        # seed 10: every known mistake gives a different value here (none is named for another)
+        _surrogate_case("5 samples, ratios inside and outside the clip range", (5,), seed=10, spread=0.4),
         _surrogate_case("a [4, 6] batch", (4, 6), seed=2, spread=0.3),
         _surrogate_case("ratios far from 1", (16,), seed=3, spread=1.5, clip_coef=0.1),
         _surrogate_case("new == old (ratio 1)", (7,), seed=4, spread=0.0),
@@ -277,22 +381,29 @@ def check_calc_clipped_surrogate_objective(candidate) -> str:
         # eps matters only where the std is small: here it is 1e-4, so eps = 1e-3 shrinks A tenfold
         _surrogate_case("near-constant advantages (std 1e-4), eps = 1e-3", (8,), seed=7, spread=0.5, eps=1e-3,
                         advantages=2.0 + 1e-4 * torch.randn(8, generator=seeded(8))),
+        # Large log-ratios (ratios up to e^4 ~ 55) with negative advantages: there the min takes the unclipped
+        # term however large the ratio, so a ratio or term capped at some bound shows.
+        Case("large log-ratios (up to 4) with negative advantages", (
+            torch.tensor([-2.0, -1.4, -1.0, -8.0, -4.9, -2.2, -5.2, -1.5]),
+            torch.tensor([-5.0, -4.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0]),
+            torch.tensor([-1.0, -2.0, 1.5, 0.5, -0.5, -1.5, 2.0, -0.3]), 0.2)),
     ]
     return compare_to_reference(
         candidate, ppo.calc_clipped_surrogate_objective, cases,
         arg_names=["logprobs", "old_logprobs", "advantages", "clip_coef", "eps"],
         grad=DIFFERENTIATED["calc_clipped_surrogate_objective"],
         mistakes=[
-            Mistake("The advantages are not normalised: start with A = (A - A.mean()) / (A.std() + eps).",
+            Mistake("The advantages are not normalised: start with A_hat = (A - mean(A)) / (std(A) + eps).",
                     lambda *a, **k: _surrogate(*a, **k, norm="none")),
-            Mistake("The eps argument is ignored (a fixed 1e-8, or none): A = (A - A.mean()) / (A.std() + eps), with the "
+            Mistake("The eps argument is ignored (a fixed 1e-8, or none): A_hat = (A - mean(A)) / (std(A) + eps), with the "
                     "eps you are given; it matters when the advantages are nearly equal.",
                     lambda lp, old, adv, c, eps=1e-8: _surrogate(lp, old, adv, c)),
-            Mistake("You used the biased std (unbiased=False / population std): the contract uses torch's default "
-                    "A.std().", lambda *a, **k: _surrogate(*a, **k, norm="biased")),
-            Mistake("You divided by the std but did not subtract the mean: A = (A - A.mean()) / (A.std() + eps).",
+            Mistake("You used the biased std (the population std, dividing by n): the contract uses torch's default, "
+                    "the unbiased std (dividing by n - 1).", lambda *a, **k: _surrogate(*a, **k, norm="biased")),
+            Mistake("You divided by the std but did not subtract the mean: A_hat = (A - mean(A)) / (std(A) + eps).",
                     lambda *a, **k: _surrogate(*a, **k, norm="no_center")),
-            Mistake("You normalised each row separately: normalise over all elements (A.mean(), A.std() with no dim).",
+            Mistake("You normalised each row separately: normalise over all elements (one mean and one std for the whole "
+                    "tensor).",
                     lambda *a, **k: _surrogate(*a, **k, norm="per_row")),
             Mistake("That takes the max of the two terms: PPO takes the min (a pessimistic bound).",
                     lambda *a, **k: _surrogate(*a, **k, op="max")),
@@ -334,7 +445,7 @@ def _vcase(label: str, shape: tuple[int, ...], seed: int, vf_coef: float, equal:
 )
 def check_calc_value_function_loss(candidate) -> str:
     cases = [
-        _vcase("8 values, vf_coef = 0.5", (8,), 1, 0.5),
+        _vcase("8 values, vf_coef = 0.7", (8,), 1, 0.7),  # not 0.5: a missing 0.5 and a missing vf_coef differ
         _vcase("a [3, 5] batch, vf_coef = 1", (3, 5), 2, 1.0),
         _vcase("a batch of 1", (1,), 3, 0.5),
         _vcase("vf_coef = 0.25", (10,), 4, 0.25),
@@ -448,7 +559,7 @@ def check_get_minibatch_indices(candidate) -> str:
                 f"On {label}, your minibatches are single numbers (0-d tensors), not index tensors of "
                 f"{minibatch_size}.",
                 hint="A squeeze() dropped a dimension of size 1 (one minibatch, or minibatches of 1): keep the "
-                "[num_minibatches, minibatch_size] shape, e.g. list(perm.reshape(-1, minibatch_size)).")
+                "[num_minibatches, minibatch_size] shape: each minibatch a 1-d tensor of indices.")
         n_expected = batch_size // minibatch_size
         if len(mbs) != n_expected:
             hint = ("You made minibatch_size minibatches of batch_size // minibatch_size each: the arguments are "
@@ -464,8 +575,8 @@ def check_get_minibatch_indices(candidate) -> str:
         if flat.unique().numel() != batch_size or flat.min() < 0 or flat.max() >= batch_size:
             raise CheckFailure(f"On {label}, the minibatches do not use every index 0..{batch_size - 1} exactly once "
                                f"({flat.unique().numel()} distinct indices).",
-                               hint="Draw without replacement: one torch.randperm(batch_size) per epoch, cut into "
-                                    "pieces (torch.randint samples with replacement).")
+                               hint="Draw without replacement: one random permutation of the indices per epoch, cut "
+                                    "into pieces (indices drawn independently repeat some and miss others).")
         return mbs
 
     for batch_size, minibatch_size in [(16, 4), (12, 12), (6, 1), (512, 128)]:
@@ -473,12 +584,14 @@ def check_get_minibatch_indices(candidate) -> str:
     flat = torch.cat(list(run(512, 128, seed=0)))
     if torch.equal(flat.long(), torch.arange(512)):
         raise CheckFailure("The minibatches are in order 0, 1, 2, ...: shuffle the indices every epoch.",
-                           hint="Use torch.randperm(batch_size, generator=generator) instead of arange.")
+                           hint="The order must be a random permutation of range(batch_size), drawn from the generator, "
+                                "not the indices in order.")
     again = torch.cat(list(run(512, 128, seed=0)))
     if not torch.equal(flat, again):
         raise CheckFailure("Two calls with generators seeded the same gave different minibatches: the order must "
                            "come from `generator`.",
-                           hint="Pass it on: torch.randperm(batch_size, generator=generator).")
+                           hint="The permutation must be drawn from the `generator` argument, not the global random "
+                                "state: the same seed must give the same minibatches.")
     other = torch.cat(list(run(512, 128, seed=1)))
     if torch.equal(flat, other):
         raise CheckFailure("Generators with different seeds gave the same minibatches: draw the permutation from "
@@ -490,7 +603,8 @@ def check_get_minibatch_indices(candidate) -> str:
 # rollout_step
 # ----------------------------------------------------------------------------------------------------
 class _ScriptedEnv(gym.Env):
-    """A deterministic env for checking rollouts: 3-d observations, 3 actions, reward = action + t / 10.
+    """A deterministic env for checking rollouts: 3-d float64 observations (as many gymnasium envs give:
+    the rollout must convert them to float32), 3 actions, reward = action + t / 10.
 
     Env ``k`` ends its episodes after ``k + 2`` steps, by truncation when ``k`` is odd, by termination
     otherwise; the observation records (time, env, episode, last action).
@@ -498,12 +612,12 @@ class _ScriptedEnv(gym.Env):
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.observation_space = gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32)
+        self.observation_space = gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float64)
         self.action_space = gym.spaces.Discrete(3)
         self.t, self.episode = 0, 0
 
     def _obs(self, last_action: int) -> np.ndarray:
-        return np.array([self.t / 4 + self.k / 10, self.episode / 3 - self.k, last_action - 1.0], dtype=np.float32)
+        return np.array([self.t / 4 + self.k / 10, self.episode / 3 - self.k, last_action - 1.0], dtype=np.float64)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -582,12 +696,12 @@ def check_rollout_step(candidate) -> str:
         if not torch.allclose(got_logp, want_logp, atol=1e-5):
             hint = None
             if torch.allclose(got_logp, want_logp.exp(), atol=1e-5):
-                hint = "Those are probabilities: store the log-probability, dist.log_prob(action)."
+                hint = "Those are probabilities: store the log-probability of the action taken."
             elif torch.allclose(got_logp, Categorical(logits=logits).entropy(), atol=1e-5):
-                hint = "That is the entropy: store dist.log_prob(action)."
+                hint = "That is the entropy: store the log-probability of the action taken."
             elif torch.allclose(got_logp, logp[:, 0], atol=1e-5) or torch.allclose(got_logp, logits.gather(
                     -1, actions[:, None]).squeeze(-1), atol=1e-5):
-                hint = "Store the log-probability of the action you took: dist.log_prob(action)."
+                hint = "Store the log-probability of the action you took, under the distribution you sampled it from."
             raise CheckFailure(f"{where}, buffer.logprobs[step] = {fmt(got_logp)}, expected log pi(action | obs) = "
                                f"{fmt(want_logp)}.", hint=hint)
         if buffer.values.requires_grad or buffer.logprobs.requires_grad:
@@ -600,7 +714,7 @@ def check_rollout_step(candidate) -> str:
             hint = ("That is the value of the next observation: store V(obs) of the observation you acted in."
                     if torch.allclose(buffer.values[step], v_next, atol=1e-5) else None)
             raise CheckFailure(f"{where}, buffer.values[step] = {fmt(buffer.values[step])}, expected "
-                               f"agent.critic(obs).squeeze(-1) = {fmt(values)}.", hint=hint)
+                               f"V(obs), one value per env = {fmt(values)}.", hint=hint)
         want_rewards = torch.as_tensor(reward, dtype=torch.float32)
         if not torch.allclose(buffer.rewards[step], want_rewards):
             raise CheckFailure(f"{where}, buffer.rewards[step] = {fmt(buffer.rewards[step])}, expected the rewards "
@@ -625,7 +739,8 @@ def check_rollout_step(candidate) -> str:
         greedy = agent.actor(buffer.obs).argmax(-1)
     if torch.equal(greedy, buffer.actions):
         raise CheckFailure("Every stored action is the most probable one: the rollout must sample.",
-                           hint="action = Categorical(logits=logits).sample(), not logits.argmax(-1).")
+                           hint="Sample each env's action from the categorical distribution its logits define: the "
+                                "most probable action (the argmax) is not a sample, and the policy would never explore.")
     return (f"{num_steps} steps of {num_envs} scripted envs (episode ends by termination and truncation): obs, "
             "actions, log-probs, values, rewards, dones and the next obs all as expected.")
 
@@ -657,8 +772,10 @@ def _buffer_copy(buffer: ppo.RolloutBuffer) -> ppo.RolloutBuffer:
                                ("obs", "actions", "logprobs", "values", "rewards", "dones")))
 
 
-def _learning_variant(agent, optimizer, buffer, next_obs, args, generator=None, *, bug: str):
-    """The reference learning phase with one deliberate bug (for the hints)."""
+def _learning_variant(agent, optimizer, buffer, next_obs, args, generator=None, *, bug: str, minibatches=None):
+    """The reference learning phase with one deliberate bug (for the hints); ``minibatches(batch_size,
+    minibatch_size, generator)`` gives each epoch's minibatches (get_minibatch_indices by default)."""
+    minibatches = minibatches or ppo.get_minibatch_indices
     with torch.no_grad():
         next_value = agent.critic(next_obs).squeeze(-1)
         if bug == "next_value_zero":
@@ -668,12 +785,19 @@ def _learning_variant(agent, optimizer, buffer, next_obs, args, generator=None, 
     flat = [einops.rearrange(x, "s e ... -> (s e) ...") for x in
             (buffer.obs, buffer.actions, buffer.logprobs, adv, returns)]
     b_obs, b_act, b_logp, b_adv, b_ret = flat
+    if bug == "batch_normalised":  # once over the whole batch, and a surrogate that does not normalise again
+        b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
     for _ in range(args.update_epochs):
-        for mb in ppo.get_minibatch_indices(args.batch_size, args.minibatch_size, generator):
+        for mb in minibatches(args.batch_size, args.minibatch_size, generator):
             logits = agent.actor(b_obs[mb])
             new_logp = Categorical(logits=logits).log_prob(b_act[mb])
             old_logp = new_logp.detach() if bug == "old_is_new" else b_logp[mb]
-            pol = ppo.calc_clipped_surrogate_objective(new_logp, old_logp, b_adv[mb], args.clip_coef)
+            if bug == "batch_normalised":
+                ratio = (new_logp - old_logp).exp()
+                pol = torch.minimum(ratio * b_adv[mb],
+                                    ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef) * b_adv[mb]).mean()
+            else:
+                pol = ppo.calc_clipped_surrogate_objective(new_logp, old_logp, b_adv[mb], args.clip_coef)
             vl = ppo.calc_value_function_loss(agent.critic(b_obs[mb]).squeeze(-1), b_ret[mb], args.vf_coef)
             ent = ppo.calc_entropy_bonus(logits, args.ent_coef)
             objective = {"value_sign": pol + vl + ent, "minimise": -(pol - vl + ent),
@@ -688,8 +812,8 @@ def _learning_variant(agent, optimizer, buffer, next_obs, args, generator=None, 
 
 
 _LEARNING_MISTAKES = {
-    "no_clip": "The gradient is not clipped: call nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm) "
-               "after backward() and before optimizer.step().",
+    "no_clip": "The gradient is not clipped: scale the agent's gradients so that their global norm is at most "
+               "args.max_grad_norm, after backward() and before optimizer.step().",
     "no_zero_grad": "Gradients pile up across minibatches: call optimizer.zero_grad() before every backward().",
     "minimise": "The update goes the wrong way: the optimizer maximises (maximize=True), so step on "
                 "objective = L_clip - L_value + L_entropy itself, not on its negative.",
@@ -701,24 +825,137 @@ _LEARNING_MISTAKES = {
                        "not 0.",
     "old_is_new": "old_logprobs must be the stored buffer.logprobs (the policy that collected the data), not the "
                   "new log-probs detached: then the ratio is always 1 and nothing is clipped.",
+    "batch_normalised": "The advantages are normalised once over the whole batch: the contract normalises them per "
+                        "minibatch (calc_clipped_surrogate_objective does it on the minibatch it is given), which "
+                        "differs as soon as there are several minibatches.",
 }
+
+#: The returned diagnostics: the mean over every minibatch step of each of the first five, measured on the
+#: minibatch before its optimizer step, and the rollout's explained variance.
+STAT_KEYS = ("policy_objective", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+_STAT_MEANING = {
+    "policy_objective": "the mean over every minibatch step of calc_clipped_surrogate_objective's value",
+    "value_loss": "the mean over every minibatch step of calc_value_function_loss's value (vf_coef included)",
+    "entropy": "the mean over every minibatch step of the policy's mean entropy on the minibatch (without "
+               "ent_coef)",
+    "approx_kl": "the mean over every minibatch step of mean((r - 1) - log r), r = exp(new log-probs - stored "
+                 "log-probs), measured before that minibatch's optimizer step",
+    "clipfrac": "the mean over every minibatch step of the share of ratios with |r - 1| > clip_coef, measured "
+                "before that minibatch's optimizer step",
+    "explained_variance": "explained_variance(values, returns) of the rollout: the stored values against the "
+                          "returns, flattened",
+}
+
+
+def _stat_variants(agent_before, buffer, next_obs, args, steps: list[torch.Tensor], agent_after) -> dict:
+    """Wrong versions of the returned diagnostics, computed along the reference's own run with the same
+    minibatches: {key: [(hint, value), ...]} (the k1 estimate, swapped arguments, one side of the clip
+    range, the last minibatch only, measured after the step, the returns' roles swapped...)."""
+    agent = copy.deepcopy(agent_before)
+    optimizer = torch.optim.SGD(agent.parameters(), lr=0.05, maximize=True)
+    with torch.no_grad():
+        next_value = agent.critic(next_obs).squeeze(-1)
+        adv = ppo.compute_gae(buffer.rewards, buffer.values, next_value, buffer.dones, args.gamma, args.gae_lambda)
+        returns = adv + buffer.values
+    b_obs = einops.rearrange(buffer.obs, "s e ... -> (s e) ...")
+    b_act, b_logp, b_adv, b_ret, b_val = (einops.rearrange(x, "s e -> (s e)") for x in
+                                          (buffer.actions, buffer.logprobs, adv, returns, buffer.values))
+    per: dict[str, list[float]] = {k: [] for k in ("k1", "k3_swapped", "upper", "lower", "k3", "clipfrac",
+                                                  "k3_after", "clipfrac_after", "entropy_bonus", "entropy",
+                                                  "policy_objective", "value_loss")}
+    for mb in steps:
+        logits = agent.actor(b_obs[mb])
+        dist = Categorical(logits=logits)
+        new_logp = dist.log_prob(b_act[mb])
+        pol = ppo.calc_clipped_surrogate_objective(new_logp, b_logp[mb], b_adv[mb], args.clip_coef)
+        vl = ppo.calc_value_function_loss(agent.critic(b_obs[mb]).squeeze(-1), b_ret[mb], args.vf_coef)
+        objective = pol - vl + ppo.calc_entropy_bonus(logits, args.ent_coef)
+        per["policy_objective"].append(pol.item())
+        per["value_loss"].append(vl.item())
+        optimizer.zero_grad()
+        objective.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        with torch.no_grad():
+            log_r = new_logp - b_logp[mb]
+            r = log_r.exp()
+            per["k1"].append((-log_r).mean().item())
+            per["k3_swapped"].append(((1 / r - 1) + log_r).mean().item())
+            per["k3"].append(((r - 1) - log_r).mean().item())
+            per["upper"].append((r > 1 + args.clip_coef).float().mean().item())
+            per["lower"].append((r < 1 - args.clip_coef).float().mean().item())
+            per["clipfrac"].append(((r - 1).abs() > args.clip_coef).float().mean().item())
+            per["entropy"].append(dist.entropy().mean().item())
+            per["entropy_bonus"].append(args.ent_coef * dist.entropy().mean().item())
+        optimizer.step()
+        with torch.no_grad():
+            log_r = Categorical(logits=agent.actor(b_obs[mb])).log_prob(b_act[mb]) - b_logp[mb]
+            per["k3_after"].append(((log_r.exp() - 1) - log_r).mean().item())
+            per["clipfrac_after"].append(((log_r.exp() - 1).abs() > args.clip_coef).float().mean().item())
+    mean = {k: float(np.mean(v)) for k, v in per.items()}
+    with torch.no_grad():
+        new_values = einops.rearrange(agent_after.critic(buffer.obs).squeeze(-1), "s e -> (s e)")
+    last = "You reported the last minibatch's value only: return the mean over every minibatch step of every epoch."
+    after = ("You measured it after the optimizer step: measure it on the log-probabilities the loss used, before "
+             "optimizer.step() changes the policy.")
+    return {
+        "policy_objective": [(last, per["policy_objective"][-1])],
+        "value_loss": [(last, per["value_loss"][-1]),
+                       ("That is the value loss without vf_coef: report calc_value_function_loss's value.",
+                        mean["value_loss"] / args.vf_coef)],
+        "approx_kl": [
+            ("That is the k1 estimate mean(-log r): the contract's is the k3 estimate mean((r - 1) - log r), "
+             "never negative.", mean["k1"]),
+            ("The ratio is inverted (log r = old - new): r = exp(new log-probs - stored log-probs), "
+             "approx_kl = mean((r - 1) - log r).", mean["k3_swapped"]),
+            (last, per["k3"][-1]),
+            (after, mean["k3_after"]),
+        ],
+        "clipfrac": [
+            ("You counted only the ratios above 1 + clip_coef: a ratio below 1 - clip_coef is clipped too "
+             "(|r - 1| > clip_coef).", mean["upper"]),
+            ("You counted only the ratios below 1 - clip_coef: a ratio above 1 + clip_coef is clipped too "
+             "(|r - 1| > clip_coef).", mean["lower"]),
+            (last, per["clipfrac"][-1]),
+            (after, mean["clipfrac_after"]),
+        ],
+        "entropy": [
+            ("That is the entropy bonus (ent_coef times the entropy): report the policy's entropy itself.",
+             mean["entropy_bonus"]),
+            (last, per["entropy"][-1]),
+        ],
+        "explained_variance": [
+            ("The arguments are swapped: explained_variance(values, returns) divides by the variance of the "
+             "returns.", ppo.explained_variance(b_ret, b_val)),
+            ("That uses the critic's values after the updates: the contract's explained variance is of the values "
+             "stored at rollout time (buffer.values) against the returns.",
+             ppo.explained_variance(new_values, b_ret)),
+        ],
+    }
 
 
 class _CountingSGD(torch.optim.SGD):
     def __init__(self, params, **kwargs):
         super().__init__(params, **kwargs)
         self.steps = 0
+        self.marks: list[int] = []  # with a recording hook: how many actor inputs it had seen at each step
+        self.seen: list[torch.Tensor] | None = None
 
     def step(self, closure=None):
         self.steps += 1
+        if self.seen is not None:
+            self.marks.append(len(self.seen))
         return super().step(closure)
 
 
-def _run_learning(fn, agent, buffer, next_obs, args, seed: int, via_call: bool):
+def _run_learning(fn, agent, buffer, next_obs, args, seed: int, via_call: bool, seen: list | None = None):
     agent = copy.deepcopy(agent)
     buffer = _buffer_copy(buffer)
     # SGD, not Adam: Adam divides out the scale of the gradient, which would hide a missing gradient clip.
     optimizer = _CountingSGD(agent.parameters(), lr=0.05, maximize=True)
+    if seen is not None:  # the observations the actor sees with gradients on, and where each step falls
+        optimizer.seen = seen
+        agent.actor.register_forward_pre_hook(
+            lambda module, inputs: seen.append(inputs[0].detach().clone()) if torch.is_grad_enabled() else None)
     if via_call:
         stats = call(fn, agent, optimizer, buffer, next_obs.clone(), args, seeded(seed),
                      _arg_names=["agent", "optimizer", "buffer", "next_obs", "args", "generator"])
@@ -750,8 +987,9 @@ def _same_update(got: torch.Tensor, want: torch.Tensor, start: torch.Tensor) -> 
         "epochs and each minibatch of indices that get_minibatch_indices draws with the generator you are "
         "given: the new logits and log-probs of the stored actions, the new values; objective = "
         "clipped surrogate - value loss + entropy bonus; zero the gradients, backpropagate, clip the gradient "
-        "norm to args.max_grad_norm, step. 4. Record clip_diagnostics and the terms per minibatch; return their "
-        "means (and the explained variance).",
+        "norm to args.max_grad_norm, step. 4. Per minibatch, from the log-probabilities the loss used (so before "
+        "the step), record clip_diagnostics, the two terms' values and the policy's entropy (without ent_coef); "
+        "return their means over every step, and the explained variance of the stored values against the returns.",
         solution_code(ppo.ppo_learning_phase),
     ),
 )
@@ -789,36 +1027,15 @@ def check_learning_phase(candidate) -> str:
                 if _same_update(got, _params(_run_learning(wrong, agent, buffer, next_obs, args, 0, False)[0]), start):
                     raise CheckFailure(message, hint=hint)
             raise CheckFailure(message)
-    if not isinstance(stats, dict):
-        raise CheckFailure(f"Your learning phase returned {fmt(stats)}: return a dict of diagnostics.")
-    for key in ("approx_kl", "clipfrac"):
-        if key not in stats:
-            raise CheckFailure(f"The dict you returned has no {key!r} (keys: {sorted(stats)}).",
-                               hint="Compute approx_kl = mean((ratio - 1) - log ratio) and clipfrac = "
-                                    "mean(|ratio - 1| > clip_coef) beside the loss, under no_grad.")
-        try:
-            value = float(stats[key])
-        except (TypeError, ValueError):
-            raise CheckFailure(f"stats[{key!r}] = {fmt(stats[key])} is not a number.") from None
-        if not math.isfinite(value):
-            raise CheckFailure(f"stats[{key!r}] = {value} is not finite.")
-    if not 0.0 <= float(stats["clipfrac"]) <= 1.0:
-        raise CheckFailure(f"clipfrac = {float(stats['clipfrac']):.4g} is a fraction: it must lie in [0, 1].")
-    if float(stats["clipfrac"]) == 0.0 and ref_stats["clipfrac"] > 0.05:
-        raise CheckFailure(f"clipfrac = 0, but {ref_stats['clipfrac']:.0%} of the ratios are outside the clip range.",
-                           hint="clipfrac = ((ratio - 1).abs() > clip_coef).float().mean(), with ratio = "
-                                "exp(new_logprobs - buffer's old logprobs).")
-    if float(stats["approx_kl"]) < -1e-6:
-        raise CheckFailure(f"approx_kl = {float(stats['approx_kl']):.4g} < 0.",
-                           hint="Use the estimator that is never negative: mean((ratio - 1) - log ratio).")
+    _check_stats_form(stats, ref_stats)
 
-    # 2. Several minibatches and epochs: the order is the learner's, so check the structure instead.
-    args = PPOArgs(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=3, hidden=16)
+    # 2. Several minibatches and epochs: the order is the learner's, so check the structure, then replay the
+    #    learner's minibatches (read from what its actor saw) on the reference and compare the update and
+    #    every returned diagnostic.
+    args = PPOArgs(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=2, ent_coef=0.05, hidden=16)
     agent, buffer, next_obs = _learning_setup(1, args.num_envs, args.num_steps)
     seen: list[torch.Tensor] = []
-    agent.actor.register_forward_pre_hook(
-        lambda module, inputs: seen.append(inputs[0].detach().clone()) if torch.is_grad_enabled() else None)
-    _, opt, _, _ = _run_learning(candidate, agent, buffer, next_obs, args, 1, via_call=True)
+    got_agent, opt, _, stats = _run_learning(candidate, agent, buffer, next_obs, args, 1, via_call=True, seen=seen)
     expected_steps = args.update_epochs * args.num_minibatches
     if opt.steps != expected_steps:
         raise CheckFailure(f"With update_epochs = {args.update_epochs} and num_minibatches = {args.num_minibatches} "
@@ -829,23 +1046,101 @@ def check_learning_phase(candidate) -> str:
     if sizes != [args.minibatch_size]:
         raise CheckFailure(f"The actor was trained on batches of {sizes} observations, expected minibatches of "
                            f"{args.minibatch_size} (batch_size {args.batch_size} / {args.num_minibatches}).",
-                           hint="Index the flattened buffer with each minibatch: b_obs[mb].")
+                           hint="Compute the logits of each minibatch's observations only (the flattened buffer "
+                                "indexed with the minibatch's indices).")
+    flat_obs = einops.rearrange(buffer.obs, "s e d -> (s e) d")
+    index_of = {tuple(r.tolist()): i for i, r in enumerate(flat_obs)}
     rows = {tuple(r.tolist()) for x in seen for r in x}
-    all_rows = {tuple(r.tolist()) for r in einops.rearrange(buffer.obs, "s e d -> (s e) d")}
-    if rows != all_rows:
+    if rows != set(index_of):
         raise CheckFailure("The minibatches do not cover the whole rollout.",
                            hint="Each epoch, use every minibatch of indices that get_minibatch_indices gives.")
+    # The minibatch of each step: the last observations the actor saw with gradients before that step.
+    if not opt.marks or opt.marks[0] == 0:
+        raise CheckFailure("Your code called optimizer.step() before computing any logits of a minibatch.",
+                           hint="Per minibatch: logits and values, the objective, backward, then the step.")
+    steps = [torch.tensor([index_of[tuple(r.tolist())] for r in seen[end - 1]])
+             for end in opt.marks]
+    _compare_replayed(candidate, agent, buffer, next_obs, args, steps, got_agent, stats)
+
     # 3. The order comes from the generator it is given: the same generator seed gives the same minibatches,
     #    whatever the global random state (a learner's code that ignores the generator draws from the latter).
     first = seen[:]
     seen.clear()
     torch.manual_seed(12345)
-    _run_learning(candidate, agent, buffer, next_obs, args, 1, via_call=True)
+    _run_learning(candidate, agent, buffer, next_obs, args, 1, via_call=True, seen=seen)
     if len(seen) != len(first) or any(not torch.equal(a, b) for a, b in zip(seen, first)):
         raise CheckFailure("Two runs with generators of the same seed drew different minibatches: your code does "
                            "not take its order from the generator argument.",
                            hint="Draw the minibatches with the generator argument you are given (get_minibatch_indices "
                                 "takes one): a run must be reproducible from its seed.")
-    return ("matches the reference's update (one minibatch, two epochs, clipped gradients), reports approx_kl and "
-            f"clipfrac, makes {expected_steps} minibatch steps covering the rollout with 4 minibatches x 3 epochs, "
-            "in the order its generator gives.")
+    return ("matches the reference's update with one minibatch (two epochs, with and without clipped gradients) and "
+            f"with {args.num_minibatches} minibatches x {args.update_epochs} epochs in your order (advantages "
+            "normalised per minibatch), covering the rollout in the order its generator gives; every returned "
+            f"diagnostic ({', '.join(STAT_KEYS)}) equals the reference's.")
+
+
+def _check_stats_form(stats, ref_stats) -> None:
+    if not isinstance(stats, dict):
+        raise CheckFailure(f"Your learning phase returned {fmt(stats)}: return a dict of diagnostics.")
+    for key in STAT_KEYS:
+        if key not in stats:
+            raise CheckFailure(f"The dict you returned has no {key!r} (keys: {sorted(stats)}).",
+                               hint=f"Return {', '.join(STAT_KEYS)}: {key} is {_STAT_MEANING[key]}.")
+        try:
+            value = float(stats[key])
+        except (TypeError, ValueError):
+            raise CheckFailure(f"stats[{key!r}] = {fmt(stats[key])} is not a number.") from None
+        if not math.isfinite(value):
+            raise CheckFailure(f"stats[{key!r}] = {value} is not finite.")
+    if not 0.0 <= float(stats["clipfrac"]) <= 1.0:
+        raise CheckFailure(f"clipfrac = {float(stats['clipfrac']):.4g} is a fraction: it must lie in [0, 1].")
+    if float(stats["clipfrac"]) == 0.0 and ref_stats["clipfrac"] > 0.05:
+        raise CheckFailure(f"clipfrac = 0, but {ref_stats['clipfrac']:.0%} of the ratios are outside the clip range.",
+                           hint="clipfrac is the share of samples whose ratio exp(new log-prob - stored log-prob) "
+                                "lies outside [1 - clip_coef, 1 + clip_coef].")
+    if float(stats["approx_kl"]) < -1e-6:
+        raise CheckFailure(f"approx_kl = {float(stats['approx_kl']):.4g} < 0.",
+                           hint="Use the estimator that is never negative: mean((r - 1) - log r).")
+
+
+def _replayer(steps: list[torch.Tensor], per_epoch: int):
+    """A get_minibatch_indices that hands out the given minibatches, one epoch's worth per call."""
+    epochs = [steps[i:i + per_epoch] for i in range(0, len(steps), per_epoch)]
+
+    def replay(batch_size, minibatch_size, generator=None):
+        return [mb.clone() for mb in epochs.pop(0)]
+
+    return replay
+
+
+def _compare_replayed(candidate, agent, buffer, next_obs, args, steps, got_agent, stats) -> None:
+    """The reference run on the candidate's minibatches: the same parameters, the same diagnostics."""
+    from rlhf_tutorial.trainers.plug import bind
+    from rlhf_tutorial.trainers.ppo import PLUGGABLE
+
+    per_epoch = args.num_minibatches
+    reference = bind(ppo, PLUGGABLE, {"get_minibatch_indices": _replayer(steps, per_epoch)})["ppo_learning_phase"]
+    ref_agent, _, _, ref_stats = _run_learning(reference, agent, buffer, next_obs, args, 1, via_call=False)
+    start, got, want = _params(agent), _params(got_agent), _params(ref_agent)
+    label = f"With {args.num_minibatches} minibatches x {args.update_epochs} epochs (your minibatches, replayed on the reference)"
+    if not _same_update(got, want, start):
+        message = (f"{label}, your update of the agent's parameters differs from the reference's (by "
+                   f"{(got - want).norm() / (want - start).norm():.1%} of its size).")
+        for bug, hint in _LEARNING_MISTAKES.items():
+            wrong = lambda *a, bug=bug: _learning_variant(  # noqa: E731
+                *a, bug=bug, minibatches=_replayer(steps, per_epoch))
+            if _same_update(got, _params(_run_learning(wrong, agent, buffer, next_obs, args, 1, False)[0]), start):
+                raise CheckFailure(message, hint=hint)
+        raise CheckFailure(message)
+    _check_stats_form(stats, ref_stats)
+    variants = None
+    for key in STAT_KEYS:
+        value, want_value = float(stats[key]), float(ref_stats[key])
+        if math.isclose(value, want_value, rel_tol=1e-3, abs_tol=1e-5):
+            continue
+        if variants is None:
+            variants = _stat_variants(agent, buffer, next_obs, args, steps, ref_agent)
+        hint = next((h for h, v in variants.get(key, []) if math.isclose(value, v, rel_tol=1e-3, abs_tol=1e-5)
+                     and not math.isclose(v, want_value, rel_tol=1e-3, abs_tol=1e-5)), None)
+        raise CheckFailure(f"{label}, the update is right but you returned {key} = {value:.6g}, expected "
+                           f"{want_value:.6g}: {_STAT_MEANING[key]}.", hint=hint)

@@ -11,17 +11,23 @@
   are run the same way to name the mistake.
 
 Regimes probed (where plausible implementations differ):
-- group_relative_advantages: rewards that barely differ (eps matters), an all-equal group (std 0),
-  a batch of 1, 0/1 rewards in a square batch (dim 0 vs dim -1), each scale;
+- group_relative_advantages: rewards that barely differ (eps matters, for "group" and "batch"), an
+  all-equal group (std 0), a batch of 1, 0/1 rewards in a square batch (dim 0 vs dim -1), each scale (an
+  attempt raising for one is told that mode is missing), unknown scales (they must raise);
 - calc_grpo_objective: completions of 1 to g tokens with junk under the mask, each loss type,
   max_completion_len > g, clip-higher, zero advantages (the KL alone), negative advantages with ratios
   up to 12 and beta = 0 (a dual clip shows only there), a reference far from the policy (|logr| up to
-  15: a clamped log-ratio or k3 shows only there);
+  15: a clamped log-ratio or k3 shows only there), log-ratios to pi_old of +-6 to +-12 with both signs of
+  advantage (a log-ratio clamped "to be safe" shows there, in the value; a clamp below -10 only in the
+  gradient of a lone token at log r = -11), beta = 0 and clip_eps_high = 0 (values, not unset), a lower
+  clip of 0.3 on negative advantages, a batch of 1 whose completion is one token; unknown loss types raise;
 - completion_mask: EOS first, last, absent, repeated, EOS padding;
 - sample_group: rows stopping early and not, every row stopping at once (padding), a prompt starting
   with the EOS token (BOS = EOS: a whole-sequence mask), the padding token after EOS, the temperature;
-- grpo_step: dapo with the gradient clip active; dr_grpo with max_new_tokens above the batch's g and
-  the clip inactive (the objective's scale, max_completion_len).
+- sample_group also: max_new_tokens above generate's own default (10) from a model that never stops;
+- grpo_step: dapo with the gradient clip active (every arg away from calc_grpo_objective's defaults);
+  dr_grpo with max_new_tokens above the batch's g and the clip inactive (the objective's scale,
+  max_completion_len); the grad_norm reported, when there is one, is the norm before clipping.
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ from rlhf_tutorial.checks.core import (
     call,
     check_device,
     checker,
+    compare_gradients,
     compare_to_reference,
     expect_tensor,
     failure,
     fmt,
+    is_stub_raise,
     seeded,
     to_device,
 )
@@ -57,6 +65,88 @@ from rlhf_tutorial.trainers.grpo import GRPOArgs
 from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "04_grpo"
+
+#: The contract of each exercise (its CURRICULUM.md row and its docstring), clause by clause; the checker
+#: tests hold a version breaking each (``VIOLATIONS``), and ``tests/checks/test_contract_clauses.py`` holds
+#: the two together.
+CLAUSES = {
+    "group_relative_advantages": {
+        "group_mean": "the baseline of a completion is the mean of its own group (a row), not of the batch "
+                      "nor of a column",
+        "group_std": 'for "group" the centred rewards are divided by their own group\'s std plus eps',
+        "unbiased_std": "the std is torch's default, unbiased one (divides by n - 1)",
+        "eps_added": "eps is added to the std (not inside a square root, not left out: an all-equal group "
+                     "gets 0, not NaN)",
+        "eps_honoured": "the eps argument is used, whatever its value",
+        "batch_mode": 'for "batch" the group-centred rewards are divided by the std of all p * G rewards plus '
+                      "eps (an answer, not a raise)",
+        "none_mode": 'for "none" the rewards are only centred, never divided',
+        "unknown_scale": "any other scale raises an error instead of returning something",
+        "not_in_place": "the rewards tensor is never modified in place",
+        "dtype": "the advantages have the rewards' shape and dtype",
+    },
+    "calc_grpo_objective": {
+        "ratio": "the ratio is exp(logprobs - old_logprobs) = pi_theta / pi_old",
+        "pessimistic_min": "the surrogate is the min of ratio * A and clip(ratio) * A",
+        "clip_eps": "the ratio is clipped at 1 - clip_eps below, with the clip_eps given",
+        "clip_eps_high": "the ratio is clipped at 1 + clip_eps_high above, clip_eps_high given (0.0 included: "
+                         "a value, not unset)",
+        "clip_eps_high_default": "clip_eps_high None means clip_eps",
+        "no_dual_clip": "no floor on the surrogate of negative-advantage tokens (no dual clip)",
+        "large_log_ratios": "the log-ratio to pi_old is not clamped: at |log r| up to 12, with either sign of "
+                            "advantage, value and gradient are those of exp(log r) * A",
+        "k3": "the KL term is k3 of the policy against the reference, exp(ref - logprobs) - 1 - (ref - logprobs), "
+              "not k1, k2 nor k3 with its arguments swapped",
+        "k3_exact": "k3 is exact however far the reference is (no clamp of its log-ratio or of k3)",
+        "kl_subtracted": "the KL penalty is subtracted from the surrogate (the objective is maximised)",
+        "kl_to_reference": "the KL is measured against ref_logprobs, not old_logprobs",
+        "beta": "beta scales the KL term, beta = 0.0 included (a value, not unset)",
+        "mask": "masked tokens count for nothing, whatever their values, in the sums and in the token counts",
+        "grpo_aggregation": '"grpo" is the mean over sequences of (masked sum / that sequence\'s token count)',
+        "dapo_aggregation": '"dapo" is the masked sum over the batch / the total number of unmasked tokens',
+        "dr_grpo_aggregation": '"dr_grpo" is the masked sum / (B * max_completion_len)',
+        "max_completion_len": "max_completion_len is honoured when given and defaults to g",
+        "differentiable": "the objective is differentiable in logprobs, with the reference's gradient",
+        "not_in_place": "no input tensor is modified in place",
+        "scalar": "the result is a 0-dim tensor",
+        "unknown_loss_type": "any other loss_type raises an error (ValueError) instead of returning something",
+    },
+    "completion_mask": {
+        "eos_counted": "the first EOS itself is True (it belongs to the completion)",
+        "after_eos_masked": "every token after the first EOS is False",
+        "first_eos": "the mask stops at the first EOS, not at a later one",
+        "no_eos": "a row without EOS is all True",
+        "eos_argument": "the EOS is the eos_token_id given, not a fixed id",
+        "bool": "the mask is a bool tensor of the completions' shape",
+    },
+    "sample_group": {
+        "shape": "the tokens are [G, prompt_len + max_new_tokens] int64, the mask [G, max_new_tokens] bool",
+        "prompt_first": "every row starts with the prompt",
+        "group_sampled": "the G rows are G samples, not one sample repeated",
+        "stops_at_eos": "sampling stops at eos_token_id: what follows a row's first EOS is EOS padding",
+        "eos_argument": "the eos_token_id argument stops the rows and ends the mask (not a fixed id)",
+        "padded": "when every row stopped early the output is padded with EOS up to max_new_tokens",
+        "mask_counts_eos": "the mask is True up to and including the first EOS, False after",
+        "mask_completion_only": "the mask is computed on the generated tokens only (a prompt that starts "
+                                "with the EOS id does not end the completion)",
+        "temperature": "the samples follow the model's distribution at the temperature given",
+        "top_k": "top_k is honoured",
+    },
+    "grpo_step": {
+        "temperature": "the log-probs are those of logits / args.temperature",
+        "old_logprobs": "the ratio is to the batch's stored old_logprobs (pi_old)",
+        "reference": "the KL is to the batch's ref_logprobs",
+        "args_passed": "clip_coef, kl_coef, loss_type and clip_coef_high of args reach the objective",
+        "max_completion_len": "max_completion_len = args.max_new_tokens reaches the objective",
+        "zero_grad": "the gradients are zeroed before each backward pass",
+        "ascent": "the update ascends the objective (the optimizer is built with maximize=True)",
+        "grad_clip": "the global gradient norm is clipped to args.max_grad_norm before the step",
+        "steps": "the optimizer steps once: the parameters move",
+        "objective_returned": "the diagnostics hold the objective of the step, before the update",
+        "grad_norm": "the grad_norm reported is the global norm before clipping",
+        "batch_read_only": "the batch's tensors are never modified",
+    },
+}
 small_model = partial(fixtures.small_model, n_ctx=64)
 
 
@@ -93,6 +183,8 @@ def _adv_cases() -> list[Case]:
         Case("0/1 rewards with 3 prompts x 3 (square)", (torch.tensor([[1.0, 0, 0], [1, 1, 0], [0, 0, 1]]),),
              {"scale": "group", "eps": 1e-4}),
         Case('scale="batch"', (torch.randn(3, 4, generator=g) * 2 + 1,), {"scale": "batch", "eps": 1e-4}),
+        Case('scale="batch", rewards that barely differ (eps matters)',
+             (torch.tensor([[0.500, 0.504, 0.498], [0.503, 0.501, 0.499]]),), {"scale": "batch", "eps": 1e-4}),
         Case('scale="none"', (torch.randn(3, 4, generator=g),), {"scale": "none", "eps": 1e-4}),
         Case("eps = 0.5", (torch.randn(2, 4, generator=g),), {"scale": "group", "eps": 0.5}),
     ]
@@ -130,21 +222,21 @@ def _adv_variant(*, center="group", std="group", unbiased=True, eps_mode="add", 
 
 ADV_MISTAKES = [
     Mistake("You used the population std (unbiased=False, divides by G). The contract uses torch's default, "
-            "the unbiased std (divides by G - 1): rewards.std(dim=-1, keepdim=True).",
+            "the unbiased std (divides by G - 1), over each group.",
             _adv_variant(unbiased=False)),
     Mistake("There is no eps: divide by (std + eps). Without it a group whose rewards barely differ gets "
             "huge advantages, and an all-equal group gives 0 / 0 = NaN.", _adv_variant(eps_mode="none")),
     Mistake("eps is inside the square root: the contract adds it to the std, (r - mean) / (std + eps).",
             _adv_variant(eps_mode="sqrt")),
     Mistake("eps is hard-coded: use the `eps` argument.", _adv_variant(eps_mode="fixed")),
-    Mistake('For scale="group" the std is over the batch (all p*G rewards): take it over each group, '
-            "std(dim=-1, keepdim=True). (Over the batch is what scale=\"batch\" does.)", _adv_variant(std="batch")),
-    Mistake("You subtracted the mean of the whole batch: the baseline is each group's own mean, "
-            "rewards.mean(dim=-1, keepdim=True).", _adv_variant(center="batch")),
+    Mistake('For scale="group" the std is over the batch (all p*G rewards): take it over each group '
+            "(along the last dim). (Over the batch is what scale=\"batch\" does.)", _adv_variant(std="batch")),
+    Mistake("You subtracted the mean of the whole batch: the baseline is each group's own mean "
+            "(one mean per row).", _adv_variant(center="batch")),
     Mistake("You subtracted the batch mean and divided by the batch std: that is whitening, not a group baseline.",
             _adv_variant(center="batch", std="batch")),
     Mistake("You normalised over dim 0 (across prompts): a group is a row, the G completions of one prompt "
-            "(dim=-1).", _adv_variant(center="prompts", std="prompts")),
+            "(the last dim).", _adv_variant(center="prompts", std="prompts")),
     Mistake('scale="none" (Dr. GRPO) only centres the rewards: do not divide by a std.',
             _adv_variant(none_divides=True)),
 ]
@@ -168,10 +260,57 @@ ADV_MISTAKES = [
     ),
 )
 def check_group_relative_advantages(candidate) -> str:
-    return compare_to_reference(
+    _check_adv_modes(candidate)
+    detail = compare_to_reference(
         candidate, grpo.group_relative_advantages, _adv_cases(), mistakes=ADV_MISTAKES,
         arg_names=["rewards"],
     )
+    rewards = to_device(torch.tensor([[0.0, 1.0, 0.5], [1.0, 1.0, 0.0]]))
+    for bad in ("std", "grpo"):
+        try:
+            call(candidate, rewards.clone(), scale=bad, eps=1e-4, _arg_names=["rewards"])
+        except CheckFailure as exc:
+            if "your code raised" in exc.message:
+                continue
+            raise
+        raise CheckFailure(f"scale={bad!r} did not raise an error: an unknown scale must not silently give "
+                           "some other normalisation.",
+                           hint="Any scale other than 'group', 'batch' and 'none' raises ValueError naming the "
+                           "three.")
+    return detail + " Unknown scales raise."
+
+
+ADV_MODES = ("group", "batch", "none")
+
+
+def _check_adv_modes(candidate) -> None:
+    """Each of the three scales must have an answer: an attempt that raises for one (a ValueError of its
+    final ``else``, or its own NotImplementedError) is told which mode is missing, not that it is the
+    untouched stub."""
+    rewards = to_device(torch.tensor([[0.0, 1.0, 0.5, 0.2], [1.0, 1.0, 0.0, 0.3]]))
+    for mode in ADV_MODES:
+        try:
+            candidate(rewards.clone(), scale=mode, eps=1e-4)
+        except NotImplementedError as exc:
+            if is_stub_raise(exc):
+                return  # the untouched stub: compare_to_reference says so
+            missing = exc
+        except ValueError as exc:
+            missing = exc
+        except Exception:  # noqa: BLE001 - any other error is reported, with its line, by compare_to_reference
+            return
+        else:
+            continue
+        raise CheckFailure(
+            f'scale="{mode}" raised {type(missing).__name__}: {missing}: the contract covers this case, so it needs '
+            'an answer, not a raise. Your code has no answer for this mode yet: the contract has three modes, '
+            '"group", "batch" and "none", and each returns advantages.',
+            hint=f'Add the "{mode}" case: ' + {
+                "group": "divide each centred reward by its own group's std plus eps.",
+                "batch": "divide each centred reward (still centred on its own group's mean) by the std of "
+                         "all p * G rewards plus eps.",
+                "none": "return the centred rewards, with no division.",
+            }[mode])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -206,6 +345,17 @@ def _objective_cases() -> list[Case]:
     # alone, where a clamp of the log-ratio or of k3 differs.
     far_lp = torch.tensor([[-0.3, -14.0, -1.0], [-2.0, -0.5, -16.0]])
     far_ref = torch.tensor([[-15.3, -1.0, -1.2], [-1.0, -13.5, -1.0]])
+    # Large log-ratios to pi_old (|log r| up to 12), beta = 0: a negative advantage keeps its full
+    # ratio * A (e^12 * A), a positive one its tiny ratio * A; a clamp of log r (at 5, 10, ...) or of the
+    # ratio "to be safe" changes the value there (and zeroes the gradient of the clamped tokens).
+    big_lp = torch.tensor([[-0.5, -1.0, -0.2], [-12.5, -7.0, -0.9]])
+    big_old = big_lp - torch.tensor([[12.0, 6.0, 0.3], [-12.0, -6.0, 0.1]])
+    big_adv = torch.tensor([-0.5, 1.5])
+    # One positive-advantage token at log r = -11 (its value ~ 3e-5): only the gradient shows a clamp at 10.
+    tiny_lp = torch.tensor([[-11.5, -0.3, -2.0]])
+    tiny_old = tiny_lp - torch.tensor([[-11.0, 3.0, -4.0]])
+    tiny_mask = torch.tensor([[True, False, False]])
+    low_lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.5, -2.5]])
     return [
         Case('loss_type="grpo"', (lp, old, ref, adv, mask), {**base, "loss_type": "grpo"}),
         Case('loss_type="dapo"', (lp, old, ref, adv, mask), {**base, "loss_type": "dapo"}),
@@ -223,6 +373,23 @@ def _objective_cases() -> list[Case]:
         Case("zero advantages, a reference far from the policy (|logr| up to 15), beta=0.1",
              (far_lp, far_lp.clone(), far_ref, torch.zeros(2), torch.ones(2, 3, dtype=torch.bool)),
              {"clip_eps": 0.2, "beta": 0.1, "loss_type": "grpo"}),
+        Case("large log-ratios to pi_old (|log r| up to 12, both signs of advantage), beta=0",
+             (big_lp, big_old, big_lp.clone(), big_adv, torch.ones(2, 3, dtype=torch.bool)),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "grpo"}),
+        Case("one positive-advantage token at log r = -11, beta=0",
+             (tiny_lp, tiny_old, tiny_lp.clone(), torch.tensor([2.0]), tiny_mask),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case('a batch of 1 whose completion is one token (EOS first), "dapo"',
+             (lp1[:, :2], old1[:, :2], ref1[:, :2], adv1, torch.tensor([[True, False]])),
+             {"clip_eps": 0.2, "beta": 0.04, "loss_type": "dapo"}),
+        Case("beta=0.0 (a value, not unset), a reference away from the policy", (lp, old, ref, adv, mask),
+             {"clip_eps": 0.2, "beta": 0.0, "loss_type": "dapo"}),
+        Case("clip_eps=0.3, negative advantages with ratios from 0.6 to 1",
+             (low_lp, low_lp + torch.tensor([[0.5, 0.3, 0.1], [0.25, 0.4, 0.02]]), low_lp.clone(),
+              torch.tensor([-1.0, -0.6]), torch.ones(2, 3, dtype=torch.bool)),
+             {"clip_eps": 0.3, "beta": 0.04, "loss_type": "grpo"}),
+        Case("clip_eps_high=0.0 (a value, not unset), positive advantages", (lp2, old2, ref2, adv.abs()[:4], mask2),
+             {"clip_eps": 0.2, "beta": 0.04, "loss_type": "grpo", "clip_eps_high": 0.0}),
     ]
 
 
@@ -235,23 +402,31 @@ def _objective_diagnosis(case: Case, got, expected) -> str | None:
         return ("With negative advantages and large ratios your surrogate is higher than min(ratio * A, "
                 "clip(ratio) * A): that is a dual clip (a floor such as max(., c * A) for A < 0). The contract "
                 "has none: a negative-advantage token with a large ratio keeps its full ratio * A.")
+    if case.label.startswith("large log-ratios") and higher:
+        return ("With log-ratios to pi_old as large as 12 and a negative advantage, your surrogate is higher than "
+                "ratio * A: the log-ratio (or the ratio) is clamped, or the surrogate has a floor. The contract has "
+                "neither: ratio = exp(logprobs - old_logprobs) exactly, however large; the clip of PPO bounds "
+                "only the side that would raise the objective.")
     if case.label.startswith("zero advantages, a reference far") and higher:
         return ("Your KL penalty is smaller than k3 where the reference is far from the policy (|logr| up to 15): "
-                "the log-ratio or k3 is clamped. Use k3 = exp(logr) - 1 - logr exactly (approx_kl(logprobs, "
-                "ref_logprobs, 'k3')), however large.")
+                "the log-ratio or k3 is clamped. k3 = exp(logr) - 1 - logr, with logr = ref_logprobs - "
+                "logprobs, exactly, however large.")
     return None
 
 
 def _objective_variant(
     *, aggregate=None, kl="k3", kl_sign=-1, use_high=True, use_mask=True, reducer="min", ratio="new_old",
-    kl_against="ref", dr_len="max", dual_clip=None, logr_clamp=None,
+    kl_against="ref", dr_len="max", dual_clip=None, logr_clamp=None, ratio_clamp=None,
 ):
     """A configurable (possibly wrong) calc_grpo_objective."""
 
     def fn(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04, loss_type="grpo",
            clip_eps_high=None, max_completion_len=None):
         high = clip_eps if (clip_eps_high is None or not use_high) else clip_eps_high
-        r = torch.exp(logprobs - old_logprobs) if ratio == "new_old" else torch.exp(old_logprobs - logprobs)
+        logr = logprobs - old_logprobs if ratio == "new_old" else old_logprobs - logprobs
+        if ratio_clamp is not None:
+            logr = logr.clamp(-ratio_clamp, ratio_clamp)
+        r = torch.exp(logr)
         a = advantages[:, None]
         unclipped, clipped = r * a, r.clamp(1 - clip_eps, 1 + high) * a
         if reducer == "min":
@@ -318,6 +493,12 @@ OBJECTIVE_MISTAKES = [
             "max_completion_len (given, or g), whatever this batch's lengths.", _objective_variant(dr_len="longest")),
     Mistake("You added a dual clip (a floor c * A on the surrogate of negative-advantage tokens): the contract "
             "has none, min(ratio * A, clip(ratio) * A) only.", _objective_variant(dual_clip=3.0)),
+    Mistake("The log-ratio to pi_old is clamped (to [-5, 5]) before the exponential: ratio = exp(logprobs - "
+            "old_logprobs) exactly. A negative-advantage token whose ratio has grown large keeps its full "
+            "ratio * A, and its gradient: that is what pulls its probability back.", _objective_variant(ratio_clamp=5.0)),
+    Mistake("The log-ratio to pi_old is clamped (to [-10, 10]) before the exponential: ratio = exp(logprobs - "
+            "old_logprobs) exactly. A negative-advantage token whose ratio has grown large keeps its full "
+            "ratio * A, and its gradient: that is what pulls its probability back.", _objective_variant(ratio_clamp=10.0)),
     Mistake("Your k3 clamps the log-ratio (to [-10, 10]): k3 = exp(logr) - 1 - logr exactly, however far "
             "the reference is.", _objective_variant(logr_clamp=10.0)),
     Mistake("The mask is ignored: masked tokens (after the first EOS) count for nothing, in the sum and in "
@@ -327,11 +508,11 @@ OBJECTIVE_MISTAKES = [
     Mistake("The KL term has the wrong sign: the objective is maximised, so the penalty is subtracted: "
             "surrogate - beta * k3.", _objective_variant(kl_sign=+1)),
     Mistake("That KL term is k1 (logprobs - ref_logprobs): GRPO uses k3 = exp(logr) - 1 - logr with "
-            "logr = ref_logprobs - logprobs (approx_kl(..., 'k3')).", _objective_variant(kl="k1")),
-    Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 (approx_kl(..., 'k3')).", _objective_variant(kl="k2")),
+            "logr = ref_logprobs - logprobs (chapter 03's approx_kl, 'k3' estimator).", _objective_variant(kl="k1")),
+    Mistake("That KL term is k2 (logr**2 / 2): GRPO uses k3 = exp(logr) - 1 - logr.", _objective_variant(kl="k2")),
     Mistake("Your k3 has its arguments swapped: it no longer estimates KL(policy || ref) (on tokens from the "
-            "policy it averages to chi2(policy || ref) - KL(policy || ref)). Use "
-            "approx_kl(logprobs, ref_logprobs, 'k3'), i.e. logr = ref_logprobs - logprobs.",
+            "policy it averages to chi2(policy || ref) - KL(policy || ref)). k3's "
+            "log-ratio is logr = ref_logprobs - logprobs: the reference over the policy.",
             _objective_variant(kl="k3_swapped")),
     Mistake("The KL is measured against old_logprobs: the penalty keeps the policy near the frozen "
             "*reference* (ref_logprobs).", _objective_variant(kl_against="old")),
@@ -375,12 +556,34 @@ OBJECTIVE_MISTAKES = [
     ),
 )
 def check_calc_grpo_objective(candidate) -> str:
-    return compare_to_reference(
+    detail = compare_to_reference(
         candidate, grpo.calc_grpo_objective, _objective_cases(), mistakes=OBJECTIVE_MISTAKES,
         diagnose=_objective_diagnosis,
         arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"],
-        grad=DIFFERENTIATED["calc_grpo_objective"], grad_cases=(0, 1, 2, 4),
+        grad=DIFFERENTIATED["calc_grpo_objective"], grad_cases=(0, 1, 2, 4, 9),
     )
+    lp, old, ref, adv, mask = to_device(_objective_inputs(3, 4, [4, 2, 3], seed=4))
+    for bad in ("gspo", "GRPO"):
+        try:
+            call(candidate, lp, old, ref, adv, mask, loss_type=bad,
+                 _arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"])
+        except CheckFailure as exc:
+            if "your code raised" in exc.message:
+                continue
+            raise
+        raise CheckFailure(f"loss_type={bad!r} did not raise an error.",
+                           hint="Any loss_type other than 'grpo', 'dapo' and 'dr_grpo' raises ValueError: a typo "
+                           "must not silently train with another aggregation.")
+    tiny = next(case for case in _objective_cases() if case.label.startswith("one positive-advantage token"))
+    try:
+        compare_gradients(candidate, grpo.calc_grpo_objective, tiny, DIFFERENTIATED["calc_grpo_objective"],
+                          arg_names=["logprobs", "old_logprobs", "ref_logprobs", "advantages", "mask"])
+    except CheckFailure as exc:
+        raise failure(exc.message.split("\n")[0],
+                      "This token's value is tiny (ratio e^-11 times A), but its gradient is not zero: a clamp of "
+                      "the log-ratio (or of the ratio) at its size cuts the gradient off. The ratio is "
+                      "exp(logprobs - old_logprobs) exactly, however small or large.") from None
+    return detail
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -493,10 +696,11 @@ def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str
     others = completions[wrong].unique().tolist()
     if len(others) == 1:
         hint = (f"The padding after EOS is {others[0]}, not EOS: pad with eos_token_id (generate pads finished rows "
-                "with it; pad the output up to prompt_len + max_new_tokens with value=eos_token_id too).")
+                "with it; the output is padded with it up to prompt_len + max_new_tokens too).")
     else:
-        hint = ("Your rows go on after their first EOS: generate did not stop at EOS. Pass stop_at_eos=True and "
-                "eos_token_id=eos_token_id to model.generate (a finished row is then padded with EOS).")
+        hint = ("Your rows go on after their first EOS: generate did not stop at EOS. Have generate stop each "
+                "row at eos_token_id (it has options for stopping at EOS and for the EOS id); a finished row is then "
+                "padded with EOS.")
     raise failure(f"{where}, rows {rows[:6]} hold tokens other than EOS after their first EOS: "
                   f"{completions[rows[0]].tolist()}", hint)
 
@@ -507,8 +711,9 @@ def _check_eos_padding(completions: torch.Tensor, mask: torch.Tensor, where: str
     hint=(
         "One call to `model.generate` samples the whole group if you give it G copies of the prompt as a "
         "batch; then make the shape fixed and build the mask with your `completion_mask`.",
-        "(1) A [G, prompt_len] batch of the prompt (`expand` needs no copy). (2) `generate` with "
-        "max_new_tokens, stop_at_eos=True, the EOS id, the temperature and top_k, verbose=False. (3) "
+        "(1) A [G, prompt_len] batch of the prompt (`expand` needs no copy). (2) `generate` with the "
+        "token budget, stopping at the EOS id given, at the temperature and top_k given, without a "
+        "progress bar. (3) "
         "Clone the result (it is an inference tensor). (4) If every row stopped early the output is "
         "shorter than prompt_len + max_new_tokens: pad it on the right with the EOS id. (5) The mask is "
         "`completion_mask` of the generated columns only (from prompt_len on): the prompt may contain "
@@ -534,7 +739,7 @@ def check_sample_group(candidate) -> str:
     if tokens.is_inference():
         raise CheckFailure("your tokens are an inference tensor, made under torch.inference_mode by generate: "
                            "they cannot enter a forward pass that needs gradients.",
-                           hint="Return tokens.clone().")
+                           hint="Return a clone of the generated tokens: a clone is an ordinary tensor.")
     if tuple(tokens.shape) != (size, plen + new):
         raise CheckFailure(f"the tokens have shape {tuple(tokens.shape)}, expected (G, prompt_len + max_new_tokens)"
                            f" = {(size, plen + new)}.",
@@ -542,11 +747,11 @@ def check_sample_group(candidate) -> str:
     expect_tensor(mask, dtype=torch.bool, what="the mask (second output)")
     if tuple(mask.shape) == tuple(tokens.shape):
         raise CheckFailure(f"the mask has shape {tuple(mask.shape)}, the shape of the whole sequence.",
-                           hint="The mask covers the completion only: completion_mask(tokens[:, prompt_len:], eos).")
+                           hint="The mask covers the completion only: the generated tokens, from prompt_len on.")
     expect_tensor(mask, shape=(size, new), what="the mask (second output)")
     if not torch.equal(tokens[:, :plen], prompt.expand(size, -1)):
         raise CheckFailure(f"the rows do not start with the prompt {prompt.tolist()}: got {tokens[:, :plen].tolist()}",
-                           hint="Sample from G copies of the prompt: prompt_tokens[None].expand(G, -1).")
+                           hint="Sample from a batch of G copies of the prompt.")
     expected_mask = grpo.completion_mask(tokens[:, plen:], EOS)
     if not torch.equal(mask, expected_mask):
         completions = tokens[:, plen:]
@@ -563,7 +768,7 @@ def check_sample_group(candidate) -> str:
     if not (~mask).any() or mask.all(-1).sum() == 0:
         raise CheckFailure("with this model some rows should stop at EOS and others not; yours do not: "
                            f"{tokens[:, plen:].tolist()}",
-                           hint="Stop at eos_token_id (generate(..., stop_at_eos=True, eos_token_id=eos_token_id)).")
+                           hint="Stop each row at eos_token_id (generate has options for it).")
 
     # 1b. a prompt that starts with the EOS token (in the tiny world and in GPT-2, BOS *is* EOS): a mask
     #     computed over the whole sequence and then sliced sees that EOS and masks every completion.
@@ -578,7 +783,7 @@ def check_sample_group(candidate) -> str:
         hint = ("You computed the mask over the whole sequence and then sliced it: the prompt starts with BOS, "
                 "which is the EOS token here (as in the tiny world and GPT-2), so every completion looks "
                 "finished before it starts and the mask is all False (training then dies later on NaN logits). "
-                "Compute completion_mask(tokens[:, prompt_len:], eos_token_id) on the completion only."
+                "Compute the mask on the generated tokens only, from prompt_len on."
                 if torch.equal(mask_b, whole) else None)
         raise failure(f"with a prompt that starts with the EOS token {bos_prompt.tolist()}, the mask is wrong.\n"
                       f"  your mask: {mask_b.int().tolist()}\n  expected:  {expected_b.int().tolist()}",
@@ -593,7 +798,7 @@ def check_sample_group(candidate) -> str:
             f"when every row stops at the first token, your tokens have shape {tuple(tokens2.shape)}, expected "
             f"{(4, plen + new)}.",
             hint="generate stops as soon as every row has emitted EOS: pad the output on the right with EOS "
-            "up to prompt_len + max_new_tokens (torch.nn.functional.pad(tokens, (0, missing), value=eos)).",
+            "up to prompt_len + max_new_tokens.",
         )
     expect_tensor(mask2, shape=(4, new), dtype=torch.bool, what="the mask")
     _check_eos_padding(tokens2[:, plen:], mask2, "when every row stops at the first token")
@@ -634,13 +839,24 @@ def check_sample_group(candidate) -> str:
             raise CheckFailure(f"the first sampled tokens do not follow the model's distribution at temperature "
                                f"{temperature} (total variation {tv:.2f} over {n} samples).", hint=hint)
 
+    # 3b. a budget above generate's default (10 tokens) from a model that never stops: every row runs to the end
+    torch.manual_seed(9)
+    long_new = 13
+    tokens6, mask6 = _sampled(candidate, _eos_model(-30.0), prompt, 4, long_new)
+    expect_tensor(tokens6, shape=(4, plen + long_new), dtype=torch.int64, what=f"the tokens (max_new_tokens={long_new})")
+    if bool((tokens6[:, plen:] == EOS).any()) or not bool(mask6.all()):
+        raise failure(f"with max_new_tokens={long_new} and a model that never emits EOS, your rows hold EOS (or a "
+                      f"masked tail): {tokens6[:, plen:].tolist()}",
+                      "The token budget is max_new_tokens: generate must be given it (its own default is 10 "
+                      "tokens, and padding then fills the rest with EOS).")
+
     # 4. top_k = 1: every row is the greedy continuation
     torch.manual_seed(8)
     tokens5, _ = _sampled(candidate, model, prompt, 4, 1, top_k=1)
     greedy = int(last_logits.argmax())
     if not bool((tokens5[:, plen] == greedy).all()):
         raise failure(f"with top_k=1 every row's first token should be the most likely one ({greedy}), got "
-                      f"{tokens5[:, plen].tolist()}.", "Pass top_k=top_k to generate.")
+                      f"{tokens5[:, plen].tolist()}.", "top_k is ignored: pass it on to generate.")
     return (f"shapes, prompt, mask (EOS counted, the rest masked), {size} distinct samples, padding when all rows "
             f"stop early, another eos_token_id, the distribution at temperatures 0.5 and 2 (TV {tvs[0]:.3f}, "
             f"{tvs[1]:.3f}) and top_k=1 are right.")
@@ -658,7 +874,7 @@ def _step_setup() -> tuple[HookedTransformer, grpo.GroupRollout, GRPOArgs]:
     gen = seeded(8)
     size, g = 4, 6
     args = GRPOArgs(
-        group_size=size, max_new_tokens=g, clip_coef=0.2, clip_coef_high=0.3, kl_coef=0.1, loss_type="dapo",
+        group_size=size, max_new_tokens=g, clip_coef=0.25, clip_coef_high=0.3, kl_coef=0.1, loss_type="dapo",
         temperature=0.8, max_grad_norm=0.05, learning_rate=0.1,
     )
     tokens, prefix_lens = [], []
@@ -747,20 +963,20 @@ def _step_variant(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", 
 STEP_MISTAKES = [
     Mistake("The update goes the wrong way: the optimizer is built with maximize=True, so backpropagate the "
             "objective itself (not its negative).", _step_variant(sign=-1.0)),
-    Mistake("Gradients accumulate from one step to the next: call optimizer.zero_grad() before backward().",
+    Mistake("Gradients accumulate from one step to the next: zero the gradients (the optimizer's zero_grad) before each backward pass.",
             _step_variant(zero_grad=False)),
-    Mistake("The gradient norm is not clipped: nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm) "
-            "between backward() and step().", _step_variant(clip=False)),
+    Mistake("The gradient norm is not clipped: clip the global norm of the policy's gradients to "
+            "args.max_grad_norm after the backward pass and before the optimizer step.", _step_variant(clip=False)),
     Mistake("The ratio uses the current log-probs detached as pi_old (so it is always 1): use the batch's "
             "old_logprobs, stored at rollout time.", _step_variant(old="detached")),
     Mistake("old_logprobs and ref_logprobs are swapped.", _step_variant(old="ref", ref="old")),
-    Mistake("The objective ignores the args: pass clip_eps=args.clip_coef, beta=args.kl_coef, loss_type, clip_eps_high=args.clip_coef_high and "
-            "max_completion_len=args.max_new_tokens to calc_grpo_objective.", _step_variant(pass_args=False)),
+    Mistake("The objective ignores the args: its clip_eps is args.clip_coef, beta args.kl_coef, loss_type "
+            "args.loss_type, clip_eps_high args.clip_coef_high and max_completion_len args.max_new_tokens.", _step_variant(pass_args=False)),
     Mistake("The log-probs are of the raw logits: the tokens were sampled at args.temperature, so take "
-            "log-probs of logits / temperature (group_token_logprobs(..., args.temperature)).",
+            "log-probs of logits / temperature (group_token_logprobs takes the temperature).",
             _step_variant(temperature=False)),
     Mistake("max_completion_len is not passed: Dr. GRPO divides by B * max_completion_len, and the rollout's "
-            "completions may be shorter than args.max_new_tokens, so pass max_completion_len=args.max_new_tokens.",
+            "completions may be shorter than args.max_new_tokens, so its max_completion_len is args.max_new_tokens.",
             _step_variant(max_len=False)),
 ]
 
@@ -815,6 +1031,17 @@ def check_grpo_step(candidate) -> str:
         objective, expected = float(outs[0]["objective"]), ref_outs[0]["objective"]
         objective_ok = math.isclose(objective, expected, rel_tol=1e-3, abs_tol=1e-5)
         if objective_ok and e1 < 1e-3 and e2 < 1e-3:
+            if "grad_norm" in outs[0]:
+                norm, want = float(outs[0]["grad_norm"]), ref_outs[0]["grad_norm"]
+                if not math.isclose(norm, want, rel_tol=1e-3, abs_tol=1e-6):
+                    clipped = math.isclose(norm, min(want, step_args.max_grad_norm), rel_tol=1e-3)
+                    raise failure(
+                        f"{label}: the update is right, but the grad_norm you report ({norm:.5f}) is not the "
+                        f"gradient norm before clipping ({want:.5f}).",
+                        "The reported grad_norm is the norm clipping measured, before it scaled the gradients "
+                        "down (the norm after clipping is at most max_grad_norm, whatever happened)."
+                        if clipped else "The reported grad_norm is the global norm of all the gradients "
+                        "before clipping.")
             details.append(f"{label.split(',')[0]} ({e1:.1e}, {e2:.1e})")
             continue
         for mistake in STEP_MISTAKES:
@@ -827,7 +1054,7 @@ def check_grpo_step(candidate) -> str:
         if e1 < 1e-3 and e2 < 1e-3:
             raise failure(f"{label}: the update is right, but the objective you return ({objective:.5f}) differs "
                           f"from the reference's ({expected:.5f}) on the first step.",
-                          "Return the objective of the step (before the update), objective.item().")
+                          "Return the objective of the step, computed before the update, as a number.")
         which = "first" if e1 >= 1e-3 else "second"
         raise CheckFailure(
             f"{label}: after the {which} step your parameters differ from the reference's (relative difference "

@@ -9,7 +9,10 @@ alone and honour ``[]`` and ``[-1]``; ``value_lens`` must leave the head's param
 they were; ``param_change`` and ``fraction_changed`` return Python numbers over the names in both dicts.
 Two edge cases in particular: restored_fraction's [2, 3] batch (where averaging over dim 0 only gives
 one ratio per column) and activation_difference's texts shorter than n_positions (where dividing a sum
-by n_positions rather than by the positions that exist shows).
+by n_positions rather than by the positions that exist shows). Also: ln_pre on vectors with a large
+common offset (a variance taken as E[x^2] - E[x]^2 cancels there), param_change on bfloat16 parameters,
+param_change and fraction_changed on parameters that require grad (the contract's own input), and
+fraction_changed with an atol of 20.
 """
 
 from __future__ import annotations
@@ -38,6 +41,98 @@ from rlhf_tutorial.checks.core import (
 from rlhf_tutorial.checks.fixtures import small_model
 
 CHAPTER = "05_interpretability"
+
+#: The contract of each exercise (its CURRICULUM.md row and its docstring), clause by clause; the checker
+#: tests hold a version breaking each (``VIOLATIONS``), and ``tests/checks/test_contract_clauses.py`` holds
+#: the two together.
+CLAUSES = {
+    "sentiment_direction": {
+        "sign": "the negative words' mean minus the positive words' (the direction raises the negative words)",
+        "mean": "a mean over each list's words, not a sum",
+        "duplicates": "a word listed twice counts twice",
+        "unnormalised": "the direction keeps its scale (not normalised to unit length)",
+        "columns": "a token's vector is a column of W_U (W_U is [d, v])",
+    },
+    "ln_pre": {
+        "centred": "the mean over the last dim is subtracted",
+        "biased_variance": "the variance is the biased one (divides by d)",
+        "eps_inside": "eps is inside the square root",
+        "eps_honoured": "the eps given is used, and without eps a constant vector would give NaN",
+        "last_dim": "the means are over the last dim, for any number of leading dims",
+        "centred_variance": "the variance is the mean square of the centred values (exact for a large common "
+                            "offset, where E[x^2] - E[x]^2 cancels)",
+        "not_in_place": "x is never modified in place",
+    },
+    "logit_lens_score": {
+        "layer_norm_first": "each vector goes through ln_pre before the projection",
+        "layer_norm_scale": "the normalisation is ln_pre's (centred, divided by sqrt(var + eps)), not a unit norm",
+        "eps_passed": "eps is passed on to ln_pre",
+        "last_dim": "ln_pre works over the last dim, not over the layers",
+        "leading_dims": "every leading dim is kept, whatever their number",
+        "direction_as_given": "the direction is used as given (not normalised)",
+    },
+    "value_lens": {
+        "layer_norm_first": "the head reads ln_pre of each vector, not the raw residual",
+        "eps_passed": "eps is passed on to ln_pre",
+        "squeeze_last": "only the head's trailing dim of size 1 is dropped (a layer or batch of 1 stays)",
+        "parameters_untouched": "the head's parameters are not changed",
+        "grads_untouched": "the head's .grad tensors are not changed (no zero_grad, no backward)",
+        "requires_grad_untouched": "the head's requires_grad flags are not changed",
+    },
+    "head_attribution": {
+        "centred": "each head output is centred over d before the projection",
+        "own_scale": "each example is divided by its own ln_scale, before averaging",
+        "divides": "the scale divides (not multiplies, not left out)",
+        "mean_over_batch": "the mean over the batch, not the sum",
+        "shape": "the result is [layer, head], even for one layer and one head",
+        "not_in_place": "head_out is never modified in place",
+    },
+    "patch_activation": {
+        "positions_dim": "positions index dim 1 (the sequence), not the batch",
+        "none_is_all": "positions None replaces every position",
+        "empty_is_none": "positions [] replaces nothing",
+        "negative_positions": "Python indexing: [-1] is the last position",
+        "trailing_dims": "any trailing dims after [b, s] (per-head activations) are copied whole",
+        "source_untouched": "source is never modified",
+        "returns_activation": "the hook returns the patched activation",
+    },
+    "restored_fraction": {
+        "ratio_of_means": "a ratio of means, not a mean of per-example ratios",
+        "all_entries": "the means are over every entry, whatever the shape",
+        "orientation": "(patched - base) over (tuned - base): 0 restores nothing, 1 everything",
+        "signed": "the fraction keeps its sign and is not clamped to [0, 1]",
+        "zero_dim_tensor": "the result is a 0-dim tensor in the inputs' dtype",
+    },
+    "activation_difference": {
+        "orientation": "tuned minus base",
+        "first_positions": "the first n_positions positions, BOS included, no more and no fewer",
+        "positions_dim": "positions are dim 1, not the batch",
+        "mean": "a mean over the batch and the positions, not a sum",
+        "short_texts": "texts shorter than n_positions average over the positions that exist",
+        "default": "n_positions defaults to 5",
+        "shape": "the result is one d-vector",
+    },
+    "param_change": {
+        "relative": "the norm of the change divided by the norm of the base tensor",
+        "clamped": "the denominator is at least 1e-8 (a zero base gives no inf)",
+        "norm_of_change": "the norm of the difference, not the difference of the norms",
+        "whole_tensor": "one norm over all entries of each tensor",
+        "names_in_both": "only the names in both dicts, skipping the others",
+        "python_floats": "the values are Python floats",
+        "parameters": "works on dict(model.named_parameters()): tensors that require grad",
+        "wide_dtype": "bfloat16 parameters give the change computed in float32 or wider",
+    },
+    "fraction_changed": {
+        "strict": "an entry counts when |tuned - base| > atol, strictly",
+        "entries_together": "entries are counted over all tensors together, not per tensor then averaged",
+        "absolute_value": "moves down count as well as up",
+        "absolute_threshold": "atol is an absolute threshold (no relative tolerance)",
+        "changed": "the fraction that changed, not the fraction unchanged",
+        "names_in_both": "only the names in both dicts, skipping the others",
+        "python_float": "the result is a Python float",
+        "parameters": "works on dict(model.named_parameters()): tensors that require grad",
+    },
+}
 
 
 def _offset(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -105,6 +200,8 @@ def _ln_cases() -> list[Case]:
         Case("one vector", (_offset(torch.randn(16, generator=g), g),)),
         Case("[2, 3, 16]", (_offset(torch.randn(2, 3, 16, generator=g), g),)),
         Case("large magnitudes (x1e4)", (_offset(torch.randn(2, 8, generator=g), g) * 1e4,)),
+        # E[x^2] - E[x]^2 cancels catastrophically here: the variance must be that of the centred values
+        Case("a large common offset (300 + values of spread 1)", (300 + torch.randn(3, 8, generator=g),)),
         Case("tiny magnitudes (x1e-3: eps matters)", (torch.randn(3, 8, generator=g) * 1e-3,)),
         Case("a zero tensor", (torch.zeros(2, 8),)),
         Case("all entries equal (ties)", (torch.full((2, 5), 4.0),)),
@@ -143,6 +240,11 @@ def check_ln_pre(candidate) -> str:
                     "sqrt(var + eps).",
                     lambda x, eps=1e-5: (x - x.mean(-1, keepdim=True))
                     / (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True).sqrt()),
+            Mistake("Your variance is E[x^2] - E[x]^2: with a large common offset the two terms are huge and "
+                    "nearly equal, and their difference loses most of its digits in float32. Take the mean square "
+                    "of the centred values instead.",
+                    lambda x, eps=1e-5: (x - x.mean(-1, keepdim=True))
+                    / (x.pow(2).mean(-1, keepdim=True) - x.mean(-1, keepdim=True) ** 2 + eps).sqrt()),
             Mistake("You normalised over the first dim: the means are over the LAST dim (d_model), dim=-1.",
                     lambda x, eps=1e-5: (x - x.mean(0, keepdim=True))
                     / ((x - x.mean(0, keepdim=True)).pow(2).mean(0, keepdim=True) + eps).sqrt()),
@@ -179,8 +281,8 @@ def check_logit_lens_score(candidate) -> str:
     return compare_to_reference(
         candidate, interp.logit_lens_score, cases, arg_names=["resid_stack", "direction", "eps"],
         mistakes=[
-            Mistake("You read the raw residual stream: apply the final LayerNorm first, ln_pre(resid_stack) "
-                    "@ direction (the scale of the residual grows with depth).",
+            Mistake("You read the raw residual stream: apply the final LayerNorm (your ln_pre) to "
+                    "each vector before projecting it on the direction (the scale of the residual grows with depth).",
                     lambda r, d, eps=1e-5: r @ d),
             Mistake("You divided by the norm of each vector instead of its LayerNorm scale: ln_pre centres "
                     "and divides by sqrt(var + eps), which is ||x - mean|| / sqrt(d).",
@@ -189,7 +291,7 @@ def check_logit_lens_score(candidate) -> str:
             Mistake("You normalised over the layer dim: ln_pre works on each vector, over the LAST dim.",
                     lambda r, d, eps=1e-5: ((r - r.mean(0, keepdim=True))
                                             / ((r - r.mean(0, keepdim=True)).pow(2).mean(0, keepdim=True) + eps).sqrt()) @ d),
-            Mistake("eps was not passed on: call ln_pre(resid_stack, eps).",
+            Mistake("eps was not passed on: ln_pre takes the eps this function was given.",
                     lambda r, d, eps=1e-5: _ln(r) @ d),
         ],
     )
@@ -237,12 +339,12 @@ def check_value_lens(candidate) -> str:
             Mistake("You fed the raw residual stream to the head: it was trained on the final LayerNorm's "
                     "output, so normalise the stack with ln_pre first.",
                     lambda r, h, eps=1e-5: h(r).squeeze(-1)),
-            Mistake("eps was not passed on: call ln_pre(resid_stack, eps).",
+            Mistake("eps was not passed on: ln_pre takes the eps this function was given.",
                     lambda r, h, eps=1e-5: h(_ln(r)).squeeze(-1)),
-            Mistake("The head's output keeps a trailing dim of size 1: drop it with squeeze(-1).",
+            Mistake("The head's output keeps a trailing dim of size 1: drop that dim (and only that one).",
                     lambda r, h, eps=1e-5: h(_ln(r, eps))),
             Mistake("squeeze() dropped every dim of size 1 (here the layer, or the example, too): drop only the "
-                    "head's trailing one, squeeze(-1).", lambda r, h, eps=1e-5: h(_ln(r, eps)).squeeze()),
+                    "head's trailing one.", lambda r, h, eps=1e-5: h(_ln(r, eps)).squeeze()),
         ],
     )
     # The head is left as it was: parameters, their gradients, requires_grad (on the checker's device).
@@ -358,11 +460,29 @@ def _call_hook(run: Callable, device: torch.device):
                 "device (device=activation.device).")
 
 
+def _patch_none_is_nothing(activation, hook, source, positions=None):
+    if positions is not None:
+        activation[:, positions] = source[:, positions]
+    return activation
+
+
+def _patch_second_to_last(activation, hook, source, positions=None):
+    idx = slice(None) if positions is None else positions
+    activation[..., idx, :] = source[..., idx, :]
+    return activation
+
+
+_PATCH_BATCH_DIM = Mistake("You indexed the batch dim: positions index dim 1 (the sequence), every batch row alike.",
+                           _patch_batch_dim)
 _PATCH_MISTAKES = [
+    Mistake("With positions=None every position is replaced (None means all of them); yours left the "
+            "activation as it was.", _patch_none_is_nothing),
+    Mistake("You indexed the second-to-last dim: that is the position only for [b, s, d] activations. Per-head "
+            "activations are [b, s, head, d_head]; the position is always dim 1, and every dim after it is "
+            "copied whole.", _patch_second_to_last),
     Mistake("With positions=[] nothing should change, but you replaced every position: `if not positions` "
-            "treats [] like None. Test `if positions is None`.", _patch_dropping_empty),
-    Mistake("You indexed the batch dim: positions index dim 1 (the sequence), activation[:, positions].",
-            _patch_batch_dim),
+            "treats [] like None. Only None means every position.", _patch_dropping_empty),
+    _PATCH_BATCH_DIM,
 ]
 
 
@@ -401,7 +521,7 @@ def check_patch_activation(candidate) -> str:
             out = _call_hook(lambda: candidate(act_in, None, src_in, positions), activation.device)  # noqa: B023
         except CheckFailure as failure:
             if "for dimension 0" in failure.message:  # an index that fits the sequence but not the batch
-                raise CheckFailure(f"On {label}: {failure.message}", hint=_PATCH_MISTAKES[1].hint) from None
+                raise CheckFailure(f"On {label}: {failure.message}", hint=_PATCH_BATCH_DIM.hint) from None
             raise
         if not torch.equal(src_in, source):
             raise CheckFailure(f"On {label}, your hook modified `source`.",
@@ -546,24 +666,24 @@ def check_activation_difference(candidate) -> str:
         mistakes=[
             Mistake("The sign is flipped: the lens is tuned - base (what the fine-tune ADDED).",
                     lambda b, t, n=5: (b[:, :n] - t[:, :n]).mean((0, 1))),
-            Mistake("You averaged over every position: only the first n_positions count, [:, :n_positions].",
+            Mistake("You averaged over every position: only the first n_positions count.",
                     lambda b, t, n=5: (t - b).mean((0, 1))),
-            Mistake("You took the LAST n_positions: the lens reads the first ones, [:, :n_positions].",
+            Mistake("You took the LAST n_positions: the lens reads the first ones.",
                     lambda b, t, n=5: (t[:, -n:] - b[:, -n:]).mean((0, 1))),
-            Mistake("You sliced the batch dim: positions are dim 1, tuned_resid[:, :n_positions].",
+            Mistake("You sliced the batch dim: positions are dim 1; every example counts.",
                     lambda b, t, n=5: (t[:n] - b[:n]).mean((0, 1))),
             Mistake("You summed over positions: average over the batch and the positions.",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0)),
-            Mistake("Off by one: the first n_positions positions are [:, :n_positions] (indices 0 .. n - 1), not "
-                    "[:, :n_positions + 1].", lambda b, t, n=5: (t[:, :n + 1] - b[:, :n + 1]).mean((0, 1))),
-            Mistake("Off by one: the first n_positions positions are [:, :n_positions], not [:, :n_positions - 1].",
+            Mistake("Off by one: you kept [:, :n_positions + 1], one position too many: the lens "
+                    "reads positions 0 .. n_positions - 1.", lambda b, t, n=5: (t[:, :n + 1] - b[:, :n + 1]).mean((0, 1))),
+            Mistake("Off by one: you kept [:, :n_positions - 1], one position too few.",
                     lambda b, t, n=5: (t[:, :n - 1] - b[:, :n - 1]).mean((0, 1))),
             Mistake("You skipped position 0 (the BOS): the lens reads the first n_positions positions, BOS "
-                    "included, [:, :n_positions].", lambda b, t, n=5: (t[:, 1:n + 1] - b[:, 1:n + 1]).mean((0, 1))),
-            Mistake("You skipped position 0 (the BOS) and kept n_positions - 1: the slice is [:, :n_positions], "
-                    "BOS included.", lambda b, t, n=5: (t[:, 1:n] - b[:, 1:n]).mean((0, 1))),
+                    "included.", lambda b, t, n=5: (t[:, 1:n + 1] - b[:, 1:n + 1]).mean((0, 1))),
+            Mistake("You skipped position 0 (the BOS) and kept n_positions - 1: the lens reads positions "
+                    "0 .. n_positions - 1, BOS included.", lambda b, t, n=5: (t[:, 1:n] - b[:, 1:n]).mean((0, 1))),
             Mistake("You divided the sum by n_positions: when the texts are shorter than n_positions, fewer "
-                    "positions exist. Average over the positions you sliced, .mean(dim=(0, 1)).",
+                    "positions exist. Average over the batch and the positions that exist.",
                     lambda b, t, n=5: (t[:, :n] - b[:, :n]).sum(1).mean(0) / n),
         ],
     )
@@ -599,15 +719,43 @@ def _compare_numbers(candidate: Callable, reference: Callable, cases: list[Case]
     values = list(got.values()) if isinstance(got, dict) else [got]
     if any(isinstance(v, torch.Tensor) for v in values):
         raise CheckFailure(f"On {cases[0].label}, your function returned tensors: {fmt(got)}.",
-                           hint="Return Python floats: .item() on a 0-d tensor, or float(...).")
+                           hint="Return Python floats (a 0-d tensor converts to one).")
     try:
         return compare_to_reference(candidate, reference, cases, mistakes=mistakes, arg_names=arg_names,
                                     atol=1e-7, rtol=1e-4)
     except CheckFailure as failure:
         if "KeyError" in failure.message or "keys" in failure.message:
             raise CheckFailure(failure.message, hint="Only names in BOTH dicts count: skip a name that one of them "
-                               "lacks (`if name in tuned_params`).") from None
+                               "lacks.") from None
         raise
+
+
+def _check_on_parameters(candidate: Callable, reference: Callable, **kwargs) -> None:
+    """The contract's own input: ``dict(model.named_parameters())``, tensors that require grad (a
+    ``.numpy()`` or an in-place edit fails on them, and a result must still be a plain number)."""
+    g = seeded(61)
+    base = {"w": nn.Parameter(to_device(torch.randn(3, 4, generator=g))),
+            "b": nn.Parameter(to_device(torch.randn(4, generator=g)))}
+    tuned = {"w": nn.Parameter(base["w"].detach() + to_device(0.1 * torch.randn(3, 4, generator=g))),
+             "b": nn.Parameter(base["b"].detach().clone())}
+    got = call(candidate, base, tuned, _arg_names=["base_params", "tuned_params"], **kwargs)
+    with torch.no_grad():
+        expected = reference(base, tuned, **kwargs)
+    values = list(got.values()) if isinstance(got, dict) else [got]
+    if any(isinstance(v, torch.Tensor) for v in values):
+        raise CheckFailure(f"On parameters that require grad (dict(model.named_parameters())), your function "
+                           f"returned tensors: {fmt(got)}.", hint="Return Python floats, whatever the inputs carry.")
+    def close(a, b) -> bool:
+        return isinstance(a, (int, float)) and abs(a - b) <= 1e-6 + 1e-4 * abs(b)
+
+    if isinstance(expected, dict):
+        same = isinstance(got, dict) and got.keys() == expected.keys() and all(close(got[k], v)
+                                                                               for k, v in expected.items())
+    else:
+        same = close(got, expected)
+    if not same:
+        raise CheckFailure(f"On parameters that require grad (dict(model.named_parameters())), your function "
+                           f"returned {fmt(got)}, expected {fmt(expected)}.")
 
 
 def _common(base: dict, tuned: dict):
@@ -631,6 +779,11 @@ def _common(base: dict, tuned: dict):
 )
 def check_param_change(candidate) -> str:
     cases = [Case(label, (base, tuned)) for label, base, tuned in _param_dicts(58)]
+    g = seeded(62)
+    w = torch.randn(8, 8, generator=g)
+    # bfloat16 parameters (a model rounded to bf16): a norm taken in bf16 is off by ~0.4%
+    cases.append(Case("bfloat16 parameters", ({"w": w.bfloat16()}, {"w": (w + 0.05 * torch.randn(8, 8, generator=g))
+                                                                    .bfloat16()})))
     mistakes = [
         Mistake("That is the absolute change ||tuned - base||: divide by ||base|| to make it relative.",
                 lambda B, T: {k: (T[k] - B[k]).norm().item() for k in B if k in T}),
@@ -645,7 +798,10 @@ def check_param_change(candidate) -> str:
                 "tensor.",
                 lambda B, T: {k: ((T[k] - B[k]).abs() / B[k].abs().clamp(min=1e-8)).mean().item() for k in B if k in T}),
     ]
-    return _compare_numbers(candidate, interp.param_change, cases, mistakes, arg_names=["base_params", "tuned_params"])
+    detail = _compare_numbers(candidate, interp.param_change, cases, mistakes,
+                              arg_names=["base_params", "tuned_params"])
+    _check_on_parameters(candidate, interp.param_change)
+    return detail + " Parameters that require grad give the same numbers."
 
 
 @checker(
@@ -676,6 +832,8 @@ def check_fraction_changed(candidate) -> str:
         Case("large weights moved by 1e-6 of their size (below torch.isclose's default rtol)",
              ({"w": 1000 + x[0]}, {"w": 1000 + x[0] + torch.tensor([1e-3, 0, 2e-3, 0, -1e-3, 0])})),
         # the threshold is absolute: 0.5 on weights near 10 is not 5% of them
+        Case("atol=20: changes of 15 and 25 (large moves)",
+             ({"w": torch.zeros(4)}, {"w": torch.tensor([15.0, -25.0, 0.0, 25.0])}), {"atol": 20.0}),
         Case("atol=0.5 on weights near 10 (an absolute threshold)",
              ({"w": 10 + x[1]}, {"w": 10 + x[1] + torch.tensor([0.6, 0.4, 2.0, -0.7, 0.1, 0.0])}), {"atol": 0.5}),
     ]
@@ -705,5 +863,7 @@ def check_fraction_changed(candidate) -> str:
         Mistake("That is the fraction UNCHANGED (the sparsity): return the fraction that changed.",
                 lambda B, T, atol=0.0: 1 - interp.fraction_changed(B, T, atol)),
     ]
-    return _compare_numbers(candidate, interp.fraction_changed, cases, mistakes,
-                            arg_names=["base_params", "tuned_params", "atol"])
+    detail = _compare_numbers(candidate, interp.fraction_changed, cases, mistakes,
+                              arg_names=["base_params", "tuned_params", "atol"])
+    _check_on_parameters(candidate, interp.fraction_changed, atol=0.05)
+    return detail + " Parameters that require grad give the same number."

@@ -33,6 +33,76 @@ from rlhf_tutorial.trainers.plug import DIFFERENTIATED
 
 CHAPTER = "06_dpo_and_frontier"
 
+#: The contract of each exercise (its CURRICULUM.md row and its docstring), clause by clause; the checker
+#: tests hold a version breaking each (``VIOLATIONS``), and ``tests/checks/test_contract_clauses.py`` holds
+#: the two together.
+CLAUSES = {
+    "sequence_logprobs": {
+        "shifted": "token t's log-prob comes from the logits at position t - 1",
+        "mask_marks_tokens": "the mask marks the tokens (mask[:, t] goes with token t), not the predicting positions",
+        "mask_used": "only the tokens where the mask is True count",
+        "first_ignored": "mask[:, 0] is ignored: the first token has no prediction",
+        "last_token": "the last token counts too: the shift runs to the end of the row",
+        "sum": "the result is the sum of the token log-probs, not their mean",
+        "stable": "finite for large logits (a log of a softmax underflows there)",
+        "shape": "one float per row, shape [b]",
+        "differentiable": "differentiable in the logits, with the reference's gradient",
+        "not_in_place": "no input tensor is modified in place",
+    },
+    "dpo_loss": {
+        "log_ratios": "h is a difference of log-ratios to the reference, not of the policy's log-probs alone",
+        "h_sign": "h is chosen minus rejected: the loss falls as the chosen completion gains",
+        "beta_inside": "beta scales h inside the log-sigmoid, not the log-sigmoid",
+        "label_smoothing": "label_smoothing weighs logsigmoid(-beta h) by ls and logsigmoid(beta h) by 1 - ls",
+        "ipo": '"ipo" is the squared distance of h from 1 / (2 beta)',
+        "hinge": '"hinge" is relu(1 - beta h)',
+        "mean": "the loss is the mean over pairs",
+        "stable": "finite for |beta h| in the hundreds (a log-sigmoid, not the log of a sigmoid)",
+        "unknown_loss_type": "any other loss_type raises ValueError",
+        "differentiable": "differentiable in the policy's chosen and rejected log-probs, with the reference's "
+                          "gradient",
+        "not_in_place": "no input tensor is modified in place",
+    },
+    "implicit_reward": {
+        "log_ratio": "the policy's log-prob minus the reference's (not upside down)",
+        "beta": "the log-ratio times beta (not divided, not left out)",
+        "log_space": "exact for sequence log-probs in the hundreds (no ratio of probabilities)",
+        "per_completion": "one reward per completion, shape [b]",
+        "not_in_place": "no input tensor is modified in place",
+    },
+    "simpo_loss": {
+        "length_normalised": "each side's log-prob is divided by its own length",
+        "gamma_margin": "gamma is subtracted, outside the product with beta",
+        "gamma_zero": "gamma = 0.0 is a value, not unset",
+        "stable": "finite for margins in the hundreds (a log-sigmoid)",
+        "mean": "the loss is the mean over pairs",
+        "differentiable": "differentiable in the chosen and rejected log-probs, with the reference's gradient",
+    },
+    "best_worst_pairs": {
+        "chosen_first": "column 0 is the best sample (argmax), column 1 the worst (argmin)",
+        "first_on_ties": "ties go to the first occurrence, for the best and the worst",
+        "per_group": "the indices are within each group (a row)",
+        "shape": "the pairs have shape [p, 2]",
+        "int64": "the indices are int64",
+    },
+    "rloo_advantages": {
+        "leave_one_out": "the baseline of sample j leaves sample j out",
+        "g_minus_one": "the mean of the others divides by G - 1 (with true division: G = 3, 4, ... too)",
+        "no_std": "no division by a standard deviation",
+        "within_group": "the baseline is within each group, not over the batch",
+        "not_in_place": "the rewards tensor is never modified in place",
+    },
+    "gspo_sequence_ratio": {
+        "geometric": "the exponential of the mean log-ratio (a geometric mean), not the mean of the ratios",
+        "length_normalised": "the log-ratios are averaged, not summed",
+        "own_count": "each row divides by its own number of True positions, not by g",
+        "mask": "only positions where the mask is True count, wherever they stand in the row",
+        "orientation": "the ratio is pi_theta / pi_old",
+        "stable": "finite for hundreds of tokens (no product of ratios)",
+        "differentiable": "differentiable in logprobs, with the reference's gradient",
+    },
+}
+
 
 # ----------------------------------------------------------------------------------------------------
 # sequence_logprobs
@@ -95,10 +165,10 @@ def _seq_product_of_probs(logits, tokens, mask):
 
 SEQ_MISTAKES = [
     Mistake("The logits are not shifted: logits[:, t] predicts token t + 1, so token t's log-prob is "
-            "log_softmax(logits[:, t - 1])[tokens[:, t]] (compare logits[:, :-1] with tokens[:, 1:]).",
+            "log_softmax(logits[:, t - 1])[tokens[:, t]].",
             _seq_variant(shift=False)),
-    Mistake("The mask is shifted the wrong way: pair logits[:, :-1] and tokens[:, 1:] with mask[:, 1:] "
-            "(the mask marks the tokens, not the positions that predict them).", _seq_variant(mask_shift=False)),
+    Mistake("The mask is shifted the wrong way: mask[:, t] goes with token t, "
+            "which the logits at t - 1 predict (the mask marks the tokens, not the positions that predict them).", _seq_variant(mask_shift=False)),
     Mistake("You averaged over the completion's tokens: the contract is the sum (the log-probability of the "
             "whole completion, a product of token probabilities).", _seq_variant(reduce="mean")),
     Mistake("You summed over every position: only the tokens where mask is True count.", _seq_variant(use_mask=False)),
@@ -107,8 +177,8 @@ SEQ_MISTAKES = [
     Mistake("You multiplied the token probabilities and took the log of the product: a product of many "
             "probabilities underflows to 0 (log 0 = -inf). Sum the token log-probs instead.",
             _seq_product_of_probs),
-    Mistake("The last token is dropped: with the shift, logits[:, :-1] predict tokens[:, 1:], all the way to "
-            "the end.", _seq_variant(drop_last=True)),
+    Mistake("The last token is dropped: with the shift, every token from position 1 to the "
+            "last has its prediction, the last token included.", _seq_variant(drop_last=True)),
 ]
 
 
@@ -164,11 +234,11 @@ def _dpo_cases() -> list[Case]:
 
 
 def _dpo_variant(*, h_sign=1, use_ref=True, ipo_target="half", hinge_beta=True, beta_inside=True,
-                 reduce="mean", stable=True, hinge_sign=-1):
+                 reduce="mean", stable=True, hinge_sign=-1, smoothing=True):
     def fn(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
         h = (pc - rc) - (pr - rr) if use_ref else pc - pr
         h = h_sign * h
-        ls = label_smoothing
+        ls = label_smoothing if smoothing else 0.0
         if loss_type == "sigmoid":
             logsig = F.logsigmoid if stable else (lambda x: torch.sigmoid(x).log())
             pos, neg = (logsig(beta * h), logsig(-beta * h)) if beta_inside else (beta * logsig(h), beta * logsig(-h))
@@ -212,6 +282,9 @@ DPO_MISTAKES = [
             "1 / (2 * beta) with the parentheses.", _dpo_variant(ipo_target="precedence")),
 
     Mistake("You summed the per-pair losses: the contract takes their mean.", _dpo_variant(reduce="sum")),
+    Mistake("label_smoothing is ignored: with probability ls the label is taken as flipped, so the loss is "
+            "(1 - ls) times the loss of the observed preference plus ls times that of the flipped one.",
+            _dpo_variant(smoothing=False)),
 ]
 
 
@@ -254,7 +327,7 @@ def check_dpo_loss(candidate) -> str:
     for bad in ("kto", "Sigmoid", ""):
         if not _raises_value_error(candidate, *to_device(_pair_logps(3, seed=4)), beta=0.1, loss_type=bad):
             raise CheckFailure(f"loss_type={bad!r} did not raise ValueError.",
-                               hint="End the chain of loss types with `else: raise ValueError(...)` naming the "
+                               hint="Any other loss_type raises ValueError naming the "
                                "accepted ones: a typo must not silently train with another loss.")
     return detail + " Unknown loss types raise ValueError."
 
@@ -326,13 +399,17 @@ def _simpo_cases() -> list[Case]:
     ]
 
 
-def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=True, swap_lengths=False):
+def _simpo_variant(*, normalise=True, gamma_sign=-1, gamma_inside=False, stable=True, swap_lengths=False,
+                   reduce="mean", gamma_or_default=False):
     def fn(c, r, lc, lr, beta=2.0, gamma=0.5):
         if swap_lengths:
             lc, lr = lr, lc
+        if gamma_or_default:
+            gamma = gamma or 0.5
         margin = c / lc - r / lr if normalise else c - r
         x = beta * (margin + gamma_sign * gamma) if gamma_inside else beta * margin + gamma_sign * gamma
-        return -(F.logsigmoid(x) if stable else torch.sigmoid(x).log()).mean()
+        losses = -(F.logsigmoid(x) if stable else torch.sigmoid(x).log())
+        return losses.sum() if reduce == "sum" else losses.mean()
 
     return fn
 
@@ -362,6 +439,9 @@ def check_simpo_loss(candidate) -> str:
         Mistake("log(sigmoid(x)) underflows to -inf for very negative x: use F.logsigmoid.", _simpo_variant(stable=False)),
         Mistake("The lengths are swapped: each side is divided by its own length, chosen_logps / chosen_lengths and "
                 "rejected_logps / rejected_lengths.", _simpo_variant(swap_lengths=True)),
+        Mistake("You summed the per-pair losses: the contract takes their mean.", _simpo_variant(reduce="sum")),
+        Mistake("gamma = 0.0 was replaced by a default: 0 is a value (no margin asked for), not unset.",
+                _simpo_variant(gamma_or_default=True)),
     ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"],
        grad=DIFFERENTIATED["simpo_loss"])
 
@@ -468,7 +548,7 @@ def _compare_rloo(candidate) -> str:
                 lambda r: r - (r.sum(-1, keepdim=True) - r) / r.shape[-1]),
         Mistake("RLOO does not divide by a std: only the baseline changes.",
                 lambda r: (r - (r.sum(-1, keepdim=True) - r) / (r.shape[-1] - 1)) / (r.std(-1, keepdim=True) + 1e-4)),
-        Mistake("The baseline is over the whole batch: leave-one-out works within each group (dim=-1).",
+        Mistake("The baseline is over the whole batch: leave-one-out works within each group (a row).",
                 lambda r: r - (r.sum() - r) / (r.numel() - 1)),
     ], arg_names=["rewards"])
 
@@ -538,14 +618,14 @@ def check_gspo_sequence_ratio(candidate) -> str:
                 _gspo_product_root),
         Mistake("The log-ratios are summed, not averaged: that is the ratio of the whole sequence's probabilities, "
                 "which explodes with the length. Divide by the number of tokens.", _gspo_variant(kind="product")),
-        Mistake("The mean divides by g, the padded length: divide by each row's own number of tokens, mask.sum(-1).",
+        Mistake("The mean divides by g, the padded length: divide by each row's own number of tokens (its True positions).",
                 _gspo_variant(denom="g")),
         Mistake("The ratio is upside down: pi_theta / pi_old, exp(logprobs - old_logprobs).", _gspo_variant(invert=True)),
         Mistake("Masked positions were counted: only the completion's tokens (mask True) enter the mean.",
                 _gspo_variant(use_mask=False)),
         Mistake("You averaged the first mask.sum(-1) positions, as if the True positions always started at 0: "
-                "they need not (a completion after a prompt). Select with the mask itself, "
-                "torch.where(mask, logprobs - old_logprobs, 0).", _gspo_leading_positions),
+                "they need not (a completion after a prompt). Select the positions "
+                "with the mask itself.", _gspo_leading_positions),
     ], arg_names=["logprobs", "old_logprobs", "mask"], grad=DIFFERENTIATED["gspo_sequence_ratio"])
 
 

@@ -1,4 +1,5 @@
-"""Race our PPO-RLHF trainer against TRL's last ``PPOTrainer`` (TRL 1.12.0) on the same model, reward and settings.
+"""Race our PPO-RLHF trainer against TRL's ``PPOTrainer`` (TRL 1.12.0, pinned: ``trl.experimental`` since 1.10,
+removed in a later release) on the same model, reward and settings.
 
 ``python -m rlhf_tutorial bench-trl --algo ppo`` exports the tiny world's base policy to a transformers
 folder (``trainers.export.export_hf``: the same logits), then for each seed runs our ``RLHFTrainer``
@@ -71,11 +72,12 @@ from rlhf_tutorial.trainers.bench_trl import (
 )
 from rlhf_tutorial.trainers.rlhf import RLHFArgs, RLHFTrainer
 
-#: TRL's last release with PPO, and where ``make trl-ppo`` installs it (beside the venv's own packages).
+#: The TRL release the course pins for PPO (its PPOTrainer is under trl.experimental, removed in a later
+#: release), and where ``make trl-ppo`` installs it (beside the venv's own packages).
 TRL_PPO_VERSION = "1.12.0"
 TRL_PPO_DIR = Path(sys.prefix) / "trl-1.12"
 INSTALL_HINT = (
-    f"TRL {TRL_PPO_VERSION} (the last with PPOTrainer) is not installed beside the venv: run `make trl-ppo` "
+    f"TRL {TRL_PPO_VERSION} (with trl.experimental.ppo) is not installed beside the venv: run `make trl-ppo` "
     f"(or: {sys.executable} -m pip install --no-deps --target {TRL_PPO_DIR} trl=={TRL_PPO_VERSION})"
 )
 

@@ -221,7 +221,9 @@ def test_calc_grpo_objective_written_differently():
             return (sums / counts).mean()
         if loss_type == "dapo":
             return sums.sum() / counts.sum()
-        return sums.sum() / (B * (g if max_completion_len is None else max_completion_len))
+        if loss_type == "dr_grpo":
+            return sums.sum() / (B * (g if max_completion_len is None else max_completion_len))
+        raise ValueError(f"unknown loss_type {loss_type!r}")
 
     result = run_check("calc_grpo_objective", per_row_loops)
     assert result.passed, result.message
@@ -233,7 +235,9 @@ def _aggregate(per_token, mask, loss_type, max_completion_len):
         return (per_token.sum(1) / mask.sum(1)).mean()
     if loss_type == "dapo":
         return per_token.sum() / mask.sum()
-    return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+    if loss_type == "dr_grpo":
+        return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+    raise ValueError(f"loss_type must be 'grpo', 'dapo' or 'dr_grpo', got {loss_type!r}")
 
 
 def obj_dual_clip_clamped_k3(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
@@ -658,6 +662,360 @@ def test_sample_group_that_ignores_top_k_or_the_eos_argument_is_named():
     def fixed_temperature(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
         return grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, 0.5, top_k)
 
-    assert_fails_with("sample_group", no_top_k, "Pass top_k=top_k to generate")
+    assert_fails_with("sample_group", no_top_k, "top_k is ignored")
     assert_fails_with("sample_group", fixed_eos, "Use the eos_token_id argument")
     assert_fails_with("sample_group", fixed_temperature, "at temperature 2.0")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The contract, clause by clause: a version breaking each (tests/checks/test_contract_clauses.py)
+# ----------------------------------------------------------------------------------------------------
+def adv_eps_inside_sqrt(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale == "none":
+        return centred
+    var = rewards.var(-1, keepdim=True) if scale == "group" else rewards.var()
+    return centred / torch.sqrt(var + eps)
+
+
+def adv_fixed_eps(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale == "none":
+        return centred
+    return centred / ((rewards.std(-1, keepdim=True) if scale == "group" else rewards.std()) + 1e-4)
+
+
+def adv_batch_raises_value_error(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale == "group":
+        return centred / (rewards.std(-1, keepdim=True) + eps)
+    if scale == "none":
+        return centred
+    raise ValueError(f"unknown scale {scale}")
+
+
+def adv_batch_not_implemented(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale == "batch":
+        raise NotImplementedError("batch scaling: later")
+    return centred if scale == "none" else centred / (rewards.std(-1, keepdim=True) + eps)
+
+
+def adv_batch_whitened(rewards, scale="group", eps=1e-4):
+    if scale == "batch":  # centred on the batch mean, not on each group's
+        return (rewards - rewards.mean()) / (rewards.std() + eps)
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    return centred if scale == "none" else centred / (rewards.std(-1, keepdim=True) + eps)
+
+
+def adv_unknown_scale_is_group(rewards, scale="group", eps=1e-4):
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    if scale == "none":
+        return centred
+    if scale == "batch":
+        return centred / (rewards.std() + eps)
+    return centred / (rewards.std(-1, keepdim=True) + eps)
+
+
+def adv_float64(rewards, scale="group", eps=1e-4):
+    r = rewards.double()
+    centred = r - r.mean(-1, keepdim=True)
+    if scale == "none":
+        return centred
+    return centred / ((r.std(-1, keepdim=True) if scale == "group" else r.std()) + eps)
+
+
+def _objective_with(*, ratio_clamp=None, dual=None, k3_clamp=None, kl="k3", kl_sign=-1.0, kl_against_old=False,
+                    high_default=None, high_or=False, beta_or=False, low=None, detach_ratio=False, reducer="min",
+                    invert=False, agg=None, in_place=False, item=False):
+    """A calc_grpo_objective as a learner writes it, with one decision made wrong (each keyword one)."""
+
+    def objective(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                  loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+        if high_or:
+            high = clip_eps_high or clip_eps
+        else:
+            high = clip_eps_high if clip_eps_high is not None else (high_default or clip_eps)
+        if beta_or:
+            beta = beta or 0.04
+        if in_place:
+            logprobs.masked_fill_(~mask, 0.0)
+            old_logprobs.masked_fill_(~mask, 0.0)
+        logr = (old_logprobs - logprobs) if invert else (logprobs - old_logprobs)
+        if ratio_clamp is not None:  # "to be safe"
+            logr = logr.clamp(-ratio_clamp, ratio_clamp)
+        ratio = logr.exp()
+        if detach_ratio:
+            ratio = ratio.detach()
+        a = advantages.unsqueeze(-1)
+        clipped = ratio.clamp(1 - (clip_eps if low is None else low), 1 + high) * a
+        surr = {"min": torch.min(ratio * a, clipped), "max": torch.max(ratio * a, clipped),
+                "clipped": clipped}[reducer]
+        if dual is not None:
+            surr = torch.where(a < 0, torch.max(surr, dual * a), surr)
+        other = old_logprobs if kl_against_old else ref_logprobs
+        log_q = other - logprobs
+        if k3_clamp is not None:
+            log_q = log_q.clamp(-k3_clamp, k3_clamp)
+        kl_term = {"k3": log_q.exp() - 1 - log_q, "k1": -log_q, "k2": 0.5 * log_q ** 2,
+                   "k3_swapped": (-log_q).exp() - 1 + log_q}[kl]
+        per_token = (surr + kl_sign * beta * kl_term) * mask
+        if agg is not None:
+            out = agg(per_token, mask, loss_type, max_completion_len)
+        else:
+            out = _aggregate(per_token, mask, loss_type, max_completion_len)
+        return out.item() if item else out
+
+    return objective
+
+
+def obj_ratio_clamped_below_only(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                                 loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    """Only the small ratios are guarded (log r >= -10 "to avoid underflow"): the gradient shows it."""
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    ratio = (logprobs - old_logprobs).clamp(min=-10.0).exp()
+    a = advantages.unsqueeze(-1)
+    surr = torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + high) * a)
+    return _aggregate(surr - beta * _k3(logprobs, ref_logprobs), mask, loss_type, max_completion_len)
+
+
+def _agg_unknown_is_dr_grpo(per_token, mask, loss_type, max_completion_len):
+    """Every loss_type other than "grpo" and "dapo" falls through to the last branch."""
+    return _aggregate(per_token, mask, loss_type if loss_type in ("grpo", "dapo") else "dr_grpo", max_completion_len)
+
+
+def _agg_dr_by_true_tokens(per_token, mask, loss_type, max_completion_len):
+    if loss_type == "dr_grpo":
+        return per_token.sum() / mask.sum()
+    return _aggregate(per_token, mask, loss_type, max_completion_len)
+
+
+def _agg_dr_ignores_max_len(per_token, mask, loss_type, max_completion_len):
+    return _aggregate(per_token, mask, loss_type, None)
+
+
+def _agg_dapo_per_sequence(per_token, mask, loss_type, max_completion_len):
+    return _aggregate(per_token, mask, "grpo" if loss_type == "dapo" else loss_type, max_completion_len)
+
+
+def obj_padded_mean(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                    loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+    high = clip_eps_high if clip_eps_high is not None else clip_eps
+    per_token = (_surrogate(logprobs, old_logprobs, advantages, clip_eps, high) - beta * _k3(logprobs, ref_logprobs))
+    per_token = per_token * mask
+    if loss_type == "dr_grpo":
+        return per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+    if loss_type == "grpo":
+        return per_token.mean(-1).mean()  # zeros counted as tokens
+    return per_token.mean()
+
+
+def adv_in_place(rewards, scale="group", eps=1e-4):
+    rewards -= rewards.mean(-1, keepdim=True)
+    if scale == "none":
+        return rewards
+    return rewards / ((rewards.std(-1, keepdim=True) if scale == "group" else rewards.std()) + eps)
+
+
+def mask_to_last_eos(completions, eos_token_id):
+    is_eos = (completions == eos_token_id).long()
+    eos_from_t_on = is_eos.flip(-1).cumsum(-1).flip(-1)  # EOS tokens at t or later
+    return (eos_from_t_on - is_eos > 0) | (is_eos.cumsum(-1) - is_eos == 0)
+
+
+def sample_fixed_eos(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    return grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, 7, temperature, top_k)
+
+
+def sample_no_top_k(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    return grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature, None)
+
+
+def mask_fixed_eos(completions, eos_token_id):
+    is_eos = (completions == 9).long()
+    return is_eos.cumsum(-1) - is_eos == 0
+
+
+def sample_repeated_prompt_missing(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                                   top_k=None):
+    tokens, mask = grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature,
+                                     top_k)
+    return tokens[:, len(prompt_tokens) - 1:], mask  # forgot the prompt: wrong length, wrong start
+
+
+def sample_wrong_first_token(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0,
+                             top_k=None):
+    tokens, mask = grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature,
+                                     top_k)
+    return torch.cat([tokens[:, 1:2], tokens[:, 1:]], dim=1), mask  # the prompt's first token lost
+
+
+def sample_mask_as_long(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature=1.0, top_k=None):
+    tokens, mask = grpo.sample_group(model, prompt_tokens, group_size, max_new_tokens, eos_token_id, temperature,
+                                     top_k)
+    return tokens, mask.long()
+
+
+def _step_with(*, zero_grad=True, sign=1.0, clip=True, old="old", ref="ref", temperature=True, kwargs=None,
+               step=True, objective_after=False, grad_norm_after_clip=False, modify_batch=False):
+    """A grpo_step as a learner writes it, with one decision made wrong (each keyword one)."""
+
+    def grpo_step(policy, optimizer, batch, args):
+        if modify_batch:
+            batch.advantages.mul_(2.0)
+        logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens,
+                                             args.temperature if temperature else 1.0)
+        old_lp = {"old": batch.old_logprobs, "detached": logprobs.detach(), "ref": batch.ref_logprobs}[old]
+        ref_lp = {"ref": batch.ref_logprobs, "old": batch.old_logprobs}[ref]
+        options = dict(clip_eps=args.clip_coef, beta=args.kl_coef, loss_type=args.loss_type,
+                       clip_eps_high=args.clip_coef_high, max_completion_len=args.max_new_tokens)
+        options.update(kwargs or {})
+        options = {k: v for k, v in options.items() if v is not None}
+        objective = grpo.calc_grpo_objective(logprobs, old_lp, ref_lp, batch.advantages, batch.mask, **options)
+        if zero_grad:
+            optimizer.zero_grad()
+        (sign * objective).backward()
+        grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm if clip else 1e9)
+        if grad_norm_after_clip:
+            grad_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in policy.parameters() if p.grad is not None))
+        if step:
+            optimizer.step()
+        if objective_after:
+            with torch.no_grad():
+                logprobs = grpo.group_token_logprobs(policy, batch.tokens, batch.prefix_lens, args.temperature)
+                objective = grpo.calc_grpo_objective(logprobs, old_lp, ref_lp, batch.advantages, batch.mask,
+                                                     **options)
+        return {"objective": objective.item(), "grad_norm": float(grad_norm)}
+
+    return grpo_step
+
+
+VIOLATIONS = {
+    "group_relative_advantages": {
+        "group_mean": [adv_batch_mean, adv_over_prompts],
+        "group_std": [adv_batch_std_for_group],
+        "unbiased_std": [adv_population_std],
+        "eps_added": [adv_no_eps, adv_eps_inside_sqrt],
+        "eps_honoured": [adv_fixed_eps],
+        "batch_mode": [adv_batch_raises_value_error, adv_batch_not_implemented, adv_batch_whitened],
+        "none_mode": [adv_none_still_divides],
+        "unknown_scale": [adv_unknown_scale_is_group],
+        "not_in_place": [adv_in_place],
+        "dtype": [adv_float64],
+    },
+    "calc_grpo_objective": {
+        "ratio": [_objective_with(invert=True)],
+        "pessimistic_min": [_objective_with(reducer="max"), _objective_with(reducer="clipped")],
+        "clip_eps": [_objective_with(low=0.2)],
+        "clip_eps_high": [obj_ignores_clip_high, _objective_with(high_or=True)],
+        "clip_eps_high_default": [_objective_with(high_default=0.28)],
+        "no_dual_clip": [_objective_with(dual=3.0)],
+        "large_log_ratios": [_objective_with(ratio_clamp=5.0), _objective_with(ratio_clamp=10.0),
+                             obj_ratio_clamped_below_only],
+        "k3": [obj_k1, _objective_with(kl="k2"), obj_kl_swapped],
+        "k3_exact": [obj_k3_clamped_only, _objective_with(k3_clamp=10.0)],
+        "kl_subtracted": [obj_kl_sign_flipped],
+        "kl_to_reference": [_objective_with(kl_against_old=True)],
+        "beta": [_objective_with(beta_or=True)],
+        "mask": [obj_mask_ignored, obj_padded_mean],
+        "grpo_aggregation": [obj_token_mean_for_grpo],
+        "dapo_aggregation": [_objective_with(agg=_agg_dapo_per_sequence)],
+        "dr_grpo_aggregation": [obj_dr_grpo_true_lengths, obj_dr_grpo_by_length_only,
+                                _objective_with(agg=_agg_dr_by_true_tokens)],
+        "max_completion_len": [_objective_with(agg=_agg_dr_ignores_max_len)],
+        "differentiable": [_objective_with(detach_ratio=True)],
+        "not_in_place": [_objective_with(in_place=True)],
+        "scalar": [_objective_with(item=True)],
+        "unknown_loss_type": [_objective_with(agg=_agg_unknown_is_dr_grpo)],
+    },
+    "completion_mask": {
+        "eos_counted": [mask_drops_eos],
+        "after_eos_masked": [mask_keeps_everything, mask_only_eos_removed],
+        "first_eos": [mask_to_last_eos],
+        "no_eos": [mask_by_argmax_forgetting_rows_without_eos],
+        "eos_argument": [mask_fixed_eos],
+        "bool": [mask_as_long],
+    },
+    "sample_group": {
+        "shape": [sample_no_padding, sample_mask_as_long],
+        "prompt_first": [sample_wrong_first_token, sample_repeated_prompt_missing],
+        "group_sampled": [sample_once_repeated],
+        "stops_at_eos": [sample_without_stopping, sample_never_stops],
+        "eos_argument": [sample_fixed_eos],
+        "padded": [sample_no_padding, sample_padded_with_zero],
+        "mask_counts_eos": [sample_mask_drops_eos],
+        "mask_completion_only": [sample_mask_whole_then_sliced, sample_mask_over_whole_sequence],
+        "temperature": [sample_ignores_temperature],
+        "top_k": [sample_no_top_k],
+    },
+    "grpo_step": {
+        "temperature": [step_without_temperature],
+        "old_logprobs": [step_ratio_always_one, _step_with(old="ref")],
+        "reference": [_step_with(ref="old")],
+        "args_passed": [_step_with(kwargs={"clip_eps_high": None}), _step_with(kwargs={"beta": 0.04}),
+                        _step_with(kwargs={"loss_type": None})],
+        "max_completion_len": [step_ignores_max_completion_len],
+        "zero_grad": [step_no_zero_grad],
+        "ascent": [step_minimises],
+        "grad_clip": [step_no_clipping, _step_with(clip=False)],
+        "steps": [_step_with(step=False)],
+        "objective_returned": [_step_with(objective_after=True)],
+        "grad_norm": [_step_with(grad_norm_after_clip=True)],
+        "batch_read_only": [_step_with(modify_batch=True)],
+    },
+}
+
+
+@pytest.mark.parametrize("wrong", [adv_batch_raises_value_error, adv_batch_not_implemented])
+def test_a_missing_scale_mode_is_named_not_called_the_stub(wrong):
+    """An attempt whose "batch" branch raises (its final ValueError, or its own NotImplementedError) is told
+    that mode is missing, never to replace the stub's raise line."""
+    result = run_check("group_relative_advantages", wrong)
+    assert not result.passed
+    assert 'scale="batch" raised' in result.message and "no answer for this mode" in result.message, result.message
+    assert "not implemented yet" not in result.message and "raise NotImplementedError(...)" not in result.message
+
+
+@pytest.mark.parametrize("bound, fragment", [
+    (5.0, "clamped (to [-5, 5])"),
+    (10.0, "clamped (to [-10, 10])"),
+])
+def test_calc_grpo_objective_a_clamped_log_ratio_is_named(bound, fragment):
+    """A clamp of log(pi_theta / pi_old) "to be safe": at log r = 12 with a negative advantage it changes the
+    value (and zeroes the gradient of the clamped tokens)."""
+    assert_fails_with("calc_grpo_objective", _objective_with(ratio_clamp=bound), fragment)
+
+
+def test_calc_grpo_objective_a_clamp_below_shows_in_the_gradient():
+    result = run_check("calc_grpo_objective", obj_ratio_clamped_below_only)
+    assert not result.passed and "log r = -11" in result.message, result.message
+    assert "clamp of the log-ratio" in result.hint, result.hint
+
+
+def test_calc_grpo_objective_in_float64_and_as_a_ratio_of_probabilities_passes():
+    """Right answers written differently must pass the large log-ratio cases too: float64 inside, the ratio
+    as exp(logprobs) / exp(old_logprobs), the clipped branch chosen with torch.where."""
+
+    def float64_inside(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps=0.2, beta=0.04,
+                       loss_type="grpo", clip_eps_high=None, max_completion_len=None):
+        lp, old, ref = logprobs.double(), old_logprobs.double(), ref_logprobs.double()
+        upper = 1 + (clip_eps if clip_eps_high is None else clip_eps_high)
+        ratio = lp.exp() / old.exp()
+        a = advantages.double()[:, None]
+        clipped = ratio.clamp(1 - clip_eps, upper)
+        surr = torch.where(ratio * a < clipped * a, ratio * a, clipped * a)
+        logr = ref - lp
+        per_token = torch.where(mask, surr - beta * (torch.expm1(logr) - logr), 0.0)
+        counts = mask.sum(-1).double()
+        if loss_type == "grpo":
+            out = (per_token.sum(-1) / counts).mean()
+        elif loss_type == "dapo":
+            out = per_token.sum() / counts.sum()
+        elif loss_type == "dr_grpo":
+            out = per_token.sum() / (mask.shape[0] * (max_completion_len or mask.shape[1]))
+        else:
+            raise ValueError(loss_type)
+        return out.float()
+
+    result = run_check("calc_grpo_objective", float64_inside)
+    assert result.passed, result.message

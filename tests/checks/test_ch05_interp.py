@@ -4,6 +4,7 @@ and correct versions written differently pass."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -492,3 +493,284 @@ def test_fraction_changed_written_differently():
         return 1.0 - same / total
 
     assert run_check("fraction_changed", with_isclose).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# The contract, clause by clause: a version breaking each (tests/checks/test_contract_clauses.py)
+# ----------------------------------------------------------------------------------------------------
+def direction_unit(W_U, pos_ids, neg_ids):
+    d = W_U[:, neg_ids].mean(1) - W_U[:, pos_ids].mean(1)
+    return d / d.norm()
+
+
+def direction_rows(W_U, pos_ids, neg_ids):
+    return W_U[neg_ids].mean(0) - W_U[pos_ids].mean(0)
+
+
+def ln_fixed_eps(x, eps=1e-5):
+    c = x - x.mean(-1, keepdim=True)
+    return c / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
+def ln_first_dim(x, eps=1e-5):
+    c = x - x.mean(0, keepdim=True)
+    return c / torch.sqrt(c.pow(2).mean(0, keepdim=True) + eps)
+
+
+def ln_moments(x, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    var = (x * x).mean(-1, keepdim=True) - mean ** 2  # E[x^2] - E[x]^2
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+def ln_in_place(x, eps=1e-5):
+    x -= x.mean(-1, keepdim=True)
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def lens_over_layers(resid_stack, direction, eps=1e-5):
+    c = resid_stack - resid_stack.mean(0, keepdim=True)
+    return (c / torch.sqrt(c.pow(2).mean(0, keepdim=True) + eps)) @ direction
+
+
+def lens_three_dims(resid_stack, direction, eps=1e-5):
+    return torch.einsum("lbd,d->lb", interp.ln_pre(resid_stack, eps), direction)
+
+
+def lens_unit_direction(resid_stack, direction, eps=1e-5):
+    return interp.ln_pre(resid_stack, eps) @ (direction / direction.norm())
+
+
+def value_drops_eps(resid_stack, value_head, eps=1e-5):
+    return value_head(interp.ln_pre(resid_stack)).squeeze(-1)
+
+
+def value_squeeze_all(resid_stack, value_head, eps=1e-5):
+    return value_head(interp.ln_pre(resid_stack, eps)).squeeze()
+
+
+def value_folds_centring_into_head(resid_stack, value_head, eps=1e-5):
+    """Right values: the centring is folded into the head's first weight, in place (the head changes)."""
+    weight = value_head[0].weight
+    with torch.no_grad():
+        weight -= weight.mean(1, keepdim=True)
+    c = resid_stack - resid_stack.mean(-1, keepdim=True)
+    return value_head(resid_stack / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + eps)).squeeze(-1)
+
+
+def value_backward(resid_stack, value_head, eps=1e-5):
+    out = value_head(interp.ln_pre(resid_stack, eps)).squeeze(-1)
+    out.sum().backward()  # "to see which inputs matter"
+    return out.detach()
+
+
+def attr_no_scale(head_out, ln_scale, direction):
+    c = head_out - head_out.mean(-1, keepdim=True)
+    return (c @ direction).mean(0)
+
+
+def attr_squeezed(head_out, ln_scale, direction):
+    c = head_out - head_out.mean(-1, keepdim=True)
+    return ((c @ direction) / ln_scale[:, None, None]).mean(0).squeeze()
+
+
+def attr_in_place(head_out, ln_scale, direction):
+    head_out -= head_out.mean(-1, keepdim=True)
+    return ((head_out @ direction) / ln_scale[:, None, None]).mean(0)
+
+
+def patch_none_is_nothing(activation, hook, source, positions=None):
+    if positions is not None:
+        activation[:, positions] = source[:, positions]
+    return activation
+
+
+def patch_second_to_last_dim(activation, hook, source, positions=None):
+    idx = slice(None) if positions is None else positions
+    activation[..., idx, :] = source[..., idx, :]  # the position dim, counted from the end
+    return activation
+
+
+def restored_clamped(patched, base, tuned):
+    return ((patched.mean() - base.mean()) / (tuned.mean() - base.mean())).clamp(0, 1)
+
+
+def restored_abs(patched, base, tuned):
+    return ((patched.mean() - base.mean()) / (tuned.mean() - base.mean())).abs()
+
+
+def restored_float32(patched, base, tuned):
+    return ((patched.mean() - base.mean()) / (tuned.mean() - base.mean())).float()
+
+
+def restored_item(patched, base, tuned):
+    return ((patched.mean() - base.mean()) / (tuned.mean() - base.mean())).item()
+
+
+def diff_default_three(base_resid, tuned_resid, n_positions=3):
+    return (tuned_resid[:, :n_positions] - base_resid[:, :n_positions]).mean(dim=(0, 1))
+
+
+def diff_per_position(base_resid, tuned_resid, n_positions=5):
+    return (tuned_resid[:, :n_positions] - base_resid[:, :n_positions]).mean(0)
+
+
+def change_over_tuned(base_params, tuned_params):
+    return {k: ((tuned_params[k] - v).norm() / tuned_params[k].norm().clamp(min=1e-8)).item()
+            for k, v in base_params.items() if k in tuned_params}
+
+
+def change_norm_growth(base_params, tuned_params):
+    return {k: (tuned_params[k].norm() / v.norm().clamp(min=1e-8) - 1).item()
+            for k, v in base_params.items() if k in tuned_params}
+
+
+def change_per_entry(base_params, tuned_params):
+    return {k: ((tuned_params[k] - v).abs() / v.abs().clamp(min=1e-8)).mean().item()
+            for k, v in base_params.items() if k in tuned_params}
+
+
+def change_norm_in_own_dtype(base_params, tuned_params):
+    out = {}
+    for k, v in base_params.items():
+        if k in tuned_params:
+            delta = (tuned_params[k].float() - v.float()).norm()
+            out[k] = (delta / v.norm().clamp(min=1e-8)).item()  # ||base|| in the parameters' own dtype
+    return out
+
+
+def change_with_numpy(base_params, tuned_params):
+    out = {}
+    for k, v in base_params.items():
+        if k in tuned_params:
+            b, t = v.cpu().numpy(), tuned_params[k].cpu().numpy()
+            out[k] = float(np.linalg.norm(t - b) / max(np.linalg.norm(b), 1e-8))
+    return out
+
+
+def _shared(base_params, tuned_params):
+    return [(base_params[k], tuned_params[k]) for k in base_params if k in tuned_params]
+
+
+def fraction_isclose(base_params, tuned_params, atol=0.0):
+    pairs = _shared(base_params, tuned_params)
+    moved = sum(int((~torch.isclose(t, b, atol=atol)).sum()) for b, t in pairs)
+    return moved / sum(b.numel() for b, _ in pairs)
+
+
+def fraction_relative(base_params, tuned_params, atol=0.0):
+    pairs = _shared(base_params, tuned_params)
+    moved = sum(int(((t - b).abs() > atol * b.abs()).sum()) for b, t in pairs)
+    return moved / sum(b.numel() for b, _ in pairs)
+
+
+def fraction_unchanged(base_params, tuned_params, atol=0.0):
+    pairs = _shared(base_params, tuned_params)
+    same = sum(int(((t - b).abs() <= atol).sum()) for b, t in pairs)
+    return same / sum(b.numel() for b, _ in pairs)
+
+
+def fraction_all_names(base_params, tuned_params, atol=0.0):
+    moved = sum(int(((tuned_params[k] - v).abs() > atol).sum()) for k, v in base_params.items())
+    return moved / sum(v.numel() for v in base_params.values())
+
+
+def fraction_tensor(base_params, tuned_params, atol=0.0):
+    pairs = _shared(base_params, tuned_params)
+    moved = sum(((t - b).abs() > atol).sum() for b, t in pairs)
+    return moved / sum(b.numel() for b, _ in pairs)
+
+
+def fraction_with_numpy(base_params, tuned_params, atol=0.0):
+    pairs = [(b.float().cpu().numpy(), t.float().cpu().numpy()) for b, t in _shared(base_params, tuned_params)]
+    return float(sum(int((np.abs(t - b) > atol).sum()) for b, t in pairs) / sum(b.size for b, _ in pairs))
+
+
+VIOLATIONS = {
+    "sentiment_direction": {
+        "sign": [direction_pos_minus_neg],
+        "mean": [direction_summed],
+        "duplicates": [direction_unique],
+        "unnormalised": [direction_unit],
+        "columns": [direction_rows],
+    },
+    "ln_pre": {
+        "centred": [ln_rms_only],
+        "biased_variance": [ln_std_unbiased],
+        "eps_inside": [ln_eps_outside],
+        "eps_honoured": [ln_no_eps, ln_fixed_eps],
+        "last_dim": [ln_first_dim],
+        "centred_variance": [ln_moments],
+        "not_in_place": [ln_in_place],
+    },
+    "logit_lens_score": {
+        "layer_norm_first": [lens_raw],
+        "layer_norm_scale": [lens_unit_norm],
+        "eps_passed": [lens_drops_eps],
+        "last_dim": [lens_over_layers],
+        "leading_dims": [lens_three_dims],
+        "direction_as_given": [lens_unit_direction],
+    },
+    "value_lens": {
+        "layer_norm_first": [value_no_ln],
+        "eps_passed": [value_drops_eps],
+        "squeeze_last": [value_no_squeeze, value_squeeze_all],
+        "parameters_untouched": [value_folds_centring_into_head],
+        "grads_untouched": [value_zero_grad, value_backward],
+        "requires_grad_untouched": [value_freezes_head],
+    },
+    "head_attribution": {
+        "centred": [attr_not_centred],
+        "own_scale": [attr_mean_scale],
+        "divides": [attr_times_scale, attr_no_scale],
+        "mean_over_batch": [attr_summed],
+        "shape": [attr_squeezed],
+        "not_in_place": [attr_in_place],
+    },
+    "patch_activation": {
+        "positions_dim": [patch_batch_dim],
+        "none_is_all": [patch_none_is_nothing],
+        "empty_is_none": [patch_empty_means_all],
+        "negative_positions": [patch_positive_range],
+        "trailing_dims": [patch_second_to_last_dim],
+        "source_untouched": [patch_writes_source],
+        "returns_activation": [patch_no_return],
+    },
+    "restored_fraction": {
+        "ratio_of_means": [restored_mean_of_ratios],
+        "all_entries": [restored_mean_over_dim0],
+        "orientation": [restored_remaining, restored_over_tuned],
+        "signed": [restored_clamped, restored_abs],
+        "zero_dim_tensor": [restored_float32, restored_item],
+    },
+    "activation_difference": {
+        "orientation": [diff_base_minus_tuned],
+        "first_positions": [diff_all_positions, diff_one_too_many, diff_one_too_few, diff_skip_bos,
+                            diff_skip_bos_short],
+        "positions_dim": [diff_batch_sliced],
+        "mean": [diff_sum_positions],
+        "short_texts": [diff_sum_over_n_positions],
+        "default": [diff_default_three],
+        "shape": [diff_per_position],
+    },
+    "param_change": {
+        "relative": [change_absolute, change_over_tuned],
+        "clamped": [change_no_clamp],
+        "norm_of_change": [change_norm_growth],
+        "whole_tensor": [change_per_entry],
+        "names_in_both": [change_all_names],
+        "python_floats": [change_tensors],
+        "parameters": [change_with_numpy],
+        "wide_dtype": [change_norm_in_own_dtype],
+    },
+    "fraction_changed": {
+        "strict": [fraction_ge],
+        "entries_together": [fraction_mean_per_tensor],
+        "absolute_value": [fraction_no_abs],
+        "absolute_threshold": [fraction_isclose, fraction_relative],
+        "changed": [fraction_unchanged],
+        "names_in_both": [fraction_all_names],
+        "python_float": [fraction_tensor],
+        "parameters": [fraction_with_numpy],
+    },
+}

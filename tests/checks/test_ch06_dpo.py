@@ -418,3 +418,201 @@ def test_gspo_sequence_ratio_written_differently():
         return torch.stack(out)
 
     assert run_check("gspo_sequence_ratio", with_loops).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# The contract, clause by clause: a version breaking each (tests/checks/test_contract_clauses.py)
+# ----------------------------------------------------------------------------------------------------
+def seq_drops_last_token(logits, tokens, mask):
+    lp = logits[:, :-2].log_softmax(-1).gather(-1, tokens[:, 1:-1].unsqueeze(-1)).squeeze(-1)
+    return (lp * mask[:, 1:-1]).sum(-1)
+
+
+def seq_keepdim(logits, tokens, mask):
+    lp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (lp * mask[:, 1:]).sum(-1, keepdim=True)
+
+
+def seq_detached(logits, tokens, mask):
+    lp = logits[:, :-1].detach().log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (lp * mask[:, 1:]).sum(-1)
+
+
+def seq_in_place(logits, tokens, mask):
+    logits -= logits.logsumexp(-1, keepdim=True)  # log-softmax in place, "to save memory"
+    lp = logits[:, :-1].gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (lp * mask[:, 1:]).sum(-1)
+
+
+def _dpo_written(*, h_sign=1.0, beta_outside=False, ignore_smoothing=False, hinge_no_beta=False, reduce="mean",
+                 detach_rejected=False, in_place=False):
+    """A dpo_loss as a learner writes it, with one decision made wrong (each keyword one)."""
+
+    def dpo(pc, pr, rc, rr, beta=0.1, loss_type="sigmoid", label_smoothing=0.0):
+        if detach_rejected:
+            pr = pr.detach()
+        if in_place:  # the log-ratios computed in the inputs' own memory
+            pc -= rc
+            pr -= rr
+            h = pc - pr
+        else:
+            h = h_sign * _h(pc, pr, rc, rr)
+        ls = 0.0 if ignore_smoothing else label_smoothing
+        if loss_type == "sigmoid":
+            if beta_outside:
+                losses = -(1 - ls) * beta * F.logsigmoid(h) - ls * beta * F.logsigmoid(-h)
+            else:
+                losses = -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h)
+        elif loss_type == "ipo":
+            losses = (h - 1 / (2 * beta)) ** 2
+        elif loss_type == "hinge":
+            losses = torch.relu(1 - (h if hinge_no_beta else beta * h))
+        else:
+            raise ValueError(f"unknown loss_type {loss_type!r}")
+        return losses.sum() if reduce == "sum" else losses.mean()
+
+    return dpo
+
+
+def implicit_reward_mean(policy_logps, ref_logps, beta):
+    return (beta * (policy_logps - ref_logps)).mean()
+
+
+def implicit_reward_in_place(policy_logps, ref_logps, beta):
+    return policy_logps.sub_(ref_logps).mul_(beta)
+
+
+def simpo_swapped_lengths(c, r, lc, lr, beta=2.0, gamma=0.5):
+    return -F.logsigmoid(beta * (c / lr - r / lc) - gamma).mean()
+
+
+def simpo_default_gamma(c, r, lc, lr, beta=2.0, gamma=0.5):
+    gamma = gamma or 0.5
+    return -F.logsigmoid(beta * (c / lc - r / lr) - gamma).mean()
+
+
+def simpo_sum(c, r, lc, lr, beta=2.0, gamma=0.5):
+    return -F.logsigmoid(beta * (c / lc - r / lr) - gamma).sum()
+
+
+def simpo_rejected_detached(c, r, lc, lr, beta=2.0, gamma=0.5):
+    return -F.logsigmoid(beta * (c / lc - r.detach() / lr) - gamma).mean()
+
+
+def pairs_last_occurrence(rewards):
+    g = rewards.shape[-1]
+    return torch.stack([g - 1 - rewards.flip(-1).argmax(-1), g - 1 - rewards.flip(-1).argmin(-1)], dim=-1)
+
+
+def pairs_over_prompts(rewards):
+    return torch.stack([rewards.argmax(0), rewards.argmin(0)], dim=-1)
+
+
+def rloo_whole_mean(rewards):
+    return rewards - rewards.mean(-1, keepdim=True)
+
+
+def rloo_divides_by_g(rewards):
+    return rewards - (rewards.sum(-1, keepdim=True) - rewards) / rewards.shape[-1]
+
+
+def rloo_integer_division(rewards):
+    size = rewards.shape[-1]
+    return size // (size - 1) * (rewards - rewards.mean(-1, keepdim=True))
+
+
+def rloo_with_std(rewards):
+    a = rewards - (rewards.sum(-1, keepdim=True) - rewards) / (rewards.shape[-1] - 1)
+    return a / (rewards.std(-1, keepdim=True) + 1e-4)
+
+
+def rloo_over_batch(rewards):
+    return rewards - (rewards.sum() - rewards) / (rewards.numel() - 1)
+
+
+def rloo_in_place(rewards):
+    size = rewards.shape[-1]
+    baseline = (rewards.sum(-1, keepdim=True) - rewards) / (size - 1)
+    return rewards.sub_(baseline)
+
+
+def gspo_inverted(lp, old, mask):
+    m = mask.float()
+    return (((old - lp) * m).sum(-1) / m.sum(-1)).exp()
+
+
+def gspo_product_then_root(lp, old, mask):
+    ratios = torch.where(mask, (lp - old).exp(), torch.ones_like(lp))
+    return ratios.prod(-1) ** (1.0 / mask.sum(-1))
+
+
+def gspo_detached(lp, old, mask):
+    m = mask.float()
+    return (((lp.detach() - old) * m).sum(-1) / m.sum(-1)).exp()
+
+
+VIOLATIONS = {
+    "sequence_logprobs": {
+        "shifted": [seq_unshifted],
+        "mask_marks_tokens": [seq_mask_misaligned],
+        "mask_used": [seq_ignores_mask],
+        "first_ignored": [seq_counts_position_zero_by_wraparound],
+        "last_token": [seq_drops_last_token],
+        "sum": [seq_mean],
+        "stable": [seq_log_of_softmax],
+        "shape": [seq_keepdim],
+        "differentiable": [seq_detached],
+        "not_in_place": [seq_in_place],
+    },
+    "dpo_loss": {
+        "log_ratios": [dpo_no_reference],
+        "h_sign": [_dpo_written(h_sign=-1.0)],
+        "beta_inside": [_dpo_written(beta_outside=True)],
+        "label_smoothing": [dpo_smoothing_swapped, _dpo_written(ignore_smoothing=True)],
+        "ipo": [dpo_ipo_wrong_target, dpo_ipo_precedence],
+        "hinge": [dpo_hinge_plus, dpo_hinge_turned, _dpo_written(hinge_no_beta=True)],
+        "mean": [_dpo_written(reduce="sum")],
+        "stable": [dpo_unstable],
+        "unknown_loss_type": [dpo_falls_back_to_sigmoid],
+        "differentiable": [_dpo_written(detach_rejected=True)],
+        "not_in_place": [_dpo_written(in_place=True)],
+    },
+    "implicit_reward": {
+        "log_ratio": [lambda p, r, beta: beta * (r - p)],
+        "beta": [lambda p, r, beta: p - r, lambda p, r, beta: (p - r) / beta],
+        "log_space": [lambda p, r, beta: beta * torch.log(p.exp() / r.exp())],
+        "per_completion": [implicit_reward_mean],
+        "not_in_place": [implicit_reward_in_place],
+    },
+    "simpo_loss": {
+        "length_normalised": [simpo_unnormalised, simpo_swapped_lengths],
+        "gamma_margin": [simpo_gamma_added, simpo_gamma_times_beta],
+        "gamma_zero": [simpo_default_gamma],
+        "stable": [simpo_unstable],
+        "mean": [simpo_sum],
+        "differentiable": [simpo_rejected_detached],
+    },
+    "best_worst_pairs": {
+        "chosen_first": [pairs_swapped],
+        "first_on_ties": [pairs_via_sort, pairs_last_occurrence],
+        "per_group": [pairs_over_prompts],
+        "shape": [pairs_transposed],
+        "int64": [pairs_as_float],
+    },
+    "rloo_advantages": {
+        "leave_one_out": [rloo_whole_mean],
+        "g_minus_one": [rloo_divides_by_g, rloo_integer_division],
+        "no_std": [rloo_with_std],
+        "within_group": [rloo_over_batch],
+        "not_in_place": [rloo_in_place],
+    },
+    "gspo_sequence_ratio": {
+        "geometric": [gspo_arithmetic],
+        "length_normalised": [gspo_product],
+        "own_count": [gspo_padded_mean],
+        "mask": [gspo_ignores_mask, gspo_first_n_positions],
+        "orientation": [gspo_inverted],
+        "stable": [gspo_product_then_root],
+        "differentiable": [gspo_detached],
+    },
+}

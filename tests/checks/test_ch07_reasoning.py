@@ -123,6 +123,107 @@ def answer_whole_text_tail(completion):  # the answer must end the completion
     return int(m.group(1)) if m else None
 
 
+def answer_at_most_one_space(completion):
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer: ?(-?[0-9]+) *", line)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
+def answer_any_whitespace(completion):  # \s*: a tab, a non-breaking space, '\r' count as spaces
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer:\s*(-?[0-9]+)\s*", line)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
+def answer_trailing_whitespace(completion):  # plain spaces after the colon, but any whitespace at the end
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer: *(-?[0-9]+)\s*", line)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
+def answer_across_lines(completion):  # one pattern over the whole text: \s* crosses the line break
+    found = re.findall(r"^Answer: *\s?(-?[0-9]+) *$", completion, flags=re.MULTILINE)
+    return int(found[-1]) if found else None
+
+
+def answer_splitlines(completion):  # splitlines() also breaks at '\r', '\x0c', '\u2028'...
+    answer = None
+    for line in completion.splitlines():
+        m = re.fullmatch(r"Answer: *(-?[0-9]+) *", line)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
+def answer_requires_space(completion):
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer: +(-?[0-9]+) *", line)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
+def answer_no_trailing_spaces(completion):
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer: *(-?[0-9]+)", line)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
+def answer_sign_with_space(completion):  # '+7' and '- 5' read as numbers
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer: *([-+]?) *([0-9]+) *", line)
+        if m:
+            answer = int(m.group(1) + m.group(2))
+    return answer
+
+
+def answer_empty_resets(completion):  # 'Answer:' alone erases the answer found before
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"Answer: *(-?[0-9]*) *", line)
+        if m:
+            answer = int(m.group(1)) if m.group(1).lstrip("-") else None
+    return answer
+
+
+def answer_lower_case_too(completion):
+    answer = None
+    for line in completion.split("\n"):
+        m = re.fullmatch(r"answer: *(-?[0-9]+) *", line, flags=re.IGNORECASE)
+        if m:
+            answer = int(m.group(1))
+    return answer
+
+
+def answer_zero_when_absent(completion):
+    found = re.findall(r"^Answer: *(-?[0-9]+) *$", completion, flags=re.MULTILINE)
+    return int(found[-1]) if found else 0
+
+
+def answer_last_number(completion):
+    found = re.findall(r"-?[0-9]+", completion)
+    return int(found[-1]) if found else None
+
+
+def answer_as_float(completion):
+    found = re.findall(r"^Answer: *(-?[0-9]+) *$", completion, flags=re.MULTILINE)
+    return float(found[-1]) if found else None
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
@@ -135,10 +236,31 @@ def answer_whole_text_tail(completion):  # the answer must end the completion
         (answer_whole_text_tail, "You read only the last line"),
         (answer_any_digit, "Digits of another script counted"),  # only the Arabic-Indic digits expose it
         (reasoning.lenient_extract_answer, "lenient parser"),
+        (answer_any_whitespace, "A tab, a non-breaking space"),
+        (answer_splitlines, "split at more than"),
+        (answer_empty_resets, "erased the answer before it"),
     ],
 )
 def test_extract_answer_mistakes(wrong, fragment):
     assert_fails_with("extract_answer", wrong, fragment)
+
+
+@pytest.mark.parametrize("wrong", [answer_any_whitespace, answer_trailing_whitespace, answer_across_lines,
+                                   answer_splitlines])
+def test_extract_answer_only_plain_spaces_and_newlines(wrong):
+    """Any whitespace where the contract says plain spaces, or a line break other than '\\n', is rejected."""
+    result = run_check("extract_answer", wrong)
+    assert not result.passed, result.message
+
+
+def test_extract_answer_at_most_one_space_is_not_told_negatives_are_missed():
+    """It reads '-7' right, so "Negative answers are missed" would be a wrong diagnosis: it is told about the
+    spaces instead."""
+    result = run_check("extract_answer", answer_at_most_one_space)
+    text = f"{result.message}\n{result.hint}"
+    assert not result.passed
+    assert "Negative answers" not in text, text
+    assert "Several spaces after the colon are allowed" in result.message, text
 
 
 def test_extract_answer_written_differently():
@@ -160,8 +282,25 @@ def test_extract_answer_written_differently():
                 return int(m.group(1))
         return None
 
-    assert run_check("extract_answer", by_hand).passed
-    assert run_check("extract_answer", from_the_end).passed
+    def whole_text_pattern(completion):  # one pattern over the text, [ ] for spaces, [0-9] for digits
+        found = re.findall(r"^Answer:[ ]*(-?[0-9]+)[ ]*$", completion, flags=re.MULTILINE)
+        return int(found[-1]) if found else None
+
+    def partition(completion):
+        answer = None
+        for line in completion.split("\n"):
+            head, colon, rest = line.partition(":")
+            if head != "Answer" or not colon:
+                continue
+            number = rest.strip(" ")
+            digits = number.removeprefix("-")
+            if digits.isascii() and digits.isdigit():
+                answer = int(number)
+        return answer
+
+    for right in (by_hand, from_the_end, whole_text_pattern, partition):
+        result = run_check("extract_answer", right)
+        assert result.passed, (right.__name__, result.message)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -192,6 +331,30 @@ def reward_plus_minus(completions, answers):
 
 def reward_lenient(completions, answers):
     return torch.tensor([float(reasoning.lenient_extract_answer(c) == a) for c, a in zip(completions, answers)])
+
+
+def reward_any_answer(completions, answers):  # right if it matches any problem's answer
+    return torch.tensor([float(extract_answer(c) in answers) for c in completions])
+
+
+def reward_text_compare(completions, answers):
+    return torch.tensor([float(str(extract_answer(c)) == answers[i]) for i, c in enumerate(completions)])
+
+
+def reward_stacked(completions, answers):  # torch.stack of an empty list raises
+    return torch.stack([torch.tensor(float(extract_answer(c) == a)) for c, a in zip(completions, answers)])
+
+
+def reward_squeezed(completions, answers):  # a batch of 1 loses its dimension
+    return torch.tensor([[float(extract_answer(c) == a)] for c, a in zip(completions, answers)]).squeeze()
+
+
+def reward_prefix_parse(completions, answers):  # its own loose reading: 'Answer: 12 apples' counts
+    out = []
+    for c, a in zip(completions, answers):
+        found = re.findall(r"Answer: *(-?[0-9]+)", c)
+        out.append(float(bool(found) and int(found[-1]) == a))
+    return torch.tensor(out)
 
 
 @pytest.mark.parametrize(
@@ -297,6 +460,28 @@ def sft_detached_normaliser(logits, tokens, loss_mask):
     return masked_mean(picked, loss_mask)
 
 
+def sft_summed(logits, tokens, loss_mask):
+    return -torch.where(loss_mask[:, 1:], token_logps(logits, tokens), 0.0).sum()
+
+
+def sft_log_likelihood(logits, tokens, loss_mask):  # the sign forgotten
+    return -masked_mean(token_logps(logits, tokens), loss_mask)
+
+
+def sft_as_float(logits, tokens, loss_mask):
+    return masked_mean(token_logps(logits, tokens), loss_mask).item()
+
+
+def sft_shape_one(logits, tokens, loss_mask):
+    return masked_mean(token_logps(logits, tokens), loss_mask).reshape(1)
+
+
+def sft_clears_first_column(logits, tokens, loss_mask):  # "loss_mask[:, 0] is ignored", written into the input
+    loss_mask[:, 0] = False
+    picked = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return masked_mean(picked, loss_mask)
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
@@ -379,19 +564,112 @@ def pass_lgamma_float32(n, c, k):
     return float(1 - torch.exp(lcomb(n - c, k) - lcomb(n, k)))
 
 
+def pass_all_wrong(n, c, k):  # the complement forgotten
+    prob = 1.0
+    for i in range(k):
+        prob *= (n - c - i) / (n - i)
+    return prob
+
+
+def pass_ignores_k(n, c, k):
+    return c / n
+
+
+def pass_zero_shortcut(n, c, k):  # 0.0 where it should be 1.0
+    if n - c < k:
+        return 0.0
+    return 1 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_float32_product(n, c, k):  # torch's default dtype: exact to 7 digits only
+    if n - c < k:
+        return 1.0
+    ratios = torch.arange(n - c - k + 1, n - c + 1) / torch.arange(n - k + 1, n + 1)
+    return float(1 - ratios.prod())
+
+
+def pass_recursive(n, c, k):  # one level per factor: k levels deep
+    if n - c < k:
+        return 1.0
+    if k == 0:
+        return 0.0
+    return 1 - (n - c) / n * (1 - pass_recursive(n - 1, c, k - 1))
+
+
+def pass_falling_factorials(n, c, k):  # each falling factorial alone overflows a float for large k
+    if n - c < k:
+        return 1.0
+    return 1 - float(math.perm(n - c, k)) / float(math.perm(n, k))
+
+
+def pass_fraction(n, c, k):  # exact, but a Fraction is no float
+    return 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+
+
+def pass_numpy_float_products(n, c, k):  # two products of k floats: inf / inf once they overflow
+    if n - c < k:
+        return 1.0
+    with np.errstate(all="ignore"):
+        num = np.prod(np.arange(n - c - k + 1, n - c + 1, dtype=np.float64))
+        den = np.prod(np.arange(n - k + 1, n + 1, dtype=np.float64))
+        return float(1 - num / den)
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
         (pass_gamma, "171!"),
-        (pass_int64, "Right for small n, wrong for n = 1024"),
+        (pass_int64, "Right on every case up to n = 20, wrong for n = "),
         (pass_with_replacement, "with replacement"),
         (pass_shortcut_off_by_one, "off by one"),
         (pass_tensor, "should return a Python float, got a Tensor"),
-        (pass_lgamma_float32, "precision is lost"),  # float32 log-gammas lose the digits there
+        (pass_lgamma_float32, "float64's precision"),  # float32 log-gammas lose the digits
+        (pass_float32_product, "float64's precision"),
+        (pass_recursive, "RecursionError"),
+        (pass_falling_factorials, "OverflowError"),
+        (pass_numpy_float_products, "something overflows"),
+        (pass_ignores_k, "k is ignored"),
     ],
 )
 def test_pass_at_k_mistakes(wrong, fragment):
     assert_fails_with("pass_at_k", wrong, fragment)
+
+
+def test_pass_at_k_zero_shortcut_is_not_told_it_computed_the_all_wrong_chance():
+    """Returning 0.0 where n - c < k agrees with "the chance that all k are wrong" on that case alone; the
+    candidate got k = 1 right before, which that mistake does not: it is told about the shortcut."""
+    result = run_check("pass_at_k", pass_zero_shortcut)
+    text = f"{result.message}\n{result.hint}"
+    assert not result.passed
+    assert "all k samples are wrong" not in text, text
+    assert "The shortcut returns 0.0" in result.message, text
+
+
+def test_pass_at_k_sweep_covers_the_contract_range():
+    """The check tries every regime of the contract's range: n up to 1024 with k from 1 to n, n - c on both
+    sides of k, and the sizes where each shortcut breaks (171! overflows a float; C(n, n / 2) is within a
+    factor of 40 of float's limit at n = 1024 and overflows it first at n = 1030, outside the range)."""
+    from rlhf_tutorial.checks.ch07_reasoning import _sweep
+
+    rows = _sweep()
+    assert max(n for n, _, _ in rows) == 1024 and any(n == 171 for n, _, _ in rows)
+    assert {(n - c < k, n - c == k) for n, c, k in rows} >= {(True, False), (False, True), (False, False)}
+    assert any(n == 1024 and k >= 1000 and n - c >= k for n, c, k in rows)  # a thousand factors, none zero
+    assert all(1 <= k <= n and 0 <= c <= n for n, c, k in rows)
+    assert math.comb(1024, 512) < 1.8e308 / 40
+    with pytest.raises(OverflowError):
+        float(math.comb(1030, 515))
+    float(math.comb(1029, 514))  # the last n whose binomials all fit
+
+
+def test_pass_at_k_binomials_in_floats_are_right_within_the_range():
+    """float(C(n - c, k)) / float(C(n, k)) is exact to float64 up to n = 1029: inside the contract's range
+    (n <= 1024) it is a right answer, and the check accepts it."""
+    def float_binomials(n, c, k):
+        return 1 - float(math.comb(n - c, k)) / float(math.comb(n, k))
+
+    result = run_check("pass_at_k", float_binomials)
+    assert result.passed, result.message
 
 
 def test_pass_at_k_written_differently():
@@ -407,7 +685,18 @@ def test_pass_at_k_written_differently():
         log_ratio = (math.lgamma(n - c + 1) - math.lgamma(n - c - k + 1)) - (math.lgamma(n + 1) - math.lgamma(n - k + 1))
         return 1 - math.exp(log_ratio)
 
-    for right in (exact_fraction, exact_integers, log_gamma_float64):
+    def log1p_sum(n, c, k):
+        if c == 0:
+            return 0.0
+        if n - c < k:
+            return 1.0
+        return -math.expm1(sum(math.log1p(-c / (n - i)) for i in range(k)))
+
+    def numpy_ratios(n, c, k):
+        i = np.arange(k, dtype=np.float64)
+        return float(1 - np.prod((n - c - i) / (n - i))) if n - c >= k else 1.0
+
+    for right in (exact_fraction, exact_integers, log_gamma_float64, log1p_sum, numpy_ratios):
         result = run_check("pass_at_k", right)
         assert result.passed, (right.__name__, result.message)
 
@@ -456,6 +745,52 @@ def select_on_cpu(rewards, max_per_prompt=None):
     return torch.tensor(idx, dtype=torch.long)
 
 
+def select_cap_ignored(rewards, max_per_prompt=None):
+    return (rewards.flatten() == 1).nonzero().squeeze(-1)
+
+
+def select_zero_means_no_cap(rewards, max_per_prompt=None):  # `if max_per_prompt:` treats 0 as None
+    keep = rewards == 1
+    if max_per_prompt:
+        keep &= keep.cumsum(-1) <= max_per_prompt
+    return keep.flatten().nonzero().squeeze(-1)
+
+
+def select_none_as_one(rewards, max_per_prompt=None):  # a default cap of 1 where None means no cap
+    cap = 1 if max_per_prompt is None else max_per_prompt
+    keep = rewards == 1
+    keep &= keep.cumsum(-1) <= cap
+    return keep.flatten().nonzero().squeeze(-1)
+
+
+def select_solved_prompts(rewards, max_per_prompt=None):  # every sample of a prompt solved at least once
+    keep = (rewards == 1).any(-1, keepdim=True).expand_as(rewards)
+    return keep.flatten().nonzero().squeeze(-1)
+
+
+def select_squeezed(rewards, max_per_prompt=None):  # .squeeze(): one kept sample becomes a 0-d tensor
+    keep = rewards == 1
+    if max_per_prompt is not None:
+        keep &= keep.cumsum(-1) <= max_per_prompt
+    return keep.flatten().nonzero().squeeze()
+
+
+def select_zeroes_rewards(rewards, max_per_prompt=None):  # drops the samples over the cap in the input itself
+    if max_per_prompt is not None:
+        for row in rewards:
+            seen = 0
+            for j in range(row.shape[0]):
+                if row[j] == 1:
+                    seen += 1
+                    if seen > max_per_prompt:
+                        row[j] = 0.0
+    return (rewards.flatten() == 1).nonzero().squeeze(-1)
+
+
+def select_float(rewards, max_per_prompt=None):
+    return reasoning.select_correct(rewards, max_per_prompt).float()
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
@@ -465,6 +800,7 @@ def select_on_cpu(rewards, max_per_prompt=None):
         (select_prompts_reversed, "increasing order"),
         (select_int32, "the dtype is int32"),
         pytest.param(select_on_cpu, "is on cpu", marks=needs_gpu),
+        (select_zeroes_rewards, "modified an input tensor in place"),
     ],
 )
 def test_select_correct_mistakes(wrong, fragment):
@@ -489,11 +825,37 @@ def test_select_correct_written_differently():
 # ----------------------------------------------------------------------------------------------------
 # best_of_n_kl
 # ----------------------------------------------------------------------------------------------------
+def bon_log_n(n):  # the first term alone
+    return math.log(n)
+
+
+def bon_bits(n):
+    return math.log2(n) - (n - 1) / n
+
+
+def bon_flipped(n):
+    return (n - 1) / n - math.log(n)
+
+
+def bon_off_by_one(n):  # a slip in the by-parts integral: 1 / (n + 1) for 1 / n
+    return math.log(n) - 1 + 1 / (n + 1)
+
+
+def bon_large_n_limit(n):
+    return math.log(n) - 1
+
+
+def bon_tensor(n):
+    return torch.log(torch.tensor(float(n), dtype=torch.float64)) - (n - 1) / n
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
-        (lambda n: math.log(n), "bound often quoted"),
-        (lambda n: math.log(n) - (n - 1) // n, "bound often quoted"),  # integer division: the term vanishes
+        (bon_log_n, "log(n) alone, the first term"),
+        (lambda n: math.log(n) - (n - 1) // n, "log(n) alone"),  # integer division: the term vanishes
+        (bon_large_n_limit, "large-n limit"),
+        (bon_flipped, "sign is flipped"),
         (lambda n: math.log2(n) - (n - 1) / n, "in bits"),
         (lambda n: torch.log(torch.tensor(float(n))) - (n - 1) / n, "should return a Python float"),
         (lambda n: math.log(n) - 1 + 1 / (n + 1), "best-of-1 is the reference itself"),
@@ -506,6 +868,84 @@ def test_best_of_n_kl_mistakes(wrong, fragment):
 def test_best_of_n_kl_written_differently():
     assert run_check("best_of_n_kl", lambda n: float(np.log(n) - 1 + 1 / n)).passed
     assert run_check("best_of_n_kl", lambda n: -math.log(1 / n) - sum(1 / n for _ in range(n - 1))).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# the contract, clause by clause (tests/checks/test_contract_clauses.py: every clause of the checker's
+# CLAUSES has a version here that breaks it, and the checker rejects each)
+# ----------------------------------------------------------------------------------------------------
+VIOLATIONS = {
+    "extract_answer": {
+        "split_on_newline": [answer_splitlines],
+        "exact_prefix": [answer_lower_case_too, answer_stripped_lines],
+        "spaces_optional": [answer_at_most_one_space, answer_requires_space],
+        "plain_spaces_only": [answer_any_whitespace, answer_trailing_whitespace],
+        "minus_only": [answer_sign_with_space, answer_via_int],
+        "ascii_digits": [answer_any_digit, answer_empty_resets],
+        "trailing_spaces": [answer_no_trailing_spaces],
+        "nothing_else": [answer_search_in_line],
+        "one_line_each": [answer_across_lines],
+        "last_line_wins": [answer_first_line],
+        "anywhere": [answer_whole_text_tail],
+        "none_when_absent": [answer_zero_when_absent, answer_last_number],
+        "python_int": [answer_as_text, answer_as_float],
+    },
+    "verifiable_reward": {
+        "strict_parser": [reward_lenient, reward_prefix_parse],
+        "own_answer": [reward_any_answer],
+        "missing_is_wrong": [reward_none_is_zero],
+        "int_comparison": [reward_text_compare],
+        "binary": [reward_plus_minus],
+        "float32_tensor": [reward_float64, reward_bool, reward_list],
+        "shape": [reward_stacked, reward_squeezed],
+    },
+    "sft_loss": {
+        "shifted": [sft_unshifted],
+        "mask_aligned": [sft_mask_misaligned],
+        "masked_only": [sft_no_mask],
+        "first_column_ignored": [sft_counts_position_zero],
+        "one_mean_over_tokens": [sft_per_row_mean],
+        "mean_not_sum": [sft_summed],
+        "negative_log_likelihood": [sft_log_likelihood],
+        "empty_mask_zero": [sft_count_not_clamped, sft_cross_entropy_mean],
+        "stable": [sft_log_of_softmax],
+        "differentiable": [sft_detached_output, sft_under_no_grad, sft_detached_input, sft_item_back_to_tensor,
+                           sft_detached_normaliser],
+        "scalar": [sft_as_float, sft_shape_one],
+        "inputs_unchanged": [sft_clears_first_column],
+    },
+    "pass_at_k": {
+        "without_replacement": [pass_with_replacement],
+        "complement": [pass_all_wrong],
+        "uses_k": [pass_ignores_k],
+        "one_when_n_minus_c_below_k": [pass_zero_shortcut],
+        "below_one_at_equality": [pass_shortcut_off_by_one],
+        "no_overflow_to_1024": [pass_gamma, pass_int64, pass_recursive, pass_falling_factorials,
+                                pass_numpy_float_products],
+        "float64_precision": [pass_lgamma_float32, pass_float32_product],
+        "python_float": [pass_tensor, pass_fraction],
+    },
+    "select_correct": {
+        "correct_only": [select_solved_prompts],
+        "cap_per_prompt": [select_batch_cap],
+        "cap_honoured": [select_cap_ignored],
+        "zero_is_a_cap": [select_zero_means_no_cap],
+        "none_keeps_all": [select_none_as_one],
+        "first_kept": [select_last],
+        "flat_indices": [select_columns],
+        "increasing": [select_prompts_reversed],
+        "one_dim": [select_squeezed],
+        "int64": [select_int32, select_float],
+        "inputs_unchanged": [select_zeroes_rewards],
+    },
+    "best_of_n_kl": {
+        "closed_form": [bon_log_n, bon_large_n_limit],
+        "natural_log": [bon_bits],
+        "sign": [bon_flipped],
+        "zero_at_one": [bon_off_by_one],
+        "python_float": [bon_tensor],
+    },
+}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
+import importlib.util
 import inspect
 import io
 import json
@@ -540,3 +542,141 @@ def test_the_expression_scan_leaves_out_the_exercises_own_stub_only():
     solved = json.loads(nbformat.writes(build(parse_source((ROOT / "course" / "03_rlhf_ppo.py").read_text()),
                                               "solution", "03_rlhf_ppo")))
     assert any("compute_advantages" in f for f in solution_expressions_in(solved))
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a learner reads outside the notebook gives no solution either: the stubs' docstrings (``help()``),
+# the docstrings of the modules the chapters import, and the nudge a failed check prints
+# ----------------------------------------------------------------------------------------------------
+def _prose_hits(text: str, pieces: dict[str, frozenset[str]] | None = None) -> list[str]:
+    """The solutions' expressions ``text`` spells out: "exercises: expression", the longest only."""
+    pieces = solution_expressions() if pieces is None else pieces
+    hits = {piece: names for piece, names in pieces.items() if _in_prose(piece, text)}
+    return [f"{'/'.join(sorted(names))}: {piece}" for piece, names in hits.items()
+            if not any(piece != other and piece in other for other in hits)]
+
+
+def imported_modules() -> list[str]:
+    """Every ``rlhf_tutorial`` module a chapter source imports (``from rlhf_tutorial.x import f``,
+    ``from rlhf_tutorial import figures`` when ``figures`` is a module), and every module holding an
+    exercise."""
+    found = {ref.split(":")[0] for _, ref, _ in EXERCISES}
+    for src in sources():
+        for node in ast.walk(ast.parse(src.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlhf_tutorial"):
+                found.add(node.module)
+                for alias in node.names:
+                    candidate = f"{node.module}.{alias.name}"
+                    if importlib.util.find_spec(candidate.split(".")[0]) and _is_module(candidate):
+                        found.add(candidate)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("rlhf_tutorial")}
+    return sorted(found)
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+IMPORTED = imported_modules()
+
+
+@pytest.mark.parametrize("module", IMPORTED)
+def test_no_module_docstring_a_chapter_imports_spells_out_a_solution(module):
+    """``help(module)`` and the module's source are what a learner opens beside the notebook: its
+    docstring says what the exercises compute, never a compound expression of any solution."""
+    doc = importlib.import_module(module).__doc__ or ""
+    found = _prose_hits(doc)
+    assert not found, f"{module}'s docstring spells out pieces of solutions:\n  " + "\n  ".join(found)
+
+
+@pytest.mark.parametrize("chapter, ref, markdown", EXERCISES, ids=_ids(EXERCISES))
+def test_no_stub_docstring_spells_out_any_solution(chapter, ref, markdown):
+    """A stub's docstrings (``help(stub)``) give no compound expression of any exercise's solution, its
+    own or another's (its own statements are already looked for by ``leaks``)."""
+    found = _prose_hits(_docstrings(_stub(ref)))
+    assert not found, f"{chapter} {exercise_name(ref)}'s docstrings spell out:\n  " + "\n  ".join(found)
+
+
+def _literal_text(node: ast.AST) -> str | None:
+    """The text of a string literal, an implicit concatenation, or an f-string's literal parts."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _literal_text(node.left), _literal_text(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def failure_hints(source: str) -> list[str]:
+    """The hints of a checker module whose nudge a failed check prints: ``Mistake(hint, fn)``'s first
+    argument and the ``hint=`` of ``CheckFailure``/``failure``/``Mistake`` calls."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        parts = []
+        if callee == "Mistake" and node.args:
+            parts.append(node.args[0])
+        if callee == "failure" and len(node.args) >= 2:
+            parts.append(node.args[1])
+        if callee in ("Mistake", "CheckFailure", "failure"):
+            parts += [k.value for k in node.keywords if k.arg == "hint"]
+        found += [text for text in map(_literal_text, parts) if text]
+    return found
+
+
+def _checker_modules() -> dict[str, list[str]]:
+    """Each checker module and the exercises it checks."""
+    load_all()
+    modules: dict[str, list[str]] = {}
+    for _, ref, _ in EXERCISES:
+        modules.setdefault(REGISTRY[exercise_name(ref)].fn.__module__, []).append(ref)
+    return modules
+
+
+CHECKER_MODULES = _checker_modules()
+
+
+def call_pieces(ref: str) -> set[str]:
+    """The calls of the solution of ``ref`` written with their arguments (``torch.randperm(batch_size,
+    generator=generator)``), normalised, at least ``MIN_CHARS`` long: in a nudge that is the fix dictated."""
+    pieces = set()
+    for stmt in _solution_statements(ref):
+        skip = _annotations(stmt)
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call) and id(node) not in skip and (node.args or node.keywords):
+                piece = normalise(ast.unparse(node))
+                if len(piece) >= MIN_CHARS:
+                    pieces.add(piece)
+    return pieces
+
+
+@pytest.mark.parametrize("module", sorted(CHECKER_MODULES))
+def test_no_failure_nudge_spells_out_a_solution(module):
+    """What a failed check prints after its verdict (the nudge: the hint's first clause) says what is
+    wrong, never the line that fixes it: no compound expression of any solution, and no call of its own
+    chapter's solutions written with its arguments. The rest of the hint shows only with the code rung."""
+    from rlhf_tutorial.checks.core import nudge
+
+    pieces = dict(solution_expressions())
+    for ref in CHECKER_MODULES[module]:
+        for piece in call_pieces(ref):
+            pieces[piece] = pieces.get(piece, frozenset()) | {exercise_name(ref)}
+    source = inspect.getsource(importlib.import_module(module))
+    found = [f"{nudge(text)!r}: {hit}" for text in failure_hints(source) for hit in _prose_hits(nudge(text), pieces)]
+    assert not found, f"{module}: failure nudges spell out pieces of solutions:\n  " + "\n  ".join(found)
+
+
+def test_the_docstring_and_nudge_scans_find_planted_pieces_and_pass_words():
+    pieces = {normalise("torch.randperm(batch_size, generator=generator)[:k]"): frozenset({"x"})}
+    assert _prose_hits("Use torch.randperm(batch_size, generator=generator)[:k] here.", pieces)
+    assert not _prose_hits("A random permutation of the batch, from the generator.", pieces)
+    src = 'Mistake("Wrong: " "use a.sum(-1) / b.sum(-1).", f)\nraise CheckFailure("m", hint=f"x {y} z")\n'
+    assert failure_hints(src) == ["Wrong: use a.sum(-1) / b.sum(-1).", "x  z"]
