@@ -740,6 +740,7 @@ class Report:
     targets: list[Target]
     skipped: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's and its children's, user + system
     broken: list[str] = field(default_factory=list)  # references their own checker rejects
 
     @property
@@ -786,6 +787,7 @@ class Report:
             "broken_references": self.broken,
             "per_chapter": chapters,
             "seconds": round(self.seconds, 1),
+            "cpu_seconds": round(self.cpu_seconds, 1),
             "passed": not self.unexpected and not self.stale and not self.broken,
         }
 
@@ -821,7 +823,7 @@ def run(targets: list[Target], equivalents: dict[str, str], jobs: int = 1, timeo
     """Mutate every target, check every mutant; a target whose reference fails its own checker is
     reported (``broken``) and not mutated. Each exercise's timeout is ``timeout`` plus 20 times its
     reference's check."""
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), _cpu_seconds()
     skipped: Counter = Counter()
     all_mutants: list[Mutant] = []
     limits: dict[str, float] = {}
@@ -841,7 +843,15 @@ def run(targets: list[Target], equivalents: dict[str, str], jobs: int = 1, timeo
             mutants = [m for i, m in enumerate(mutants) if i in keep]
         all_mutants += mutants
     outcomes = run_mutants(all_mutants, check, jobs, limits, progress, batch)
-    return Report(outcomes, equivalents, targets, skipped, time.monotonic() - started, broken)
+    return Report(outcomes, equivalents, targets, skipped, time.monotonic() - started,
+                  _cpu_seconds() - cpu_started, broken)
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def main(argv: list[str]) -> dict:
