@@ -180,3 +180,11 @@ def test_the_command_on_a_course_exercise_prints_its_verdict(tmp_path, monkeypat
     out = capsys.readouterr().out
     assert "no longer survive" in out and "layer_init:L1:stmt:remove-Expr" in out
     assert json.loads(out.strip().splitlines()[-1])["stale"] == ["layer_init:L1:stmt:remove-Expr"]
+
+
+def test_the_list_can_be_rewritten_from_a_run_without_its_stale_entries(tmp_path):
+    listed = {"scale:L1:binop:Mult->Div": "x / 1 == x * 1 on the only case", "scale:L1:const:gone": "stale"}
+    report = mutants.run([toy_target(tmp_path)], listed, check=WEAK)
+    path = tmp_path / "eq.txt"
+    assert mutants.write_equivalents(report, path) == 1
+    assert mutants.read_equivalents(path) == {"scale:L1:binop:Mult->Div": "x / 1 == x * 1 on the only case"}

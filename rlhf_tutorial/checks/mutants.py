@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import importlib
 import inspect
+import io
 import json
 import linecache
 import os
@@ -817,6 +819,26 @@ def write_survivors(report: Report, folder: Path) -> list[Path]:
     return written
 
 
+EQUIVALENTS_HEADER = """\
+# Equivalent mutants of the checkers' mutation test (make mutate; rlhf_tutorial/checks/mutants.py):
+# one a line, its id then why it computes what the reference computes on every input the contract
+# allows. `python -m rlhf_tutorial mutate` fails on a survivor not listed here, and names listed ids
+# that no longer survive (remove those). Ids: exercise:L<line from the exercise marker>:<operator>:<what>.
+"""
+
+
+def write_equivalents(report: Report, path: Path) -> int:
+    """Write the list of equivalents as this run leaves it: every listed survivor with its reason, in
+    course order (stale entries dropped; unlisted survivors are not added: each needs a reason)."""
+    kept = [o for o in report.survivors if o.mutant.id in report.equivalents]
+    chapters: dict[str, list[str]] = {}
+    for o in kept:
+        chapters.setdefault(o.mutant.target.chapter, []).append(f"{o.mutant.id}  {report.equivalents[o.mutant.id]}")
+    body = "".join(f"\n# {chapter}\n" + "".join(line + "\n" for line in lines) for chapter, lines in chapters.items())
+    path.write_text(EQUIVALENTS_HEADER + body)
+    return len(kept)
+
+
 def run(targets: list[Target], equivalents: dict[str, str], jobs: int = 1, timeout: float = 10.0,
         max_per_exercise: int = 0, seed: int = 0, check: Check = checker_verdict,
         progress: Callable[[Outcome], None] | None = None, batch: int = 20) -> Report:
@@ -830,7 +852,8 @@ def run(targets: list[Target], equivalents: dict[str, str], jobs: int = 1, timeo
     broken = []
     for target in targets:
         t0 = time.monotonic()
-        passed, message = check(target.name, target.obj)  # also loads its fixtures before the forks
+        with contextlib.redirect_stdout(io.StringIO()):  # what loading models prints
+            passed, message = check(target.name, target.obj)  # also loads its fixtures before the forks
         limits[target.name] = timeout + 20 * (time.monotonic() - t0)
         if not passed:
             broken.append(f"{target.name}: {message}")
@@ -868,6 +891,8 @@ def main(argv: list[str]) -> dict:
                         help="mutants of one exercise checked one after the other in one child (1: each alone)")
     parser.add_argument("--max-per-exercise", type=int, default=0, help="sample this many per exercise (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    parser.add_argument("--write-equivalents", type=Path,
+                        help="write there the listed equivalents that survived, with their reasons (stale ones dropped)")
     parser.add_argument("--list", action="store_true", help="only list the mutants (id | line -> mutated)")
     parser.add_argument("--verbose", action="store_true", help="a line per mutant checked, on stderr")
     args = parser.parse_args(argv)
@@ -905,6 +930,8 @@ def _main(args: argparse.Namespace) -> dict:
     report = run(targets, equivalents, args.jobs, args.timeout, args.max_per_exercise, args.seed,
                  progress=progress if args.verbose else None, batch=args.batch)
     summary = report.summary()
+    if args.write_equivalents:
+        summary["equivalents_written"] = write_equivalents(report, args.write_equivalents)
     if args.survivors_dir:
         summary["survivors_files"] = [str(p) for p in write_survivors(report, args.survivors_dir)]
     if not summary["passed"]:
