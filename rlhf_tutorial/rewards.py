@@ -57,7 +57,7 @@ def reward_fn_sentiment(
     passed along so padding changes nothing) and truncated to the classifier's maximum length (a
     longer text is scored on its beginning), on the classifier's device, without gradients.
     Returns float32 probabilities on the classifier's device; an empty list of samples gives an
-    empty tensor.
+    empty tensor. Any other ``direction`` raises a ValueError naming it.
     """
     if direction not in ("pos", "neg"):
         raise ValueError(f"direction must be 'pos' or 'neg', got {direction!r}")
@@ -220,8 +220,8 @@ def pool_mean(
     """out[b] = sum_t m[b, t] x[b, t] / sum_t m[b, t], the mean over real (unmasked) positions only.
 
     Padding positions are left out by selection, never multiplied by 0, so that a NaN or inf computed
-    at a padding position cannot leak into the mean. ``x`` may be [batch, seq] or [batch, seq, d]. The
-    result is on ``x``'s device.
+    at a padding position cannot leak into the mean. ``x`` may be [batch, seq] or [batch, seq, d]; every
+    row has at least one real token. The result is on ``x``'s device.
     """
     mask = attention_mask.bool()
     mask = mask.reshape(*mask.shape, *([1] * (x.ndim - 2)))  # [batch, seq, 1, ...] to broadcast

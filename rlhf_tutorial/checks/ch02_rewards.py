@@ -78,6 +78,8 @@ CLAUSES: dict[str, dict[str, str]] = {
         "attention_mask": "padding changes no score: the attention mask reaches the classifier",
         "too_long": "a text longer than the classifier's maximum length is truncated to it and scored",
         "no_grad": "the classifier runs without gradient tracking: the result does not require grad",
+        "direction_checked": "a direction other than 'pos' or 'neg' raises a ValueError (or the KeyError of a "
+                             "lookup), never scores silently",
         "batched": "the samples are scored in batches, not one forward pass per sample",
         "more_than_a_chunk": "a batch of more samples than one forward pass takes (over 64) gets every sample's "
                              "score, in order",
@@ -308,6 +310,8 @@ _TOO_LONG = ["this movie was really great . " * (CLASSIFIER_MAX_LEN // 4), "awfu
 _TRUNCATE_HINT = ("A text longer than the classifier's maximum length (64 tokens for this test classifier, 512 for "
                   "DistilBERT) cannot be scored whole: have the tokenizer truncate every text to what the classifier "
                   "accepts (its own maximum length, not a number you choose).")
+_DIRECTION_HINT = ("A direction other than 'pos' or 'neg' (a typo such as 'positive') must raise a ValueError that "
+                   "names it: scoring it silently as 'neg' hides the typo.")
 _EMPTY_HINT = ("An empty list of samples is a batch with no rows: return an empty float32 tensor on the classifier's "
                "device (the tokenizer cannot encode an empty list, and no forward pass is needed).")
 
@@ -323,7 +327,7 @@ _EMPTY_HINT = ("An empty list of samples is a batch with no rows: return an empt
         "hold hundreds of samples); move every tensor to the classifier's device; run the classifier without "
         "gradients, giving it the input ids AND the attention mask; softmax over the label (last) dimension; "
         "keep the column whose id label2id gives for the label that `direction` names; concatenate the chunks. "
-        "No samples: an empty float32 tensor.",
+        "No samples: an empty float32 tensor. Any other direction: a ValueError.",
         solution_code(rewards.reward_fn_sentiment),
     ),
 )
@@ -419,8 +423,19 @@ def check_reward_fn_sentiment(candidate) -> str:
             names, _TRUNCATE_HINT)
     _regime(candidate, rewards.reward_fn_sentiment, Case("an empty list of samples", ([], usual, tok2, "pos")),
             names, _EMPTY_HINT)
-    return (detail.rstrip(".") + "; a review longer than the classifier takes; no samples. Runs without "
-            "gradients, in batches.")
+    # A direction the contract does not name is an error, not a silent NEGATIVE.
+    try:
+        out = candidate(_REVIEWS[:2], usual, tok2, "positive")
+    except (ValueError, KeyError):  # a KeyError is what a lookup of the direction in a dict raises: it names it
+        pass
+    except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
+        raise failure(f"direction='positive' raised {type(exc).__name__}: {exc}, expected a ValueError.",
+                      _DIRECTION_HINT) from None
+    else:
+        raise failure(f"direction='positive' returned {fmt(out)}: expected a ValueError (only 'pos' and 'neg' "
+                      "are directions).", _DIRECTION_HINT)
+    return (detail.rstrip(".") + "; a review longer than the classifier takes; no samples; an unknown direction "
+            "raises. Runs without gradients, in batches.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1036,7 +1051,7 @@ def _two_steps(step_fn: Callable, *, learner: bool) -> tuple:
     """Run ``step_fn`` twice on a fresh reward model with SGD; return (loss, accuracy, margin) of both
     steps and the parameters after them."""
     model = _fresh_rm()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)  # at step 2 one margin lies in (0, 1)
     batch = to_device(_pair_batch(model.base_model.cfg.d_vocab))  # where the model is: check_device()
     metrics = []
     for _ in range(2):

@@ -1080,6 +1080,16 @@ def step_metrics_after_step(model, optimizer, ct, cm, rt, rm):
         return _metrics(model(ct, cm), model(rt, rm), -F.logsigmoid(model(ct, cm) - model(rt, rm)).mean())
 
 
+def sentiment_any_other_direction_is_negative(samples, classifier, tokenizer, direction="pos"):
+    name = "POSITIVE" if direction == "pos" else "NEGATIVE"  # 'positive', a typo, scores NEGATIVE
+    if not samples:
+        return torch.zeros(0, device=classifier.device)
+    enc = _encode(tokenizer, samples, classifier)
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(-1)[:, classifier.config.label2id[name]]
+
+
+
 VIOLATIONS = {
     "reward_fn_char_count": {
         "counts_char": [count_length, count_words],
@@ -1098,6 +1108,7 @@ VIOLATIONS = {
         "attention_mask": [sentiment_without_mask],
         "too_long": [sentiment_without_truncation, sentiment_truncated_to_512],
         "no_grad": [sentiment_with_grad],
+        "direction_checked": [sentiment_any_other_direction_is_negative],
         "batched": [sentiment_one_by_one],
         "more_than_a_chunk": [sentiment_keeps_last_chunk],
         "empty_batch": [sentiment_one_batch],
@@ -1219,3 +1230,8 @@ def test_reward_model_default_mask_from_a_token_id_gets_its_hint():
 def test_an_empty_batch_is_named(wrong):
     name = "reward_fn_char_count" if wrong is count_by_stacking else "ngram_repetition"
     assert_fails_with(name, wrong, "On no samples")
+
+
+
+def test_sentiment_unknown_direction_gets_its_hint():
+    assert_fails_with("reward_fn_sentiment", sentiment_any_other_direction_is_negative, "ValueError")
