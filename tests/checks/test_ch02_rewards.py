@@ -135,8 +135,10 @@ def test_sentiment_mistakes(wrong, fragment):
 
 
 def sentiment_batch_left_on_the_cpu(samples, classifier, tokenizer, direction="pos"):
+    label = classifier.config.label2id[{"pos": "POSITIVE", "neg": "NEGATIVE"}[direction]]
+    if not samples:
+        return torch.zeros(0, device=classifier.device)
     enc = tokenizer(samples, padding=True, truncation=True, return_tensors="pt")  # never moved
-    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
     with torch.no_grad():
         return classifier(**enc).logits.softmax(-1)[:, label]
 
