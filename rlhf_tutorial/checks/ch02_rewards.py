@@ -2,22 +2,27 @@
 
 Regimes probed (where plausible implementations differ):
 - reward_fn_char_count: empty samples, a batch of 1, case variants ('T' is not 't') and whitespace as
-  the character;
+  the character, no samples at all;
 - reward_fn_sentiment: a single review (no padding, so the attention mask cannot matter: isolates the
-  label index), POSITIVE at index 0 and at index 1, both directions, padding of very different lengths;
-- whiten: one element, all-equal values (variance 0: eps matters), 1-, 2- and 3-d inputs, shift_mean
+  label index), POSITIVE at index 0 and at index 1, both directions, padding of very different lengths,
+  a label2id whose keys are not in the order of their ids, 150 samples (more than one forward pass's
+  worth), a review longer than the classifier takes, no samples, an unknown direction;
+- whiten: one element, all-equal values (variance 0: eps matters; values whose mean float32 computes
+  exactly, so the exact answer is every correct implementation's), 1-, 2- and 3-d inputs, shift_mean
   both ways, a large eps;
 - ngram_repetition: repeated spaces, tabs and newlines, leading/trailing whitespace, empty text, fewer
-  than n words and exactly n words, n = 1, 2, 3, 4, n-grams differing only by case or punctuation;
+  than n words and exactly n words, n = 1, 2, 3, 4, n-grams differing only by case or punctuation,
+  n-grams whose words glued together are the same text, no samples;
 - bradley_terry_loss: ties (all differences 0), differences up to +-12, then -300 .. +220 (exp overflows
   and sigmoid underflows there; an eps or clamp saturates);
 - pool_last_token / pool_mean: right and left padding, a boolean mask, no padding, a row with one real token,
   inf at every padding position (a mask multiplied in, or a one-hot product, gives 0 * inf = NaN there;
   torch.where and indexing do not);
 - RewardModel / reward_model_train_step: the three poolings with right and left padding, a batch of 1
-  (a squeeze() without a dim drops the batch dimension there), no mask given; two SGD steps (zero_grad,
-  the step, the masks) on four pairs, one of them a tie (identical texts: r_c - r_r exactly 0, where
-  r_c >= r_r miscounts the accuracy).
+  (a squeeze() without a dim drops the batch dimension there), no mask given (with token id 0 in the
+  texts), the gradient to the backbone and the head under each pooling; two SGD steps (zero_grad, the
+  step, the masks) on four pairs, one of them a tie (identical texts: r_c - r_r exactly 0, where
+  r_c >= r_r miscounts the accuracy), one margin in (0, 1) at the second step.
 """
 
 from __future__ import annotations
@@ -980,7 +985,7 @@ def _compare_rm_gradients(candidate, base: HookedTransformer, pooling: str, head
     reference.head.load_state_dict(get_attr(learner, "head").state_dict())
     weights = torch.randn(batch[0].shape[0], generator=seeded(11)).to(batch[0].device)
 
-    def grads(model) -> tuple[torch.Tensor, torch.Tensor]:
+    def grads(model) -> tuple[list, list]:
         base.zero_grad(set_to_none=True)
         model.head.zero_grad(set_to_none=True)
         out = call(model, *batch, _arg_names=["tokens", "attention_mask"]) if model is learner else model(*batch)
@@ -991,7 +996,6 @@ def _compare_rm_gradients(candidate, base: HookedTransformer, pooling: str, head
                                    "trained.", hint="The forward must keep the graph: no torch.no_grad(), no "
                                    ".detach() of the features, no number rebuilt into a new tensor.")
         (out * weights).sum().backward()
-
         return [p.grad for p in base.parameters()], [p.grad for p in model.head.parameters()]
 
     def flat(got: list, want: list) -> tuple[torch.Tensor, torch.Tensor]:
