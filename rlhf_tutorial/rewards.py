@@ -56,8 +56,8 @@ def reward_fn_sentiment(
     tokenized together with padding (one forward pass per chunk of samples, the attention mask
     passed along so padding changes nothing) and truncated to the classifier's maximum length (a
     longer text is scored on its beginning), on the classifier's device, without gradients.
-    Returns float32 probabilities on the classifier's device; an empty list of samples gives an
-    empty tensor. Any other ``direction`` raises a ValueError naming it.
+    Returns float32 probabilities (whatever the classifier's dtype) on the classifier's device; an
+    empty list of samples gives an empty tensor. Any other ``direction`` raises a ValueError naming it.
     """
     if direction not in ("pos", "neg"):
         raise ValueError(f"direction must be 'pos' or 'neg', got {direction!r}")

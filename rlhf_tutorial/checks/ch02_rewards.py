@@ -6,7 +6,8 @@ Regimes probed (where plausible implementations differ):
 - reward_fn_sentiment: a single review (no padding, so the attention mask cannot matter: isolates the
   label index), POSITIVE at index 0 and at index 1, both directions, padding of very different lengths,
   a label2id whose keys are not in the order of their ids, 150 samples (more than one forward pass's
-  worth), a review longer than the classifier takes, no samples, an unknown direction;
+  worth), a review longer than the classifier takes, no samples, a classifier in bfloat16, an unknown
+  direction;
 - whiten: one element, all-equal values (variance 0: eps matters; values whose mean float32 computes
   exactly, so the exact answer is every correct implementation's), 1-, 2- and 3-d inputs, shift_mean
   both ways, a large eps;
@@ -89,6 +90,7 @@ CLAUSES: dict[str, dict[str, str]] = {
         "more_than_a_chunk": "a batch of more samples than one forward pass takes (over 64) gets every sample's "
                              "score, in order",
         "empty_batch": "an empty list of samples gives an empty float32 tensor",
+        "float32": "float32 probabilities whatever the classifier's dtype (a bfloat16 classifier included)",
     },
     "whiten": {
         "all_elements": "one mean and one variance over ALL elements of the tensor, not per row",
@@ -173,12 +175,12 @@ SAMPLES = [
 ]
 
 
-def _regime(candidate, reference, case: Case, arg_names: list[str], fix: str) -> str:
+def _regime(candidate, reference, case: Case, arg_names: list[str], fix: str, atol: float = 1e-4) -> str:
     """compare_to_reference on one regime case (an empty batch, a text too long for the classifier) run
     after the ordinary cases; a crash there (which ``call`` reports without the case) is reported with
     the case's label and ``fix``, the regime's hint."""
     try:
-        return compare_to_reference(candidate, reference, [case], arg_names=arg_names)
+        return compare_to_reference(candidate, reference, [case], arg_names=arg_names, atol=atol)
     except CheckFailure as exc:
         if exc.hint or exc.message.startswith(("On ", "Wrong")):
             raise
@@ -428,6 +430,13 @@ def check_reward_fn_sentiment(candidate) -> str:
             names, _TRUNCATE_HINT)
     _regime(candidate, rewards.reward_fn_sentiment, Case("an empty list of samples", ([], usual, tok2, "pos")),
             names, _EMPTY_HINT)
+    # A classifier in bfloat16 (how a GPU often holds one): the rewards are float32 all the same. A softmax
+    # taken in bfloat16 and then cast is right to its ~3 digits: the tolerance admits it.
+    half, tok4 = tiny_classifier(("NEGATIVE", "POSITIVE"), seed=3)
+    _regime(candidate, rewards.reward_fn_sentiment,
+            Case("a classifier in bfloat16", (_REVIEWS, half.to(torch.bfloat16), tok4, "pos")), names,
+            "The rewards are float32 whatever the classifier's dtype: the trainers downstream add them to "
+            "float32 numbers.", atol=1e-2)
     # A direction the contract does not name is an error, not a silent NEGATIVE.
     try:
         out = candidate(_REVIEWS[:2], usual, tok2, "positive")
@@ -439,8 +448,8 @@ def check_reward_fn_sentiment(candidate) -> str:
     else:
         raise failure(f"direction='positive' returned {fmt(out)}: expected a ValueError (only 'pos' and 'neg' "
                       "are directions).", _DIRECTION_HINT)
-    return (detail.rstrip(".") + "; a review longer than the classifier takes; no samples; an unknown direction "
-            "raises. Runs without gradients, in batches.")
+    return (detail.rstrip(".") + "; a review longer than the classifier takes; no samples; a bfloat16 classifier; "
+            "an unknown direction raises. Runs without gradients, in batches.")
 
 
 # ----------------------------------------------------------------------------------------------------

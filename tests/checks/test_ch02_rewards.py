@@ -140,7 +140,7 @@ def sentiment_batch_left_on_the_cpu(samples, classifier, tokenizer, direction="p
         return torch.zeros(0, device=classifier.device)
     enc = tokenizer(samples, padding=True, truncation=True, return_tensors="pt")  # never moved
     with torch.no_grad():
-        return classifier(**enc).logits.softmax(-1)[:, label]
+        return classifier(**enc).logits.float().softmax(-1)[:, label]
 
 
 @needs_gpu
@@ -159,8 +159,8 @@ def test_sentiment_written_differently():
         enc = {k: v.to(device) for k, v in tokenizer(samples, return_tensors="pt", padding="longest",
                                                      truncation="longest_first").items()}
         with torch.inference_mode():
-            log_probs = classifier(**enc).logits.log_softmax(dim=1)
-        return log_probs[:, label].exp()
+            log_probs = classifier(**enc).logits.double().log_softmax(dim=1)
+        return log_probs[:, label].exp().float()
 
     result = run_check("reward_fn_sentiment", via_id2label)
     assert result.passed, result.message
@@ -916,6 +916,23 @@ def sentiment_one_batch(samples, classifier, tokenizer, direction="pos"):  # rig
         return classifier(**enc).logits.softmax(-1)[:, _sentiment_column(classifier, direction)]
 
 
+def sentiment_softmax_in_bfloat16(samples, classifier, tokenizer, direction="pos"):  # no cast to float32
+    label = classifier.config.label2id[{"pos": "POSITIVE", "neg": "NEGATIVE"}[direction]]
+    if not samples:
+        return torch.zeros(0, device=classifier.device)
+    with torch.no_grad():
+        return classifier(**_encode(tokenizer, samples, classifier)).logits.softmax(-1)[:, label]
+
+
+def sentiment_cast_after_softmax(samples, classifier, tokenizer, direction="pos"):  # right: float32, to ~3 digits
+    return sentiment_softmax_in_bfloat16(samples, classifier, tokenizer, direction).float()
+
+
+def test_sentiment_cast_after_a_bfloat16_softmax_passes():
+    result = run_check("reward_fn_sentiment", sentiment_cast_after_softmax)
+    assert result.passed, result.message
+
+
 def whiten_eps_on_std(values, shift_mean=True, eps=1e-8):
     mean = values.mean()
     out = (values - mean) / (values.std(unbiased=False) + eps)
@@ -1088,7 +1105,7 @@ def sentiment_any_other_direction_is_negative(samples, classifier, tokenizer, di
         return torch.zeros(0, device=classifier.device)
     enc = _encode(tokenizer, samples, classifier)
     with torch.no_grad():
-        return classifier(**enc).logits.softmax(-1)[:, classifier.config.label2id[name]]
+        return classifier(**enc).logits.float().softmax(-1)[:, classifier.config.label2id[name]]
 
 
 
@@ -1114,6 +1131,7 @@ VIOLATIONS = {
         "batched": [sentiment_one_by_one],
         "more_than_a_chunk": [sentiment_keeps_last_chunk],
         "empty_batch": [sentiment_one_batch],
+        "float32": [sentiment_softmax_in_bfloat16],
     },
     "whiten": {
         "all_elements": [whiten_per_row],
