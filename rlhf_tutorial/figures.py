@@ -145,6 +145,12 @@ RUNS.update({
     "lora_rl_seeds": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seeds", "0", "1", "2", "3", "4")),
     "lora_scan": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seed", "0", "--lr-multipliers", "1", "3",
                       "--num-phases", "12")),
+    # a learning-rate scan over three seeds at the notebook's 20 phases, bracketing each rank's best rate: the LoRA
+    # ranks at 0.3, 1 and 3 times 3e-3, full fine-tuning at 1, 3 and 10 times 3e-4
+    "lora_scan_seeds": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--ranks", "1", "4", "16",
+                            "--seeds", "0", "1", "2", "--lr-multipliers", "0.3", "1", "3")),
+    "lora_scan_seeds_full": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--ranks", "0",
+                                 "--seeds", "0", "1", "2", "--lr-multipliers", "1", "3", "10")),
     "lora_sft": Run(("compare-lora", "--world", "tiny", "--task", "arithmetic", "--seed", "0")),
     "lora_spectrum": Run(("compare-lora", "--world", "tiny", "--task", "spectrum")),
     # chapter 03's PPO with a rank-1 LoRA (the value head trains in full), at about 3x the preset's learning rate (10x, 7e-3, diverged)
