@@ -7,23 +7,31 @@ Regimes probed (where plausible implementations differ):
   above the rank (a missing / r, r / alpha and a scale of 1 each differ on one of them); shapes with
   d_in != d_out != rank (a transposed A or B shows); forward on [n, d_in], [b, s, d_in] and a single
   vector [d_in] with a random B; gradients: at the start (B = 0) B's gradient is nonzero and A's is zero,
-  with B random both match the reference's (a detached or no_grad forward, an A or B outside the graph);
-  the parameters are nn.Parameters on the device asked for; rank 0 raises ValueError.
+  with B random both match the reference's (a detached or no_grad forward, an A or B outside the graph),
+  and so does the gradient in x (x detached); the parameters are nn.Parameters on the device asked for
+  (also asked for "meta", which shows a tensor left on the default device on a CPU-only machine); with
+  generator None A follows torch's global RNG (a fixed seed of one's own does not); no tensor of the
+  d_in x d_out matrix's shape appears during forward (the bottleneck); rank 0 raises ValueError.
 - lora_hooks: each target alone on one layer (q, k, v, o, mlp_in, mlp_out: a wrong hook point shows
-  on its target only), every target on every layer, a model with LayerNorm weights and biases (LN: the
-  input must be ``ln1.hook_normalized``, not ``hook_resid_pre`` / ``hook_scale``) and a folded one
-  (LNPre), a batch of 1, no adapters at all (an empty list, logits unchanged); every hook name exists;
-  base weights unchanged; the gradient reaches every A and B and equals the reference's (an input or
-  delta detached is named).
+  on its target only), every target on every layer, an LN model and a folded one (LNPre), both with
+  random biases (TransformerLens starts them at zero), a batch of 1, no adapters at all (an empty list,
+  logits unchanged); every hook name exists; after lora_hooks returns, no hook is left on the model and
+  no base weight changed (each its own message); each hook is watched for an in-place edit of its
+  activation (its version counter); one hook list run on three batches, the second of the same shape,
+  the third of another (an x kept from the first pass); the q/k/v split and the z flatten orders (both
+  named; a wrong logit says where it differs: the first values printed may agree, position 0 attends
+  only to itself); the gradient reaches every A and B and equals the reference's.
 - merge_lora: each target alone and all together, logits of the merged copy (no hooks) against the
   hooked model's to 1e-5; a model whose LoRA is already attached (the copy must not keep the hooks, or
   the update counts twice); d_model == head * d_head (a transposed delta keeps its shape and shows only
-  in values); the model, its hooks and the adapters unchanged; a HookedTransformer returned.
+  in values); random biases (a copy that lost them shows); the model, its hooks and the adapters
+  unchanged; a HookedTransformer returned whose parameters keep the model's dtype and device and carry no
+  graph (checked before it runs: a float64 weight would fail inside TransformerLens).
 - update_rank_profile: an exact low-rank matrix (k well below min(m, n)), a full-rank one, tall and wide,
   a zero matrix (k = 0, no division by zero), fraction 0, 1 and a boundary hit exactly by equal singular
   values (ties: >= not >), a 1 x 1 matrix, large magnitudes (1e6: float32 squares overflow nothing here
   but a float32 SVD loses the small values), the order (descending) and the dtype (float32) of the
-  values, the int k.
+  values, k a Python int (a 0-d tensor compares equal), a fraction outside [0, 1] raises ValueError.
 """
 
 from __future__ import annotations
@@ -197,7 +205,7 @@ def check_lora(candidate) -> str:
                       "B at zeros.")
     if not bool(a.detach().ne(0).any()):
         raise failure("A is all zeros.",
-                      "A zero too: with A = 0 and B = 0 every gradient is zero (dL/dB needs x @ A^T, dL/dA needs "
+                      "A zero too: with A = 0 and B = 0 every gradient is zero (dL/dB needs x A^T, dL/dA needs "
                       "B), so nothing would ever train. Draw A at random, small.")
     scale = get_attr(module, "scale")
     if isinstance(scale, torch.Tensor) or not isinstance(scale, (int, float)):
@@ -208,7 +216,7 @@ def check_lora(candidate) -> str:
     if not 0.7 / 256 ** 0.5 < std < 1.4 / 256 ** 0.5:
         raise failure(f"A's entries have a standard deviation of {std:.4g} for d_in = 256; expected about "
                       f"1 / sqrt(256) = {1 / 16:.4g}.",
-                      "A's scale is wrong: draw it from a standard normal and divide by sqrt(d_in), so that x @ A^T "
+                      "A's scale is wrong: draw it from a standard normal and divide by sqrt(d_in), so that x A^T "
                       "has entries of the size of x's whatever the width.")
     again = _parameter(call(candidate, 12, 20, 4, 8.0, generator=seeded(0), device=device), "A", (4, 12))
     other = _parameter(call(candidate, 12, 20, 4, 8.0, generator=seeded(2), device=device), "A", (4, 12))
@@ -293,12 +301,12 @@ def check_lora(candidate) -> str:
     grad_b = learner.B.grad
     if grad_b is None or not bool(grad_b.ne(0).any()):
         raise failure("at the start no gradient reaches B.",
-                      "B must be in the graph: the output is scale * (x @ A^T) @ B^T, so dL/dB = scale * "
-                      "(dL/dy)^T (x @ A^T), nonzero while A is not zero.")
+                      "B must be in the graph: the output is scale * x A^T B^T, so dL/dB = scale * "
+                      "(dL/dy)^T (x A^T), nonzero while A is not zero.")
     want_b = 8.0 / 4 * w.T @ (x @ learner.A.detach().T)
     if not torch.allclose(grad_b, want_b, atol=1e-4, rtol=1e-4):
-        raise CheckFailure("at the start B's gradient differs from scale * (dL/dy)^T (x @ A^T): the forward is not "
-                           "scale * (x @ A^T) @ B^T in B.")
+        raise CheckFailure("at the start B's gradient differs from scale * (dL/dy)^T (x A^T): the forward is not "
+                           "scale * x A^T B^T in B.")
     learner = call(candidate, 12, 20, 4, 8.0, generator=seeded(0), device=device)
     reference = lora.LoRA(12, 20, 4, 8.0, device=device)
     a_r, b_r = torch.randn(4, 12, generator=g).to(device), torch.randn(20, 4, generator=g).to(device)
@@ -723,11 +731,11 @@ MERGE_MISTAKES = [
     Mistake("The update is applied twice: the copy kept the LoRA hooks (copy.deepcopy copies them), so the merged "
             "weights and the hooks both add it. Remove every hook from the copy, the permanent ones "
             "too (the given first lines do it: keep them).", _merged_logits(_merge_variant(keep_hooks=True))),
-    Mistake("The merged delta is transposed: W (d_in x d_out, TransformerLens multiplies x @ W) gains "
-            "scale * A^T @ B^T.", _merged_logits(_merge_variant(transpose=True))),
-    Mistake("Missing alpha / r: the merged delta is scale * A^T @ B^T, with the adapter's scale.",
+    Mistake("The merged delta is transposed: W (d_in x d_out, TransformerLens multiplies x W) gains "
+            "scale * A^T B^T.", _merged_logits(_merge_variant(transpose=True))),
+    Mistake("Missing alpha / r: the merged delta is scale * A^T B^T, with the adapter's scale.",
             _merged_logits(_merge_variant(scale=None))),
-    Mistake("The update is applied twice (scaled by 2): add scale * A^T @ B^T once.",
+    Mistake("The update is applied twice (scaled by 2): add scale * A^T B^T once.",
             _merged_logits(_merge_variant(scale=2.0))),
     Mistake("The merged copy lost the model's biases: it must be the model itself (a deep copy) with only the "
             "adapted matrices changed, not a new model given some of its weights.",
@@ -748,7 +756,7 @@ MERGE_MISTAKES = [
         "d_model, d_head]: split delta's d_out axis into (head, d_head), head first as the hooks flattened "
         "it, and move head to the front; W_O is [head, d_head, d_model]: split d_in the same way; W_in and "
         "W_out take delta as it is. Add in place to the copy's parameter (inside torch.no_grad()), in its "
-        "dtype; einops.rearrange with h= the number of heads does the split.",
+        "dtype; a split of one axis into two, given the number of heads, does it.",
         solution_code(lora.merge_lora),
     ),
 )
