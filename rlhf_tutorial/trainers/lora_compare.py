@@ -30,9 +30,10 @@ from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags
 
 #: The learning rate of each task at full fine-tuning (rank 0: the trainers' tiny presets) and under LoRA
 #: (any rank, alpha = 16). Scanned with ``compare-lora --task sentiment --lr-multipliers 1 3 --num-phases 12``
-#: (``figures.RUNS["lora_scan"]``, seed 0): every LoRA rank did best at 3e-3 and broke down at 9e-3 (KL of 1
-#: to 7 nats per token), while full fine-tuning did better at 9e-4 than at its preset's 3e-4 over those 12
-#: phases (the preset is tuned for 40 stable phases). LoRA wants a rate 3 to 10 times the full fine-tune's.
+#: (``figures.RUNS["lora_scan"]``, seed 0): every LoRA rank did better at 3e-3 than at 9e-3, where it broke down
+#: (KL of 1 to 7 nats per token), while full fine-tuning did better at 9e-4 than at its preset's 3e-4 over those
+#: 12 phases (the preset is tuned for 40 stable phases). Two rates each: no best rate is bracketed by that scan;
+#: ``figures.RUNS["lora_scan_seeds"]`` and ``["lora_scan_seeds_full"]`` bracket them at three seeds.
 LEARNING_RATES: dict[str, dict[str, float]] = {
     "sentiment": {"full": 3e-4, "lora": 3e-3},
     "arithmetic": {"full": 3e-4, "lora": 3e-3},
