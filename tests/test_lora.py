@@ -217,3 +217,18 @@ def test_compare_lora_over_seeds_summarises_each_ranks_spread():
     assert stats["kl_final"]["std"] == pytest.approx(((values[0] - mean) ** 2 + (values[1] - mean) ** 2) ** 0.5, abs=1e-4)
     with pytest.raises(ValueError, match="--seeds is for --task sentiment"):
         compare_lora(CompareLoRAArgs(world="tiny", task="arithmetic", seeds=(0, 1)))
+
+
+def test_compare_lora_over_seeds_with_several_rates_scans_each_rank_at_each_seed():
+    from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, compare_lora, learning_rate, run_grpo
+
+    args = CompareLoRAArgs(world="tiny", ranks=(2,), seeds=(0, 1), lr_multipliers=(0.5, 2.0), num_phases=1,
+                           groups_per_phase=2, eval_samples=4)
+    out = compare_lora(args)
+    scan = out["scan"]["2"]
+    assert set(scan) == {"0.5", "2"} and scan["2"]["learning_rate"] == learning_rate("sentiment", 2, 2.0)
+    single = run_grpo(CompareLoRAArgs(**{**vars(args), "seeds": (), "seed": 1}), 2, learning_rate("sentiment", 2, 0.5))
+    assert scan["0.5"]["mean_reward_final"]["per_seed"][1] == single["mean_reward_final"]  # that rate, that seed
+    means = {m: stats["mean_reward_final"]["mean"] for m, stats in scan.items()}
+    assert out["best_multiplier"]["2"] == max(means, key=means.get)
+    assert out["runs"]["2"] == scan[out["best_multiplier"]["2"]]  # no multiplier 1: the best one stands for the rank
