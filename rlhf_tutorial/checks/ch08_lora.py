@@ -36,7 +36,9 @@ Regimes probed (where plausible implementations differ):
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 
 import einops
 import torch
@@ -670,7 +672,8 @@ def _merge_variant(*, transpose: bool = False, scale: float = 1.0, keep_hooks: b
     def merge(model, adapters):
         merged = copy.deepcopy(model)
         if fresh:
-            merged = HookedTransformer(model.cfg)
+            with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints where it moves a new model
+                merged = HookedTransformer(model.cfg)
             merged.load_state_dict({k: v for k, v in model.state_dict().items()
                                     if not k.rsplit(".", 1)[-1].startswith("b_")}, strict=False)
         if not keep_hooks:

@@ -4,8 +4,10 @@ failing are the manifest's)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import io
 import math
 
 import einops
@@ -271,7 +273,8 @@ def merge_with(*, in_place=False, keep_hooks=False, transpose=False, no_scale=Fa
                reset_b=False, fresh_model=False, with_graph=False, float64=False, state_dict=False):
     def merge_lora(model, adapters):
         if fresh_model:  # a new model from the config, every weight but the biases loaded into it
-            merged = HookedTransformer(model.cfg)
+            with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints where it puts a new model
+                merged = HookedTransformer(model.cfg)
             merged.load_state_dict({k: v for k, v in model.state_dict().items()
                                     if not k.rsplit(".", 1)[-1].startswith("b")}, strict=False)
         else:
