@@ -185,7 +185,9 @@ def recorded(path: Path = FIGURES_FILE) -> dict[str, Any]:
 
 
 def lookup(ref: str, figures: dict[str, Any] | None = None) -> Any:
-    """The recorded value of ``"NAME.KEY"`` (KEY may descend into dicts and lists: ``a.b``, ``a.-1``)."""
+    """The recorded value of ``"NAME.KEY"`` (KEY may descend into dicts and lists: ``a.b``, ``a.-1``; a dict key
+    that holds a dot itself, a learning-rate multiplier ``"0.3"``, is found whole, before a key "0":
+    ``scan.1.0.3.kl_final``)."""
     figures = recorded() if figures is None else figures
     name, _, key = ref.partition(".")
     if name not in figures:
@@ -193,7 +195,11 @@ def lookup(ref: str, figures: dict[str, Any] | None = None) -> Any:
         raise KeyError(f"figure {ref!r}: no recorded run {name!r} (recorded: {known}); add it to figures.RUNS and "
                        f"run `python -m rlhf_tutorial record-figures {name}`")
     value: Any = figures[name]["summary"]
-    for part in key.split("."):
+    parts = key.split(".")
+    while parts:
+        part = parts.pop(0)
+        if isinstance(value, dict) and parts and f"{part}.{parts[0]}" in value:  # the longer key first
+            part = f"{part}.{parts.pop(0)}"
         try:
             value = value[int(part)] if isinstance(value, list) else value[part]
         except (KeyError, IndexError, ValueError, TypeError):
