@@ -245,7 +245,7 @@ def test_the_three_seed_rate_scan_reads_as_chapter_08_says():
     reward = {m: r["mean_reward_final"]["mean"] for m, r in full.items()}
     assert max(reward, key=reward.get) == "3"
     assert all(r["mean_reward_final"]["mean"] < min(reward.values()) for by_m in lora_scan.values() for r in by_m.values())
-    for rank, by_m in lora_scan.items():
+    for by_m in lora_scan.values():
         assert by_m["3"]["kl_final"]["mean"] > 5 * by_m["1"]["kl_final"]["mean"]
         low, mid = by_m["0.3"]["mean_reward_final"], by_m["1"]["mean_reward_final"]
         assert low["max"] >= mid["min"] and mid["max"] >= low["min"]  # the seeds' ranges overlap
