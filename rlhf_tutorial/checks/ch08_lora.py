@@ -614,8 +614,9 @@ def check_lora_hooks(candidate) -> str:
     # one hook list, several forward passes: a second batch of the same shape, then one of another shape
     model = _model(8, "LN")
     adapters = _random_adapters(model, _every_key(model), 7)
+    weights = _state_digest(model)
     hooks = call(candidate, model, adapters)
-    _model_unchanged(model, _state_digest(model))
+    _model_unchanged(model, weights)
     watched = [(name, _no_in_place(name, fn)) for name, fn in hooks]
     for i, (label, tokens) in enumerate((("a first batch [3, 7]", _tokens(model, 21)),
                                          ("a second batch of the same shape [3, 7]", _tokens(model, 22)),
