@@ -15,9 +15,10 @@
 #
 # **Why RL should need very little.** A policy-gradient episode ends with one scalar reward: compared
 # with its group's mean, about **one bit** (better or worse than usual). A phase of chapter 04's GRPO
-# samples 64 completions: some 64 bits of information for an update of millions of numbers. Supervised
-# fine-tuning gets, per token, the whole target (a choice among the vocabulary: $\log_2 V$ bits, and many
-# tokens per example). So a rank-1 adapter, a few thousand numbers here, should hold everything GRPO can
+# samples 64 completions: at most some 64 bits of information for an update of the tiny policy's
+# {{lora_rl.runs.0.policy_parameters:,}} numbers. Supervised fine-tuning gets, per token, the whole target: a choice among
+# the vocabulary, at most $\log_2 V$ bits (an upper bound: a token the model already predicts well
+# carries far less), and many tokens per example. So a rank-1 adapter, a few thousand numbers here, should hold everything GRPO can
 # learn in a run, while SFT, which carries many more bits, may need more. "LoRA Without Regret"
 # (Thinking Machines, 2025) reports exactly that at scale: rank 1 matches full fine-tuning in RL and
 # falls behind in SFT. This chapter measures it in the tiny world, on chapter 04's sentiment task and
@@ -296,8 +297,8 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 # Full fine-tuning lands in a narrow band at every seed; the three LoRA ranks, at the one rate
 # scanned for them, trail it in these {{lora_rl.args.num_phases}} phases and are **indistinguishable from each
 # other** on average. That is the claim that matters here: rank 1, about half a percent of the model's
-# numbers, learns as much as rank 16, as it should if the reward GRPO learns in a few hundred episodes
-# fits in one direction per matrix. Rank 1's final rewards spread the widest of the four, so one rank-1
+# numbers, learns as much as rank 16, as it should if what GRPO learns from the reward in
+# {{lora_rl_seeds.args.num_phases}} phases of {{lora_rl_seeds.args.groups_per_phase}} groups fits in one direction per matrix. Rank 1's final rewards spread the widest of the four, so one rank-1
 # run tells the least (rank 16's KL spread the widest: five seeds are few). These five seeds ran one LoRA
 # rate; the three-seed scan above found no rate between a third of it and three times it that closes the
 # gap to full fine-tuning.
