@@ -179,8 +179,9 @@ print("values before training (random head):", [round(v, 3) for v in values[0].t
 # at the end-of-text token. It must be an ordinary tensor: `model.generate` runs under
 # `torch.inference_mode()`, and an inference tensor cannot enter a forward pass that needs gradients.
 # `texts` are the decoded rows without special tokens (BOS, EOS), what the reward reads. The checker
-# compares your tokens with the reference's under the same seed, so draw them with `model.generate` in
-# one call for the whole batch.
+# looks at what your rows hold (the length, the prompt, the texts, with and without BOS) and at how the
+# new tokens are distributed (two temperatures, `top_k`, and a policy that samples the end-of-text token
+# at every step), never at which tokens a seed gives: any correct sampler passes.
 
 # %% exercise rlhf_tutorial.rlhf:get_samples | 15 min | difficulty 2 | importance 4
 

@@ -11,17 +11,21 @@ Regimes probed (where plausible implementations differ):
 - get_logprobs: prefix_len None and given, one generated token, logits x 100 (log(softmax) underflows);
 - calc_kl_penalty: logits x 50, identical logits (KL exactly 0), a single position;
 - approx_kl: |logr| < 3 of both signs, logr = 0, a single token, then |logr| up to 30 for k1, k2 and k3
-  (a clamp of the log-ratio or of the estimate shows only there);
+  (a clamp of the log-ratio or of the estimate shows only there); unknown estimators ("full", "k4");
 - compute_advantages / compute_per_token_rewards: one generated token (first == last), a batch of 1
   (a squeeze() of values or rewards drops the batch dimension there), all-equal values; for the rewards also reference log-probs down to -250, where a ratio of
   probabilities (exp of each log-prob) underflows to 0 / 0 or x / 0;
-- lr_schedule: step 0, the end of warmup, no warmup, steps past total_steps (the clamp), final_scale 0;
+- lr_schedule: step 0, the end of warmup, no warmup, steps past total_steps (the clamp), final_scale 0 in
+  the warmup, the decay and after it; the type of the multiplier (a Python float);
 - AdaptiveKLController: a mixed script (the error clip, n_steps), 30 updates far above target (x ~240)
   and 45 at KL = 0 (/ ~23000): a clamp or floor on the coefficient shows only on these runaways;
-- EarlyStopping: values exactly at the thresholds, the reward threshold on and off, resets;
+- EarlyStopping: values exactly at the thresholds, the reward threshold on and off, resets, thresholds of
+  0.0 (a value, not unset);
 - get_optimizer: base_lr = 0 (a learning rate of 0 taken for a missing one: a group dropped, `lr or default`);
 - get_samples: prepend_bos=False (no BOS: the texts must keep the prompt's first token, which a decoding
-  that always drops position 0 loses);
+  that always drops position 0 loses); a policy that samples EOS at every step (a generation that stops at
+  EOS ends after one token there); top_k=1 (the greedy continuation); temperatures 0.5 and 2 (1500
+  first tokens each: which of logits / T, logits, logits * T explains them best);
 - ReplayMemory: 16 rows in 4 minibatches (where split(4) and reshape(4, -1) agree), then in ONE
   minibatch of all the rows (where they do not);
 - TransformerWithValueHead: the hook's return value (replacing the activation), the initialisation,
@@ -29,8 +33,9 @@ Regimes probed (where plausible implementations differ):
 - compute_rlhf_objective: each term alone (coefficients and advantages set to 0 for the others), then
   together, at temperatures 0.7, 1 and 1.3 (the temperature of the reference logits), full and k3 KL;
 - rollout_phase: the policy equal to the reference, a moved policy with an adaptive coefficient away
-  from args.kl_coef, one-step advantages with whiten_rewards=False, a unigram repetition penalty that
-  differs between samples; forward passes counted per chunk;
+  from args.kl_coef, one-step advantages with whiten_rewards=False and top_k=3 at temperature 1.5 (every
+  sampled token among the policy's 3 likeliest), a unigram repetition penalty that differs between
+  samples; forward passes counted per chunk;
 - learning_phase: a policy already away from the reference with kl_coef 0.5 (the objective's KL
   coefficient shows), clipping active, two passes of two minibatches, trainer.generator's state.
 """
@@ -172,7 +177,6 @@ CLAUSES: dict[str, dict[str, str]] = {
         "ref_model": "the reference distribution comes from ref_model or the stored reference log-probs",
         "ref_temperature": "the reference logits are divided by the same temperature",
         "ref_no_grad": "the reference forward pass runs without gradient tracking",
-        "zero_coef_k3": "with kl_coef 0 the logged kl is the k3 estimate and the reference is not run",
         "stats_before_coef": "the logged entropy and kl are the terms before their coefficients",
         "differentiable": "the objective's gradient reaches the transformer and the value head",
     },
@@ -305,9 +309,10 @@ def check_get_logprobs(candidate) -> str:
         grad_cases=(1,),
         mistakes=[
             Mistake("Off by one: you read each token's log-prob from the logits at its OWN position. The "
-                    "logits at position t predict token t+1: use logits[:, start - 1:-1].", _lp_own_position),
-            Mistake("Off by one: you gathered tokens[:, start - 1:-1]; the tokens predicted by "
-                    "logits[:, start - 1:-1] are tokens[:, start:].", _lp_shifted_tokens),
+                    "logits at position t predict the token at t+1: score each token with the logits of the "
+                    "position before it.", _lp_own_position),
+            Mistake("Off by one: you scored the tokens one position early; the logits at positions start - 1 .. "
+                    "s - 2 predict the tokens at positions start .. s - 1.", _lp_shifted_tokens),
             Mistake("Those are raw logits: apply log_softmax over the vocabulary before gathering.", _lp_raw_logits),
             Mistake("Those are probabilities: use log_softmax, not softmax.", _lp_probs),
         ],
@@ -576,10 +581,12 @@ def check_compute_advantages(candidate) -> str:
         _adv_cases(),
         arg_names=["values", "rewards", "prefix_len"],
         mistakes=[
-            Mistake("The baseline uses the wrong slice: the state that chose generated token i is one position "
-                    "BEFORE it, so V(s_t) = values[:, prefix_len - 1:-1].", _adv_zero_step_shift),
-            Mistake("The Q estimates use the wrong slice: the next states' values are values[:, prefix_len:-1] "
-                    "(then the reward).", _adv_q_shift),
+            Mistake("The baseline uses the wrong slice: the state that chose a generated token is the position "
+                    "just BEFORE it, so the baselines are the values at positions prefix_len - 1 .. s - 2.",
+                    _adv_zero_step_shift),
+            Mistake("The Q estimates use the wrong slice: the next state of a generated token is the token's own "
+                    "position, so the Q estimates are the values at positions prefix_len .. s - 2, then the "
+                    "reward.", _adv_q_shift),
             Mistake("The reward is missing: after the last token the episode is over, so its Q estimate is the "
                     "reward, not a value.", _adv_no_reward),
             Mistake("You used the reward as the Q estimate at every position: only the last token's Q is the "
@@ -1238,7 +1245,8 @@ def check_get_samples(candidate) -> str:
         raise CheckFailure(f"the tokens should be int64 (torch.long), got {tokens.dtype}.")
     if tokens.is_inference():
         raise CheckFailure("the tokens are an inference tensor: they cannot enter a forward pass with gradients.",
-                           hint="generate runs under torch.inference_mode(): return its output .clone()d.")
+                           hint="The tokens are an inference tensor: generate makes its output under "
+                                "torch.inference_mode(); return an ordinary copy of it.")
     if not torch.equal(tokens[:, :p], prompt_tokens.expand(5, -1)):
         raise CheckFailure(f"each row should start with the prompt's tokens {prompt_tokens[0].tolist()}, got "
                            f"{tokens[0, :p].tolist()}.")
@@ -1285,7 +1293,8 @@ def check_get_samples(candidate) -> str:
     tokens, _ = sample(candidate, model, prompt, 4, 5, top_k=1)
     if not torch.equal(tokens, greedy.expand(4, -1)):
         raise CheckFailure("with top_k=1 every sample should be the greedy continuation.",
-                           hint="Pass top_k=top_k to model.generate.")
+                           hint="top_k is ignored: with top_k set, only the k likeliest tokens may be drawn (with "
+                                "top_k=1, the likeliest one: the greedy continuation).")
 
     # Temperature: which of softmax(l / T), softmax(l), softmax(l * T) best explains the first new tokens?
     with torch.no_grad():
@@ -1299,11 +1308,13 @@ def check_get_samples(candidate) -> str:
             scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
         best = max(scores, key=scores.get)
         if best != "logits / T":
-            hint = ("The temperature is ignored: pass temperature=temperature to generate." if best.startswith("logits (")
+            hint = ("The temperature is ignored: draw each token from softmax(logits / temperature)."
+                    if best.startswith("logits (")
                     else "The temperature multiplies the logits (or is fixed): sampling divides them by it.")
             raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
                                f"softmax({best}), not softmax(logits / T).", hint)
-    return "shapes, prompt kept, cloned tokens, texts decoded, top_k and temperatures 0.5 and 2 respected."
+    return ("shapes, prompt kept (with and without BOS), cloned int64 tokens, texts decoded without special tokens, "
+            "no stop at the end-of-text token, top_k and temperatures 0.5 and 2 respected.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1400,20 +1411,23 @@ def check_replay_memory(candidate) -> str:
         order = sum(passes[4 * p : 4 * p + 4], [])
         if sorted(order) != list(range(16)):
             raise CheckFailure(f"pass {p} does not visit every row exactly once (rows {order}).",
-                               hint="Shuffle without replacement: torch.randperm(batch), then split it.")
+                               hint="Shuffle without replacement: each pass is one random permutation of all the "
+                                    "rows, cut into num_minibatches parts.")
         orders.append(order)
     if orders[0] == orders[1] == orders[2]:
         raise CheckFailure("every pass visits the rows in the same order.",
                            hint="Draw a fresh permutation for every pass over the memory.")
     if orders[0] == list(range(16)):
         raise CheckFailure("the first pass is not shuffled (rows in order 0..15).",
-                           hint="Shuffle with torch.randperm(batch, generator=generator).")
+                           hint="The first pass is not shuffled: draw a random permutation of the rows from the "
+                                "generator passed in.")
     again = call(get_attr(call(candidate, **{k: v.clone() for k, v in fields.items()}), "get_minibatches"),
                  4, 3, seeded(11))
     rows_again = [(get_attr(mb, "tokens")[:, 0] // 100).tolist() for mb in again]
     if rows_again != passes:
         raise CheckFailure("two calls with identically seeded generators gave different minibatches.",
-                           hint="Use the generator passed in: torch.randperm(batch, generator=generator).")
+                           hint="Use the generator passed in: draw every permutation from it, so that the same "
+                                "seed gives the same minibatches.")
     # Edge: one minibatch of all 16 rows. With 16 rows and 4 minibatches, perm.split(4) (pieces of 4
     # rows) and perm.reshape(4, -1) (4 pieces) agree; with 1 minibatch they do not.
     whole = call(get_attr(call(candidate, **{k: v.clone() for k, v in fields.items()}), "get_minibatches"),
@@ -1594,16 +1608,6 @@ def check_compute_rlhf_objective(candidate) -> str:
             _check_objective_setting(candidate, model, ref, prefix_len, minibatch, args, kl_coef, label, term)
         _check_objective_setting(candidate, model6, ref6, 6, mb6, RLHFArgs(kl_estimator="full", temperature=0.7,
                                  ent_coef=0.05), 0.5, "prefix_len = 6, full KL", None)
-        # Edge: kl_coef 0 with the full estimator: the term weighs nothing, so the reference does not run and
-        # the logged kl is the k3 estimate from the stored reference log-probs.
-        before = len(ref_calls)
-        _check_objective_setting(candidate, model, ref, prefix_len, mb, RLHFArgs(kl_estimator="full", temperature=0.7,
-                                 ent_coef=0.05), 0.0, "KL coefficient 0 with kl_estimator='full'", None)
-        if len(ref_calls) > before:
-            raise failure("KL coefficient 0 with kl_estimator='full': your code ran the reference model although the "
-                          "KL term weighs nothing.",
-                          "With kl_coef 0 the KL term adds nothing: skip the reference forward pass (and the KL "
-                          "graph), and log as kl the k3 estimate from the minibatch's stored reference log-probs.")
     finally:
         for handle in handles:
             handle.remove()
@@ -1662,9 +1666,6 @@ def _check_objective_setting(candidate, model, ref, prefix_len, mb, args, kl_coe
                         "logits[:, gen], 1.0)) and multiply by args.ent_coef only in the objective.")
             elif key == "kl" and kl_coef and math.isclose(value, want * kl_coef, rel_tol=1e-4, abs_tol=1e-9):
                 hint = "stats['kl'] includes kl_coef: keep `kl` the KL itself and multiply by kl_coef in the objective."
-            elif key == "kl" and not kl_coef:
-                hint = ("With kl_coef 0 the logged kl is the k3 estimate from the minibatch's stored reference "
-                        "log-probs, whatever args.kl_estimator says (the term weighs nothing: no reference pass).")
             name = {v: k for k, v in own.items()}[key]
             raise failure(f"{label}: the objective is right, but stats[{key!r}] = {value:.6g}, expected {want:.6g}: "
                           f"the {name} term as your code names it (`{key}`) is wrong.",
@@ -1689,14 +1690,17 @@ def _check_objective_setting(candidate, model, ref, prefix_len, mb, args, kl_coe
 
 
 _TERM_HINTS = {
-    "clipped surrogate": "L_clip = calc_clipped_surrogate_objective(logprobs, minibatch.logprobs, minibatch.advantages, "
-                         "args.clip_coef), with logprobs = get_logprobs(logits / args.temperature, tokens, prefix_len).",
-    "value loss": "L_value = calc_value_function_loss(values[:, prefix_len - 1:-1], minibatch.returns, args.vf_coef).",
-    "entropy": "The bonus is args.ent_coef * the mean entropy of logits[:, prefix_len - 1:-1] / args.temperature "
-               "(calc_entropy_bonus(logits[:, gen], 1.0)): the generated positions only, at the temperature.",
-    "KL": "With args.kl_estimator == 'full': calc_kl_penalty(logits[:, gen], ref_logits[:, gen], 1.0) with ref_logits = "
-          "ref_model(tokens) / args.temperature under no_grad; else approx_kl(logprobs, minibatch.ref_logprobs, "
-          "args.kl_estimator).mean(); times the kl_coef argument.",
+    "clipped surrogate": "The clipped surrogate is wrong: it takes the policy's log-probs of the generated tokens "
+                         "(from the logits divided by args.temperature), the minibatch's old log-probs and "
+                         "advantages, and args.clip_coef.",
+    "value loss": "The value loss is wrong: it compares the values of the states that chose the generated tokens "
+                  "(positions prefix_len - 1 .. s - 2) with the minibatch's returns, weighted by args.vf_coef.",
+    "entropy": "The entropy bonus is wrong: args.ent_coef times the mean entropy of the logits divided by "
+               "args.temperature, at the positions that predict generated tokens only.",
+    "KL": "The KL term is wrong: with kl_estimator 'full', the full KL(policy || reference) of the two distributions "
+          "at the temperature (the reference's computed without gradients) at the positions that predict generated "
+          "tokens; otherwise the mean of approx_kl with that estimator on the stored reference log-probs; times the "
+          "kl_coef argument.",
 }
 
 
