@@ -1246,7 +1246,7 @@ def check_get_samples(candidate) -> str:
     if tokens.is_inference():
         raise CheckFailure("the tokens are an inference tensor: they cannot enter a forward pass with gradients.",
                            hint="The tokens are an inference tensor: generate makes its output under "
-                                "torch.inference_mode(); return an ordinary copy of it.")
+                                "torch.inference_mode(); return an ordinary copy of it (a clone).")
     if not torch.equal(tokens[:, :p], prompt_tokens.expand(5, -1)):
         raise CheckFailure(f"each row should start with the prompt's tokens {prompt_tokens[0].tolist()}, got "
                            f"{tokens[0, :p].tolist()}.")

@@ -177,6 +177,8 @@ def test_approx_kl_mistakes(wrong, fragment):
 
 def test_approx_kl_written_differently():
     def via_ratio(logprobs, ref_logprobs, estimator="k3"):
+        if estimator not in {"k1", "k2", "k3"}:
+            raise ValueError(f"{estimator} is none of the estimators " + ", ".join(("k1", "k2", "k3")))
         ratio = torch.exp(ref_logprobs - logprobs)
         if estimator == "k1":
             return logprobs - ref_logprobs
