@@ -876,7 +876,8 @@ class _ESOffByOne(_ESNoReset):
 
 class _ESTruthyThreshold(_ESNoReset):
     def violates(self, kl, reward):
-        return kl > self.kl_threshold or bool(self.reward_threshold and reward > self.reward_threshold)
+        return bool(self.kl_threshold and kl > self.kl_threshold) or bool(
+            self.reward_threshold and reward > self.reward_threshold)
 
     def should_stop(self, kl, reward):
         self.count = self.count + 1 if self.violates(kl, reward) else 0
@@ -941,8 +942,8 @@ def check_early_stopping(candidate) -> str:
                          "consecutive violations back to 0."),
             (_ESGreaterEqual, "A value equal to a threshold is not a violation: use kl > kl_threshold and "
                               "reward > reward_threshold."),
-            (_ESTruthyThreshold, "A reward threshold of 0.0 is read as unset: 0.0 is a threshold like any "
-                                 "other (only None means no reward threshold), so a reward above 0.0 violates."),
+            (_ESTruthyThreshold, "A threshold of 0.0 is read as unset: 0.0 is a threshold like any other (only "
+                                 "a reward_threshold of None means none), so a value above 0.0 violates."),
             (_ESKLOnly, "The reward threshold is ignored: when reward_threshold is set, reward > "
                         "reward_threshold is a violation too."),
             (_ESOffByOne, "Off by one: stop as soon as `patience` consecutive calls have violated "
@@ -1579,8 +1580,8 @@ def check_compute_rlhf_objective(candidate) -> str:
     # advantages), so that a failure names the term; then all together. Temperatures other than 1
     # everywhere but one setting, so that a missing temperature shows in every term.
     configs = [
-        ("the clipped surrogate alone (vf_coef = ent_coef = kl_coef = 0)", "clipped surrogate", mb,
-         RLHFArgs(kl_estimator="k3", temperature=0.7, clip_coef=0.2, **off), 0.0),
+        ("the clipped surrogate alone (vf_coef = ent_coef = kl_coef = 0, clip_coef = 0.15)", "clipped surrogate", mb,
+         RLHFArgs(kl_estimator="k3", temperature=0.7, clip_coef=0.15, **off), 0.0),
         ("the value loss alone (zero advantages, ent_coef = kl_coef = 0)", "value loss", still,
          RLHFArgs(kl_estimator="k3", temperature=0.7, vf_coef=0.5, ent_coef=0.0), 0.0),
         ("the entropy bonus alone (zero advantages, vf_coef = kl_coef = 0, ent_coef = 0.1)", "entropy", still,
@@ -1648,7 +1649,9 @@ def _check_objective_setting(candidate, model, ref, prefix_len, mb, args, kl_coe
             hint = f"The {term} term has the wrong sign: objective = L_clip - L_value + ent_coef * H - kl_coef * KL."
         if hint is not None:
             raise failure(f"{label}: objective {got_v:.6g}, expected {want_v:.6g}.", hint)
-        where = f"the {term} term is wrong" if term else "each term is right alone, but not all together"
+        where = (f"the {term} term is wrong" if term else
+                 "each term was right in the settings that test it alone, but not in this one (its coefficients, "
+                 "temperature or KL estimator differ from those)")
         raise failure(f"{label}: objective {got_v:.6g}, expected {want_v:.6g}: {where}.", _TERM_HINTS.get(term))
     own = {"clipped surrogate": "clipped_surrogate", "value loss": "value_loss", "entropy": "entropy", "KL": "kl"}
     for key in _STATS_TERMS if term is None else (own[term],):
@@ -1690,14 +1693,14 @@ def _check_objective_setting(candidate, model, ref, prefix_len, mb, args, kl_coe
 
 
 _TERM_HINTS = {
-    "clipped surrogate": "The clipped surrogate is wrong: it takes the policy's log-probs of the generated tokens "
+    "clipped surrogate": "The clipped surrogate takes the policy's log-probs of the generated tokens "
                          "(from the logits divided by args.temperature), the minibatch's old log-probs and "
                          "advantages, and args.clip_coef.",
-    "value loss": "The value loss is wrong: it compares the values of the states that chose the generated tokens "
+    "value loss": "The value loss compares the values of the states that chose the generated tokens "
                   "(positions prefix_len - 1 .. s - 2) with the minibatch's returns, weighted by args.vf_coef.",
-    "entropy": "The entropy bonus is wrong: args.ent_coef times the mean entropy of the logits divided by "
+    "entropy": "The entropy bonus is args.ent_coef times the mean entropy of the logits divided by "
                "args.temperature, at the positions that predict generated tokens only.",
-    "KL": "The KL term is wrong: with kl_estimator 'full', the full KL(policy || reference) of the two distributions "
+    "KL": "The KL term is, with kl_estimator 'full', the full KL(policy || reference) of the two distributions "
           "at the temperature (the reference's computed without gradients) at the positions that predict generated "
           "tokens; otherwise the mean of approx_kl with that estimator on the stored reference log-probs; times the "
           "kl_coef argument.",

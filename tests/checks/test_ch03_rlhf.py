@@ -1439,7 +1439,7 @@ class StoppingTruthyKL(StoppingWithoutReset):
 
 def test_early_stopping_zero_threshold_is_a_value():
     assert_fails_with("EarlyStopping", StoppingTruthyThreshold, "0.0 is read as unset")
-    assert not run_check("EarlyStopping", StoppingTruthyKL).passed
+    assert_fails_with("EarlyStopping", StoppingTruthyKL, "0.0 is read as unset")
 
 
 class StoppingGreaterEqual(StoppingWithoutReset):
