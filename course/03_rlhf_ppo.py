@@ -250,7 +250,9 @@ print("missing-EOS penalty (p = 1):       ", missing_eos_penalty(generated, eos,
 # ### Exercise: `get_logprobs`
 #
 # With `prefix_len=None`, return the log-probs of `tokens[:, 1:]` (every token that has a previous
-# position); otherwise of `tokens[:, prefix_len:]`. Use `log_softmax` (stable) and `gather`.
+# position); otherwise of `tokens[:, prefix_len:]`, each read from the logits of the position before
+# it. Normalise over the vocabulary in log space: the log of a softmax is $-\infty$ wherever a large
+# logit makes a probability underflow (the check includes logits times 100).
 
 # %% exercise rlhf_tutorial.rlhf:get_logprobs | 15 min | difficulty 3 | importance 5
 
@@ -596,7 +598,8 @@ for lam in (1.0, 0.95):
 #
 # maximised (the optimizer has `maximize=True`). The three middle pieces are chapter 01's functions,
 # imported here. The logits are divided by the temperature first; the entropy and KL are taken at the
-# positions `prefix_len - 1 : -1`, whose logits predict the generated tokens. The KL is
+# positions from `prefix_len - 1` up to the last one (excluded), whose logits predict the generated
+# tokens. The KL is
 # `calc_kl_penalty` on reference logits recomputed for this minibatch (under `torch.no_grad()`, and
 # divided by the **same** `args.temperature` as the policy's: both distributions are taken at the
 # sampling temperature) when `args.kl_estimator == "full"`, else the mean of `approx_kl` on the
