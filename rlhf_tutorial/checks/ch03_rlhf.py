@@ -92,6 +92,7 @@ CLAUSES: dict[str, dict[str, str]] = {
         "hook_point": "the head reads the residual at ln_final.hook_normalized, after the last LayerNorm",
         "logits_unchanged": "the hook only reads: the logits are those of the base model itself",
         "trunk_gradient": "the residual is not detached: the values' gradient reaches the transformer",
+        "logits_gradient": "the logits keep their graph: the policy's gradient flows through them",
         "init": "both layers initialised as layer_init does: orthogonal with gain sqrt(2) then 1, zero biases",
         "values_shape": "values are [b, s]: only the head's trailing dimension is dropped (batch of 1, one position)",
         "hooks_removed": "no hook stays attached to the base model after forward",
@@ -896,6 +897,8 @@ class _ESKLOnly(_ESNoReset):
 _ES_SCRIPTS = [
     ("patience 3, KL threshold 0.1", (3, 0.1, None),
      [(0.2, 0.0), (0.2, 0.0), (0.05, 0.0), (0.2, 0.0), (0.2, 0.0), (0.2, 0.0), (0.3, 0.0)]),
+    # a fresh instance whose first calls violate: a counter that does not start at 0 shows here
+    ("a fresh instance, patience 2: the first calls violate", (2, 0.1, None), [(0.2, 0.0), (0.3, 0.0), (0.0, 0.0)]),
     ("patience 2, reward threshold 0.9", (2, 1.0, 0.9), [(0.0, 0.5), (0.0, 0.95), (0.0, 0.95), (0.0, 0.2)]),
     ("values exactly at the thresholds (not violations)", (1, 0.1, 0.9), [(0.1, 0.9), (0.1, 0.9), (0.11, 0.0)]),
     ("no reward threshold, high rewards", (1, 0.5, None), [(0.0, 5.0), (0.0, 50.0), (0.6, 0.0)]),
@@ -1052,6 +1055,11 @@ def check_transformer_with_value_head(candidate) -> str:
             raise CheckFailure(
                 f"values differ from value_head(ln_final.hook_normalized).\n  expected: {fmt(expected_values)}\n"
                 f"  got:      {fmt(values)}", hint)
+    if not logits.requires_grad:
+        raise failure("the logits carry no gradient: the policy's update cannot reach the transformer through them.",
+                      "The logits are detached (a .detach(), or a forward pass under torch.no_grad()): the "
+                      "clipped surrogate, the entropy and the KL are differentiated through them; return them as the "
+                      "base model gives them.")
     values.sum().backward()
     if layers[0].weight.grad is None or layers[0].weight.grad.abs().sum() == 0:
         raise CheckFailure("no gradient reaches the value head from the values: do not compute them under "
@@ -2046,10 +2054,12 @@ def _delta(trainer, before) -> torch.Tensor:
 def check_learning_phase(candidate) -> str:
     # One phase, decision by decision: no warmup (the first phase learns); a small max_grad_norm (clipping
     # active); GAE with kl_coef 0.5 and a policy already away from the reference (the objective's KL
-    # coefficient shows); two passes of two minibatches (zero_grad, the number of passes, the order
-    # from trainer.generator); the scheduler's steps. Tolerance 0.2% of the update: the reference is
-    # deterministic, and the closest catalogued deviation differs by several percent.
-    args = phase_args(learning_rate=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0, kl_coef=0.5)
+    # coefficient shows); two passes of four minibatches of 2 rows (zero_grad, the number of passes, the
+    # order from trainer.generator; num_minibatches != update_epochs, so the two swapped show); the
+    # scheduler's steps. Tolerance 0.2% of the update: the reference is deterministic, and the closest
+    # catalogued deviation differs by several percent.
+    args = phase_args(learning_rate=3e-4, head_lr=3e-3, max_grad_norm=0.05, warmup_steps=0, kl_coef=0.5,
+                      num_minibatches=4, update_epochs=2)
     memory = _rollout_memory(args)
     trainer, before, out = _run_learning(candidate, args, memory)
     ref_trainer, ref_before, _ = _run_learning(rlhf.learning_phase, args, memory)

@@ -1629,6 +1629,17 @@ class ValueHeadHookLeft(ValueHeadInitialised):
         return self.base_model(tokens), kept["values"]
 
 
+class ValueHeadLogitsDetached(ValueHeadInitialised):
+    def forward(self, tokens):
+        kept = {}
+
+        def hook(resid, hook):
+            kept["values"] = self.value_head(resid).squeeze(-1)
+
+        logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", hook)])
+        return logits.detach(), kept["values"]  # "only the values are new here"
+
+
 class ValueHeadCopiedBase(ValueHeadInitialised):
     def __init__(self, base_model):
         super().__init__(base_model)
@@ -1664,6 +1675,7 @@ VIOLATIONS = {
         "hook_point": [value_head_on(lambda n: f"blocks.{n - 1}.hook_resid_post")],
         "logits_unchanged": [ValueHookReturnsTensor],
         "trunk_gradient": [ValueHeadDetached],
+        "logits_gradient": [ValueHeadLogitsDetached],
         "init": [ValueHeadDefaultInit],
         "values_shape": [ValueHeadNotSqueezed, ValueHeadSqueezeAll],
         "hooks_removed": [ValueHeadHookLeft],
