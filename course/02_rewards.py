@@ -111,9 +111,10 @@ for text, r in zip(toy_texts, reward_fn_char_count(toy_texts)):
 # `classifier.config.label2id`: read the index from there, never assume it.
 #
 # Write `reward_fn_sentiment(samples, classifier, tokenizer, direction="pos")`: a list of $B$ strings in,
-# $r(x)$ for each out, a `[B]` float32 tensor on the classifier's device. Score the whole list in one
-# padded batch (truncated to what the classifier accepts), on the classifier's device and without
-# gradients (a reward is a number, not something to differentiate). The classifier must see which
+# $r(x)$ for each out, a `[B]` float32 tensor on the classifier's device. Score the list in padded
+# batches (a few forward passes, not one per sample; every text truncated to what the classifier
+# accepts), on the classifier's device and without gradients (a reward is a number, not something to
+# differentiate); an empty list gives an empty tensor. The classifier must see which
 # positions are padding: without the attention mask, the padding added to the shorter samples changes
 # their score (the checker scores batches of reviews of different lengths, with a classifier whose
 # `label2id` does not put POSITIVE at index 1).
@@ -283,8 +284,9 @@ print(f"shaped reward (coef {repetition_coef}): real reviews min {hack_shaped[:n
 #
 # Only differences matter: adding a constant to $r_\phi$ changes nothing, so a reward model's offset is
 # arbitrary (another reason to whiten). Once trained, $r_\phi(x, y)$ plays exactly the part the
-# classifier played above: one number per completion, at its last token. Compute $\log\sigma$ with `F.logsigmoid`:
-# in float32, `torch.sigmoid(z)` underflows to 0 from about $z = -89$, and `torch.log` of it is $-\infty$.
+# classifier played above: one number per completion, at its last token. Compute $\log\sigma$ directly, as a
+# log-sigmoid, not as the log of a sigmoid: in float32, `torch.sigmoid(z)` underflows to 0 from about
+# $z = -89$, and `torch.log` of it is $-\infty$.
 #
 # Write `bradley_terry_loss(chosen_rewards, rejected_rewards)`: two `[batch]` tensors in, the scalar
 # $\mathcal{L}$ out, differentiable in both.
@@ -322,7 +324,7 @@ print("logsigmoid(z):  ", F.logsigmoid(z))
 # `[batch, seq]` or `[batch, seq, d]` and returns, per row, the entry at the **last position where the
 # mask is 1**. Padding may be on the right (`[1, 1, 1, 0, 0]`) or on the left (`[0, 0, 1, 1, 1]`), so
 # `mask.sum(1) - 1` is not enough. `pool_mean` averages over the real positions only. Both return a
-# tensor on `x`'s device: build any helper tensor (an `arange`, say) with `device=x.device`.
+# tensor on `x`'s device: build any helper tensor (a range of positions, say) on `x`'s device.
 
 # %% exercise rlhf_tutorial.rewards:pool_last_token | 10 min | difficulty 2 | importance 3
 

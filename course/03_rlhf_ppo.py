@@ -96,9 +96,9 @@ from rlhf_tutorial.worlds import (
 # %%
 torch.manual_seed(0)
 world = resolve_world(None)
-print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 if is_tiny():  # the tiny model's matrices are too small to gain from more threads; with one thread the
     torch.set_num_threads(1)  # runs below give the same numbers as `python -m rlhf_tutorial train-rlhf`
+print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 policy = load_policy(world)
 classifier, clf_tokenizer = load_sentiment_classifier(world)
 prompt = default_prompt()
@@ -179,8 +179,9 @@ print("values before training (random head):", [round(v, 3) for v in values[0].t
 # at the end-of-text token. It must be an ordinary tensor: `model.generate` runs under
 # `torch.inference_mode()`, and an inference tensor cannot enter a forward pass that needs gradients.
 # `texts` are the decoded rows without special tokens (BOS, EOS), what the reward reads. The checker
-# compares your tokens with the reference's under the same seed, so draw them with `model.generate` in
-# one call for the whole batch.
+# looks at what your rows hold (the length, the prompt, the texts, with and without BOS) and at how the
+# new tokens are distributed (two temperatures, `top_k`, and a policy that samples the end-of-text token
+# at every step), never at which tokens a seed gives: any correct sampler passes.
 
 # %% exercise rlhf_tutorial.rlhf:get_samples | 15 min | difficulty 2 | importance 4
 
@@ -249,7 +250,9 @@ print("missing-EOS penalty (p = 1):       ", missing_eos_penalty(generated, eos,
 # ### Exercise: `get_logprobs`
 #
 # With `prefix_len=None`, return the log-probs of `tokens[:, 1:]` (every token that has a previous
-# position); otherwise of `tokens[:, prefix_len:]`. Use `log_softmax` (stable) and `gather`.
+# position); otherwise of `tokens[:, prefix_len:]`, each read from the logits of the position before
+# it. Normalise over the vocabulary in log space: the log of a softmax is $-\infty$ wherever a large
+# logit makes a probability underflow (the check includes logits times 100).
 
 # %% exercise rlhf_tutorial.rlhf:get_logprobs | 15 min | difficulty 3 | importance 5
 
@@ -519,12 +522,15 @@ print("policy 0.5 nats higher: sum of r_t =",
 # ### Why the score is paid once, at the last token
 #
 # The seed blog of this course tried GAE with the final score spread over **every** timestep, and saw
-# the value loss explode and the text degenerate. With $\gamma = 1$ the value target at position $t$
-# is the sum of the rewards still to come, so a reward paid at every one of $T$ tokens turns a score
-# of $r$ into targets of up to $T r$: the critic must predict numbers $T$ times larger, its error
-# dominates the objective, and the advantages it produces are mostly noise. Paying the score once,
-# at the last token, keeps the targets at the reward's scale. Compare the value targets
-# (`returns = advantages + values`) the two choices produce, for rewards of $\pm 1$ and $T = 30$:
+# the value loss explode and the text degenerate. With $\gamma = 1$ and $\lambda = 1$ the value target at
+# position $t$ is the sum of the rewards still to come, so a reward paid at every one of $T$ tokens turns
+# a score of $r$ into a first-token target of $T r$: the critic must predict numbers $T$ times larger,
+# its error dominates the objective, and the advantages it produces are mostly noise. GAE's $\lambda < 1$
+# weighs the reward $k$ tokens ahead by $\lambda^k$ (while the values are still 0, as below), which
+# shrinks that factor to $(1 - \lambda^T) / (1 - \lambda)$, still many times the reward's scale. Paying
+# the score once, at the last token, keeps the targets at the reward's scale whatever $\lambda$. Compare
+# the value targets (`returns = advantages + values`) the two choices produce, for rewards of $\pm 1$,
+# $T = 30$, $\lambda = 1$ and the trainer's default $\lambda = 0.95$:
 
 # %%
 torch.manual_seed(0)
@@ -533,10 +539,11 @@ scores = torch.tensor([1.0, -1.0, 0.5, -0.5])
 vals = torch.zeros(4, 1 + T)  # V at every position of a one-token prompt and T generated tokens: 0 here
 sparse = compute_per_token_rewards(scores, torch.zeros(4, T), torch.zeros(4, T), kl_coef=0.0)
 spread = scores[:, None].expand(4, T).clone()
-for name, rewards in [("score at the last token", sparse), ("score at every token", spread)]:
-    returns = compute_gae_advantages(rewards, vals, 1, gamma=1.0, gae_lambda=0.95)  # + V(s_t), 0 here
-    print(f"{name:>24}: value targets up to |{returns.abs().max().item():.1f}|, first-token target "
-          f"{[round(x, 1) for x in returns[:, 0].tolist()]}")
+for lam in (1.0, 0.95):
+    for name, rewards in [("score at the last token", sparse), ("score at every token", spread)]:
+        returns = compute_gae_advantages(rewards, vals, 1, gamma=1.0, gae_lambda=lam)  # + V(s_t), 0 here
+        print(f"lambda {lam}, {name:>24}: value targets up to |{returns.abs().max().item():.1f}|, "
+              f"first-token target {[round(x, 1) for x in returns[:, 0].tolist()]}")
 
 # %% [markdown]
 # Which estimator? The seed blog used the one-step estimate for GPT-2 (after its GAE runs, with the score
@@ -591,7 +598,8 @@ for name, rewards in [("score at the last token", sparse), ("score at every toke
 #
 # maximised (the optimizer has `maximize=True`). The three middle pieces are chapter 01's functions,
 # imported here. The logits are divided by the temperature first; the entropy and KL are taken at the
-# positions `prefix_len - 1 : -1`, whose logits predict the generated tokens. The KL is
+# positions from `prefix_len - 1` up to the last one (excluded), whose logits predict the generated
+# tokens. The KL is
 # `calc_kl_penalty` on reference logits recomputed for this minibatch (under `torch.no_grad()`, and
 # divided by the **same** `args.temperature` as the policy's: both distributions are taken at the
 # sampling temperature) when `args.kl_estimator == "full"`, else the mean of `approx_kl` on the

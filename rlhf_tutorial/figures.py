@@ -145,6 +145,12 @@ RUNS.update({
     "lora_rl_seeds": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seeds", "0", "1", "2", "3", "4")),
     "lora_scan": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--seed", "0", "--lr-multipliers", "1", "3",
                       "--num-phases", "12")),
+    # a learning-rate scan over three seeds at the notebook's 20 phases, bracketing each rank's best rate: the LoRA
+    # ranks at 0.3, 1 and 3 times 3e-3, full fine-tuning at 1, 3 and 10 times 3e-4
+    "lora_scan_seeds": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--ranks", "1", "4", "16",
+                            "--seeds", "0", "1", "2", "--lr-multipliers", "0.3", "1", "3")),
+    "lora_scan_seeds_full": Run(("compare-lora", "--world", "tiny", "--task", "sentiment", "--ranks", "0",
+                                 "--seeds", "0", "1", "2", "--lr-multipliers", "1", "3", "10")),
     "lora_sft": Run(("compare-lora", "--world", "tiny", "--task", "arithmetic", "--seed", "0")),
     "lora_spectrum": Run(("compare-lora", "--world", "tiny", "--task", "spectrum")),
     # chapter 03's PPO with a rank-1 LoRA (the value head trains in full), at about 3x the preset's learning rate (10x, 7e-3, diverged)
@@ -179,7 +185,9 @@ def recorded(path: Path = FIGURES_FILE) -> dict[str, Any]:
 
 
 def lookup(ref: str, figures: dict[str, Any] | None = None) -> Any:
-    """The recorded value of ``"NAME.KEY"`` (KEY may descend into dicts and lists: ``a.b``, ``a.-1``)."""
+    """The recorded value of ``"NAME.KEY"`` (KEY may descend into dicts and lists: ``a.b``, ``a.-1``; a dict key
+    that holds a dot itself, a learning-rate multiplier ``"0.3"``, is found whole, before a key "0":
+    ``scan.1.0.3.kl_final``)."""
     figures = recorded() if figures is None else figures
     name, _, key = ref.partition(".")
     if name not in figures:
@@ -187,7 +195,11 @@ def lookup(ref: str, figures: dict[str, Any] | None = None) -> Any:
         raise KeyError(f"figure {ref!r}: no recorded run {name!r} (recorded: {known}); add it to figures.RUNS and "
                        f"run `python -m rlhf_tutorial record-figures {name}`")
     value: Any = figures[name]["summary"]
-    for part in key.split("."):
+    parts = key.split(".")
+    while parts:
+        part = parts.pop(0)
+        if isinstance(value, dict) and parts and f"{part}.{parts[0]}" in value:  # the longer key first
+            part = f"{part}.{parts.pop(0)}"
         try:
             value = value[int(part)] if isinstance(value, list) else value[part]
         except (KeyError, IndexError, ValueError, TypeError):

@@ -3,10 +3,10 @@
 LoRA (Hu et al. 2021) freezes a weight matrix W [d_in, d_out] (TransformerLens multiplies on the
 right: y = x @ W) and learns a low-rank change of it,
 
-    W' = W + (alpha / r) * A^T @ B^T        A: [r, d_in], B: [d_out, r]
+    W' = W + (alpha / r) A^T B^T        A: [r, d_in], B: [d_out, r]
 
-so a layer's output gains  delta_y = (alpha / r) * (x @ A^T) @ B^T : r * (d_in + d_out) parameters
-instead of d_in * d_out. B starts at zero, so the tuned model starts equal to the base; A starts small
+so a layer's output gains  delta_y = (alpha / r) x A^T B^T : r * (d_in + d_out) parameters instead of
+d_in * d_out. B starts at zero, so the tuned model starts equal to the base; A starts small
 and random, so B's gradient is not zero from the first step. Here the update is added through
 TransformerLens's hook points, without touching a base weight: a hook reads the matrix's input x, a
 later hook adds delta_y to its output. The pieces a learner writes:
@@ -27,12 +27,13 @@ Which matrices (``TARGETS``) and which hook points, per layer L (``blocks.L.``):
 | "mlp_in" | mlp.W_in      | ln2.hook_normalized             | mlp.hook_pre       | [b, s, d_mlp]         |
 | "mlp_out"| mlp.W_out     | mlp.hook_post                   | hook_mlp_out       | [b, s, d_model]       |
 
-``ln1.hook_normalized`` is exactly what W_Q, W_K and W_V multiply (after the LayerNorm's scale and,
-unfolded, its weight and bias); ``hook_resid_pre`` is not. ``hook_q`` holds x @ W_Q + b_Q before the
-attention scores are formed, so an addition there is an addition to W_Q's output, which is what a
-change of W_Q makes. W_O reads the heads' outputs z, concatenated over heads (d_in = head * d_head,
-``"b s head d_head -> b s (head d_head)"``), and ``hook_attn_out`` is its output (plus b_O) before it
-joins the residual stream. ``mlp.hook_pre`` is W_in's output before the activation function,
+``ln1.hook_normalized`` is exactly what W_Q, W_K and W_V multiply in a model whose LayerNorm weights are
+folded into the next weights (``normalization_type="LNPre"``, as both worlds' policies are: TransformerLens's
+``hook_normalized`` comes before an unfolded LayerNorm's weight and bias); ``hook_resid_pre`` is not.
+``hook_q`` holds x W_Q + b_Q before the attention scores are formed, so an addition there is an addition
+to W_Q's output, which is what a change of W_Q makes. W_O reads the heads' outputs z, concatenated over
+heads into one axis of head * d_head numbers, head-major (head 0's d_head numbers, then head 1's, ...),
+and ``hook_attn_out`` is its output (plus b_O) before it joins the residual stream. ``mlp.hook_pre`` is W_in's output before the activation function,
 ``mlp.hook_post`` the activation that W_out multiplies.
 """
 
@@ -58,20 +59,22 @@ TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "mlp_in", "mlp_out")
 
 
 class LoRA(nn.Module):
-    """One low-rank adapter of a weight W [d_in, d_out]: W' = W + scale * A^T @ B^T, scale = alpha / rank.
+    """One low-rank adapter of a weight W [d_in, d_out]: W' = W + scale A^T B^T, scale = alpha / rank.
 
     ``__init__`` creates two ``nn.Parameter``s on ``device`` (default: the CPU), float32:
 
     - ``A`` [rank, d_in]: normal(0, 1) / sqrt(d_in), drawn from ``generator`` (None: torch's global
-      RNG); small and random, so that B's gradient, (x @ A^T)-shaped, is not zero at the start;
+      RNG); small and random, so that B's gradient, built from x A^T, is not zero at the start;
     - ``B`` [d_out, rank]: zeros, so that delta_y = 0 and the tuned model starts equal to the base;
 
-    and keeps the scale alpha / rank as ``self.scale`` (a Python float). Dividing by the rank keeps the size of
-    the update roughly independent of the rank for one learning rate. Raises ValueError for rank < 1.
+    and keeps the scale alpha / rank as ``self.scale`` (a Python float). Dividing by the rank makes the first
+    steps' update about the same size at every rank under Adam (roughly, and only early in training: see the
+    chapter). Raises ValueError for rank < 1.
 
-    ``forward(x)`` returns delta_y = scale * (x @ A^T) @ B^T, shape ``[*b, d_out]`` for ``x`` of shape
-    ``[*b, d_in]``: computed through the rank-r bottleneck (never forming the d_in x d_out matrix),
-    differentiable in x, A and B.
+    ``forward(x)`` returns delta_y = scale * x A^T B^T (math: the row vector x times A transposed times B
+    transposed), shape ``[*b, d_out]`` for ``x`` of shape ``[*b, d_in]``: computed through the rank-r
+    bottleneck, the r numbers x A^T first (never forming the d_in x d_out matrix), differentiable in x, A
+    and B.
     """
 
     def __init__(self, d_in: int, d_out: int, rank: int, alpha: float,
@@ -87,7 +90,7 @@ class LoRA(nn.Module):
         # <<< exercise
 
     def forward(self, x: Float[Tensor, "*b d_in"]) -> Float[Tensor, "*b d_out"]:
-        """delta_y = scale * (x @ A^T) @ B^T."""
+        """delta_y = scale * x A^T B^T, through the rank-r bottleneck."""
         # >>> exercise
         return self.scale * ((x @ self.A.T) @ self.B.T)
         # <<< exercise
@@ -142,12 +145,14 @@ def lora_hooks(model: HookedTransformer, adapters: nn.ModuleDict) -> list[tuple[
 
     ``adapters`` maps ``adapter_key(layer, target)`` (``"L{layer}_{target}"``) to a ``LoRA``; targets
     and hook points are the module docstring's table (``HOOK_POINTS``): for each adapter, one hook
-    stores the activation x at the input point (flattening heads for "o"), and one hook at the output
-    point returns ``activation + adapter(x)``, with delta_y reshaped to the activation's shape (for
-    q, k, v: ``"b s (head d_head) -> b s head d_head"``). A hook returns a new tensor (no in-place
-    edit: training differentiates through it). A layer or target absent from ``adapters`` is left
+    stores the activation x at the input point (for "o", z's head and d_head axes made one axis of
+    head * d_head numbers, head-major), and one hook at the output point returns the activation plus
+    adapter(x), with delta_y reshaped to the activation's shape (for q, k, v: its last axis of head *
+    d_head numbers split back into head and d_head, head-major: head 0's d_head numbers first). A hook
+    returns a new tensor (no in-place edit: training differentiates through it). A layer or target absent from ``adapters`` is left
     alone; with no adapters the list is empty. The hooks of one forward pass must see that pass's x
-    (the input hook runs before the output hook in every layer). Base weights are never touched.
+    (the input hook runs before the output hook in every layer; one list serves any number of passes and
+    batch shapes). The model is left as it is: base weights never touched, no hook added to it.
     """
     # >>> exercise
     hooks: list[tuple[str, Callable]] = []
@@ -191,11 +196,11 @@ def merge_lora(model: HookedTransformer, adapters: nn.ModuleDict) -> HookedTrans
     """A copy of ``model`` (``copy.deepcopy``, with no hooks) whose weights hold every adapter's update,
     so that it computes, with no hook, what ``model`` with ``lora_hooks(model, adapters)`` computes:
 
-        W'  = W + scale * A^T @ B^T          ([d_in, d_out], heads concatenated as in ``lora_hooks``)
+        W'  = W + scale A^T B^T          ([d_in, d_out], heads concatenated as in ``lora_hooks``)
 
-    mapped back to TransformerLens's shapes: W_Q, W_K, W_V [head, d_model, d_head] take
-    ``"d_model (head d_head) -> head d_model d_head"``, W_O [head, d_head, d_model] takes
-    ``"(head d_head) d_model -> head d_head d_model"``, W_in and W_out add as they are. ``model`` and
+    mapped back to TransformerLens's shapes: for W_Q, W_K, W_V [head, d_model, d_head] the update's d_out
+    axis is split into head and d_head (head-major, as the hooks have it) and the head axis put first; for
+    W_O [head, d_head, d_model] its d_in axis is split the same way; W_in and W_out add as they are. ``model`` and
     the adapters are left unchanged; biases are unchanged (LoRA changes matrices only). The copy's
     parameters carry no graph (computed under no_grad) and keep the model's dtype and device.
     """

@@ -38,7 +38,8 @@ from rlhf_tutorial.devices import device_of
 
 
 def reward_fn_char_count(samples: list[str], char: str = ".") -> Float[Tensor, "batch"]:
-    """The toy reward r(x) = number of occurrences of ``char`` in x, one float per sample.
+    """The toy reward r(x) = number of occurrences of ``char`` in x, one float per sample (float32;
+    an empty list of samples gives an empty tensor).
 
     A policy optimised against it learns to emit ``char`` over and over: the simplest reward hack.
     """
@@ -53,8 +54,10 @@ def reward_fn_sentiment(
 
     The label's index is read from ``classifier.config.label2id`` (never assumed), the texts are
     tokenized together with padding (one forward pass per chunk of samples, the attention mask
-    passed along so padding changes nothing), on the classifier's device, without gradients.
-    Returns float32 probabilities on the classifier's device.
+    passed along so padding changes nothing) and truncated to the classifier's maximum length (a
+    longer text is scored on its beginning), on the classifier's device, without gradients.
+    Returns float32 probabilities (whatever the classifier's dtype) on the classifier's device; an
+    empty list of samples gives an empty tensor. Any other ``direction`` raises a ValueError naming it.
     """
     if direction not in ("pos", "neg"):
         raise ValueError(f"direction must be 'pos' or 'neg', got {direction!r}")
@@ -108,8 +111,10 @@ def whiten(values: Float[Tensor, "*b"], shift_mean: bool = True, eps: float = 1e
 def ngram_repetition(samples: list[str], n: int = 3) -> Float[Tensor, "batch"]:
     """Fraction of repeated word n-grams: 1 - (#distinct n-grams) / (#n-grams), per sample.
 
-    Words come from ``str.split()``; a sample with w >= n words has w - n + 1 n-grams. A sample with
+    Words come from ``str.split()``; an n-gram is a sequence of n consecutive words (("ab", "c") and
+    ("a", "bc") are two different ones); a sample with w >= n words has w - n + 1 n-grams. A sample with
     fewer than n words scores 0.0. 0 means no n-gram repeats; it tends to 1 for "great great great ...".
+    One float32 per sample (an empty list of samples gives an empty tensor).
     """
     scores = []
     for sample in samples:
@@ -184,8 +189,8 @@ def bradley_terry_loss(
     """L = -mean_i log sigma(r_chosen_i - r_rejected_i).
 
     Under the Bradley-Terry model P(chosen > rejected) = sigma(r_c - r_r), so L is the negative
-    log-likelihood of the human preferences. ``F.logsigmoid`` computes log sigma(z) without
-    overflow: log(sigmoid(z)) underflows to log(0) = -inf once z < -100 or so.
+    log-likelihood of the human preferences. log sigma(z) is computed directly, as a log-sigmoid, not
+    as the log of a sigmoid: sigmoid(z) underflows to 0, and its log to -inf, once z < -100 or so.
     """
     return -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
 
@@ -197,8 +202,8 @@ def pool_last_token(
 
     Works for right padding (real tokens first) and left padding (padding first) alike. Every row
     needs at least one real token. ``x`` may be per-token scores [batch, seq] or hidden states
-    [batch, seq, d_model]. ``x`` and the mask are on one device, and so is the result (any helper
-    tensor, an ``arange`` say, is built on ``x.device``).
+    [batch, seq, d_model]; the mask may be integer or boolean. ``x`` and the mask are on one device,
+    and so is the result (any helper tensor, a range of positions say, is built on ``x``'s device).
     """
     positions = torch.arange(x.shape[1], device=x.device)  # [seq]
     # >>> exercise
@@ -214,8 +219,9 @@ def pool_mean(
 ) -> Float[Tensor, "b *feat"]:
     """out[b] = sum_t m[b, t] x[b, t] / sum_t m[b, t], the mean over real (unmasked) positions only.
 
-    Padding positions are excluded with ``torch.where`` (not multiplied by 0), so that a NaN or inf
-    computed at a padding position cannot leak into the mean. The result is on ``x``'s device.
+    Padding positions are left out by selection, never multiplied by 0, so that a NaN or inf computed
+    at a padding position cannot leak into the mean. ``x`` may be [batch, seq] or [batch, seq, d]; every
+    row has at least one real token. The result is on ``x``'s device.
     """
     mask = attention_mask.bool()
     mask = mask.reshape(*mask.shape, *([1] * (x.ndim - 2)))  # [batch, seq, 1, ...] to broadcast
@@ -267,7 +273,9 @@ class RewardModel(nn.Module):
         Step 1: run the backbone with the attention mask (so that no real token attends to padding,
         and positions count from the first real token) and keep ``ln_final.hook_normalized`` from a
         hook (not from ``run_with_cache``, which detaches it: no gradient would reach the backbone);
-        ``return_type=None`` skips the unembedding. Step 2: pool as ``self.pooling`` says.
+        the unembedding is not needed. Step 2: pool as ``self.pooling`` says, one reward per sequence
+        (shape [batch], a batch of one included). Gradients reach the backbone and the head whatever
+        the pooling.
         """
         # >>> exercise
         if attention_mask is None:

@@ -123,9 +123,9 @@ def get_samples(
     ``top_k`` is set); generation does not stop at the end-of-text token, so every row has
     ``seq = prompt_len + gen_len`` tokens (``prompt_len`` counts the BOS token when prepended).
 
-    Returns the tokens (a normal tensor, not an inference tensor: ``generate`` runs under
-    ``torch.inference_mode``, so its output is cloned) and the decoded texts, special tokens
-    (BOS/EOS) left out.
+    Returns the tokens (int64; a normal tensor, not an inference tensor: what TransformerLens's
+    ``generate`` returns is made under ``torch.inference_mode``, and no forward pass with gradients
+    accepts it) and the decoded texts, special tokens (BOS/EOS) left out.
     """
     # >>> exercise
     prompt_tokens = model.to_tokens(prompt, prepend_bos=prepend_bos)  # [1 prompt_len]
@@ -192,7 +192,8 @@ def approx_kl(
         k2 = (log r)^2 / 2          biased (low for small KL), low variance, >= 0
         k3 = (r - 1) - log r        unbiased, low variance, >= 0
 
-    Any other ``estimator`` is a ValueError.
+    Any other ``estimator`` raises a ValueError whose message names the three accepted ones, k1, k2
+    and k3 (a typo must not silently train with another estimator).
     """
     # >>> exercise
     logr = ref_logprobs - logprobs
@@ -216,13 +217,16 @@ def compute_advantages(
 ) -> Float[Tensor, "b g"]:
     """One-step advantages of the generated tokens: A_t = Q(s_t, a_t) - V(s_t).
 
-    State ``s_t`` (the text up to position t) chooses token t+1; ``values[:, t]`` is V(s_t). The
-    one-step estimate of Q is the next state's value, except after the last token, where the episode
-    is over and the score is known. For the generated token i = 0 .. g - 1 (position prefix_len + i,
-    g = s - prefix_len), chosen by the state at position t = prefix_len - 1 + i::
+    State ``s_t`` (the text up to position t) chooses the token at position t+1, and ``values[:, t]``
+    is V(s_t). The one-step estimate of Q is the next state's value, except after the last token, where
+    the episode is over and the score is known. So, for each of the g = s - prefix_len generated tokens
+    (the tokens from position prefix_len on):
 
-        A[b, i] = values[b, t + 1] - values[b, t]     for i < g - 1
-        A[b, g - 1] = rewards[b] - values[b, s - 2]
+        A = V(the state just after the token) - V(the state that chose it)    every token but the last
+        A = rewards[b] - V(the state that chose it)                            the last token
+
+    The state that chose a token is the position just before it; the state just after a token is the
+    token's own position.
     """
     # >>> exercise
     one_step_q = torch.cat([values[:, prefix_len:-1], rewards[:, None]], dim=-1)
@@ -387,9 +391,9 @@ def compute_rlhf_objective(
     ``args.temperature`` as the policy's) when ``args.kl_estimator`` is "full", else the mean of
     ``approx_kl`` with that estimator on the stored reference log-probs (taken at that temperature by
     the rollout). ``kl_coef`` is the argument (the trainer's choice), not ``args.kl_coef``.
-    When ``kl_coef`` is 0 (GAE: the KL is already in the per-token rewards) the term would add
-    nothing: no reference forward and no KL graph, and ``kl`` is the k3 estimate from the stored
-    reference log-probs, for the logs only.
+    When ``kl_coef`` is 0 (GAE: the KL is already in the per-token rewards) the term adds nothing, and
+    may be skipped (this reference does): no reference forward and no KL graph, and ``kl`` is then the
+    k3 estimate from the stored reference log-probs, for the logs only. Computing it anyway is right too.
 
     With ``args.cliprange_value`` set, the value loss is ``calc_clipped_value_loss`` (chapter 01)
     with the rollout's values ``minibatch.returns - minibatch.advantages`` (the memory stored
@@ -540,10 +544,10 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
     1. ``get_samples`` from ``trainer.model.base_model`` with the args' prompt, sizes, temperature;
     2. task rewards ``trainer.reward_fn(texts)`` (on the policy's device), minus ``repetition_coef *
        ngram_repetition`` (shaping; it reads texts and gives a CPU tensor: move it to the rewards' device);
-    3. without gradients, one chunk of ``args.minibatch_size`` rows at a time
-       (``tokens.split(args.minibatch_size)``; never ``[batch, seq, vocab]`` at once): policy logits
-       and values, reference logits; keep only log-probs of the generated tokens (of logits /
-       temperature, for both models) and the values;
+    3. without gradients, one chunk of at most ``args.minibatch_size`` rows at a time (never
+       ``[batch, seq, vocab]`` for the whole batch at once): policy logits and values, reference
+       logits; keep only log-probs of the generated tokens (of logits / temperature, for both models)
+       and the values;
     4. scores = the shaped rewards, whitened only when ``args.whiten_rewards``;
     5. advantages: ``rollout_advantages`` with the current KL coefficient ``trainer.kl_coef`` (the
        adaptive controller's value when it is on, not ``args.kl_coef``): one-step or GAE, as
@@ -590,10 +594,10 @@ def rollout_phase(trainer: RLHFTrainer) -> ReplayMemory:
 def learning_phase(trainer: RLHFTrainer, memory: ReplayMemory) -> dict[str, float]:
     """Several passes of minibatch gradient ascent on one rollout, then one step of the LR schedule.
 
-    For each minibatch of ``memory.get_minibatches(num_minibatches, update_epochs,
-    trainer.generator)``: zero the gradients, compute the objective (``compute_rlhf_objective`` with
-    ``trainer.objective_kl_coef``), backpropagate, clip the global gradient norm to
-    ``max_grad_norm``, step the optimizer. After the last one, step ``trainer.scheduler`` once.
+    For each minibatch of the memory (``update_epochs`` passes of ``num_minibatches`` minibatches, the
+    order drawn from ``trainer.generator``): zero the gradients, compute the objective
+    (``compute_rlhf_objective`` with ``trainer.objective_kl_coef``), backpropagate, clip the global
+    gradient norm to ``max_grad_norm``, step the optimizer. After the last one, step ``trainer.scheduler`` once.
     Append each minibatch's diagnostics (the objective's stats dict) to ``all_stats``: their mean is
     returned.
     """

@@ -206,7 +206,7 @@ def test_a_targeted_hint_puts_its_nudge_in_the_verdict_and_keeps_the_full_hint_a
     result = run_check("next_token_probs", first_position)
     assert not result.passed
     assert "You read the first position." in result.message  # the nudge: what is wrong
-    assert "logits[:, -1]" in result.hint and "logits[:, -1]" not in result.message  # the fix: only when asked
+    assert "LAST position" in result.hint and "LAST position" not in result.message  # the fix: only when asked
 
 
 MIXED = ("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "

@@ -53,6 +53,15 @@ def test_substitute_and_lookup():
         figures.substitute("{{demo.kl_typo}}", FAKE)
 
 
+def test_lookup_finds_a_key_that_holds_a_dot():
+    scan = {"scan": {"1": {"0.3": {"kl": 0.5}, "0": {"kl": 0.1}, "3": {"kl": 2.0}}}}
+    runs = {"scan_demo": {"command": "python -m rlhf_tutorial compare-lora", "summary": scan}}
+    assert figures.lookup("scan_demo.scan.1.0.3.kl", runs) == 0.5
+    assert figures.lookup("scan_demo.scan.1.3.kl", runs) == 2.0
+    with pytest.raises(KeyError, match="has no 'scan.1.0.4.kl'"):
+        figures.lookup("scan_demo.scan.1.0.4.kl", runs)
+
+
 def test_sync_readme_keeps_the_decimals_and_only_touches_tagged_numbers():
     text = "| 0.917<!--fig demo.mean_reward_final--> at KL +0.61<!--fig demo.kl_final--> in 40 phases, 0.917 |"
     assert figures.sync_readme(text, FAKE) == (

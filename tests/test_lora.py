@@ -217,3 +217,37 @@ def test_compare_lora_over_seeds_summarises_each_ranks_spread():
     assert stats["kl_final"]["std"] == pytest.approx(((values[0] - mean) ** 2 + (values[1] - mean) ** 2) ** 0.5, abs=1e-4)
     with pytest.raises(ValueError, match="--seeds is for --task sentiment"):
         compare_lora(CompareLoRAArgs(world="tiny", task="arithmetic", seeds=(0, 1)))
+
+
+def test_compare_lora_over_seeds_with_several_rates_scans_each_rank_at_each_seed():
+    from rlhf_tutorial.trainers.lora_compare import CompareLoRAArgs, compare_lora, learning_rate, run_grpo
+
+    args = CompareLoRAArgs(world="tiny", ranks=(2,), seeds=(0, 1), lr_multipliers=(0.5, 2.0), num_phases=1,
+                           groups_per_phase=2, eval_samples=4)
+    out = compare_lora(args)
+    scan = out["scan"]["2"]
+    assert set(scan) == {"0.5", "2"} and scan["2"]["learning_rate"] == learning_rate("sentiment", 2, 2.0)
+    single = run_grpo(CompareLoRAArgs(**{**vars(args), "seeds": (), "seed": 1}), 2, learning_rate("sentiment", 2, 0.5))
+    assert scan["0.5"]["mean_reward_final"]["per_seed"][1] == single["mean_reward_final"]  # that rate, that seed
+    means = {m: stats["mean_reward_final"]["mean"] for m, stats in scan.items()}
+    assert out["best_multiplier"]["2"] == max(means, key=means.get)
+    assert out["runs"]["2"] == scan[out["best_multiplier"]["2"]]  # no multiplier 1: the best one stands for the rank
+
+
+def test_the_three_seed_rate_scan_reads_as_chapter_08_says():
+    """Section 4's claims on the recorded bracketing scan: full fine-tuning best at three times its preset;
+    every LoRA cell below full fine-tuning's worst; every rank's KL blown up at three times the LoRA rate,
+    ranks 1 and 16 losing reward there; at a third of the LoRA rate no rank far from its LoRA-rate reward."""
+    from rlhf_tutorial import figures
+
+    full = figures.recorded()["lora_scan_seeds_full"]["summary"]["scan"]["0"]
+    lora_scan = figures.recorded()["lora_scan_seeds"]["summary"]["scan"]
+    reward = {m: r["mean_reward_final"]["mean"] for m, r in full.items()}
+    assert max(reward, key=reward.get) == "3"
+    assert all(r["mean_reward_final"]["mean"] < min(reward.values()) for by_m in lora_scan.values() for r in by_m.values())
+    for by_m in lora_scan.values():
+        assert by_m["3"]["kl_final"]["mean"] > 5 * by_m["1"]["kl_final"]["mean"]
+        low, mid = by_m["0.3"]["mean_reward_final"], by_m["1"]["mean_reward_final"]
+        assert low["max"] >= mid["min"] and mid["max"] >= low["min"]  # the seeds' ranges overlap
+    for rank in ("1", "16"):
+        assert lora_scan[rank]["3"]["mean_reward_final"]["mean"] < lora_scan[rank]["1"]["mean_reward_final"]["mean"] - 0.1

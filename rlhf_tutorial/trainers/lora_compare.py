@@ -4,7 +4,8 @@
   full fine-tuning (rank 0): reward, KL, trained parameters, optimizer state, peak memory and time to a
   mean reward of 0.9, each rank at its learning rate (``LEARNING_RATES``; ``--lr-multipliers`` scans
   around it); with ``--seeds S ...`` each rank at each seed instead, summarised as the spread of its final
-  reward and KL (``over_seeds``: the text quotes it, and a learner's run on another CPU is held to it);
+  reward and KL (``over_seeds``: the text quotes it, and a learner's run on another CPU is held to it), and
+  with ``--seeds`` and several ``--lr-multipliers`` that spread at each multiple of the rank's rate;
 - ``--task arithmetic``: SFT on chapter 07's demonstrations at the same ranks: pass@1 after one pass;
 - ``--task spectrum``: the singular values of chapter 03's full fine-tune's weight change (the shipped
   tuned policy against the base, tiny world) per matrix, beside chapter 05's "how much moved".
@@ -29,9 +30,10 @@ from rlhf_tutorial.trainers.args import add_flags, arg, documented, given_flags
 
 #: The learning rate of each task at full fine-tuning (rank 0: the trainers' tiny presets) and under LoRA
 #: (any rank, alpha = 16). Scanned with ``compare-lora --task sentiment --lr-multipliers 1 3 --num-phases 12``
-#: (``figures.RUNS["lora_scan"]``, seed 0): every LoRA rank did best at 3e-3 and broke down at 9e-3 (KL of 1
-#: to 7 nats per token), while full fine-tuning did better at 9e-4 than at its preset's 3e-4 over those 12
-#: phases (the preset is tuned for 40 stable phases). LoRA wants a rate 3 to 10 times the full fine-tune's.
+#: (``figures.RUNS["lora_scan"]``, seed 0): every LoRA rank did better at 3e-3 than at 9e-3, where it broke down
+#: (KL of 1 to 7 nats per token), while full fine-tuning did better at 9e-4 than at its preset's 3e-4 over those
+#: 12 phases (the preset is tuned for 40 stable phases). Two rates each: no best rate is bracketed by that scan;
+#: ``figures.RUNS["lora_scan_seeds"]`` and ``["lora_scan_seeds_full"]`` bracket them at three seeds.
 LEARNING_RATES: dict[str, dict[str, float]] = {
     "sentiment": {"full": 3e-4, "lora": 3e-3},
     "arithmetic": {"full": 3e-4, "lora": 3e-3},
@@ -226,31 +228,49 @@ def compare_lora(args: CompareLoRAArgs, progress: bool = False) -> dict[str, Any
 SEED_KEYS = ("mean_reward_final", "kl_final", "mean_reward_last_5")
 
 
+def _spread(values: list[float]) -> dict[str, Any]:
+    """``per_seed``, ``min``, ``max``, ``mean`` and the sample standard deviation ``std`` = sqrt(sum_i (x_i -
+    mean)^2 / (n - 1)) (0 for one value) of ``values``."""
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return {"per_seed": values, "min": min(values), "max": max(values), "mean": round(mean, 4),
+            "std": round(var ** 0.5, 4)}
+
+
 def over_seeds(args: CompareLoRAArgs, progress: bool = False) -> dict[str, Any]:
     """Each rank's GRPO run at its own rate (``learning_rate(..., 1)``) once per seed of ``args.seeds``: per rank
     and key of :data:`SEED_KEYS`, ``per_seed`` (in ``args.seeds``' order), ``min``, ``max``, ``mean`` and the
     sample standard deviation ``std`` = sqrt(sum_i (x_i - mean)^2 / (n - 1)) (0 for one seed); with each seed's
-    reward and KL per phase (``curves``), to see where a run went its own way."""
+    reward and KL per phase (``curves``), to see where a run went its own way.
+
+    With several ``lr_multipliers``, a learning-rate scan over seeds: every rank at every multiple of its rate
+    at every seed; ``scan`` holds, per rank and multiplier (``f"{m:g}"``), the same statistics (no curves) and
+    the rate, and ``best_multiplier`` the multiplier of the best mean final reward per rank; ``runs`` then holds
+    each rank's statistics at multiplier 1 when it was run, else at its best."""
     runs: dict[str, dict[str, Any]] = {}
+    scan: dict[str, dict[str, Any]] = {}
     for rank in args.ranks:
-        records = []
-        for seed in args.seeds:
-            record = run_grpo(CompareLoRAArgs(**{**asdict(args), "seed": seed}), rank,
-                              learning_rate(args.task, rank), progress=progress)
-            record.pop("_result")
-            records.append(record)
-        stats: dict[str, Any] = {}
-        for key in SEED_KEYS:
-            values = [r[key] for r in records]
-            mean = sum(values) / len(values)
-            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
-            stats[key] = {"per_seed": values, "min": min(values), "max": max(values), "mean": round(mean, 4),
-                          "std": round(var ** 0.5, 4)}
-        stats["learning_rate"] = learning_rate(args.task, rank)
-        stats["curves"] = {str(seed): {"reward_per_phase": r["reward_per_phase"], "kl_per_phase": r["kl_per_phase"]}
-                           for seed, r in zip(args.seeds, records)}
-        runs[str(rank)] = stats
-    return {"seeds": list(args.seeds), "runs": runs}
+        for m in args.lr_multipliers:
+            records = []
+            for seed in args.seeds:
+                record = run_grpo(CompareLoRAArgs(**{**asdict(args), "seed": seed}), rank,
+                                  learning_rate(args.task, rank, m), progress=progress)
+                record.pop("_result")
+                records.append(record)
+            stats: dict[str, Any] = {key: _spread([r[key] for r in records]) for key in SEED_KEYS}
+            stats["learning_rate"] = learning_rate(args.task, rank, m)
+            scan.setdefault(str(rank), {})[f"{m:g}"] = stats
+            if len(args.lr_multipliers) == 1 or m == 1.0:
+                stats = {**stats, "curves": {str(seed): {"reward_per_phase": r["reward_per_phase"],
+                                                         "kl_per_phase": r["kl_per_phase"]}
+                                             for seed, r in zip(args.seeds, records)}}
+                runs[str(rank)] = stats
+    out: dict[str, Any] = {"seeds": list(args.seeds), "runs": runs}
+    if len(args.lr_multipliers) > 1:
+        best = {rank: max(by_m, key=lambda m: by_m[m]["mean_reward_final"]["mean"]) for rank, by_m in scan.items()}
+        runs.update({rank: scan[rank][best[rank]] for rank in scan if rank not in runs})
+        out.update(scan=scan, best_multiplier=best)
+    return out
 
 
 def compare_main(argv: list[str]) -> dict:

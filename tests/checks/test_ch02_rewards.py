@@ -124,8 +124,8 @@ def sentiment_ignores_direction(samples, classifier, tokenizer, direction="pos")
     [
         (sentiment_index_one, "label2id"),
         (sentiment_logits, "raw logits"),
-        (sentiment_without_mask, "attention_mask"),
-        (sentiment_with_grad, "torch.no_grad"),
+        (sentiment_without_mask, "attention mask"),
+        (sentiment_with_grad, "gradient tracking"),
         (sentiment_one_by_one, "one forward pass per sample"),
         (sentiment_ignores_direction, "NEGATIVE label"),
     ],
@@ -135,10 +135,12 @@ def test_sentiment_mistakes(wrong, fragment):
 
 
 def sentiment_batch_left_on_the_cpu(samples, classifier, tokenizer, direction="pos"):
+    label = classifier.config.label2id[{"pos": "POSITIVE", "neg": "NEGATIVE"}[direction]]
+    if not samples:
+        return torch.zeros(0, device=classifier.device)
     enc = tokenizer(samples, padding=True, truncation=True, return_tensors="pt")  # never moved
-    label = classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
     with torch.no_grad():
-        return classifier(**enc).logits.softmax(-1)[:, label]
+        return classifier(**enc).logits.float().softmax(-1)[:, label]
 
 
 @needs_gpu
@@ -152,10 +154,13 @@ def test_sentiment_written_differently():
         wanted = {"pos": "POSITIVE", "neg": "NEGATIVE"}[direction]
         label = next(i for i, name in classifier.config.id2label.items() if name == wanted)
         device = classifier.device
-        enc = {k: v.to(device) for k, v in tokenizer(samples, return_tensors="pt", padding="longest").items()}
+        if not samples:
+            return torch.empty(0, device=device)
+        enc = {k: v.to(device) for k, v in tokenizer(samples, return_tensors="pt", padding="longest",
+                                                     truncation="longest_first").items()}
         with torch.inference_mode():
-            log_probs = classifier(**enc).logits.log_softmax(dim=1)
-        return log_probs[:, label].exp()
+            log_probs = classifier(**enc).logits.double().log_softmax(dim=1)
+        return log_probs[:, label].exp().float()
 
     result = run_check("reward_fn_sentiment", via_id2label)
     assert result.passed, result.message
@@ -193,21 +198,22 @@ def whiten_scale_only_when_kept(values, shift_mean=True, eps=1e-8):
         (whiten_unbiased, "unbiased variance"),
         (whiten_per_row, "per-row statistics"),
         (whiten_always_centred, "mean must be added back"),
-        (whiten_scale_only_when_kept, "not x * rsqrt"),
+        (whiten_scale_only_when_kept, "scaling the uncentred values"),
     ],
 )
 def test_whiten_mistakes(wrong, fragment):
     assert_fails_with("whiten", wrong, fragment)
 
 
-def test_whiten_rejects_in_place_updates():
-    def in_place(values, shift_mean=True, eps=1e-8):
-        mean, var = values.mean(), values.var(unbiased=False)
-        values -= mean
-        values *= torch.rsqrt(var + eps)
-        return values if shift_mean else values + mean
+def whiten_in_place(values, shift_mean=True, eps=1e-8):
+    mean, var = values.mean(), values.var(unbiased=False)
+    values -= mean
+    values *= torch.rsqrt(var + eps)
+    return values if shift_mean else values + mean
 
-    assert_fails_with("whiten", in_place, "in place")
+
+def test_whiten_rejects_in_place_updates():
+    assert_fails_with("whiten", whiten_in_place, "in place")
 
 
 def test_whiten_written_differently():
@@ -222,6 +228,35 @@ def test_whiten_written_differently():
         return out
 
     result = run_check("whiten", with_einops)
+    assert result.passed, result.message
+
+
+def whiten_var_mean(values, shift_mean=True, eps=1e-8):
+    var, mean = torch.var_mean(values, correction=0)
+    out = (values - mean) / torch.sqrt(var + eps)
+    return out if shift_mean else out + mean
+
+
+def whiten_layer_norm(values, shift_mean=True, eps=1e-8):
+    out = F.layer_norm(values, values.shape, eps=eps)  # one mean and biased variance over every element
+    return out if shift_mean else out + values.mean()
+
+
+def whiten_float64_statistics(values, shift_mean=True, eps=1e-8):
+    x = values.double()
+    mean = x.mean()
+    var = ((x - mean) ** 2).mean()
+    out = (x - mean) / torch.sqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out.to(values.dtype)
+
+
+@pytest.mark.parametrize("right", [whiten_var_mean, whiten_layer_norm, whiten_float64_statistics])
+def test_whiten_other_statistics_pass(right):
+    """Where the values are all equal the exact answer is 0 (or the mean): a correct whitening whose mean is
+    summed differently from the reference's must not be held to the reference's rounding there."""
+    result = run_check("whiten", right)
     assert result.passed, result.message
 
 
@@ -678,7 +713,7 @@ def step_ties_count_as_correct(model, optimizer, ct, cm, rt, rm):  # only a tied
         (step_ties_count_as_correct, "A tie"),
         (step_swapped, "swapped"),
         (step_no_zero_grad, "zero_grad"),
-        (step_no_step, "optimizer.step()"),
+        (step_no_step, "optimizer must step"),
         (step_no_masks, "masks were not passed"),
         (step_returns_loss_only, "expected a dict"),
     ],
@@ -807,3 +842,416 @@ def whiten_without_eps(values, shift_mean=True, eps=1e-8):  # only all-equal val
 
 def test_whiten_without_eps_is_rejected():
     assert_fails_with("whiten", whiten_without_eps, "all-equal values")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The contract clause by clause (CLAUSES in rlhf_tutorial/checks/ch02_rewards.py): more wrong versions,
+# each breaking one clause; tests/checks/test_contract_clauses.py runs every one against its checker
+# ----------------------------------------------------------------------------------------------------
+def count_words(samples, char="."):
+    return torch.tensor([float(len(s.split())) for s in samples])
+
+
+def count_by_stacking(samples, char="."):  # torch.stack of nothing fails: an empty batch is a batch
+    return torch.stack([torch.tensor(float(s.count(char))) for s in samples])
+
+
+def _sentiment_column(classifier, direction):
+    return classifier.config.label2id["POSITIVE" if direction == "pos" else "NEGATIVE"]
+
+
+def sentiment_label_from_key_order(samples, classifier, tokenizer, direction="pos"):
+    """The label's position among label2id's keys: its id only while the keys are listed in id order."""
+    names = list(classifier.config.label2id)
+    label = names.index("POSITIVE" if direction == "pos" else "NEGATIVE")
+    enc = _encode(tokenizer, samples, classifier)
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(-1)[:, label]
+
+
+def sentiment_label_from_id2label_order(samples, classifier, tokenizer, direction="pos"):
+    """The scores as a dict {label name: column}, the columns paired with id2label's names in its key order."""
+    enc = _encode(tokenizer, samples, classifier)
+    with torch.no_grad():
+        probs = classifier(**enc).logits.softmax(-1)
+    by_name = dict(zip(classifier.config.id2label.values(), probs.unbind(-1)))
+    return by_name["POSITIVE" if direction == "pos" else "NEGATIVE"]
+
+
+def sentiment_softmax_over_batch(samples, classifier, tokenizer, direction="pos"):
+    enc = _encode(tokenizer, samples, classifier)
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(0)[:, _sentiment_column(classifier, direction)]
+
+
+def sentiment_sigmoid(samples, classifier, tokenizer, direction="pos"):
+    enc = _encode(tokenizer, samples, classifier)
+    with torch.no_grad():
+        return classifier(**enc).logits[:, _sentiment_column(classifier, direction)].sigmoid()
+
+
+def sentiment_without_truncation(samples, classifier, tokenizer, direction="pos"):
+    enc = tokenizer(samples, padding=True, return_tensors="pt").to(classifier.device)
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(-1)[:, _sentiment_column(classifier, direction)]
+
+
+def sentiment_truncated_to_512(samples, classifier, tokenizer, direction="pos"):  # DistilBERT's, not this one's
+    enc = tokenizer(samples, padding=True, truncation=True, max_length=512, return_tensors="pt").to(classifier.device)
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(-1)[:, _sentiment_column(classifier, direction)]
+
+
+def sentiment_keeps_last_chunk(samples, classifier, tokenizer, direction="pos"):
+    for start in range(0, len(samples), 32):  # in chunks, but each chunk's scores replace the last ones
+        enc = _encode(tokenizer, samples[start:start + 32], classifier)
+        with torch.no_grad():
+            probs = classifier(**enc).logits.softmax(-1)[:, _sentiment_column(classifier, direction)]
+    return probs
+
+
+def sentiment_one_batch(samples, classifier, tokenizer, direction="pos"):  # right, but not for no samples
+    enc = _encode(tokenizer, samples, classifier)
+    with torch.no_grad():
+        return classifier(**enc).logits.softmax(-1)[:, _sentiment_column(classifier, direction)]
+
+
+def sentiment_softmax_in_bfloat16(samples, classifier, tokenizer, direction="pos"):  # no cast to float32
+    label = classifier.config.label2id[{"pos": "POSITIVE", "neg": "NEGATIVE"}[direction]]
+    if not samples:
+        return torch.zeros(0, device=classifier.device)
+    with torch.no_grad():
+        return classifier(**_encode(tokenizer, samples, classifier)).logits.softmax(-1)[:, label]
+
+
+def sentiment_cast_after_softmax(samples, classifier, tokenizer, direction="pos"):  # right: float32, to ~3 digits
+    return sentiment_softmax_in_bfloat16(samples, classifier, tokenizer, direction).float()
+
+
+def test_sentiment_cast_after_a_bfloat16_softmax_passes():
+    result = run_check("reward_fn_sentiment", sentiment_cast_after_softmax)
+    assert result.passed, result.message
+
+
+def whiten_eps_on_std(values, shift_mean=True, eps=1e-8):
+    mean = values.mean()
+    out = (values - mean) / (values.std(unbiased=False) + eps)
+    return out if shift_mean else out + mean
+
+
+def whiten_fixed_eps(values, shift_mean=True, eps=1e-8):
+    mean = values.mean()
+    out = (values - mean) * torch.rsqrt(values.var(unbiased=False) + 1e-8)
+    return out if shift_mean else out + mean
+
+
+def whiten_flattened(values, shift_mean=True, eps=1e-8):
+    flat = values.flatten()
+    out = (flat - flat.mean()) * torch.rsqrt(flat.var(unbiased=False) + eps)
+    return out if shift_mean else out + flat.mean()
+
+
+def _repetition(samples, n, words=str.split, short=0.0, key=tuple):
+    out = []
+    for s in samples:
+        w = words(s)
+        if len(w) < n:
+            out.append(short)
+            continue
+        grams = [key(w[i:i + n]) for i in range(len(w) - n + 1)]
+        out.append(1 - len(set(grams)) / len(grams))
+    return torch.tensor(out)
+
+
+def ngram_short_is_one(samples, n=3):
+    return _repetition(samples, n, short=1.0)
+
+
+def ngram_joined_without_separator(samples, n=3):
+    return _repetition(samples, n, key="".join)
+
+
+def ngram_always_trigrams(samples, n=3):
+    return _repetition(samples, 3)
+
+
+def ngram_int_zero_for_short(samples, n=3):  # all samples short: torch.tensor([0, 0, 0]) is int64
+    return _repetition(samples, n, short=0)
+
+
+def ngram_stacked(samples, n=3):
+    return torch.stack([_repetition([s], n)[0] for s in samples])
+
+
+def bt_log_likelihood(chosen_rewards, rejected_rewards):
+    return F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+
+
+def bt_raw_margin(chosen_rewards, rejected_rewards):
+    return -(chosen_rewards - rejected_rewards).mean()
+
+
+def bt_rejected_detached(chosen_rewards, rejected_rewards):
+    return -F.logsigmoid(chosen_rewards - rejected_rewards.detach()).mean()
+
+
+def bt_rebuilt_from_numbers(chosen_rewards, rejected_rewards):
+    return torch.tensor(-F.logsigmoid(chosen_rewards - rejected_rewards).mean().item())
+
+
+def bt_keepdim(chosen_rewards, rejected_rewards):
+    return -F.logsigmoid(chosen_rewards - rejected_rewards).mean(0, keepdim=True)
+
+
+def last_by_gather(x, attention_mask):  # picks one number per row: right for scores, not for hidden states
+    positions = torch.arange(x.shape[1], device=x.device)
+    last = torch.where(attention_mask.bool(), positions, -1).max(dim=1).values
+    return x.gather(1, last[:, None]).squeeze(1)
+
+
+def last_by_flip_argmax(x, attention_mask):  # argmax takes no boolean tensor
+    seq = attention_mask.shape[1]
+    return x[torch.arange(x.shape[0], device=x.device), seq - 1 - attention_mask.flip(1).argmax(1)]
+
+
+def last_detached(x, attention_mask):
+    positions = torch.arange(x.shape[1], device=x.device)
+    last = torch.where(attention_mask.bool(), positions, -1).max(dim=1).values
+    return x.detach()[torch.arange(x.shape[0], device=x.device), last]
+
+
+def mean_unbroadcast_mask(x, attention_mask):  # the mask never gets x's feature dimensions
+    mask = attention_mask.bool()
+    return torch.where(mask, x, 0.0).sum(1) / mask.sum(1)
+
+
+def mean_rebuilt_from_numbers(x, attention_mask):
+    rows = [x[b][attention_mask[b].bool()].mean(0).tolist() for b in range(x.shape[0])]
+    return torch.tensor(rows, dtype=x.dtype, device=x.device)
+
+
+class RMLastByCount(rewards.RewardModel):
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        h = _hidden(self, tokens, mask)
+        if self.pooling == "last":
+            return self.head(h[torch.arange(h.shape[0], device=h.device), mask.sum(1) - 1]).squeeze(-1)
+        return _pool(self, h, mask)
+
+
+class RMDefaultMaskFromPadId(rewards.RewardModel):
+    """Without a mask, token id 0 is taken for padding."""
+
+    def forward(self, tokens, attention_mask=None):
+        mask = (tokens != 0).long() if attention_mask is None else attention_mask
+        return _pool(self, _hidden(self, tokens, mask), mask)
+
+
+class RMMeanScoresRebuilt(rewards.RewardModel):
+    """'mean_scores' averaged as Python numbers and rebuilt into a tensor: right values, no gradient."""
+
+    def forward(self, tokens, attention_mask=None):
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        h = _hidden(self, tokens, mask)
+        if self.pooling == "mean_scores":
+            scores = self.head(h).squeeze(-1)
+            means = [scores[b][mask[b].bool()].mean().item() for b in range(scores.shape[0])]
+            return torch.tensor(means, device=scores.device)
+        return _pool(self, h, mask)
+
+
+def step_summed_loss(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return _metrics(rc, rr, loss)
+
+
+def step_accuracy_count(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    d = (rc - rr).detach()
+    return {"loss": loss.item(), "accuracy": (d > 0).sum().item(), "margin": d.mean().item()}
+
+
+def step_margin_summed(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    d = (rc - rr).detach()
+    return {"loss": loss.item(), "accuracy": (d > 0).float().mean().item(), "margin": d.sum().item()}
+
+
+def step_metrics_after_step(model, optimizer, ct, cm, rt, rm):
+    rc, rr = model(ct, cm), model(rt, rm)
+    loss = -F.logsigmoid(rc - rr).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        return _metrics(model(ct, cm), model(rt, rm), -F.logsigmoid(model(ct, cm) - model(rt, rm)).mean())
+
+
+def sentiment_any_other_direction_is_negative(samples, classifier, tokenizer, direction="pos"):
+    name = "POSITIVE" if direction == "pos" else "NEGATIVE"  # 'positive', a typo, scores NEGATIVE
+    if not samples:
+        return torch.zeros(0, device=classifier.device)
+    enc = _encode(tokenizer, samples, classifier)
+    with torch.no_grad():
+        return classifier(**enc).logits.float().softmax(-1)[:, classifier.config.label2id[name]]
+
+
+
+VIOLATIONS = {
+    "reward_fn_char_count": {
+        "counts_char": [count_length, count_words],
+        "every_occurrence": [count_presence],
+        "char_honoured": [count_dots_only],
+        "case_exact": [char_count_case_insensitive],
+        "float32": [count_as_int],
+        "one_tensor": [count_as_list],
+        "empty_batch": [count_by_stacking],
+    },
+    "reward_fn_sentiment": {
+        "label_from_label2id": [sentiment_index_one, sentiment_label_from_key_order,
+                                sentiment_label_from_id2label_order],
+        "direction": [sentiment_ignores_direction],
+        "probabilities": [sentiment_logits, sentiment_softmax_over_batch, sentiment_sigmoid],
+        "attention_mask": [sentiment_without_mask],
+        "too_long": [sentiment_without_truncation, sentiment_truncated_to_512],
+        "no_grad": [sentiment_with_grad],
+        "direction_checked": [sentiment_any_other_direction_is_negative],
+        "batched": [sentiment_one_by_one],
+        "more_than_a_chunk": [sentiment_keeps_last_chunk],
+        "empty_batch": [sentiment_one_batch],
+        "float32": [sentiment_softmax_in_bfloat16],
+    },
+    "whiten": {
+        "all_elements": [whiten_per_row],
+        "biased_variance": [whiten_unbiased],
+        "eps_inside_sqrt": [whiten_eps_on_std],
+        "eps_honoured": [whiten_fixed_eps],
+        "all_equal": [whiten_without_eps],
+        "mean_added_back": [whiten_always_centred],
+        "centred_when_kept": [whiten_scale_only_when_kept],
+        "shape_kept": [whiten_flattened],
+        "not_in_place": [whiten_in_place],
+    },
+    "ngram_repetition": {
+        "word_ngrams": [repetition_characters, repetition_split_space],
+        "one_minus_distinct": [repetition_unique_fraction],
+        "total_ngrams": [repetition_over_words],
+        "short_is_zero": [ngram_short_is_one],
+        "words_exact": [ngram_lowercased, ngram_punctuation_stripped],
+        "ngram_is_word_sequence": [ngram_joined_without_separator],
+        "n_honoured": [ngram_always_trigrams],
+        "float32": [ngram_int_zero_for_short],
+        "empty_batch": [ngram_stacked],
+    },
+    "bradley_terry_loss": {
+        "chosen_minus_rejected": [bt_swapped],
+        "negative_log_likelihood": [bt_log_likelihood],
+        "log_sigmoid": [bt_no_log, bt_raw_margin],
+        "mean_over_pairs": [bt_sum],
+        "stable": [bt_unstable, bt_eps_in_log, bt_tiny_clamp, bt_log1p_exp, bt_exp_positive],
+        "differentiable": [bt_rejected_detached, bt_rebuilt_from_numbers],
+        "scalar": [bt_keepdim],
+    },
+    "pool_last_token": {
+        "last_real": [last_position, first_real_by_argmax],
+        "left_padding": [last_by_count],
+        "padding_unread": [last_by_one_hot],
+        "features": [last_by_gather],
+        "bool_mask": [last_by_flip_argmax],
+        "differentiable": [last_detached],
+    },
+    "pool_mean": {
+        "real_only": [mean_with_padding],
+        "divides_by_real": [mean_over_full_length],
+        "mean_not_sum": [masked_sum],
+        "padding_unread": [mean_by_multiplying_the_mask],
+        "features": [mean_unbroadcast_mask],
+        "differentiable": [mean_rebuilt_from_numbers],
+    },
+    "RewardModel": {
+        "final_ln_features": [RMBeforeLayerNorm],
+        "mask_to_backbone": [RMBackboneWithoutMask],
+        "last_real_token": [RMLastPosition, RMLastByCount],
+        "means_over_real": [RMMeanIncludesPadding],
+        "mean_scores_vs_hidden": [RMSwappedMeans],
+        "shape_batch": [RMNoSqueeze, RMSqueezeEverything],
+        "default_mask": [RMDefaultMaskFromPadId],
+        "gradient_every_pooling": [RMRunWithCache, RMMeanScoresRebuilt],
+    },
+    "reward_model_train_step": {
+        "chosen_minus_rejected": [step_swapped],
+        "masks": [step_no_masks],
+        "zero_grad": [step_no_zero_grad],
+        "step": [step_no_step],
+        "loss_is_mean": [step_summed_loss],
+        "returns_dict": [step_returns_loss_only],
+        "accuracy_strict": [step_ties_count_as_correct],
+        "accuracy_fraction": [step_accuracy_count],
+        "margin_mean": [step_margin_summed],
+        "measured_before_step": [step_metrics_after_step],
+    },
+}
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (sentiment_label_from_key_order, "order a dict lists its keys"),
+    (sentiment_without_truncation, "truncate"),
+    (sentiment_truncated_to_512, "truncate"),
+    (sentiment_keeps_last_chunk, "150 samples"),
+    (sentiment_one_batch, "empty"),
+])
+def test_sentiment_regimes_name_the_cause(wrong, fragment):
+    assert_fails_with("reward_fn_sentiment", wrong, fragment)
+
+
+def test_ngram_glued_words_get_their_hint():
+    assert_fails_with("ngram_repetition", ngram_joined_without_separator, "boundaries between their words")
+
+
+@pytest.mark.parametrize("wrong", [RMRunWithCache, RMMeanScoresRebuilt])
+def test_reward_model_gradient_under_every_pooling(wrong):
+    result = run_check("RewardModel", wrong)
+    assert not result.passed and "grad" in result.message, result.message
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (step_summed_loss, "summed over the pairs"),
+    (step_accuracy_count, "count of pairs"),
+    (step_margin_summed, "MEAN of r_chosen - r_rejected"),
+    (step_metrics_after_step, "measured after the step"),
+])
+def test_train_step_diagnostics_name_the_cause(wrong, fragment):
+    assert_fails_with("reward_model_train_step", wrong, fragment)
+
+
+@pytest.mark.parametrize("wrong, fragment", [(whiten_eps_on_std, "added to the standard deviation"),
+                                             (whiten_fixed_eps, "`eps` argument is ignored")])
+def test_whiten_eps_mistakes_get_their_hint(wrong, fragment):
+    assert_fails_with("whiten", wrong, fragment)
+
+
+def test_reward_model_default_mask_from_a_token_id_gets_its_hint():
+    assert_fails_with("RewardModel", RMDefaultMaskFromPadId, "every token is real")
+
+
+@pytest.mark.parametrize("wrong", [count_by_stacking, ngram_stacked])
+def test_an_empty_batch_is_named(wrong):
+    name = "reward_fn_char_count" if wrong is count_by_stacking else "ngram_repetition"
+    assert_fails_with(name, wrong, "On no samples")
+
+
+
+def test_sentiment_unknown_direction_gets_its_hint():
+    assert_fails_with("reward_fn_sentiment", sentiment_any_other_direction_is_negative, "ValueError")

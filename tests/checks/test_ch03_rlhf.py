@@ -3,6 +3,7 @@ correct implementations written differently pass."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -176,6 +177,8 @@ def test_approx_kl_mistakes(wrong, fragment):
 
 def test_approx_kl_written_differently():
     def via_ratio(logprobs, ref_logprobs, estimator="k3"):
+        if estimator not in {"k1", "k2", "k3"}:
+            raise ValueError(f"{estimator} is none of the estimators " + ", ".join(("k1", "k2", "k3")))
         ratio = torch.exp(ref_logprobs - logprobs)
         if estimator == "k1":
             return logprobs - ref_logprobs
@@ -859,7 +862,10 @@ def test_compute_rlhf_objective_written_differently():
         logits = logits[:, prefix_len - 1 : -1] / args.temperature
         logp_all = logits.log_softmax(-1)
         logprobs = logp_all.gather(-1, minibatch.tokens[:, prefix_len:, None])[..., 0]
-        if args.kl_estimator == "full":
+        if not kl_coef:  # nothing to weigh: the k3 estimate, for the log
+            logr = (minibatch.ref_logprobs - logprobs).detach()
+            kl = (logr.exp() - 1 - logr).mean()
+        elif args.kl_estimator == "full":
             with torch.no_grad():
                 ref_all = (ref_model(minibatch.tokens)[:, prefix_len - 1 : -1] / args.temperature).log_softmax(-1)
             kl = (logp_all.exp() * (logp_all - ref_all)).sum(-1).mean()
@@ -887,18 +893,19 @@ def test_compute_rlhf_objective_written_differently():
 # rollout_phase and learning_phase (tiny world)
 # ----------------------------------------------------------------------------------------------------
 def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards="switch", value_offset=0,
-                    chunked=True, kl_coef="trainer", shaping=True, repetition_on_device=True):
+                    chunked=True, kl_coef="trainer", shaping=True, repetition_on_device=True, top_k=True,
+                    no_grad=True):
     def rollout(trainer):
         args, p = trainer.args, trainer.prefix_len
         tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len,
-                                         args.temperature, args.top_k, args.prepend_bos)
+                                         args.temperature, args.top_k if top_k else None, args.prepend_bos)
         task = trainer.reward_fn(texts)
         repetition = ngram_repetition(texts, args.repetition_n)
         repetition = repetition.to(task.device) if repetition_on_device else repetition
         rewards = task - args.repetition_coef * repetition if shaping else task
         t = args.temperature if temperature else 1.0
         logprobs, ref_logprobs, values = [], [], []
-        with torch.no_grad():
+        with torch.no_grad() if no_grad else torch.enable_grad():
             for chunk in tokens.split(args.minibatch_size) if chunked else [tokens]:
                 logits, chunk_values = trainer.model(chunk)
                 ref_logits = logits if ref_from_policy else trainer.ref_model(chunk)
@@ -930,6 +937,9 @@ def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards="
         (rollout_variant(kl_coef="args"), "trainer.kl_coef"),
         (rollout_variant(whiten_rewards=True), "whitening switch is ignored"),
         (rollout_variant(shaping=False), "repetition shaping is missing"),
+        # the decision issue 38 found unchecked
+        (rollout_variant(top_k=False), "args.top_k is ignored"),
+        (rollout_variant(no_grad=False), "carries gradients"),
     ],
 )
 def test_rollout_phase_mistakes(wrong, fragment):
@@ -1185,16 +1195,21 @@ def test_adaptive_kl_controller_clamps_are_rejected(wrong):
 # compute_rlhf_objective term by term, TransformerWithValueHead decisions (issue 15)
 # ----------------------------------------------------------------------------------------------------
 def objective_terms(*, entropy_temperature=True, stats_with_ent_coef=False, ref_with_grad=False,
-                    ref_temperature=True, entropy_everywhere=False):
-    """The objective as a learner writes it in the notebook's scaffold (the stats read their names)."""
+                    ref_temperature=True, entropy_everywhere=False, zero_coef_branch=False, fixed_clip=None,
+                    value_sign=-1.0, ent_coef_twice=False, args_kl_coef=False, always_full=False,
+                    detach_values=False):
+    """The objective as a learner writes it in the notebook's scaffold (the stats read their names); with
+    zero_coef_branch, the KL term skipped when kl_coef is 0 (the notebook's suggestion: either is right)."""
 
     def objective_fn(model, ref_model, minibatch, prefix_len, kl_coef, args):
         logits, values = model(minibatch.tokens)
+        values = values.detach() if detach_values else values
+        kl_coef = args.kl_coef if args_kl_coef else kl_coef
         scaled = logits / args.temperature
         gen = slice(prefix_len - 1, -1)
         logprobs = rlhf.get_logprobs(scaled, minibatch.tokens, prefix_len)
-        clipped_surrogate = rlhf.calc_clipped_surrogate_objective(logprobs, minibatch.logprobs,
-                                                                  minibatch.advantages, args.clip_coef)
+        clipped_surrogate = rlhf.calc_clipped_surrogate_objective(logprobs, minibatch.logprobs, minibatch.advantages,
+                                                                  args.clip_coef if fixed_clip is None else fixed_clip)
         if args.cliprange_value is None:
             value_loss = rlhf.calc_value_function_loss(values[:, gen], minibatch.returns, args.vf_coef)
         else:
@@ -1206,16 +1221,18 @@ def objective_terms(*, entropy_temperature=True, stats_with_ent_coef=False, ref_
             entropy = rlhf.calc_entropy_bonus(ent_logits, args.ent_coef)
             bonus = entropy
         else:
-            entropy = rlhf.calc_entropy_bonus(ent_logits, 1.0)
+            entropy = rlhf.calc_entropy_bonus(ent_logits, args.ent_coef if ent_coef_twice else 1.0)
             bonus = args.ent_coef * entropy
-        if args.kl_estimator == "full":
+        if kl_coef == 0 and zero_coef_branch:
+            kl = rlhf.approx_kl(logprobs, minibatch.ref_logprobs, "k3").mean().detach()
+        elif args.kl_estimator == "full" or always_full:
             with torch.enable_grad() if ref_with_grad else torch.no_grad():
                 ref_logits = ref_model(minibatch.tokens)
             ref_logits = ref_logits / args.temperature if ref_temperature else ref_logits
             kl = rlhf.calc_kl_penalty(scaled[:, gen], ref_logits[:, gen], 1.0)
         else:
             kl = rlhf.approx_kl(logprobs, minibatch.ref_logprobs, args.kl_estimator).mean()
-        objective = clipped_surrogate - value_loss + bonus - kl_coef * kl
+        objective = clipped_surrogate + value_sign * value_loss + bonus - kl_coef * kl
         stats = {"objective": objective.item(), "clipped_surrogate": clipped_surrogate.item(),
                  "value_loss": value_loss.item(), "entropy": entropy.item(), "kl": kl.item()}
         return objective, stats
@@ -1237,8 +1254,9 @@ def test_compute_rlhf_objective_terms(wrong, fragment):
     assert_fails_with("compute_rlhf_objective", wrong, fragment)
 
 
-def test_compute_rlhf_objective_scaffold_form_passes():
-    result = run_check("compute_rlhf_objective", objective_terms())
+@pytest.mark.parametrize("zero_coef_branch", [False, True])
+def test_compute_rlhf_objective_scaffold_form_passes(zero_coef_branch):
+    result = run_check("compute_rlhf_objective", objective_terms(zero_coef_branch=zero_coef_branch))
     assert result.passed, result
 
 
@@ -1327,3 +1345,481 @@ def logprobs_log_of_softmax(logits, tokens, prefix_len=None):  # only logits x10
 def test_get_logprobs_log_of_softmax_is_caught_by_large_logits():
     result = run_check("get_logprobs", logprobs_log_of_softmax)
     assert not result.passed and "large logits" in result.message, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# The versions issue 38 found passing, and the rest of the contract clause by clause
+# ----------------------------------------------------------------------------------------------------
+def samples_stopping_at_eos(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    # generate's default stop_at_eos=True: once every row has sampled the end-of-text token, it stops
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, temperature=temperature, top_k=top_k, verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def samples_ignoring_top_k(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature,
+                         verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def samples_always_bos(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    toks = model.to_tokens(prompt).repeat(batch_size, 1)  # prepend_bos forgotten: BOS every time
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, top_k=top_k,
+                         verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def samples_int32(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, top_k=top_k,
+                         verbose=False).clone()
+    return out.to(torch.int32), model.tokenizer.batch_decode(out, skip_special_tokens=True)  # "ids fit in 32 bits"
+
+
+def test_get_samples_stopping_at_eos_is_rejected():
+    assert_fails_with("get_samples", samples_stopping_at_eos, "stopped at the end-of-text token")
+
+
+def test_get_samples_ignoring_top_k_is_rejected():
+    assert_fails_with("get_samples", samples_ignoring_top_k, "top_k=1")
+
+
+def approx_dict_lookup(logprobs, ref_logprobs, estimator="k3"):
+    logr = ref_logprobs - logprobs
+    return {"k1": -logr, "k2": logr**2 / 2, "k3": torch.expm1(logr) - logr}[estimator]  # KeyError on others
+
+
+def approx_falls_back_to_k3(logprobs, ref_logprobs, estimator="k3"):
+    logr = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -logr
+    if estimator == "k2":
+        return logr**2 / 2
+    return torch.expm1(logr) - logr  # anything else is taken for k3
+
+
+def approx_unnamed_error(logprobs, ref_logprobs, estimator="k3"):
+    logr = ref_logprobs - logprobs
+    if estimator not in ("k1", "k2", "k3"):
+        raise ValueError(f"unknown estimator {estimator!r}")
+    return {"k1": -logr, "k2": logr**2 / 2, "k3": torch.expm1(logr) - logr}[estimator]
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (approx_dict_lookup, "raised KeyError, not a ValueError"),
+        (approx_falls_back_to_k3, "must raise a ValueError"),
+        (approx_unnamed_error, "does not name k1, k2, k3"),
+    ],
+)
+def test_approx_kl_unknown_estimator(wrong, fragment):
+    assert_fails_with("approx_kl", wrong, fragment)
+
+
+class StoppingTruthyThreshold(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        bad = kl > self.kl_threshold
+        if self.reward_threshold:  # 0.0 read as "no threshold"
+            bad = bad or reward > self.reward_threshold
+        self.bad = self.bad + 1 if bad else 0
+        return self.bad >= self.patience
+
+
+class StoppingTruthyKL(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        bad = bool(self.kl_threshold) and kl > self.kl_threshold
+        if self.reward_threshold is not None:
+            bad = bad or reward > self.reward_threshold
+        self.bad = self.bad + 1 if bad else 0
+        return self.bad >= self.patience
+
+
+def test_early_stopping_zero_threshold_is_a_value():
+    assert_fails_with("EarlyStopping", StoppingTruthyThreshold, "0.0 is read as unset")
+    assert_fails_with("EarlyStopping", StoppingTruthyKL, "0.0 is read as unset")
+
+
+class StoppingGreaterEqual(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        bad = kl >= self.kl_threshold or (self.reward_threshold is not None and reward >= self.reward_threshold)
+        self.bad = self.bad + 1 if bad else 0
+        return self.bad >= self.patience
+
+
+class StoppingNoneAsZero(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        bad = kl > self.kl_threshold or reward > (self.reward_threshold or 0.0)
+        self.bad = self.bad + 1 if bad else 0
+        return self.bad >= self.patience
+
+
+class StoppingReturnsNone(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        bad = kl > self.kl_threshold or (self.reward_threshold is not None and reward > self.reward_threshold)
+        self.bad = self.bad + 1 if bad else 0
+        if self.bad >= self.patience:
+            return True
+
+
+def test_rollout_phase_ignoring_top_k_is_rejected():
+    assert_fails_with("rollout_phase", rollout_variant(top_k=False), "args.top_k is ignored")
+
+
+# get_logprobs
+def logprobs_none_own_position(logits, tokens, prefix_len=None):
+    if prefix_len is None:  # "no prompt: every position scores its own token"
+        return logits[:, 1:].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+    return logits[:, prefix_len - 1 : -1].log_softmax(-1).gather(-1, tokens[:, prefix_len:, None])[..., 0]
+
+
+def logprobs_detached(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    with torch.no_grad():
+        return logits[:, start - 1 : -1].log_softmax(-1).gather(-1, tokens[:, start:, None])[..., 0]
+
+
+def logprobs_in_place(logits, tokens, prefix_len=None):
+    start = 1 if prefix_len is None else prefix_len
+    logits -= logits.logsumexp(-1, keepdim=True)  # normalise "without a copy"
+    return logits[:, start - 1 : -1].gather(-1, tokens[:, start:, None])[..., 0]
+
+
+# calc_kl_penalty
+def kl_summed_positions(logits, ref_logits, kl_coef):
+    logp, logq = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    return kl_coef * (logp.exp() * (logp - logq)).sum((-1, -2)).mean()
+
+
+def kl_detached(logits, ref_logits, kl_coef):
+    with torch.no_grad():
+        logp, logq = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+        return kl_coef * (logp.exp() * (logp - logq)).sum(-1).mean()
+
+
+def kl_per_sequence(logits, ref_logits, kl_coef):
+    logp, logq = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    return kl_coef * (logp.exp() * (logp - logq)).sum(-1).mean(-1)  # [b]: one KL per sequence
+
+
+# approx_kl
+def approx_k1_sign(logprobs, ref_logprobs, estimator="k3"):
+    logr = ref_logprobs - logprobs
+    return {"k1": logr, "k2": logr**2 / 2, "k3": torch.expm1(logr) - logr}[estimator]
+
+
+def approx_default_k1(logprobs, ref_logprobs, estimator="k1"):
+    return rlhf.approx_kl(logprobs, ref_logprobs, estimator)
+
+
+def approx_mean(logprobs, ref_logprobs, estimator="k3"):
+    return rlhf.approx_kl(logprobs, ref_logprobs, estimator).mean()
+
+
+def approx_detached(logprobs, ref_logprobs, estimator="k3"):
+    return rlhf.approx_kl(logprobs.detach(), ref_logprobs, estimator)
+
+
+# compute_advantages
+def advantages_q_shift(values, rewards, prefix_len):
+    return torch.cat([values[:, prefix_len + 1 :], rewards[:, None]], -1) - values[:, prefix_len - 1 : -1]
+
+
+def advantages_written_into_values(values, rewards, prefix_len):
+    q = values[:, prefix_len:]  # a view of values
+    q[:, -1] = rewards  # the score in place of the last value: writes into the input
+    return q - values[:, prefix_len - 1 : -1]
+
+
+# compute_per_token_rewards
+def per_token_without_coef(scores, logprobs, ref_logprobs, kl_coef):
+    rewards = -(logprobs - ref_logprobs)
+    rewards[:, -1] += scores
+    return rewards
+
+
+def per_token_first_score(scores, logprobs, ref_logprobs, kl_coef):
+    rewards = -kl_coef * (logprobs - ref_logprobs)
+    rewards[:, -1] += scores[0]  # written for one sample
+    return rewards
+
+
+# ReplayMemory
+def mb_one_pass(self, num_minibatches, update_epochs=1, generator=None):
+    n = self.tokens.shape[0]
+    returns = self.advantages + self.values
+    return [_mb(self, idx, returns) for idx in torch.randperm(n, generator=generator).reshape(num_minibatches, -1)]
+
+
+# get_optimizer
+def optimizer_blocks_only(model, base_lr, head_lr):  # the embeddings and the unembedding left out
+    blocks = [p for name, p in model.base_model.named_parameters() if name.startswith("blocks.")]
+    return torch.optim.AdamW([{"params": blocks, "lr": base_lr},
+                              {"params": model.value_head.parameters(), "lr": head_lr}],
+                             maximize=True, weight_decay=0.0)
+
+
+# lr_schedule
+def schedule_decay_from_zero(step, warmup_steps, total_steps, final_scale):
+    if step < warmup_steps:
+        return step / warmup_steps
+    if step >= total_steps:
+        return final_scale
+    return 1 + (final_scale - 1) * step / total_steps
+
+
+def schedule_divides_by_warmup(step, warmup_steps, total_steps, final_scale):
+    if step <= warmup_steps:
+        return step / warmup_steps
+    return rlhf.lr_schedule(step, warmup_steps, total_steps, final_scale)
+
+
+def schedule_zero_scale_unset(step, warmup_steps, total_steps, final_scale):
+    return rlhf.lr_schedule(step, warmup_steps, total_steps, final_scale or 1.0)  # "no final scale: no decay"
+
+
+def schedule_tensor(step, warmup_steps, total_steps, final_scale):
+    return torch.tensor(rlhf.lr_schedule(step, warmup_steps, total_steps, final_scale))
+
+
+# AdaptiveKLController
+class KLControllerNoSteps(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + err / self.horizon
+
+
+class KLControllerAbsoluteError(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl - self.target))
+        self.value *= 1 + err * n_steps / self.horizon
+
+
+class KLControllerArgumentsSwapped(KLControllerUnclipped):
+    def __init__(self, target, init_kl_coef, horizon):  # the order of the first two swapped
+        super().__init__(init_kl_coef, target, horizon)
+
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + err * n_steps / self.horizon
+
+
+# TransformerWithValueHead
+class ValueHeadSqueezeAll(ValueHeadInitialised):
+    def forward(self, tokens):
+        kept = {}
+
+        def hook(resid, hook):
+            kept["values"] = self.value_head(resid).squeeze()  # also drops a batch of 1
+
+        logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", hook)])
+        return logits, kept["values"]
+
+
+class ValueHeadHookLeft(ValueHeadInitialised):
+    def forward(self, tokens):
+        kept = {}
+
+        def hook(resid, hook):
+            kept["values"] = self.value_head(resid).squeeze(-1)
+
+        self.base_model.add_hook("ln_final.hook_normalized", hook)  # never removed
+        return self.base_model(tokens), kept["values"]
+
+
+class ValueHeadLogitsDetached(ValueHeadInitialised):
+    def forward(self, tokens):
+        kept = {}
+
+        def hook(resid, hook):
+            kept["values"] = self.value_head(resid).squeeze(-1)
+
+        logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", hook)])
+        return logits.detach(), kept["values"]  # "only the values are new here"
+
+
+class ValueHeadCopiedBase(ValueHeadInitialised):
+    def __init__(self, base_model):
+        super().__init__(base_model)
+        self.base_model = copy.deepcopy(base_model)  # "so that the reference stays untouched"
+
+    def forward(self, tokens):
+        kept = {}
+
+        def hook(resid, hook):
+            kept["values"] = self.value_head(resid).squeeze(-1)
+
+        logits = self.base_model.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_normalized", hook)])
+        return logits, kept["values"]
+
+
+# learning_phase
+def learn_descending(trainer, memory):
+    args, stats = trainer.args, []
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
+        trainer.optimizer.zero_grad()
+        objective, s = _objective(trainer, mb)
+        (-objective).backward()  # "a loss is minimised"
+        nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
+        trainer.optimizer.step()
+        stats.append(s["objective"])
+    trainer.scheduler.step()
+    return {"objective": sum(stats) / len(stats)}
+
+
+VIOLATIONS = {
+    "TransformerWithValueHead": {
+        "architecture": [ValueHeadTooSmall],
+        "hook_point": [value_head_on(lambda n: f"blocks.{n - 1}.hook_resid_post")],
+        "logits_unchanged": [ValueHookReturnsTensor],
+        "trunk_gradient": [ValueHeadDetached],
+        "logits_gradient": [ValueHeadLogitsDetached],
+        "init": [ValueHeadDefaultInit],
+        "values_shape": [ValueHeadNotSqueezed, ValueHeadSqueezeAll],
+        "hooks_removed": [ValueHeadHookLeft],
+        "same_base_model": [ValueHeadCopiedBase],
+    },
+    "get_samples": {
+        "no_eos_stop": [samples_stopping_at_eos],
+        "prompt_first": [samples_always_bos],
+        "sampled": [samples_greedy],
+        "temperature": [samples_without_temperature],
+        "top_k": [samples_ignoring_top_k],
+        "not_inference": [samples_not_cloned],
+        "texts_skip_special": [samples_with_bos_text],
+        "texts_no_bos": [samples_always_drop_first],
+        "long_dtype": [samples_int32],
+    },
+    "get_logprobs": {
+        "previous_position": [logprobs_own_position],
+        "normalised": [logprobs_raw_logits, logprobs_probabilities],
+        "prefix_none": [logprobs_none_own_position],
+        "prefix_given": [logprobs_ignoring_prefix],
+        "stable": [logprobs_log_of_softmax],
+        "differentiable": [logprobs_detached],
+        "not_in_place": [logprobs_in_place],
+    },
+    "calc_kl_penalty": {
+        "direction": [kl_swapped],
+        "weighted": [kl_unweighted],
+        "mean_positions": [kl_summed_positions],
+        "coef": [kl_without_coef],
+        "stable": [kl_through_probabilities],
+        "differentiable": [kl_detached],
+        "scalar": [kl_per_sequence],
+    },
+    "approx_kl": {
+        "log_ratio": [approx_reversed_ratio],
+        "k1": [approx_k1_sign],
+        "k2": [approx_k2_without_half],
+        "k3": [approx_k3_sign_flipped],
+        "default_k3": [approx_default_k1],
+        "elementwise": [approx_mean],
+        "large_log_ratio": [approx_kl_logr_clamped, approx_kl_estimate_clamped],
+        "unknown_raises": [approx_dict_lookup, approx_falls_back_to_k3, approx_unnamed_error],
+        "differentiable": [approx_detached],
+    },
+    "compute_advantages": {
+        "baseline": [advantages_baseline_shifted],
+        "next_value": [advantages_q_shift],
+        "last_reward": [advantages_without_reward],
+        "reward_last_only": [advantages_reward_everywhere],
+        "batch_of_one": [advantages_squeezed],
+        "not_in_place": [advantages_written_into_values],
+    },
+    "compute_per_token_rewards": {
+        "kl_sign": [per_token_plus_kl],
+        "coef": [per_token_without_coef],
+        "score_last": [per_token_score_first],
+        "score_once": [per_token_score_everywhere],
+        "own_row": [per_token_first_score],
+        "log_difference": [per_token_from_probabilities],
+        "not_in_place": [per_token_in_place],
+    },
+    "ReplayMemory": {
+        "returns": [memory_class(mb_returns_are_advantages)],
+        "fresh_permutation": [memory_class(mb_same_order_every_pass)],
+        "aligned_rows": [memory_class(mb_fields_shuffled_apart)],
+        "without_replacement": [memory_class(mb_with_replacement)],
+        "generator": [memory_class(mb_global_rng)],
+        "num_minibatches": [memory_class(mb_split_by_count)],
+        "update_epochs": [memory_class(mb_one_pass)],
+    },
+    "compute_rlhf_objective": {
+        "surrogate": [objective_terms(fixed_clip=0.2)],
+        "value_sign": [objective_terms(value_sign=1.0)],
+        "value_slice": [objective_variant(value_offset=1)],
+        "value_clip": [objective_variant(value_clip=False)],
+        "temperature": [objective_variant(temperature=False)],
+        "entropy_slice": [objective_terms(entropy_everywhere=True)],
+        "ent_coef_once": [objective_terms(ent_coef_twice=True)],
+        "kl_sign": [objective_variant(kl_sign=1.0)],
+        "kl_coef_argument": [objective_terms(args_kl_coef=True)],
+        "kl_estimator": [objective_terms(always_full=True)],
+        "ref_model": [objective_variant(ref_is_policy=True)],
+        "ref_temperature": [objective_terms(ref_temperature=False)],
+        "ref_no_grad": [objective_terms(ref_with_grad=True)],
+        "stats_before_coef": [objective_terms(stats_with_ent_coef=True)],
+        "differentiable": [objective_terms(detach_values=True)],
+    },
+    "get_optimizer": {
+        "adamw": [optimizer_adam],
+        "two_groups": [optimizer_one_group],
+        "exact_params": [optimizer_blocks_only],
+        "learning_rates": [optimizer_swapped],
+        "maximize": [optimizer_minimising],
+        "no_weight_decay": [optimizer_default_decay, optimizer_decay_on_head_only],
+        "zero_lr": [optimizer_skips_frozen_group],
+    },
+    "lr_schedule": {
+        "warmup": [schedule_warmup_off_by_one],
+        "decay_start": [schedule_decay_from_zero],
+        "decay_end": [schedule_to_zero],
+        "after_total": [schedule_unclamped],
+        "no_warmup": [schedule_divides_by_warmup],
+        "zero_final_scale": [schedule_zero_scale_unset],
+        "python_float": [schedule_tensor],
+    },
+    "AdaptiveKLController": {
+        "error_clip": [KLControllerUnclipped],
+        "direction": [KLControllerInverted],
+        "proportional": [KLControllerAbsoluteError],
+        "n_steps": [KLControllerNoSteps],
+        "multiplicative": [KLControllerAdditive],
+        "no_bounds": [KLControllerCoefficientClamped, KLControllerFloorOnly],
+        "init_value": [KLControllerArgumentsSwapped],
+    },
+    "EarlyStopping": {
+        "strict": [StoppingGreaterEqual],
+        "reset": [StoppingWithoutReset],
+        "patience": [StoppingOneLate],
+        "reward_threshold": [StoppingKLOnly],
+        "reward_unset": [StoppingNoneAsZero],
+        "zero_threshold": [StoppingTruthyThreshold, StoppingTruthyKL],
+        "returns_bool": [StoppingReturnsNone],
+    },
+    "rollout_phase": {
+        "temperature": [rollout_variant(temperature=False)],
+        "ref_model": [rollout_variant(ref_from_policy=True)],
+        "whitening_switch": [rollout_variant(whiten_rewards=False)],
+        "value_slice": [rollout_variant(value_offset=1)],
+        "chunked": [rollout_variant(chunked=False)],
+        "trainer_kl_coef": [rollout_variant(kl_coef="args")],
+        "shaping": [rollout_variant(shaping=False)],
+        "top_k": [rollout_variant(top_k=False)],
+        "no_grad": [rollout_variant(no_grad=False)],
+    },
+    "learning_phase": {
+        "zero_grad": [learn_accumulating_gradients],
+        "clip": [learn_without_clipping],
+        "update_epochs": [learn_single_pass],
+        "scheduler_once": [learn_scheduler_per_step],
+        "generator": [learn_unseeded_order],
+        "objective_kl_coef": [learn_reward_kl_coef],
+        "ascent": [learn_descending],
+    },
+}
+if check_device().type == "simgpu":  # no inference tensors there: the clause is not stated (see CLAUSES)
+    del VIOLATIONS["get_samples"]["not_inference"]
