@@ -459,6 +459,8 @@ def _sft_cases() -> list[Case]:
         Case("an all-True mask (loss_mask[:, 0] must be ignored)", (logits[:3, :6], tokens[:3, :6], all_true)),
         Case("large logits (x60) and unlikely tokens", (big, big_tokens, _completion_mask([(2, 5), (1, 3), (4, 3)], 7))),
         Case("a batch of 1", (logits[:1], tokens[:1], lengths[:1])),
+        Case("one supervised token in the whole batch (the mean is that token's loss)",
+             (logits[:2], tokens[:2], _completion_mask([(4, 1), (0, 0)], s))),
         Case(_SFT_EMPTY,
              (logits[:2], tokens[:2], torch.zeros(2, s, dtype=torch.bool))),
     ]

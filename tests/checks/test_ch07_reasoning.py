@@ -430,6 +430,11 @@ def sft_cross_entropy_mean(logits, tokens, loss_mask):  # ignore_index's mean: 0
     return F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100)
 
 
+def sft_count_floored_at_two(logits, tokens, loss_mask):  # "a mean needs two tokens": halves a lone token's loss
+    nll = -token_logps(logits, tokens) * loss_mask[:, 1:]
+    return nll.sum() / loss_mask[:, 1:].sum().clamp(min=2)
+
+
 def sft_log_of_softmax(logits, tokens, loss_mask):
     lp = logits[:, :-1].softmax(-1).log().gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
     return -lp[loss_mask[:, 1:]].mean()
@@ -904,7 +909,7 @@ VIOLATIONS = {
         "mask_aligned": [sft_mask_misaligned],
         "masked_only": [sft_no_mask],
         "first_column_ignored": [sft_counts_position_zero],
-        "one_mean_over_tokens": [sft_per_row_mean],
+        "one_mean_over_tokens": [sft_per_row_mean, sft_count_floored_at_two],
         "mean_not_sum": [sft_summed],
         "negative_log_likelihood": [sft_log_likelihood],
         "empty_mask_zero": [sft_count_not_clamped, sft_cross_entropy_mean],
