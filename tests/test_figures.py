@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,6 +133,23 @@ def test_record_runs_the_command_and_keeps_its_summary(tmp_path, monkeypatch):
     assert entry["machine"]["torch_build"]["version"].startswith("2.")
     with pytest.raises(SystemExit, match="unknown run"):
         figures.record(["no_such_run"], path)
+
+
+def test_a_run_under_another_kernel_level_runs_and_records_under_it(tmp_path, monkeypatch):
+    """A Run's env (ATEN_CPU_CAPABILITY=default: torch's unvectorised kernels) is part of its command line, and
+    both the command and the machine it is recorded with run under it."""
+    level = (("ATEN_CPU_CAPABILITY", "default"),)
+    code = "import json, torch; print(json.dumps({'level': torch.backends.cpu.get_cpu_capability()}))"
+    monkeypatch.setattr(figures, "run_summary", lambda run: json.loads(subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **dict(run.env)}).stdout))
+    monkeypatch.setitem(figures.RUNS, "levelled", Run(("world-info",), env=level))
+    assert figures.RUNS["levelled"].command == "ATEN_CPU_CAPABILITY=default python -m rlhf_tutorial world-info"
+    path = tmp_path / "figures.json"
+    entry = figures.record(["levelled"], path)["levelled"]
+    assert entry["summary"]["level"] == "DEFAULT"
+    assert entry["machine"]["torch_build"]["cpu_capability"] == "DEFAULT"
+    assert entry["machine"]["kernel_env"] == {"ATEN_CPU_CAPABILITY": "default"}
+    assert Run(("world-info",)).command == "python -m rlhf_tutorial world-info"
 
 
 # Numbers with two or more decimals that the chapters' prose may state outright: settings, arithmetic and
