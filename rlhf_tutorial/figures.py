@@ -128,12 +128,13 @@ _TINY_0 = ("--world", "tiny", "--seed", "0")
 RUNS.update({
     "sft": Run(("train-sft", *_TINY_0)),
     "rejection_sampling": Run(("train-rejection-sampling", *_TINY_0)),
-    # GRPO on arithmetic at three seeds (the text quotes the mean and spread of the pass@1 gain, seed 0's details),
-    # and the same at the avx2 and the unvectorised ('default') kernel levels: other CPUs round as these do
-    "grpo_arith": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seeds", "0", "1", "2")),
-    **{f"grpo_arith_{level}": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seeds", *seeds),
-                                  env=(("ATEN_CPU_CAPABILITY", level),))
-       for level, seeds in (("avx2", ("0",)), ("default", ("0",)))},
+    # GRPO on arithmetic, one run per seed (the text quotes their mean and spread: SPREADS["grpo_arith"], and seed 0's
+    # details), and seed 0 at the avx2 and the unvectorised ('default') kernel levels: other CPUs round as these do
+    **{f"grpo_arith_s{seed}": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", str(seed)))
+       for seed in (0, 1, 2)},
+    **{f"grpo_arith_{level}_s0": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0"),
+                                     env=(("ATEN_CPU_CAPABILITY", level),))
+       for level in ("avx2", "default")},
     "grpo_arith_noclip": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0",
                               "--clip-coef-high", "0.2")),
     "pass_at_k": Run(("pass-at-k", "--world", "tiny", "--samples", "64")),
@@ -165,6 +166,27 @@ RUNS.update({
 SEED_SPREADS: dict[str, str] = {
     # chapter 08: rank 1 at 3e-3 ends anywhere between about 0.6 and 0.9 by the seed (an H100 printed 0.618)
     "lora_rl": "lora_rl_seeds",
+}
+
+#: Runs whose summary is the spread over seeds of other recorded runs, by name: :class:`Spread`. Each seed is its own run
+#: (its own process and record: a seed recorded stays when another has yet to be), and ``record-figures NAME`` writes
+#: NAME from their records (:func:`spread_summary`), the summary ``train-grpo --task arithmetic --seeds`` prints.
+@dataclass(frozen=True)
+class Spread:
+    """The spread of ``keys`` over the runs ``runs`` (one per seed, of the same settings)."""
+
+    runs: tuple[str, ...]
+    keys: tuple[str, ...]
+
+    @property
+    def command(self) -> str:
+        return "record-figures: the spread over " + ", ".join(self.runs)
+
+
+SPREADS: dict[str, Spread] = {
+    # chapter 07 quotes the mean and spread of GRPO's pass@1 gain on arithmetic
+    "grpo_arith": Spread(("grpo_arith_s0", "grpo_arith_s1", "grpo_arith_s2"),
+                         ("pass_at_1_initial", "pass_at_1_final", "pass_at_1_gain", "wall_seconds", "cpu_seconds")),
 }
 
 #: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).
@@ -372,18 +394,40 @@ def machine_info(run: Run) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def spread_summary(spread: Spread, figures: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a :class:`Spread` from the recorded runs it names: ``seeds`` (each run's seed, in order),
+    ``n_seeds``, ``runs`` (their names) and, per key, ``over_seeds[key]`` = ``{"per_seed", "min", "max", "mean",
+    "std"}`` (``trainers.grpo.spread``: the sample standard deviation). Raises KeyError naming a run not recorded."""
+    from rlhf_tutorial.trainers.grpo import spread as spread_of
+
+    missing = [n for n in spread.runs if n not in figures]
+    if missing:
+        raise KeyError(f"the spread needs the runs {', '.join(missing)} recorded first: record-figures {' '.join(missing)}")
+    summaries = [figures[n]["summary"] for n in spread.runs]
+    return {"seeds": [s["seed"] for s in summaries], "n_seeds": len(summaries), "runs": list(spread.runs),
+            "over_seeds": {key: spread_of([s[key] for s in summaries]) for key in spread.keys}}
+
+
 def record(names: list[str], path: Path = FIGURES_FILE) -> dict[str, Any]:
-    """Run each named run (every one of :data:`RUNS` when ``names`` is empty) and store its summary."""
-    unknown = [n for n in names if n not in RUNS]
+    """Run each named run (every one of :data:`RUNS` when ``names`` is empty) and store its summary; a name of
+    :data:`SPREADS` is written from its runs' records (after the runs named with it)."""
+    unknown = [n for n in names if n not in RUNS and n not in SPREADS]
     if unknown:
-        raise SystemExit(f"record-figures: unknown run(s) {', '.join(unknown)}; known: {', '.join(RUNS)}")
-    for name in names or list(RUNS):
+        raise SystemExit(f"record-figures: unknown run(s) {', '.join(unknown)}; known: {', '.join([*RUNS, *SPREADS])}")
+    for name in [n for n in names if n in RUNS] if names else list(RUNS):
         run = RUNS[name]
         print(f"[record-figures] {name}: {run.command}", file=sys.stderr, flush=True)
         entry = {"command": run.command, "summary": run_summary(run),
                  "recorded": datetime.date.today().isoformat(), "machine": machine_info(run)}
         figures = {**recorded(path), name: entry}  # read again: another recording may have added runs
         path.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")  # after each run: nothing lost
+    for name in [n for n in names if n in SPREADS] if names else list(SPREADS):
+        figures = recorded(path)
+        spread = SPREADS[name]
+        print(f"[record-figures] {name}: {spread.command}", file=sys.stderr, flush=True)
+        entry = {"command": spread.command, "summary": spread_summary(spread, figures),
+                 "recorded": datetime.date.today().isoformat(), "machine": figures[spread.runs[0]]["machine"]}
+        path.write_text(json.dumps({**figures, name: entry}, indent=1, sort_keys=True) + "\n")
     return recorded(path)
 
 
@@ -392,14 +436,14 @@ def main(argv: list[str]) -> dict:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial record-figures", description=main.__doc__)
-    parser.add_argument("names", nargs="*", help=f"runs to record (default: all): {', '.join(RUNS)}")
+    parser.add_argument("names", nargs="*", help=f"runs to record (default: all): {', '.join([*RUNS, *SPREADS])}")
     parser.add_argument("--list", action="store_true", help="list the runs and where each is recorded, run nothing")
     ns = parser.parse_args(argv)
     if ns.list:
         figures = recorded()
         return {"runs": {n: {"command": r.command, "recorded": figures.get(n, {}).get("recorded")}
-                         for n, r in RUNS.items()}}
+                         for n, r in {**RUNS, **SPREADS}.items()}}
     figures = record(ns.names)
     README.write_text(sync_readme(README.read_text(), figures))
-    return {"recorded": ns.names or list(RUNS), "file": str(FIGURES_FILE),
+    return {"recorded": ns.names or [*RUNS, *SPREADS], "file": str(FIGURES_FILE),
             "next": "python -m rlhf_tutorial build-notebooks"}
