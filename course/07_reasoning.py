@@ -425,9 +425,9 @@ progress("07")
 # %% [markdown]
 # ## What to try next
 #
-# - `train-grpo --world tiny --task arithmetic --clip-coef-high 0.2` (no clip-higher): measured with
-#   seed 0, pass@1 reached {{grpo_arith_noclip.pass_at_1_final:.3f}} instead of {{grpo_arith_s0.pass_at_1_final:.3f}} and the entropy
-#   ended a little lower ({{grpo_arith_noclip.entropy_last_10:.3f}} against {{grpo_arith_s0.entropy_last_10:.3f}} nats per token over
+# - `train-grpo --world tiny --task arithmetic --clip-coef-high 0.2 --num-phases 100` (no clip-higher): measured with
+#   seed 0, pass@1 reached {{grpo_arith_noclip.pass_at_1_final:.3f}} instead of {{grpo_arith_100.pass_at_1_final:.3f}} and the entropy
+#   ended a little lower ({{grpo_arith_noclip.entropy_last_10:.3f}} against {{grpo_arith_100.entropy_last_10:.3f}} nats per token over
 #   the last 10 phases). Try other seeds: is the gap real?
 #   `--no-dynamic-sampling`: how many phases are wasted on all-equal groups?
 # - `train-grpo --task arithmetic --init sft`: RL after SFT, the R1 recipe, against RL from the base

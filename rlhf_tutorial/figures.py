@@ -135,8 +135,10 @@ RUNS.update({
     **{f"grpo_arith_{level}_s0": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0"),
                                      env=(("ATEN_CPU_CAPABILITY", level),))
        for level in ("avx2", "default")},
+    # clip-higher against none, at the 100 phases the preset ran before issue 38
+    "grpo_arith_100": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0", "--num-phases", "100")),
     "grpo_arith_noclip": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0",
-                              "--clip-coef-high", "0.2")),
+                              "--clip-coef-high", "0.2", "--num-phases", "100")),
     "pass_at_k": Run(("pass-at-k", "--world", "tiny", "--samples", "64")),
     # the notebook's own run (its sizes and seeds, the reference functions): every figure of its summary
     "compare": Run(("compare-reasoning", "--world", "tiny", "--seed", "0")),
