@@ -235,7 +235,15 @@ GRPO_ARITH_RUNS = {"grpo_arith_s0": None, "grpo_arith_s1": None, "grpo_arith_s2"
                    "grpo_arith_avx2_s0": "AVX2", "grpo_arith_default_s0": "DEFAULT"}
 
 
-@pytest.mark.parametrize("name", list(GRPO_ARITH_RUNS))
+#: Runs not recorded yet (issue 38: the shared 2-core machine gave each run about a tenth of a core, 40 minutes a seed):
+#: `python -m rlhf_tutorial record-figures grpo_arith_s1 grpo_arith_s2 grpo_arith_default_s0 grpo_arith`. Strict: once
+#: recorded, the test passes and the mark must go (and the chapter quote the spread, ``SPREADS["grpo_arith"]``).
+PENDING = pytest.mark.xfail(raises=KeyError, strict=True, reason="not recorded yet")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=PENDING) if n in ("grpo_arith_s1", "grpo_arith_s2",
+                                                                           "grpo_arith_default_s0") else n
+                                  for n in GRPO_ARITH_RUNS])
 def test_recorded_grpo_arithmetic_gains_at_least_0_3_at_every_seed_and_kernel_level(name):
     """The claim the chapter and the README make of the preset: pass@1 rises by 0.3 or more at every recorded seed,
     at the CPU's own kernel level and at avx2 and default, in runs of the preset as it is now."""
@@ -254,6 +262,7 @@ def test_recorded_grpo_arithmetic_gains_at_least_0_3_at_every_seed_and_kernel_le
     assert r["pass_at_1_gain"] >= 0.3, (name, r["pass_at_1_initial"], r["pass_at_1_final"])
 
 
+@PENDING
 def test_the_quoted_spread_is_the_spread_of_the_recorded_seeds():
     from rlhf_tutorial import figures
 
@@ -306,7 +315,7 @@ def test_cli_over_seeds_is_each_seeds_own_run():
     over = _cli("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seeds", "1", "0", *small)
     assert over["seeds"] == [1, 0] and set(over["runs"]) == {"0", "1"}
     one = _cli("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "1", *small)
-    timeless = ("wall_seconds", "train_wall_seconds")
+    timeless = ("wall_seconds", "train_wall_seconds", "cpu_seconds", "device")  # device: added to the printed summary
     assert {k: v for k, v in over["runs"]["1"].items() if k not in timeless} == {
         k: v for k, v in one.items() if k not in timeless}
     gains = over["over_seeds"]["pass_at_1_gain"]
