@@ -398,10 +398,12 @@ best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 # the README.
 #
 # - **pass@1** rises with every method, GRPO's the most. The CLI's longer run ({{grpo_arith_s0.args.num_phases}} phases of
-#   {{grpo_arith_s0.args.groups_per_phase}} groups) raised it by {{grpo_arith_s0.pass_at_1_gain:+.2f}} at seed 0
-#   ({{grpo_arith_s0.pass_at_1_initial:.2f}} -> {{grpo_arith_s0.pass_at_1_final:.2f}}) and by {{grpo_arith_s1.pass_at_1_gain:+.2f}} at seed 1.
-#   One run is one draw, and so is one CPU: seed 0 with torch's AVX2 kernels, which round differently from the first
-#   step on, gained {{grpo_arith_avx2_s0.pass_at_1_gain:+.2f}}, with its unvectorised ones {{grpo_arith_default_s0.pass_at_1_gain:+.2f}}.
+#   {{grpo_arith_s0.args.groups_per_phase}} groups) at three seeds raised it by {{grpo_arith.over_seeds.pass_at_1_gain.mean:+.2f}} on average
+#   (from {{grpo_arith.over_seeds.pass_at_1_gain.min:+.2f}} to {{grpo_arith.over_seeds.pass_at_1_gain.max:+.2f}}, standard deviation
+#   {{grpo_arith.over_seeds.pass_at_1_gain.std:.2f}}; {{grpo_arith.over_seeds.pass_at_1_initial.mean:.2f}} ->
+#   {{grpo_arith.over_seeds.pass_at_1_final.mean:.2f}}). One run is one draw, and so is one CPU: seed 0 with torch's AVX2 kernels,
+#   which round differently from the first step on, gained {{grpo_arith_avx2_s0.pass_at_1_gain:+.2f}}, with its unvectorised ones
+#   {{grpo_arith_default_s0.pass_at_1_gain:+.2f}}.
 # - **pass@k at large k** cannot rise at k = 64 (the base model already found a right answer within
 #   64 tries on every problem: {{compare.pass_at_k.base.64:.3f}}), and falls for GRPO ({{compare.pass_at_k.grpo.64:.3f}}). At
 #   k = 16, where there is room, SFT ({{compare.pass_at_k.sft.16:.3f}}) is above the base model

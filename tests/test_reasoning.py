@@ -235,13 +235,7 @@ GRPO_ARITH_RUNS = {"grpo_arith_s0": None, "grpo_arith_s1": None, "grpo_arith_s2"
                    "grpo_arith_avx2_s0": "AVX2", "grpo_arith_default_s0": "DEFAULT"}
 
 
-#: Runs not recorded yet (issue 38: the shared 2-core machine gave each run about a tenth of a core, 40 minutes a seed):
-#: `python -m rlhf_tutorial record-figures grpo_arith_s2 grpo_arith`. Strict: once
-#: recorded, the test passes and the mark must go (and the chapter quote the spread, ``SPREADS["grpo_arith"]``).
-PENDING = pytest.mark.xfail(raises=KeyError, strict=True, reason="not recorded yet")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=PENDING) if n == "grpo_arith_s2" else n for n in GRPO_ARITH_RUNS])
+@pytest.mark.parametrize("name", list(GRPO_ARITH_RUNS))
 def test_recorded_grpo_arithmetic_gains_at_least_0_3_at_every_seed_and_kernel_level(name):
     """The claim the chapter and the README make of the preset: pass@1 rises by 0.3 or more at every recorded seed,
     at the CPU's own kernel level and at avx2 and default, in runs of the preset as it is now."""
@@ -260,7 +254,6 @@ def test_recorded_grpo_arithmetic_gains_at_least_0_3_at_every_seed_and_kernel_le
     assert r["pass_at_1_gain"] >= 0.3, (name, r["pass_at_1_initial"], r["pass_at_1_final"])
 
 
-@PENDING
 def test_the_quoted_spread_is_the_spread_of_the_recorded_seeds():
     from rlhf_tutorial import figures
 

@@ -178,9 +178,9 @@ PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
 #: gained 0.28 in 80 phases. 100 phases gained 0.36 at seed 0 on the AMD reference machine but 0.26 at seed 0
 #: and 0.34 at seed 1 on an Intel Xeon (AMX; issue 38): one seed or one CPU is one draw, and the gain was still
 #: climbing (seed 1 on the Xeon: +0.20 after 25 phases, +0.27 after 50), so the preset runs 200: on the Xeon
-#: +0.37 and +0.40 at seeds 0 and 1, +0.39 at seed 0 with AVX2 kernels (figures.json: grpo_arith_*; about 250
-#: to 300 s of CPU a run). The notebook and ``compare-reasoning`` set their own phases and groups, so this
-#: number is the CLI's alone.
+#: +0.37, +0.40 and +0.50 at seeds 0, 1 and 2, and at seed 0 +0.39 with AVX2 kernels and +0.42 unvectorised
+#: (figures.json: grpo_arith_*; 240 to 300 s of CPU a run, 416 s unvectorised). The notebook and
+#: ``compare-reasoning`` set their own phases and groups, so this number is the CLI's alone.
 ARITHMETIC_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(groups_per_phase=32, group_size=8, max_new_tokens=24, num_phases=200, update_epochs=1,
                  num_minibatches=2, learning_rate=3e-4, kl_coef=0.0, clip_coef=0.2, clip_coef_high=0.28,
