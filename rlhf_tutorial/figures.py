@@ -37,14 +37,16 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 @dataclass(frozen=True)
 class Run:
     """A command whose summary the prose quotes. ``world`` is the world its figures belong to: a
-    notebook checks its own output against them only there (and never at smoke sizes)."""
+    notebook checks its own output against them only there (and never at smoke sizes). ``env``: environment
+    variables the command runs under (``ATEN_CPU_CAPABILITY``: the same run at another kernel level)."""
 
     argv: tuple[str, ...]
     world: str = "tiny"
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def command(self) -> str:
-        return "python -m rlhf_tutorial " + " ".join(self.argv)
+        return "".join(f"{k}={v} " for k, v in self.env) + "python -m rlhf_tutorial " + " ".join(self.argv)
 
 
 #: Every run the prose quotes, by name. Keep the names short: they appear in the course's markdown.
@@ -126,9 +128,17 @@ _TINY_0 = ("--world", "tiny", "--seed", "0")
 RUNS.update({
     "sft": Run(("train-sft", *_TINY_0)),
     "rejection_sampling": Run(("train-rejection-sampling", *_TINY_0)),
-    "grpo_arith": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0")),
+    # GRPO on arithmetic, one run per seed (the text quotes their mean and spread: SPREADS["grpo_arith"], and seed 0's
+    # details), and seed 0 at the avx2 and the unvectorised ('default') kernel levels: other CPUs round as these do
+    **{f"grpo_arith_s{seed}": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", str(seed)))
+       for seed in (0, 1, 2)},
+    **{f"grpo_arith_{level}_s0": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0"),
+                                     env=(("ATEN_CPU_CAPABILITY", level),))
+       for level in ("avx2", "default")},
+    # clip-higher against none, at the 100 phases the preset ran before issue 38
+    "grpo_arith_100": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0", "--num-phases", "100")),
     "grpo_arith_noclip": Run(("train-grpo", "--world", "tiny", "--task", "arithmetic", "--seed", "0",
-                              "--clip-coef-high", "0.2")),
+                              "--clip-coef-high", "0.2", "--num-phases", "100")),
     "pass_at_k": Run(("pass-at-k", "--world", "tiny", "--samples", "64")),
     # the notebook's own run (its sizes and seeds, the reference functions): every figure of its summary
     "compare": Run(("compare-reasoning", "--world", "tiny", "--seed", "0")),
@@ -164,6 +174,27 @@ RUNS.update({
 SEED_SPREADS: dict[str, str] = {
     # chapter 08: rank 1 at 3e-3 ends anywhere between about 0.6 and 0.9 by the seed (an H100 printed 0.618)
     "lora_rl": "lora_rl_seeds",
+}
+
+#: Runs whose summary is the spread over seeds of other recorded runs, by name: :class:`Spread`. Each seed is its own run
+#: (its own process and record: a seed recorded stays when another has yet to be), and ``record-figures NAME`` writes
+#: NAME from their records (:func:`spread_summary`), the summary ``train-grpo --task arithmetic --seeds`` prints.
+@dataclass(frozen=True)
+class Spread:
+    """The spread of ``keys`` over the runs ``runs`` (one per seed, of the same settings)."""
+
+    runs: tuple[str, ...]
+    keys: tuple[str, ...]
+
+    @property
+    def command(self) -> str:
+        return "record-figures: the spread over " + ", ".join(self.runs)
+
+
+SPREADS: dict[str, Spread] = {
+    # chapter 07 quotes the mean and spread of GRPO's pass@1 gain on arithmetic
+    "grpo_arith": Spread(("grpo_arith_s0", "grpo_arith_s1", "grpo_arith_s2"),
+                         ("pass_at_1_initial", "pass_at_1_final", "pass_at_1_gain", "wall_seconds", "cpu_seconds")),
 }
 
 #: Summary entries not worth keeping (every sample's text: long; the few `samples_*` are kept).
@@ -356,7 +387,7 @@ def agree(name: str, observed: dict[str, float], world: str | None = None, smoke
 def run_summary(run: Run) -> dict[str, Any]:
     """Run ``run`` in a fresh process and return its last-line JSON summary (less :data:`DROPPED_KEYS`)."""
     proc = subprocess.run([sys.executable, "-m", "rlhf_tutorial", *run.argv], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **dict(run.env)})
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"`{run.command}` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -364,20 +395,53 @@ def run_summary(run: Run) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if k not in DROPPED_KEYS}
 
 
-def record(names: list[str], path: Path = FIGURES_FILE) -> dict[str, Any]:
-    """Run each named run (every one of :data:`RUNS` when ``names`` is empty) and store its summary."""
+def machine_info(run: Run) -> dict[str, Any]:
+    """:func:`rlhf_tutorial.buildinfo.build_info` as ``run``'s process sees it: under its ``env`` (another kernel
+    level, say) asked of a fresh process, since this one's torch has already chosen its kernels."""
     from rlhf_tutorial.buildinfo import build_info
 
-    unknown = [n for n in names if n not in RUNS]
+    if not run.env:
+        return build_info()
+    code = "import json; from rlhf_tutorial.buildinfo import build_info; print(json.dumps(build_info()))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, **dict(run.env)})
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def spread_summary(spread: Spread, figures: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a :class:`Spread` from the recorded runs it names: ``seeds`` (each run's seed, in order),
+    ``n_seeds``, ``runs`` (their names) and, per key, ``over_seeds[key]`` = ``{"per_seed", "min", "max", "mean",
+    "std"}`` (``trainers.grpo.spread``: the sample standard deviation). Raises KeyError naming a run not recorded."""
+    from rlhf_tutorial.trainers.grpo import spread as spread_of
+
+    missing = [n for n in spread.runs if n not in figures]
+    if missing:
+        raise KeyError(f"the spread needs the runs {', '.join(missing)} recorded first: record-figures {' '.join(missing)}")
+    summaries = [figures[n]["summary"] for n in spread.runs]
+    return {"seeds": [s["seed"] for s in summaries], "n_seeds": len(summaries), "runs": list(spread.runs),
+            "over_seeds": {key: spread_of([s[key] for s in summaries]) for key in spread.keys}}
+
+
+def record(names: list[str], path: Path = FIGURES_FILE) -> dict[str, Any]:
+    """Run each named run (every one of :data:`RUNS` when ``names`` is empty) and store its summary; a name of
+    :data:`SPREADS` is written from its runs' records (after the runs named with it)."""
+    unknown = [n for n in names if n not in RUNS and n not in SPREADS]
     if unknown:
-        raise SystemExit(f"record-figures: unknown run(s) {', '.join(unknown)}; known: {', '.join(RUNS)}")
-    for name in names or list(RUNS):
+        raise SystemExit(f"record-figures: unknown run(s) {', '.join(unknown)}; known: {', '.join([*RUNS, *SPREADS])}")
+    for name in [n for n in names if n in RUNS] if names else list(RUNS):
         run = RUNS[name]
         print(f"[record-figures] {name}: {run.command}", file=sys.stderr, flush=True)
         entry = {"command": run.command, "summary": run_summary(run),
-                 "recorded": datetime.date.today().isoformat(), "machine": build_info()}
+                 "recorded": datetime.date.today().isoformat(), "machine": machine_info(run)}
         figures = {**recorded(path), name: entry}  # read again: another recording may have added runs
         path.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")  # after each run: nothing lost
+    for name in [n for n in names if n in SPREADS] if names else list(SPREADS):
+        figures = recorded(path)
+        spread = SPREADS[name]
+        print(f"[record-figures] {name}: {spread.command}", file=sys.stderr, flush=True)
+        entry = {"command": spread.command, "summary": spread_summary(spread, figures),
+                 "recorded": datetime.date.today().isoformat(), "machine": figures[spread.runs[0]]["machine"]}
+        path.write_text(json.dumps({**figures, name: entry}, indent=1, sort_keys=True) + "\n")
     return recorded(path)
 
 
@@ -386,14 +450,14 @@ def main(argv: list[str]) -> dict:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m rlhf_tutorial record-figures", description=main.__doc__)
-    parser.add_argument("names", nargs="*", help=f"runs to record (default: all): {', '.join(RUNS)}")
+    parser.add_argument("names", nargs="*", help=f"runs to record (default: all): {', '.join([*RUNS, *SPREADS])}")
     parser.add_argument("--list", action="store_true", help="list the runs and where each is recorded, run nothing")
     ns = parser.parse_args(argv)
     if ns.list:
         figures = recorded()
         return {"runs": {n: {"command": r.command, "recorded": figures.get(n, {}).get("recorded")}
-                         for n, r in RUNS.items()}}
+                         for n, r in {**RUNS, **SPREADS}.items()}}
     figures = record(ns.names)
     README.write_text(sync_readme(README.read_text(), figures))
-    return {"recorded": ns.names or list(RUNS), "file": str(FIGURES_FILE),
+    return {"recorded": ns.names or [*RUNS, *SPREADS], "file": str(FIGURES_FILE),
             "next": "python -m rlhf_tutorial build-notebooks"}

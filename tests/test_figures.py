@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,8 +37,11 @@ def test_every_quoted_figure_is_a_recorded_one():
         for ref in refs:
             figures.lookup(ref, recorded)  # raises, naming the run and key, when it is not recorded
     for run_name in {ref.split(".")[0] for refs in quoted.values() for ref in refs}:
-        assert recorded[run_name]["command"] == figures.RUNS[run_name].command, (
+        run = figures.SPREADS[run_name] if run_name in figures.SPREADS else figures.RUNS[run_name]
+        assert recorded[run_name]["command"] == run.command, (
             f"{run_name}: recorded with another command line than figures.RUNS says: record it again")
+        if run_name in figures.SPREADS:  # a spread is its runs' records as they are now
+            assert recorded[run_name]["summary"] == figures.spread_summary(run, recorded), f"record-figures {run_name}"
 
 
 def test_the_readme_quotes_the_recorded_figures():
@@ -139,6 +145,41 @@ def test_record_runs_the_command_and_keeps_its_summary(tmp_path, monkeypatch):
     assert entry["machine"]["torch_build"]["version"].startswith("2.")
     with pytest.raises(SystemExit, match="unknown run"):
         figures.record(["no_such_run"], path)
+
+
+def test_a_run_under_another_kernel_level_runs_and_records_under_it(tmp_path, monkeypatch):
+    """A Run's env (ATEN_CPU_CAPABILITY=default: torch's unvectorised kernels) is part of its command line, and
+    both the command and the machine it is recorded with run under it."""
+    level = (("ATEN_CPU_CAPABILITY", "default"),)
+    code = "import json, torch; print(json.dumps({'level': torch.backends.cpu.get_cpu_capability()}))"
+    monkeypatch.setattr(figures, "run_summary", lambda run: json.loads(subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **dict(run.env)}).stdout))
+    monkeypatch.setitem(figures.RUNS, "levelled", Run(("world-info",), env=level))
+    assert figures.RUNS["levelled"].command == "ATEN_CPU_CAPABILITY=default python -m rlhf_tutorial world-info"
+    path = tmp_path / "figures.json"
+    entry = figures.record(["levelled"], path)["levelled"]
+    assert entry["summary"]["level"] == "DEFAULT"
+    assert entry["machine"]["torch_build"]["cpu_capability"] == "DEFAULT"
+    assert entry["machine"]["kernel_env"] == {"ATEN_CPU_CAPABILITY": "default"}
+    assert Run(("world-info",)).command == "python -m rlhf_tutorial world-info"
+
+
+def test_a_spread_is_written_from_its_seeds_records(tmp_path, monkeypatch):
+    """record-figures NAME of a Spread runs nothing: it summarises its runs' records (range, mean, sample std), and
+    refuses while one of them is not recorded."""
+    seeds = {f"demo_s{i}": {**FAKE["demo"], "summary": {"seed": i, "gain": g, "other": 1}}
+             for i, g in enumerate((0.31, 0.4, 0.35))}
+    path = tmp_path / "figures.json"
+    path.write_text(json.dumps(seeds))
+    monkeypatch.setitem(figures.SPREADS, "demo_spread", figures.Spread(tuple(seeds), ("gain",)))
+    entry = figures.record(["demo_spread"], path)["demo_spread"]
+    assert entry["command"] == "record-figures: the spread over demo_s0, demo_s1, demo_s2"
+    assert entry["summary"] == {"seeds": [0, 1, 2], "n_seeds": 3, "runs": list(seeds), "over_seeds": {"gain": {
+        "per_seed": [0.31, 0.4, 0.35], "min": 0.31, "max": 0.4, "mean": 0.3533, "std": 0.0451}}}
+    assert entry["machine"] == FAKE["demo"]["machine"]
+    monkeypatch.setitem(figures.SPREADS, "demo_spread", figures.Spread(("demo_s0", "demo_s9"), ("gain",)))
+    with pytest.raises(KeyError, match="record-figures demo_s9"):
+        figures.record(["demo_spread"], path)
 
 
 # Numbers with two or more decimals that the chapters' prose may state outright: settings, arithmetic and

@@ -175,9 +175,14 @@ PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
 #: starts from GPT-2 fine-tuned on demonstrations (``init="sft"``: GPT-2 has never seen the format) and is
 #: untuned here (no GPT-2 weights offline). Tiny, measured with seed 0: 16 groups a phase at 5e-4 gained
 #: 0.07 in 30 phases and nothing in 100 (noisy steps undid each other), 1e-3 collapsed; 32 groups at 3e-4
-#: gained 0.28 in 80 phases, so the preset runs 100.
+#: gained 0.28 in 80 phases. 100 phases gained 0.36 at seed 0 on the AMD reference machine but 0.26 at seed 0
+#: and 0.34 at seed 1 on an Intel Xeon (AMX; issue 38): one seed or one CPU is one draw, and the gain was still
+#: climbing (seed 1 on the Xeon: +0.20 after 25 phases, +0.27 after 50), so the preset runs 200: on the Xeon
+#: +0.37, +0.40 and +0.50 at seeds 0, 1 and 2, and at seed 0 +0.39 with AVX2 kernels and +0.42 unvectorised
+#: (figures.json: grpo_arith_*; 240 to 300 s of CPU a run, 416 s unvectorised). The notebook and
+#: ``compare-reasoning`` set their own phases and groups, so this number is the CLI's alone.
 ARITHMETIC_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(groups_per_phase=32, group_size=8, max_new_tokens=24, num_phases=100, update_epochs=1,
+    "tiny": dict(groups_per_phase=32, group_size=8, max_new_tokens=24, num_phases=200, update_epochs=1,
                  num_minibatches=2, learning_rate=3e-4, kl_coef=0.0, clip_coef=0.2, clip_coef_high=0.28,
                  loss_type="dapo", dynamic_sampling=True, max_sampling_rounds=3, eval_samples=128),
     "gpt2": dict(groups_per_phase=16, group_size=8, max_new_tokens=24, num_phases=60, update_epochs=1,
@@ -444,6 +449,9 @@ def _parser() -> argparse.ArgumentParser:
                         "the PPO-vs-GRPO figure is written")
     parser.add_argument("--report", default=None, help="write an HTML report (curves, groups) here")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="arithmetic: run the preset once per seed (in place of --seed) and summarise the spread "
+                        "of pass@1 over them (`over_seeds`; each seed's own summary under `runs`)")
     return parser
 
 
@@ -465,7 +473,12 @@ def main(argv: list[str]) -> dict:
     given = given_flags(GRPOArgs, ns)
     given.pop("world", None)
     args = GRPOArgs.preset(world, **given)
+    if ns.seeds is not None and args.task != "arithmetic":
+        raise SystemExit("train-grpo: --seeds is for --task arithmetic")
     if args.task == "arithmetic":
+        if ns.seeds is not None:
+            given.pop("seed", None)
+            return arithmetic_over_seeds(world, given, ns.seeds, progress=not ns.no_progress)
         return arithmetic_main(args, progress=not ns.no_progress)
 
     start = time.perf_counter()
@@ -531,7 +544,7 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
     from rlhf_tutorial.trainers import reasoning as run
     from rlhf_tutorial.worlds import load_reasoning_policy
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     policy = load_reasoning_policy(args.world)
     if args.init == "sft":
         run.train_sft(run.SFTArgs.preset(args.world, seed=args.seed), policy=policy,
@@ -570,6 +583,7 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
         "difficulty": train_at,
         "pass_at_1_initial": round(before[train_at]["pass_at_1"], 4),
         **run.pass_summary(before[train_at], after[train_at]),
+        "pass_at_1_gain": round(after[train_at]["pass_at_1"] - before[train_at]["pass_at_1"], 4),
         "pass_at_1_lenient_initial": round(before[train_at]["pass_at_1_lenient"], 4),
         "pass_at_1_lenient_final": round(after[train_at]["pass_at_1_lenient"], 4),
         "held_out_pass_at_1_initial": {str(d): round(before[d]["pass_at_1"], 4) for d in arith.HELD_OUT_DIFFICULTIES},
@@ -586,5 +600,42 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
         "phases": len(history),
         "wall_seconds": round(time.perf_counter() - start, 1),
         "train_wall_seconds": round(result.wall_seconds, 1),
+        # this process's CPU time over the same span: about the wall time on an idle machine (one thread)
+        "cpu_seconds": round(time.process_time() - cpu_start, 1),
         "args": {k: v for k, v in asdict(args).items() if k != "prompts"},
+    }
+
+
+#: What :func:`arithmetic_over_seeds` summarises over the seeds.
+SEED_KEYS = ("pass_at_1_initial", "pass_at_1_final", "pass_at_1_gain", "wall_seconds", "cpu_seconds")
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """``per_seed`` (as given), ``min``, ``max``, ``mean`` and the sample standard deviation ``std`` =
+    sqrt(sum_i (x_i - mean)^2 / (n - 1)) (0 for one value), as ``compare-lora --seeds`` summarises them."""
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return {"per_seed": values, "min": min(values), "max": max(values), "mean": round(mean, 4),
+            "std": round(var ** 0.5, 4)}
+
+
+def arithmetic_over_seeds(world: str, given: dict[str, Any], seeds: list[int], progress: bool = True) -> dict:
+    """``train-grpo --task arithmetic --seeds S ...``: :func:`arithmetic_main` once per seed (the preset of
+    ``world`` with the flags ``given``, one after another in this process), each seed's summary under
+    ``runs`` (by seed) and, per key of :data:`SEED_KEYS`, the spread over the seeds under ``over_seeds``
+    (:func:`spread`): one seed is one draw, the text quotes the mean and the spread."""
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds needs distinct seeds, got {seeds}")
+    start = time.perf_counter()
+    runs = {str(seed): arithmetic_main(GRPOArgs.preset(world, **given, seed=seed), progress=progress)
+            for seed in seeds}
+    first = runs[str(seeds[0])]
+    return {
+        "world": world,
+        "task": "arithmetic",
+        "seeds": list(seeds),
+        "over_seeds": {key: spread([runs[str(s)][key] for s in seeds]) for key in SEED_KEYS},
+        "runs": runs,
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "args": {k: v for k, v in first["args"].items() if k != "seed"},
     }
