@@ -320,7 +320,7 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 #   sampled (up to `max_sampling_rounds`);
 # - **clip-higher**: the ratio $\pi_\theta / \pi_\text{old}$ is clipped to
 #   $[1 - \varepsilon_\text{low},\, 1 + \varepsilon_\text{high}]$ with $\varepsilon_\text{low} =$
-#   {{grpo_arith.args.clip_coef:g}} and a larger $\varepsilon_\text{high} =$ {{grpo_arith.args.clip_coef_high:g}}. The
+#   {{grpo_arith_s0.args.clip_coef:g}} and a larger $\varepsilon_\text{high} =$ {{grpo_arith_s0.args.clip_coef_high:g}}. The
 #   upper clip caps how far one update can raise a token with a positive advantage: to
 #   $(1 + \varepsilon)$ times its old probability $p$. A likely token is hardly held back
 #   ($p (1 + \varepsilon)$ is near or above 1), but a rare one gains at most $\varepsilon p$, almost
