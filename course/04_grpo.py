@@ -632,6 +632,6 @@ progress("04")
 # TRL's on the exported tiny policy with the settings above, alternating runs over seeds 0-3, and
 # prints each side's time per phase (split into sampling, scoring, old and reference log-probs and
 # optimisation), time to a mean reward of 0.9, final reward and peak memory. `--algo ppo` races
-# chapter 03's trainer against TRL 1.12's `PPOTrainer` (PPO moved to `trl.experimental` in TRL 1.10,
-# and a later release removed it) and `--algo dpo` chapter 06's against TRL's `DPOTrainer`. The README lists the figures measured here and every
-# setting TRL expresses differently.
+# chapter 03's trainer against TRL 1.12's `PPOTrainer` (by then moved to `trl.experimental`; a later
+# release removed it) and `--algo dpo` chapter 06's against TRL's `DPOTrainer`. The README lists the
+# figures measured here and every setting TRL expresses differently.
