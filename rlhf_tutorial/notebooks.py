@@ -181,6 +181,18 @@ def solution_code(obj: Any) -> str:
     return f"```python\n{code.strip()}\n```"
 
 
+def top_level_functions(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The functions of a parsed source and the methods of its classes (one level: what a learner's
+    exercise body is, where no exercise markers say otherwise), in source order."""
+    functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append(node)
+        elif isinstance(node, ast.ClassDef):
+            functions += [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return functions
+
+
 def stub_source(obj: Any, name: str) -> str:
     """The reference's source with the learner's part replaced by ``raise NotImplementedError``.
 
@@ -202,13 +214,7 @@ def stub_source(obj: Any, name: str) -> str:
                 out.append(line)
         return "\n".join(out)
 
-    tree = ast.parse("\n".join(lines))
-    functions = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            functions.append(node)
-        elif isinstance(node, ast.ClassDef):
-            functions += [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions = top_level_functions(ast.parse("\n".join(lines)))
     if not functions:
         raise ValueError(f"{name}: nothing to stub (no function or method found)")
     # Replace bodies from the last function up, so earlier line numbers stay valid.

@@ -102,13 +102,7 @@ def regions_of(source: str) -> list[tuple[int, int]]:
             start = None
     if marked:
         return [r for r in marked if r[0] <= r[1]]
-    tree = ast.parse(source)
-    functions = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            functions.append(node)
-        elif isinstance(node, ast.ClassDef):
-            functions += [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions = notebooks.top_level_functions(ast.parse(source))
     regions = []
     for fn in sorted(functions, key=lambda f: f.lineno):
         body = fn.body
