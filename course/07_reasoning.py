@@ -19,8 +19,9 @@
 #    raises pass@k at small k, but that at large k the base model's pass@k overtakes the RL-trained
 #    model's), and accuracy on **harder problems** no fine-tuning saw.
 #
-# These are not one chained recipe here. DeepSeek-R1 chains such stages (a cold-start SFT, RL,
-# rejection-sampling fine-tuning on the RL model's samples, RL again); this chapter starts **every**
+# These are not one chained recipe here. DeepSeek-R1 chains such stages (a cold-start SFT, RL, then an
+# SFT of the *base* model afresh on the RL model's samples that rejection sampling kept, with other
+# data, then RL again); this chapter starts **every**
 # method from the same base model, so that each one's effect is measured on its own: SFT, rejection
 # sampling and GRPO each begin from the base model, GRPO as in DeepSeek-R1-Zero (RL with no SFT
 # before it). On GPT-2, which has never seen the answer format, GRPO starts from the SFT model; the
@@ -84,7 +85,9 @@ if is_tiny():
 print(describe())  # where this chapter's models live: a GPU when there is one (RLHF_TUTORIAL_DEVICE picks)
 base = load_reasoning_policy(world)  # tiny: the shipped arithmetic model; gpt2: GPT-2 itself
 difficulty = arith.TRAIN_DIFFICULTY
-problems = split_problems("eval", 8 if is_smoke() else 32, difficulty)  # fresh problems for every measurement
+# the 'eval' split: its own draw of problems, the same for every measurement (at one step there are few
+# distinct problems, so most of them also occur among the training problems: this measures skill, not transfer)
+problems = split_problems("eval", 8 if is_smoke() else 32, difficulty)
 n_eval = 4 if is_smoke() else 16  # samples per problem for pass@1
 max_new = 24
 example = problems[0]
@@ -126,8 +129,8 @@ for text in sample_completions(base, [example.prompt], 4, max_new, seed=0)[0]:
 # **Predict, then check.** The cell below samples four solutions of each of four problems from the base
 # model and prints each with its reward, what your strict `extract_answer` reads, and what a lenient
 # reader ("the first number in the text", section 5) reads. Before running it, guess: of the 16
-# samples, how many will the strict verifier reward? Will the lenient reader ever agree with the strict
-# one on a *worked* solution (one that starts by restating the operands)?
+# samples, how many will the strict verifier reward? Will the lenient reader ever reward a *worked*
+# solution (one that starts by restating the operands)?
 
 # %%
 samples = sample_completions(base, [p.prompt for p in problems[:4]], 4, max_new, seed=1)
@@ -141,8 +144,8 @@ for p, texts in zip(problems[:4], samples):
 # What the run shows. The strict verifier rewards a sample only when its arithmetic is right *and* its
 # last answer line is well formed: look for samples whose working is right but whose answer line is
 # not (in the tiny world `"Answer = 0"`, `"answer = 4"`, `"Answer: 7 ."`, copied from sloppy writers).
-# They score 0, so part of what fine-tuning on this reward teaches is the format. The lenient reader agrees with the strict one
-# on a worked solution only when the first operand *is* the answer (`7+0`, `7-0`): over the base
+# They score 0, so part of what fine-tuning on this reward teaches is the format. The lenient reader rewards
+# a worked solution only when its first operand *is* the answer (`7+0`, `7-0`): over the base
 # model's samples its pass@1 is {{compare.base_pass_at_1_lenient:.3f}}, against {{compare.base_pass_at_1:.3f}} for the strict verifier
 # (section 5 prints both).
 
@@ -230,8 +233,8 @@ figures.agree("compare", {"rejection_sampling.pass_at_1_final": rs.eval_final["p
 
 # %% [markdown]
 # **How far is best-of-N from the model it samples?** Take a continuous reward (no ties) and measure
-# every completion by its quantile $u \in [0, 1]$ under $\pi_\text{ref}$: the reward of a sample
-# from $\pi_\text{ref}$ is then uniform. Best-of-$N$ returns the sample of highest reward, and the
+# every completion by its reward's quantile $u \in [0, 1]$ under $\pi_\text{ref}$: the quantile of a
+# sample from $\pi_\text{ref}$ is then uniform. Best-of-$N$ returns the sample of highest reward, and the
 # largest of $N$ uniform quantiles has density $N u^{N-1}$ (its cumulative distribution is $u^N$).
 # So best-of-$N$ reweights $\pi_\text{ref}$ by $\pi_{\text{best-of-}N} / \pi_\text{ref} = N u^{N-1}$,
 # whatever the model and the reward, and
@@ -303,7 +306,7 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 # the base model was {{compare.base_pass_at_1_lenient:.3f}}), and the policy gave up right answers to get it.
 #
 # The fix is the strict verifier of section 1. Section 6 trains GRPO with it, with the same seed and
-# settings, but it is the chapter's main run, not a replay of this one: in the tiny world it starts
+# preset, but it is the chapter's main run, not a replay of this one: in the tiny world it starts
 # from the same base model, is longer and samples more groups per phase ({{compare.args.num_phases}} phases of
 # {{compare.args.groups_per_phase}} groups, against {{compare.args.hack_phases}} phases of
 # {{compare.args.hack_groups}} here), so compare the curves of the two runs by their trend, not their
@@ -331,7 +334,8 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 # - token-level averaging (`loss_type="dapo"`) and no KL term.
 #
 # The policy's entropy per token (estimated on its own samples: the mean of $-\log \pi_\text{old}$ over
-# completion tokens) and the completion length are tracked per phase.
+# the completion tokens of the groups dynamic sampling kept: the all-right and all-wrong groups are left
+# out) and the completion length are tracked per phase.
 
 # %%
 grpo_args = GRPOArgs.preset(world, task="arithmetic", seed=0, **grpo_sizes)
@@ -430,13 +434,13 @@ best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 #   (from {{grpo_arith.over_seeds.pass_at_1_gain.min:+.2f}} to {{grpo_arith.over_seeds.pass_at_1_gain.max:+.2f}}, standard deviation
 #   {{grpo_arith.over_seeds.pass_at_1_gain.std:.2f}}; {{grpo_arith.over_seeds.pass_at_1_initial.mean:.2f}} ->
 #   {{grpo_arith.over_seeds.pass_at_1_final.mean:.2f}}). One run is one draw, and so is one CPU: seed 0 with torch's AVX2 kernels,
-#   which round differently from the first step on, gained {{grpo_arith_avx2_s0.pass_at_1_gain:+.2f}}, with its unvectorised ones
-#   {{grpo_arith_default_s0.pass_at_1_gain:+.2f}}.
+#   whose rounding differs in the last bits (the two runs' curves coincide for a while, then part), gained
+#   {{grpo_arith_avx2_s0.pass_at_1_gain:+.2f}}, with its unvectorised ones {{grpo_arith_default_s0.pass_at_1_gain:+.2f}}.
 # - **pass@k at large k** cannot rise at k = 64 (the base model already found a right answer within
 #   64 tries on every problem: {{compare.pass_at_k.base.64:.3f}}), and falls for GRPO ({{compare.pass_at_k.grpo.64:.3f}}). At
 #   k = 16, where there is room, SFT ({{compare.pass_at_k.sft.16:.3f}}) is above the base model
 #   ({{compare.pass_at_k.base.16:.3f}}), rejection sampling about level ({{compare.pass_at_k.rejection_sampling.16:.3f}}), GRPO below
-#   ({{compare.pass_at_k.grpo.16:.3f}}; the CLI's run, seed 0: pass@16 {{grpo_arith_s0.pass_at_k_initial.16:.2f}} ->
+#   ({{compare.pass_at_k.grpo.16:.3f}}; the CLI's run, seed 0: pass@16 {{grpo_arith_s0.pass_at_k_initial.16:.3f}} ->
 #   {{grpo_arith_s0.pass_at_k.16:.3f}}). RL sharpens the distribution onto answers it could already produce (the entropy falls from
 #   {{compare.grpo.entropy_first:.2f}} nats per token in the first phase to {{compare.grpo.entropy_last:.2f}} in the last) and loses a
 #   few it could, which is what Yue et al. (2025) report for large models: the RL-trained model wins at
@@ -446,7 +450,7 @@ best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 #   (two steps: {{compare.held_out_pass_at_1.base.2:.3f}} for the base model, {{compare.held_out_pass_at_1.grpo.2:.3f}} to
 #   {{compare.held_out_pass_at_1.rejection_sampling.2:.3f}} after the three methods); none of them trains on them.
 # - **Best-of-N** reaches a pass rate of {{compare.best_of_n.16.reward:.2f}} at N = 16 without training, at
-#   {{compare.best_of_n.16.kl_measured:.1f}} nats measured ({{compare.best_of_n.16.kl_analytic:.1f}} by the formula); the price is paid at
+#   {{compare.best_of_n.16.kl_measured:.1f}} nats by the two-outcome KL ({{compare.best_of_n.16.kl_analytic:.1f}} by the continuous formula); the price is paid at
 #   answer time, N samples per question.
 
 # %%
@@ -459,8 +463,11 @@ progress("07")
 #   seed 0, pass@1 reached {{grpo_arith_noclip.pass_at_1_final:.3f}} instead of {{grpo_arith_100.pass_at_1_final:.3f}} and the entropy
 #   ended a little lower ({{grpo_arith_noclip.entropy_last_10:.3f}} against {{grpo_arith_100.entropy_last_10:.3f}} nats per token over
 #   the last 10 phases). Try other seeds: is the gap real?
-#   `--no-dynamic-sampling`: how many phases are wasted on all-equal groups?
-# - `train-grpo --task arithmetic --init sft`: RL after SFT, the R1 recipe, against RL from the base
-#   ("R1-Zero").
-# - `pass-at-k --method rejection-sampling --samples 64`: where does expert iteration's pass@64 land?
-# - A harder training difficulty: `SFTArgs(difficulty=2)`; the base model's pass@1 there is below 0.1.
+#   `--no-dynamic-sampling`: how much of each phase goes to all-equal groups, which teach nothing?
+# - `train-grpo --task arithmetic --init sft`: RL after SFT (DeepSeek-R1 starts its RL from a cold-start
+#   SFT), against RL from the base ("R1-Zero").
+# - `pass-at-k --method rejection-sampling --samples 64`: section 7 showed expert iteration's pass@64 at one
+#   step; the command also measures it at two and three steps, where the base model's is
+#   {{pass_at_k.pass_at_k_by_difficulty.2.64:.2f}} and {{pass_at_k.pass_at_k_by_difficulty.3.64:.2f}}. Does it rise there, or fall?
+# - A harder training difficulty: `SFTArgs(difficulty=2)`; the base model's pass@1 there is
+#   {{pass_at_k.pass_at_k_by_difficulty.2.1:.2f}} (`pass-at-k`, {{pass_at_k.problems}} problems of {{pass_at_k.samples}} samples).

@@ -607,7 +607,7 @@ _PASS_CASES = [  # (label, n, c, k)
 ]
 
 #: n of the sweep over the contract's range (n <= 1024): small ones, around 170 (171! overflows a float),
-#: and up to 1024 (a product of integers wraps int64, and C(n, n / 2) is within a factor of 40 of float's limit)
+#: and up to 1024 (a product of integers wraps int64, and C(1024, 512) is about 40 times below float's limit)
 _SWEEP_N = (2, 3, 5, 8, 21, 64, 100, 170, 171, 172, 255, 256, 500, 777, 1000, 1023, 1024)
 
 
