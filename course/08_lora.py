@@ -14,14 +14,16 @@
 # only, and the frozen base can be shared between the policy and the reference.
 #
 # **Why RL should need very little.** A policy-gradient episode ends with one scalar reward: compared
-# with its group's mean, about **one bit** (better or worse than usual). A phase of chapter 04's GRPO
-# samples 64 completions: at most some 64 bits of information for an update of the tiny policy's
-# {{lora_rl.runs.0.policy_parameters:,}} numbers. Supervised fine-tuning gets, per token, the whole target: a choice among
+# with its group's mean, about **one bit** (better or worse than usual; a rule of thumb, not a bound: the
+# sentiment reward here is a continuous score). A phase of chapter 04's GRPO samples
+# {{lora_grpo_r1.samples_per_phase}} completions: of the order of {{lora_grpo_r1.samples_per_phase}} bits of
+# information for an update of the tiny policy's {{lora_rl.runs.0.policy_parameters:,}} numbers. Supervised fine-tuning gets, per token, the whole target: a choice among
 # the vocabulary, at most $\log_2 V$ bits (an upper bound: a token the model already predicts well
 # carries far less), and many tokens per example. So a rank-1 adapter, a few thousand numbers here, should hold everything GRPO can
 # learn in a run, while SFT, which carries many more bits, may need more. "LoRA Without Regret"
-# (Thinking Machines, 2025) reports exactly that at scale: rank 1 matches full fine-tuning in RL and
-# falls behind in SFT. This chapter measures it in the tiny world, on chapter 04's sentiment task and
+# (Thinking Machines, 2025) reports that at scale: in RL even rank 1 matched full fine-tuning, while in
+# SFT the small ranks fell behind once the data held more than they could store (a large enough rank
+# kept up on small and medium data sets). This chapter measures it in the tiny world, on chapter 04's sentiment task and
 # chapter 07's arithmetic.
 #
 # The plan: (1) the adapter, (2) attached through **hooks**, without touching a base weight,
@@ -186,9 +188,9 @@ assert gap < 1e-4
 # %% [markdown]
 # ## 4. GRPO at rank 1: does one bit per episode fit in a few thousand numbers?
 #
-# Chapter 04's GRPO trainer takes LoRA through one field: `GRPOArgs(lora_rank=1, lora_alpha=16.0)` (on the
-# command line `train-grpo --lora-rank 1`; chapter 03's `RLHFArgs` and chapter 07's `SFTArgs` have the
-# same two fields). The trainer freezes the policy, attaches one adapter per layer and matrix through
+# Chapter 04's GRPO trainer takes LoRA through two fields, `GRPOArgs(lora_rank=1, lora_alpha=16.0)` (alpha's
+# default; on the command line `train-grpo --lora-rank 1`; chapter 03's `RLHFArgs` and chapter 07's `SFTArgs`
+# have the same two fields). The trainer freezes the policy, attaches one adapter per layer and matrix through
 # your hooks, and hands the optimizer only the adapters' $A$ and $B$. The reference model is copied
 # before the adapters are attached, so it stays the base.
 #
@@ -216,7 +218,8 @@ assert gap < 1e-4
 # **Three seeds, and rates that bracket.** `compare-lora --task sentiment --ranks 1 4 16 --seeds 0 1 2
 # --lr-multipliers 0.3 1 3` and `compare-lora --task sentiment --ranks 0 --seeds 0 1 2 --lr-multipliers 1 3 10`
 # ran every rank at three rates, three seeds each, at the {{lora_rl.args.num_phases}} phases of the runs below
-# (final mean reward and KL, each the mean over the three seeds):
+# (final mean reward and KL, each the mean over the three seeds; recorded on another CPU than the five-seed
+# runs further down, so its column at the LoRA rate is not their first three seeds):
 #
 # | | {{lora_scan_seeds_full.scan.0.1.learning_rate:g}} | {{lora_scan_seeds_full.scan.0.3.learning_rate:g}} | {{lora_scan_seeds.scan.1.1.learning_rate:g}} | {{lora_scan_seeds.scan.1.3.learning_rate:g}} |
 # |---|---|---|---|---|
@@ -226,8 +229,9 @@ assert gap < 1e-4
 # | rank 1 | not run | {{lora_scan_seeds.scan.1.0.3.mean_reward_final.mean:.2f}} (KL {{lora_scan_seeds.scan.1.0.3.kl_final.mean:.2f}}) | {{lora_scan_seeds.scan.1.1.mean_reward_final.mean:.2f}} (KL {{lora_scan_seeds.scan.1.1.kl_final.mean:.2f}}) | {{lora_scan_seeds.scan.1.3.mean_reward_final.mean:.2f}} (KL {{lora_scan_seeds.scan.1.3.kl_final.mean:.2f}}) |
 #
 # Full fine-tuning did best, by the mean, at three times its preset, worse below and no better above
-# (where it paid a KL of {{lora_scan_seeds_full.scan.0.10.kl_final.mean:.1f}}). At three times the LoRA rate every rank's KL blew up (a mean of
-# {{lora_scan_seeds.scan.1.3.kl_final.mean:.1f}} at rank 1 to {{lora_scan_seeds.scan.4.3.kl_final.mean:.1f}} at rank 4) and ranks 1 and 16 lost reward; at a third of it, which is full
+# (where it paid a KL of {{lora_scan_seeds_full.scan.0.10.kl_final.mean:.1f}}). At three times the LoRA rate the KL blew up at every seed of
+# ranks 4 and 16 (means of {{lora_scan_seeds.scan.4.3.kl_final.mean:.1f}} and {{lora_scan_seeds.scan.16.3.kl_final.mean:.1f}}) and at one seed of rank 1 (from
+# {{lora_scan_seeds.scan.1.3.kl_final.min:.2f}} to {{lora_scan_seeds.scan.1.3.kl_final.max:.1f}}), and ranks 1 and 16 lost reward; at a third of it, which is full
 # fine-tuning's best rate, each rank did about as well as at the LoRA rate: the seeds' ranges overlap (three seeds separate
 # only large differences), rank 4's mean is even a little higher there, so its best rate is not
 # bracketed from below. What this scan settles is the gap: every LoRA cell lies below full fine-tuning's
@@ -243,8 +247,8 @@ assert gap < 1e-4
 # settings at five seeds, and rank 1 ended at a mean reward of {{lora_rl_seeds.runs.1.mean_reward_final.min:.2f}} to {{lora_rl_seeds.runs.1.mean_reward_final.max:.2f}} (mean
 # {{lora_rl_seeds.runs.1.mean_reward_final.mean:.2f}}, standard deviation {{lora_rl_seeds.runs.1.mean_reward_final.std:.2f}}) with a KL of {{lora_rl_seeds.runs.1.kl_final.min:.2f}} to {{lora_rl_seeds.runs.1.kl_final.max:.2f}}. Seed 0, the one the
 # tables quote, was the best of the five. On a CPU like the reference machine your run repeats seed 0;
-# elsewhere (another CPU, a GPU) the arithmetic rounds differently from the first step, which is as good
-# as another seed, so expect any number in that range. The cell checks your run against seed 0 on the
+# elsewhere (another CPU, a GPU) the arithmetic rounds differently in the last bits, which over a run can
+# send sampling down other paths, as another seed would, so expect any number in that range. The cell checks your run against seed 0 on the
 # reference machine, and against the five seeds' range (widened by one standard deviation each side)
 # elsewhere: a LoRA that learns nothing stays near the starting {{lora_rl.runs.1.mean_reward_initial:.2f}} and fails both.
 
@@ -275,14 +279,14 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 
 # %% [markdown]
 # In the recorded run ({{lora_rl.args.num_phases}} phases of {{lora_rl.args.groups_per_phase}} groups of 8, seed 0, the tiny world), the final mean reward
-# (64 samples) and the KL per token were:
+# (64 samples), the KL per token and the first phase whose reward reached 0.9 (None: no phase did) were:
 #
 # | | trained parameters | optimizer state | final reward | KL | phases to 0.9 |
 # |---|---|---|---|---|---|
-# | full fine-tuning | {{lora_rl.runs.0.trainable_parameters:,}} | {{lora_rl.runs.0.optimizer_state_mb:.2f}} MB | {{lora_rl.runs.0.mean_reward_final:.2f}} | {{lora_rl.runs.0.kl_final:.2f}} | {{lora_rl.runs.0.phases_to_target}} |
-# | LoRA rank 16 | {{lora_rl.runs.16.trainable_parameters:,}} | {{lora_rl.runs.16.optimizer_state_mb:.3f}} MB | {{lora_rl.runs.16.mean_reward_final:.2f}} | {{lora_rl.runs.16.kl_final:.2f}} | {{lora_rl.runs.16.phases_to_target}} |
-# | LoRA rank 4 | {{lora_rl.runs.4.trainable_parameters:,}} | {{lora_rl.runs.4.optimizer_state_mb:.3f}} MB | {{lora_rl.runs.4.mean_reward_final:.2f}} | {{lora_rl.runs.4.kl_final:.2f}} | {{lora_rl.runs.4.phases_to_target}} |
-# | LoRA rank 1 | {{lora_rl.runs.1.trainable_parameters:,}} | {{lora_rl.runs.1.optimizer_state_mb:.3f}} MB | {{lora_rl.runs.1.mean_reward_final:.2f}} | {{lora_rl.runs.1.kl_final:.2f}} | {{lora_rl.runs.1.phases_to_target}} |
+# | full fine-tuning | {{lora_rl.runs.0.trainable_parameters:,}} | {{lora_rl.runs.0.optimizer_state_mb:.2f}} MiB | {{lora_rl.runs.0.mean_reward_final:.2f}} | {{lora_rl.runs.0.kl_final:.2f}} | {{lora_rl.runs.0.phases_to_target}} |
+# | LoRA rank 16 | {{lora_rl.runs.16.trainable_parameters:,}} | {{lora_rl.runs.16.optimizer_state_mb:.3f}} MiB | {{lora_rl.runs.16.mean_reward_final:.2f}} | {{lora_rl.runs.16.kl_final:.2f}} | {{lora_rl.runs.16.phases_to_target}} |
+# | LoRA rank 4 | {{lora_rl.runs.4.trainable_parameters:,}} | {{lora_rl.runs.4.optimizer_state_mb:.3f}} MiB | {{lora_rl.runs.4.mean_reward_final:.2f}} | {{lora_rl.runs.4.kl_final:.2f}} | {{lora_rl.runs.4.phases_to_target}} |
+# | LoRA rank 1 | {{lora_rl.runs.1.trainable_parameters:,}} | {{lora_rl.runs.1.optimizer_state_mb:.3f}} MiB | {{lora_rl.runs.1.mean_reward_final:.2f}} | {{lora_rl.runs.1.kl_final:.2f}} | {{lora_rl.runs.1.phases_to_target}} |
 #
 # Seed 0 flatters rank 1: there it matched full fine-tuning. Over the five seeds the picture is steadier
 # and plainer (final mean reward, mean over seeds and range):
@@ -294,8 +298,8 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 # | LoRA rank 4 | {{lora_rl_seeds.runs.4.mean_reward_final.mean:.2f}} | {{lora_rl_seeds.runs.4.mean_reward_final.min:.2f}} to {{lora_rl_seeds.runs.4.mean_reward_final.max:.2f}} | {{lora_rl_seeds.runs.4.kl_final.min:.2f}} to {{lora_rl_seeds.runs.4.kl_final.max:.2f}} |
 # | LoRA rank 1 | {{lora_rl_seeds.runs.1.mean_reward_final.mean:.2f}} | {{lora_rl_seeds.runs.1.mean_reward_final.min:.2f}} to {{lora_rl_seeds.runs.1.mean_reward_final.max:.2f}} | {{lora_rl_seeds.runs.1.kl_final.min:.2f}} to {{lora_rl_seeds.runs.1.kl_final.max:.2f}} |
 #
-# Full fine-tuning lands in a narrow band at every seed; the three LoRA ranks, at the one rate
-# scanned for them, trail it in these {{lora_rl.args.num_phases}} phases and are **indistinguishable from each
+# Full fine-tuning lands in a narrow band at every seed; the three LoRA ranks, at their one rate
+# ({{lora_rl.learning_rates.lora:g}}), trail it in these {{lora_rl.args.num_phases}} phases and are **indistinguishable from each
 # other** on average. That is the claim that matters here: rank 1, about half a percent of the model's
 # numbers, learns as much as rank 16, as it should if what GRPO learns from the reward in
 # {{lora_rl_seeds.args.num_phases}} phases of {{lora_rl_seeds.args.groups_per_phase}} groups fits in one direction per matrix. Rank 1's final rewards spread the widest of the four, so one rank-1
@@ -312,8 +316,8 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 # PPO is less forgiving. Chapter 03's trainer with the same field (`train-rlhf --world tiny --lora-rank 1
 # --learning-rate 2e-3`, about three times its preset's rate; its value head still trains in full)
 # climbed from {{lora_ppo_r1.mean_reward_initial:.2f}} to {{lora_ppo_r1.mean_reward_final:.2f}} in {{lora_ppo_r1.phases}} phases at a KL of {{lora_ppo_r1.kl_final:.2f}}, where the full fine-tune
-# reaches {{rlhf_neg.mean_reward_final:.2f}}; ten times the preset's rate made it diverge within a dozen phases. Its rate
-# was not scanned: between the two is the next experiment to run.
+# reaches {{rlhf_neg.mean_reward_final:.2f}}; a run at ten times the preset's rate diverged (it is not in the recorded figures).
+# Its rate was not scanned: between the two is the next experiment to run.
 
 # %% [markdown]
 # ## 5. SFT at the same ranks: many bits per example
@@ -322,7 +326,8 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 # demonstration, the token to write: far more information per example than a reward's one bit. If
 # capacity is what LoRA lacks, SFT is where a small rank should show it. One pass over
 # {{lora_sft.args.n_demonstrations}} demonstrations (the world has a few hundred distinct one-step problems: they repeat),
-# then pass@1 on {{lora_sft.args.eval_problems}} fresh problems ({{lora_sft.args.pass_samples}} samples each). The cell runs full fine-tuning and your
+# then pass@1 on {{lora_sft.args.eval_problems}} problems of the evaluation split ({{lora_sft.args.pass_samples}} samples each; a separate draw,
+# but with so few distinct problems most of them are also among the demonstrations). The cell runs full fine-tuning and your
 # rank 1; the other ranks come from `compare-lora --world tiny --task arithmetic`.
 
 # %%
@@ -345,7 +350,7 @@ cost_figure({**recorded_rl, "1": rank1} if recorded_rl else {"1": rank1}, sft=re
 # {{lora_sft.runs.16.pass_at_1_final:.3f}} at rank 16, {{lora_sft.runs.4.pass_at_1_final:.3f}} at rank 4 and {{lora_sft.runs.1.pass_at_1_final:.3f}} at rank 1; the training loss
 # of the last steps tells the same story more steadily: {{lora_sft.runs.0.loss_last_5:.4f}}, {{lora_sft.runs.16.loss_last_5:.4f}}, {{lora_sft.runs.4.loss_last_5:.4f}} and
 # {{lora_sft.runs.1.loss_last_5:.4f}} nats per token. Here rank 1 **falls behind**, while in RL it did as well as rank 16: SFT's targets carry
-# more than one direction per matrix can hold, GRPO's rewards do not. Read both with their sizes in
+# more than one direction per matrix can hold, GRPO's rewards do not (one reading of one run). Read both with their sizes in
 # mind: {{lora_sft.args.eval_problems}} problems x {{lora_sft.args.pass_samples}} samples and 64 samples of reward are noisy (standard errors of a few
 # hundredths), and one seed is one draw.
 
@@ -409,8 +414,9 @@ spectrum_figure(spectra, ks, random=gaussian, title=f"How many directions {spect
 # against full fine-tuning's {{lora_rl_seeds.runs.0.mean_reward_final.mean:.2f}}, but as much as ranks 4 and 16 ({{lora_rl_seeds.runs.4.mean_reward_final.mean:.2f}} and {{lora_rl_seeds.runs.16.mean_reward_final.mean:.2f}}). So the
 # rank is not what held LoRA back in those runs: one direction per matrix did as well as sixteen, far
 # fewer than the full fine-tune's spectrum spreads over. Nor was it the learning rate, within the
-# range section 4's three-seed scan tried; what did hold it back (the number of phases, alpha, the
-# targets) is untested here.
+# range section 4's three-seed scan tried; what did hold it back (the number of phases, the targets, or
+# alpha, which under Adam acts much like the learning rate, as Hu et al. note, so the scan covers part of
+# it) is untested here.
 
 # %%
 progress("08")
@@ -420,12 +426,15 @@ progress("08")
 #
 # - `train-grpo --world tiny --lora-rank 1 --learning-rate 3e-4`: the full fine-tune's rate. How far does
 #   rank 1 get in 40 phases?
-# - LoRA on attention only: `make_adapters(base, 1, 16.0, targets=("q", "k", "v", "o"))` and GRPO with
-#   `lora_functions` (see `trainers.lora.apply_lora`). Which matrices does the sentiment task need?
+# - LoRA on attention only: the trainers make adapters for every target (`trainers.lora.apply_lora`), so
+#   pass GRPO `lora_functions={"lora_hooks": f}`, where `f(model, adapters)` calls your `lora_hooks` on only
+#   the adapters whose key ends in `_q`, `_k`, `_v` or `_o` (the MLP adapters then get no gradient and stay
+#   at $B = 0$). Which
+#   matrices does the sentiment task need?
 # - `train-rlhf --world tiny --lora-rank 4 --learning-rate 2e-3 --save DIR`, then `export-hf --checkpoint DIR --out OUT`:
 #   PPO with LoRA, merged and exported (the value head is trained in full: it starts from scratch), at
-#   the rate section 4's rank-1 PPO run used (ten times the preset's diverged).
+#   the rate section 4's rank-1 PPO run used.
 # - `compare-lora --world tiny --task sentiment --seeds 0 1 2 3 4 --num-phases 40`: do the LoRA ranks catch
 #   up with full fine-tuning given twice the phases, and does rank 1's spread narrow?
-# - SFT with more data (`compare-lora --task arithmetic --n-demonstrations 2048`): does rank 1 fall
-#   further behind when there are more bits to learn?
+# - SFT with more data (`compare-lora --task arithmetic --n-demonstrations 8192`, four times the
+#   recorded run's {{lora_sft.args.n_demonstrations}}): does rank 1 fall further behind when there are more bits to learn?
