@@ -427,7 +427,7 @@ progress("08")
 # - `train-grpo --world tiny --lora-rank 1 --learning-rate 3e-4`: the full fine-tune's rate. How far does
 #   rank 1 get in 40 phases?
 # - LoRA on attention only: the trainers make adapters for every target (`trainers.lora.apply_lora`), so
-#   pass GRPO `lora_functions={"lora_hooks": f}`, where `f(model, adapters)` calls your `lora_hooks` on only
+#   pass GRPO `lora_functions={"lora_hooks": f}`, where `f`, given the model and the adapters, calls your `lora_hooks` on only
 #   the adapters whose key ends in `_q`, `_k`, `_v` or `_o` (the MLP adapters then get no gradient and stay
 #   at $B = 0$). Which
 #   matrices does the sentiment task need?
