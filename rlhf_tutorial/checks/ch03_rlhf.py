@@ -169,6 +169,7 @@ CLAUSES: dict[str, dict[str, str]] = {
         "value_sign": "the value loss is subtracted",
         "value_slice": "the values at the states that chose the generated tokens enter the value loss",
         "value_clip": "with args.cliprange_value set the value loss is the clipped one, around the rollout's values",
+        "value_clip_zero": "a cliprange_value of 0.0 is set (the value loss clipped to the rollout's values), only None is unset",
         "temperature": "the policy's logits are divided by args.temperature",
         "entropy_slice": "the entropy is averaged over the positions that predict generated tokens only",
         "ent_coef_once": "the entropy bonus is weighted by args.ent_coef, once",
@@ -1439,6 +1440,13 @@ def check_replay_memory(candidate) -> str:
         raise CheckFailure("two calls with identically seeded generators gave different minibatches.",
                            hint="Use the generator passed in: draw every permutation from it, so that the same "
                                 "seed gives the same minibatches.")
+    other = call(get_attr(call(candidate, **{k: v.clone() for k, v in fields.items()}), "get_minibatches"),
+                 4, 3, seeded(13))
+    if [(get_attr(mb, "tokens")[:, 0] // 100).tolist() for mb in other] == passes:
+        raise CheckFailure("generators seeded differently gave the same minibatches: the order does not come from "
+                           "the generator passed in.",
+                           hint="The order must be drawn from the generator argument: a generator of your own, seeded "
+                                "the same way every call, repeats the same minibatches every phase.")
     # Edge: one minibatch of all 16 rows. With 16 rows and 4 minibatches, perm.split(4) (pieces of 4
     # rows) and perm.reshape(4, -1) (4 pieces) agree; with 1 minibatch they do not.
     whole = call(get_attr(call(candidate, **{k: v.clone() for k, v in fields.items()}), "get_minibatches"),
@@ -1608,6 +1616,8 @@ def check_compute_rlhf_objective(candidate) -> str:
          RLHFArgs(kl_estimator="k2", temperature=0.7, cliprange_value=0.2, vf_coef=0.5), 0.3),
         ("KL coefficient 0 (as with GAE), value clipping 0.5", None, mb,
          RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.5, vf_coef=0.5), 0.0),
+        ("value clipping 0.0 (a clip range of 0 is set: only None is unset)", None, mb,
+         RLHFArgs(kl_estimator="k3", temperature=0.7, cliprange_value=0.0, vf_coef=0.5), 0.3),
     ]
     # another prompt length (6 of 9 tokens: 3 generated): a prefix_len fixed at 4 fails here
     model6, ref6, _, mb6 = _objective_setup(prefix_len=6)

@@ -753,6 +753,15 @@ def mb_global_rng(self, num_minibatches, update_epochs=1, generator=None):
             for idx in torch.randperm(n).reshape(num_minibatches, -1)]
 
 
+def mb_own_seeded_generator(self, num_minibatches, update_epochs=1, generator=None):
+    # a generator of its own, seeded the same on every call: the same minibatches every phase
+    n = self.tokens.shape[0]
+    returns = self.advantages + self.values
+    own = torch.Generator().manual_seed(0)
+    return [_mb(self, idx, returns) for _ in range(update_epochs)
+            for idx in torch.randperm(n, generator=own).reshape(num_minibatches, -1)]
+
+
 def mb_split_by_count(self, num_minibatches, update_epochs=1, generator=None):
     # split takes the piece SIZE: right only when num_minibatches ** 2 == batch (16 rows, 4 minibatches).
     n = self.tokens.shape[0]
@@ -812,7 +821,8 @@ def test_replay_memory_written_differently():
 # ----------------------------------------------------------------------------------------------------
 # compute_rlhf_objective
 # ----------------------------------------------------------------------------------------------------
-def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_policy=False, value_clip=True):
+def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_policy=False, value_clip=True,
+                      zero_is_unset=False):
     def objective(model, ref_model, minibatch, prefix_len, kl_coef, args):
         logits, values = model(minibatch.tokens)
         if temperature:
@@ -822,7 +832,8 @@ def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_
         logprobs = rlhf.get_logprobs(logits, minibatch.tokens, prefix_len)
         obj = rlhf.calc_clipped_surrogate_objective(logprobs, minibatch.logprobs, minibatch.advantages,
                                                     args.clip_coef)
-        if args.cliprange_value is not None and value_clip:
+        clip_set = bool(args.cliprange_value) if zero_is_unset else args.cliprange_value is not None
+        if clip_set and value_clip:
             old = minibatch.returns - minibatch.advantages
             obj = obj - rlhf.calc_clipped_value_loss(values[:, vgen], old, minibatch.returns, args.vf_coef,
                                                      args.cliprange_value)
@@ -1743,7 +1754,7 @@ VIOLATIONS = {
         "fresh_permutation": [memory_class(mb_same_order_every_pass)],
         "aligned_rows": [memory_class(mb_fields_shuffled_apart)],
         "without_replacement": [memory_class(mb_with_replacement)],
-        "generator": [memory_class(mb_global_rng)],
+        "generator": [memory_class(mb_global_rng), memory_class(mb_own_seeded_generator)],
         "num_minibatches": [memory_class(mb_split_by_count)],
         "update_epochs": [memory_class(mb_one_pass)],
     },
@@ -1752,6 +1763,7 @@ VIOLATIONS = {
         "value_sign": [objective_terms(value_sign=1.0)],
         "value_slice": [objective_variant(value_offset=1)],
         "value_clip": [objective_variant(value_clip=False)],
+        "value_clip_zero": [objective_variant(zero_is_unset=True)],
         "temperature": [objective_variant(temperature=False)],
         "entropy_slice": [objective_terms(entropy_everywhere=True)],
         "ent_coef_once": [objective_terms(ent_coef_twice=True)],
