@@ -167,7 +167,7 @@ def _hook_count(model: HookedTransformer) -> int:
 
 def _check_hooks_removed(candidate) -> None:
     model = small_model(seed=2)
-    tokens = torch.randint(0, model.cfg.d_vocab, (2, 5), generator=seeded(3))
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 5), generator=seeded(3)).to(model.cfg.device)
     before = _hook_count(model)
     call(candidate, model, tokens, _arg_names=["model", "tokens"])
     left = _hook_count(model) - before
@@ -187,7 +187,7 @@ def _check_gradient_reaches_model(candidate, reference=tour.final_normalized_res
                                               "below it") -> None:
     """The gradient of sum(w * result) with respect to every weight of the model, against the reference's."""
     model = small_model(seed=1)
-    tokens = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=seeded(4))
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=seeded(4)).to(model.cfg.device)
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     want_out = reference(model, tokens)
     weights = torch.randn(want_out.shape, generator=seeded(5)).to(want_out.device)
