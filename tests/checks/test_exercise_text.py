@@ -567,7 +567,7 @@ def imported_modules() -> list[str]:
                 found.add(node.module)
                 for alias in node.names:
                     candidate = f"{node.module}.{alias.name}"
-                    if importlib.util.find_spec(candidate.split(".")[0]) and _is_module(candidate):
+                    if _is_module(candidate):
                         found.add(candidate)
             elif isinstance(node, ast.Import):
                 found |= {a.name for a in node.names if a.name.startswith("rlhf_tutorial")}
