@@ -244,6 +244,10 @@ class _FunctionMode(TorchFunctionMode):
             product = _matmul_with_a_vector(*args[:2])
             if product is not None:
                 return product
+        if func is torch.nn.functional.linear and args and args[0].dim() == 1 and any(
+            isinstance(a, SimTensor) for a in (*args, *kwargs.values())
+        ):  # torch's own linear on a vector squeezes its result in place, as matmul does
+            return func(args[0].unsqueeze(0), *args[1:], **kwargs).squeeze(0)
         if func is torch.Tensor.to:
             moved = _to(*args, **kwargs)
             if moved is not None:

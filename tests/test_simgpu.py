@@ -105,6 +105,33 @@ def test_it_computes_what_the_cpu_computes_gradients_and_optimizer_steps_include
     assert out["same"], "the simulated GPU computes on the CPU: the same seed must give the same weights"
 
 
+def test_a_vector_through_linear_and_matmul_keeps_the_shape_the_cpu_gives():
+    # torch squeezes a vector's product in place, which a wrapper tensor cannot do: the simulation
+    # writes those calls itself (a LoRA applied to one d_in vector failed a correct learner's version)
+    out = run_simgpu("""
+        import torch.nn.functional as F
+        from rlhf_tutorial.devices import course_device
+        dev = course_device()
+        x, w, b = torch.randn(4), torch.randn(5, 4), torch.randn(5)
+        calls = {
+            "linear": lambda x, w, b: F.linear(x, w),
+            "linear_bias": lambda x, w, b: F.linear(x, w, b),
+            "linear_twice": lambda x, w, b: F.linear(F.linear(x, w), w.T),
+            "matmul": lambda x, w, b: w @ x,
+            "vecmat": lambda x, w, b: torch.matmul(x, w.T),
+        }
+        for name, call in calls.items():
+            cpu = call(x, w, b)
+            xs, ws, bs = (t.to(dev).requires_grad_() for t in (x, w, b))
+            sim = call(xs, ws, bs)
+            sim.sum().backward()
+            out[name] = [list(cpu.shape), list(sim.shape), torch.allclose(cpu, sim.cpu()), list(xs.grad.shape)]
+    """)
+    for name, (cpu_shape, sim_shape, same, grad_shape) in out.items():
+        assert sim_shape == cpu_shape and same, (name, cpu_shape, sim_shape)
+        assert grad_shape == [4], (name, grad_shape)
+
+
 def test_a_tour_and_a_generate_run_on_the_simulated_gpu():
     """The worlds load there; TransformerLens' generate (inference mode, start_at_layer) runs there; the
     classifier fed CPU inputs (chapter 00's bug before its fix) fails, fed its own device's inputs runs."""
