@@ -1,5 +1,8 @@
 """Probe environments: their dynamics, the reference passes every probe, and each probe fails for a
-realistic bug (with the other probes that must still pass, passing)."""
+realistic bug (with the other probes that must still pass, passing).
+
+cpu_only: the probe environments and agents never touch the course's device (the simulated GPU would only
+slow them, by some 7 minutes of make unit-simgpu, and prove nothing more)."""
 
 import numpy as np
 import pytest
@@ -8,6 +11,8 @@ from torch import nn
 from torch.distributions import Categorical
 
 from rlhf_tutorial import ppo, probes
+
+pytestmark = pytest.mark.cpu_only
 
 
 @pytest.fixture(autouse=True)
