@@ -1308,25 +1308,48 @@ def check_get_samples(candidate) -> str:
                            hint="top_k is ignored: with top_k set, only the k likeliest tokens may be drawn (with "
                                 "top_k=1, the likeliest one: the greedy continuation).")
 
-    # Temperature: which of softmax(l / T), softmax(l), softmax(l * T) best explains the first new tokens?
+    # Temperature: which of softmax(l / T), softmax(l), softmax(l * T), softmax(l / T^2) best explains the
+    # first new tokens (the largest log-likelihood of 1500 draws)? And does the winner fit at all: under the
+    # distribution a hypothesis names, the draws' log-likelihood has a known mean and spread (z below); a
+    # sampler that cuts off the unlikely tokens (a top_p, a fixed top_k) draws likelier tokens than
+    # softmax(l / T) ever gives (z far above 0), and a hypothesis that wins without fitting is not named.
     with torch.no_grad():
-        last_logits = model(prompt_tokens)[0, -1]
+        last_logits = model(prompt_tokens)[0, -1].double()
     n = 1500
     for temperature in (0.5, 2.0):  # below and above 1: a fixed temperature fits at most one of them
         tokens, _ = sample(candidate, model, prompt, n, 1, temperature=temperature)
-        first = tokens[:, -1]
-        scores = {}
-        for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
-            scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
+        first = tokens[:, -1].to(last_logits.device)
+        scores, fits = {}, {}
+        for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature),
+                            ("logits / T squared", 1 / temperature ** 2)]:
+            logp = (last_logits * scale).log_softmax(-1)
+            mean = (logp.exp() * logp).sum()
+            spread = ((logp.exp() * logp ** 2).sum() - mean ** 2).clamp_min(1e-12).sqrt()
+            scores[name] = logp[first].sum().item()
+            fits[name] = ((scores[name] - n * mean) / (spread * n ** 0.5)).item()
         best = max(scores, key=scores.get)
-        if best != "logits / T":
-            hint = ("The temperature is ignored: draw each token from softmax(logits / temperature)."
-                    if best.startswith("logits (")
-                    else "The temperature multiplies the logits (or is fixed): sampling divides them by it.")
+        truncated = fits["logits / T"] > 6.0
+        if best == "logits / T" and not truncated:
+            continue
+        if best != "logits / T" and abs(fits[best]) < 6.0:
+            hint = {"logits (T ignored)": "The temperature is ignored: draw each token from softmax(logits / "
+                                          "temperature).",
+                    "logits * T": "The temperature multiplies the logits (or is fixed): sampling divides them by it.",
+                    "logits / T squared": "The logits are divided by the temperature twice (by its square): "
+                                          "sampling divides them by the temperature once."}[best]
             raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
                                f"softmax({best}), not softmax(logits / T).", hint)
+        if truncated:
+            raise failure(f"with temperature={temperature} and top_k=None, the first sampled tokens are likelier "
+                          "than draws from softmax(logits / T) can be: the unlikely tokens are drawn too rarely, or never.",
+                          "Something cuts off the unlikely tokens (a top_p, or a top_k when none was given): "
+                          "without top_k every token keeps its probability under softmax(logits / temperature); "
+                          "only top_k, when it is set, restricts the draw.")
+        raise CheckFailure(f"with temperature={temperature}, the first sampled tokens do not follow "
+                           "softmax(logits / T).")
     return ("shapes, prompt kept (with and without BOS), cloned int64 tokens, texts decoded without special tokens, "
-            "no stop at the end-of-text token, top_k and temperatures 0.5 and 2 respected.")
+            "no stop at the end-of-text token, top_k and temperatures 0.5 and 2 respected (nothing else cuts the "
+            "distribution).")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1680,6 +1680,39 @@ def learn_descending(trainer, memory):
     return {"objective": sum(stats) / len(stats)}
 
 
+# ----------------------------------------------------------------------------------------------------
+# Issue 38's leftovers (a learner's attempt at 03): wrong versions that passed, or got the wrong diagnosis
+# ----------------------------------------------------------------------------------------------------
+def samples_temperature_squared(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    # "the temperature scales the logits' spread": divided twice; at 0.5 and 2 the nearest of the old three
+    # hypotheses was still logits / T
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature ** 2, top_k=top_k,
+                         verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def samples_with_top_p(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    # nucleus sampling "as usual" on top of the contract: the unlikely tail is never drawn
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, top_k=top_k,
+                         top_p=0.9, verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def test_get_samples_temperature_squared_is_named():
+    result = run_check("get_samples", samples_temperature_squared)
+    assert not result.passed
+    assert "twice" in result.hint and "ignored" not in result.hint, (result.message, result.hint)
+
+
+def test_get_samples_top_p_is_named_not_the_temperature():
+    result = run_check("get_samples", samples_with_top_p)
+    assert not result.passed
+    assert "temperature is ignored" not in result.message + (result.hint or ""), (result.message, result.hint)
+    assert "unlikely tokens" in result.message and "top_p" in result.hint, (result.message, result.hint)
+
+
 VIOLATIONS = {
     "TransformerWithValueHead": {
         "architecture": [ValueHeadTooSmall],
@@ -1696,7 +1729,7 @@ VIOLATIONS = {
         "no_eos_stop": [samples_stopping_at_eos],
         "prompt_first": [samples_always_bos],
         "sampled": [samples_greedy],
-        "temperature": [samples_without_temperature],
+        "temperature": [samples_without_temperature, samples_temperature_squared, samples_with_top_p],
         "top_k": [samples_ignoring_top_k],
         "not_inference": [samples_not_cloned],
         "texts_skip_special": [samples_with_bos_text],
