@@ -280,6 +280,52 @@ def test_patch_activation_negative_positions_are_checked():
     assert not result.passed and "[-1]" in result.message
 
 
+def patch_returns_source(activation, hook, source, positions=None):
+    # "every position is replaced: that is just source" (issue 38): the right values, but the model then
+    # runs on the cached source's memory
+    if positions is None:
+        return source
+    activation[:, positions] = source[:, positions]
+    return activation
+
+
+def patch_returns_source_view(activation, hook, source, positions=None):
+    if positions is None:
+        return source.view(activation.shape)
+    activation[:, positions] = source[:, positions]
+    return activation
+
+
+@pytest.mark.parametrize("wrong", [patch_returns_source, patch_returns_source_view])
+def test_patch_activation_returning_source_is_rejected(wrong):
+    result = run_check("patch_activation", wrong)
+    assert not result.passed, "a hook returning source itself passed"
+    assert "returned `source` itself" in result.message and "checker" not in result.message, result.message
+
+
+def patch_one_position_later(activation, hook, source, positions=None):
+    # positions counted from 1: every listed position is patched one place to the right
+    if positions is None:
+        activation[:] = source
+        return activation
+    later = [p + 1 for p in positions if 0 <= p + 1 < activation.shape[1]]
+    activation[:, later] = source[:, later]
+    return activation
+
+
+@pytest.mark.parametrize("wrong", [patch_one_position_later, patch_positive_range])
+def test_patch_activation_failure_shows_where_it_differs(wrong):
+    """The expected and got previews are those of a position that differs (the first entries of a [b, s, d]
+    activation are position 0's, the same in both when position 0 is not patched), and the positions are named."""
+    result = run_check("patch_activation", wrong)
+    assert not result.passed
+    lines = result.message.splitlines()
+    expected = next(line for line in lines if line.strip().startswith("expected:"))
+    got = next(line for line in lines if line.strip().startswith("got:"))
+    assert expected.split(":", 1)[1].strip() != got.split(":", 1)[1].strip(), result.message
+    assert "positions (dim 1) whose values differ" in result.message, result.message
+
+
 def patch_out_of_place(activation, hook, source, positions=None, device=None):
     if positions is None:
         return source.clone()
@@ -735,6 +781,7 @@ VIOLATIONS = {
         "trailing_dims": [patch_second_to_last_dim],
         "source_untouched": [patch_writes_source],
         "returns_activation": [patch_no_return],
+        "not_source_itself": [patch_returns_source, patch_returns_source_view],
     },
     "restored_fraction": {
         "ratio_of_means": [restored_mean_of_ratios],
