@@ -759,6 +759,12 @@ class _KLNoSteps(_KLNoClip):
         self.value *= 1 + err / self.horizon
 
 
+class _KLWholeSteps(_KLNoClip):
+    def update(self, current_kl, n_steps):
+        err = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + err * (n_steps // self.horizon)
+
+
 class _KLAdditive(_KLNoClip):
     def update(self, current_kl, n_steps):
         err = min(max(current_kl / self.target - 1, -0.2), 0.2)
@@ -807,6 +813,16 @@ def check_adaptive_kl_controller(candidate) -> str:
     def same(a: list[float], b: list[float]) -> bool:
         return all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12) for x, y in zip(a, b))
 
+    def agrees_everywhere(cls) -> bool:
+        """A known mistake names the candidate's only when it gives the candidate's values on every script."""
+        for other in _KL_SCRIPTS.values():
+            try:
+                if not same(_run_kl_controller(candidate, script=other), _run_kl_controller(cls, script=other)):
+                    return False
+            except CheckFailure:
+                return False
+        return True
+
     for label, script in _KL_SCRIPTS.items():
         expected = _run_kl_controller(rlhf.AdaptiveKLController, script=script)
         got = _run_kl_controller(candidate, script=script)
@@ -820,13 +836,18 @@ def check_adaptive_kl_controller(candidate) -> str:
                           "err = current_kl / target - 1."),
             (_KLNoSteps, "n_steps is missing: the multiplier is 1 + err * n_steps / horizon."),
             (_KLAdditive, "The update is multiplicative: value *= 1 + err * n_steps / horizon (not +=)."),
+            (_KLWholeSteps, "n_steps / horizon is rounded down to a whole number (an integer division): with "
+                            "fewer steps than the horizon the step is 0 and the coefficient does not move. The "
+                            "multiplier takes the fraction n_steps / horizon."),
         ]:
-            if same(got, _run_kl_controller(cls, script=script)):
+            if same(got, _run_kl_controller(cls, script=script)) and agrees_everywhere(cls):
                 hint = text
                 break
         first = next(i for i, (a, b) in enumerate(zip(got, expected))
                      if not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12))
-        if hint is None and first > 0 and same(got[:first], expected[:first]):
+        # a clamp: the coefficient followed the reference, moved, then stopped at a bound (one that never
+        # moved at all is not "clamped")
+        if hint is None and first > 0 and same(got[:first], expected[:first]) and got[first] != got[0]:
             stuck = got[first:]
             if max(stuck) - min(stuck) <= 1e-6 * max(abs(x) for x in stuck) and (
                     (expected[first] > expected[first - 1] and got[first] < expected[first])

@@ -1713,6 +1713,30 @@ def test_get_samples_top_p_is_named_not_the_temperature():
     assert "unlikely tokens" in result.message and "top_p" in result.hint, (result.message, result.hint)
 
 
+class KLControllerWholeSteps(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + err * (n_steps // self.horizon)  # "steps per horizon": a whole number, 0 below it
+
+
+class KLControllerWholeStepsFloored(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + err * n_steps // self.horizon  # the floor of err * n_steps / horizon: 0, or -1 below target
+
+
+def test_adaptive_kl_controller_integer_division_is_named():
+    result = run_check("AdaptiveKLController", KLControllerWholeSteps)
+    assert not result.passed
+    assert "integer division" in result.hint and "clamped" not in result.message, (result.message, result.hint)
+
+
+def test_adaptive_kl_controller_never_moving_is_not_called_clamped():
+    result = run_check("AdaptiveKLController", KLControllerWholeStepsFloored)
+    assert not result.passed
+    assert "clamped" not in result.message + (result.hint or ""), (result.message, result.hint)
+
+
 VIOLATIONS = {
     "TransformerWithValueHead": {
         "architecture": [ValueHeadTooSmall],
@@ -1831,7 +1855,7 @@ VIOLATIONS = {
         "error_clip": [KLControllerUnclipped],
         "direction": [KLControllerInverted],
         "proportional": [KLControllerAbsoluteError],
-        "n_steps": [KLControllerNoSteps],
+        "n_steps": [KLControllerNoSteps, KLControllerWholeSteps, KLControllerWholeStepsFloored],
         "multiplicative": [KLControllerAdditive],
         "no_bounds": [KLControllerCoefficientClamped, KLControllerFloorOnly],
         "init_value": [KLControllerArgumentsSwapped],
