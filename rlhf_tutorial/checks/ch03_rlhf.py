@@ -909,6 +909,17 @@ class _ESTruthyThreshold(_ESNoReset):
         return self.count >= self.patience
 
 
+class _ESTruthyReward(_ESTruthyThreshold):
+    def violates(self, kl, reward):
+        return kl > self.kl_threshold or bool(self.reward_threshold and reward > self.reward_threshold)
+
+
+class _ESTruthyKL(_ESTruthyThreshold):
+    def violates(self, kl, reward):
+        return bool(self.kl_threshold and kl > self.kl_threshold) or (
+            self.reward_threshold is not None and reward > self.reward_threshold)
+
+
 class _ESKLOnly(_ESNoReset):
     def violates(self, kl, reward):
         return kl > self.kl_threshold
@@ -916,6 +927,11 @@ class _ESKLOnly(_ESNoReset):
     def should_stop(self, kl, reward):
         self.count = self.count + 1 if self.violates(kl, reward) else 0
         return self.count >= self.patience
+
+
+class _ESRewardBelow(_ESKLOnly):
+    def violates(self, kl, reward):
+        return kl > self.kl_threshold or (self.reward_threshold is not None and reward < self.reward_threshold)
 
 
 _ES_SCRIPTS = [
@@ -926,6 +942,10 @@ _ES_SCRIPTS = [
     ("patience 2, reward threshold 0.9", (2, 1.0, 0.9), [(0.0, 0.5), (0.0, 0.95), (0.0, 0.95), (0.0, 0.2)]),
     ("values exactly at the thresholds (not violations)", (1, 0.1, 0.9), [(0.1, 0.9), (0.1, 0.9), (0.11, 0.0)]),
     ("no reward threshold, high rewards", (1, 0.5, None), [(0.0, 5.0), (0.0, 50.0), (0.6, 0.0)]),
+    # rewards below, then above the threshold: a reversed reward test counts the low ones, and then differs
+    # from one that ignores the rewards
+    ("patience 1, reward threshold 0.5: a low reward, then high ones", (1, 1.0, 0.5), [(0.0, 0.2), (0.0, 0.8),
+                                                                                      (0.0, 0.6)]),
     # Edge: a threshold of 0.0 is a value, not "unset": a truthiness test (`if self.reward_threshold:`)
     # reads it as None and never counts the rewards above it.
     ("reward threshold 0.0 (a value, not unset)", (2, 1.0, 0.0), [(0.0, 0.3), (0.0, 0.1), (0.0, -0.2), (0.0, 0.5)]),
@@ -958,6 +978,16 @@ def _run_early_stopping(cls, init_args, script) -> list[bool]:
     ),
 )
 def check_early_stopping(candidate) -> str:
+    def agrees_everywhere(cls) -> bool:
+        """A known mistake names the candidate's only when it gives the candidate's answers on every script."""
+        for _, args, calls in _ES_SCRIPTS:
+            try:
+                if _run_early_stopping(candidate, args, calls) != _run_early_stopping(cls, args, calls):
+                    return False
+            except CheckFailure:
+                return False
+        return True
+
     for label, init_args, script in _ES_SCRIPTS:
         expected = _run_early_stopping(rlhf.EarlyStopping, init_args, script)
         got = _run_early_stopping(candidate, init_args, script)
@@ -969,14 +999,18 @@ def check_early_stopping(candidate) -> str:
                          "consecutive violations back to 0."),
             (_ESGreaterEqual, "A value equal to a threshold is not a violation: use kl > kl_threshold and "
                               "reward > reward_threshold."),
-            (_ESTruthyThreshold, "A threshold of 0.0 is read as unset: 0.0 is a threshold like any other (only "
-                                 "a reward_threshold of None means none), so a value above 0.0 violates."),
+            *[(cls, "A threshold of 0.0 is read as unset: 0.0 is a threshold like any other (only a "
+                    "reward_threshold of None means none), so a value above 0.0 violates.")
+              for cls in (_ESTruthyThreshold, _ESTruthyReward, _ESTruthyKL)],
             (_ESKLOnly, "The reward threshold is ignored: when reward_threshold is set, reward > "
                         "reward_threshold is a violation too."),
+            (_ESRewardBelow, "The reward test is reversed: a reward ABOVE reward_threshold violates (a reward "
+                             "that climbs past it is the sign of a policy exploiting the reward model), not one "
+                             "below it."),
             (_ESOffByOne, "Off by one: stop as soon as `patience` consecutive calls have violated "
                           "(count >= patience)."),
         ]:
-            if _run_early_stopping(cls, init_args, script) == got:
+            if _run_early_stopping(cls, init_args, script) == got and agrees_everywhere(cls):
                 hint = text
                 break
         raise CheckFailure(

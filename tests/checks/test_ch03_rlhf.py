@@ -1737,6 +1737,20 @@ def test_adaptive_kl_controller_never_moving_is_not_called_clamped():
     assert "clamped" not in result.message + (result.hint or ""), (result.message, result.hint)
 
 
+class StoppingRewardBelow(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        # the reward test turned round: "a reward that falls under the threshold is bad"
+        bad = kl > self.kl_threshold or (self.reward_threshold is not None and reward < self.reward_threshold)
+        self.bad = self.bad + 1 if bad else 0
+        return self.bad >= self.patience
+
+
+def test_early_stopping_reversed_reward_is_named_not_ignored():
+    result = run_check("EarlyStopping", StoppingRewardBelow)
+    assert not result.passed
+    assert "reversed" in result.hint and "ignored" not in result.message + result.hint, (result.message, result.hint)
+
+
 VIOLATIONS = {
     "TransformerWithValueHead": {
         "architecture": [ValueHeadTooSmall],
@@ -1864,7 +1878,7 @@ VIOLATIONS = {
         "strict": [StoppingGreaterEqual],
         "reset": [StoppingWithoutReset],
         "patience": [StoppingOneLate],
-        "reward_threshold": [StoppingKLOnly],
+        "reward_threshold": [StoppingKLOnly, StoppingRewardBelow],
         "reward_unset": [StoppingNoneAsZero],
         "zero_threshold": [StoppingTruthyThreshold, StoppingTruthyKL],
         "returns_bool": [StoppingReturnsNone],
