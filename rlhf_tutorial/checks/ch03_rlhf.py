@@ -2082,8 +2082,8 @@ _LEARNING_MISTAKES = [
                        "one-step advantages). Using kl_coef counts the KL twice."),
     ("no_zero_grad", "Gradients accumulate across minibatches: call trainer.optimizer.zero_grad() before each "
                      "backward pass."),
-    ("no_clip", "The gradient norm is not clipped: nn.utils.clip_grad_norm_(trainer.model.parameters(), "
-                "args.max_grad_norm) between backward() and step()."),
+    ("no_clip", "The gradient norm does not limit the update: clip the global norm of all the policy's gradients "
+                "to args.max_grad_norm after the backward pass and before the optimizer's step."),
     ("one_pass", "Only one pass over the memory: pass args.update_epochs to get_minibatches."),
     ("scheduler_per_minibatch", "The learning-rate schedule counts phases: step trainer.scheduler once, after the "
                                 "last minibatch."),
@@ -2091,6 +2091,22 @@ _LEARNING_MISTAKES = [
     ("global_rng", "The minibatches are shuffled with the global random generator: pass trainer.generator to "
                    "get_minibatches (the trainer's minibatch order is seeded by it)."),
 ]
+
+
+_CLIPPED_AFTER_STEP = ("The gradient norm is clipped after the optimizer's step: the step has already used the "
+                       "unclipped gradients, so the clip changes nothing. Clip the global norm to args.max_grad_norm "
+                       "between the backward pass and the step.")
+
+
+def _clipped_last(trainer: RLHFTrainer, max_grad_norm: float) -> bool:
+    """Whether the gradients the phase left behind have a global norm within max_grad_norm: an update that
+    was not clipped (it matches the unclipped one, whose gradients are far above that norm) with clipped
+    gradients left over was clipped after its step."""
+    grads = [p.grad.detach().double().flatten() for p in trainer.model.parameters() if p.grad is not None]
+    if not grads:
+        return False
+    norm = torch.cat(grads).norm().item()
+    return 0.0 < norm <= max_grad_norm * (1 + 1e-4)
 
 
 def _moved_trainer(args: RLHFArgs) -> RLHFTrainer:
@@ -2177,6 +2193,8 @@ def check_learning_phase(candidate) -> str:
             same = ((got - _delta(wrong_trainer, wrong_before)).norm() / expected.norm()).item() < 2e-3
             if same and trainer.scheduler.last_epoch == wrong_trainer.scheduler.last_epoch:
                 hint = text
+                if kind == "no_clip" and _clipped_last(trainer, args.max_grad_norm):
+                    hint = _CLIPPED_AFTER_STEP
                 break
         raise failure(
             f"after one learning phase the weights differ from the reference update by {rel:.1%} (optimizer "

@@ -1103,7 +1103,7 @@ def learn_reward_kl_coef(trainer, memory):
     [
         (learn_reward_kl_coef, "objective_kl_coef"),
         (learn_accumulating_gradients, "zero_grad"),
-        (learn_without_clipping, "clip_grad_norm_"),
+        (learn_without_clipping, "does not limit the update"),
         (learn_single_pass, "update_epochs"),
         (learn_scheduler_per_step, "once, after the last minibatch"),
         (learn_unseeded_order, "pass trainer.generator"),
@@ -1751,6 +1751,30 @@ def test_early_stopping_reversed_reward_is_named_not_ignored():
     assert "reversed" in result.hint and "ignored" not in result.message + result.hint, (result.message, result.hint)
 
 
+def learn_clipping_after_step(trainer, memory):
+    # every call is there, in the wrong order: the step uses the gradients before they are clipped
+    args = trainer.args
+    stats = []
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
+        trainer.optimizer.zero_grad()
+        objective, s = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
+                                                   trainer.objective_kl_coef, args)
+        objective.backward()
+        trainer.optimizer.step()
+        nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
+        stats.append(s)
+    trainer.scheduler.step()
+    return {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]}
+
+
+def test_learning_phase_clipping_after_step_is_named():
+    result = run_check("learning_phase", learn_clipping_after_step)
+    assert not result.passed
+    assert "after the optimizer's step" in result.hint, (result.message, result.hint)
+    unclipped = run_check("learning_phase", learn_without_clipping)  # the same update, and its own diagnosis
+    assert not unclipped.passed and "after the optimizer's step" not in unclipped.hint, unclipped.hint
+
+
 VIOLATIONS = {
     "TransformerWithValueHead": {
         "architecture": [ValueHeadTooSmall],
@@ -1896,7 +1920,7 @@ VIOLATIONS = {
     },
     "learning_phase": {
         "zero_grad": [learn_accumulating_gradients],
-        "clip": [learn_without_clipping],
+        "clip": [learn_without_clipping, learn_clipping_after_step],
         "update_epochs": [learn_single_pass],
         "scheduler_once": [learn_scheduler_per_step],
         "generator": [learn_unseeded_order],
