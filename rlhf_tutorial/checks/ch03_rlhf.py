@@ -1641,9 +1641,14 @@ _OBJECTIVE_MISTAKES = [
     ("The KL is not multiplied by kl_coef: the objective subtracts kl_coef * KL.", dict(no_coef="kl_coef")),
     ("You used the full KL although args.kl_estimator is a sampled estimator: with 'k1'/'k2'/'k3' use "
      "approx_kl(logprobs, minibatch.ref_logprobs, estimator).mean().", dict(always_full=True)),
-    ("args.cliprange_value is ignored: when it is set, the value loss is calc_clipped_value_loss(values[:, gen], "
-     "minibatch.returns - minibatch.advantages, minibatch.returns, vf_coef, cliprange_value) (the rollout's "
-     "values are returns - advantages).", dict(value_clip=False)),
+    # The clipped value loss depends on the old values only through their distance |advantages| to the returns:
+    # it is max((v - R)^2, relu(|R - old| - clip)^2) elementwise. A clip centred on the returns themselves
+    # (distance 0) or on the current values (|v - R|) is then exactly the unclipped loss, so this one diagnosis
+    # covers the three. (Old values R + A instead of R - A give the same loss: nothing to tell apart.)
+    ("With args.cliprange_value set, your value loss is the unclipped one: either cliprange_value is ignored, or "
+     "the clip is centred where it never bites (on the returns themselves, or on the current values). The clipped "
+     "value loss keeps the new values within cliprange_value of the rollout's values, which are the returns minus "
+     "the advantages.", dict(value_clip=False)),
 ]
 
 

@@ -822,7 +822,7 @@ def test_replay_memory_written_differently():
 # compute_rlhf_objective
 # ----------------------------------------------------------------------------------------------------
 def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_policy=False, value_clip=True,
-                      zero_is_unset=False):
+                      zero_is_unset=False, old_values="rollout"):
     def objective(model, ref_model, minibatch, prefix_len, kl_coef, args):
         logits, values = model(minibatch.tokens)
         if temperature:
@@ -834,7 +834,8 @@ def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_
                                                     args.clip_coef)
         clip_set = bool(args.cliprange_value) if zero_is_unset else args.cliprange_value is not None
         if clip_set and value_clip:
-            old = minibatch.returns - minibatch.advantages
+            old = {"rollout": minibatch.returns - minibatch.advantages, "returns": minibatch.returns,
+                   "current": values[:, vgen].detach()}[old_values]
             obj = obj - rlhf.calc_clipped_value_loss(values[:, vgen], old, minibatch.returns, args.vf_coef,
                                                      args.cliprange_value)
         else:
@@ -1775,6 +1776,15 @@ def test_learning_phase_clipping_after_step_is_named():
     assert not unclipped.passed and "after the optimizer's step" not in unclipped.hint, unclipped.hint
 
 
+@pytest.mark.parametrize("old_values", ["returns", "current"])
+def test_compute_rlhf_objective_clip_that_never_bites_is_not_only_called_ignored(old_values):
+    """A value clip centred on the returns, or on the current values, is exactly the unclipped loss: the
+    diagnosis names those centres too, not an ignored cliprange_value alone."""
+    result = run_check("compute_rlhf_objective", objective_variant(old_values=old_values))
+    assert not result.passed
+    assert "centred where it never bites" in result.hint and "returns minus the advantages" in result.hint, result.hint
+
+
 VIOLATIONS = {
     "TransformerWithValueHead": {
         "architecture": [ValueHeadTooSmall],
@@ -1857,7 +1867,8 @@ VIOLATIONS = {
         "surrogate": [objective_terms(fixed_clip=0.2)],
         "value_sign": [objective_terms(value_sign=1.0)],
         "value_slice": [objective_variant(value_offset=1)],
-        "value_clip": [objective_variant(value_clip=False)],
+        "value_clip": [objective_variant(value_clip=False), objective_variant(old_values="returns"),
+                       objective_variant(old_values="current")],
         "value_clip_zero": [objective_variant(zero_is_unset=True)],
         "temperature": [objective_variant(temperature=False)],
         "entropy_slice": [objective_terms(entropy_everywhere=True)],
