@@ -161,6 +161,32 @@ def test_value_lens_mistakes(wrong, fragment):
     assert_fails_with("value_lens", wrong, fragment)
 
 
+def value_head_to_float64(resid_stack, value_head, eps=1e-5):
+    # "read it in float64 for precision": the caller's head is converted in place, and stays float64
+    value_head.double()
+    return value_head(interp.ln_pre(resid_stack.double(), eps)).squeeze(-1).to(resid_stack.dtype)
+
+
+def test_value_lens_head_cast_in_place_is_the_learners_change():
+    result = run_check("value_lens", value_head_to_float64)
+    assert not result.passed
+    assert "checker" not in result.message, result.message
+    assert "changed the module passed as `value_head`" in result.message and "float64" in result.message, \
+        result.message
+
+
+def test_value_lens_float64_on_a_copy_passes():
+    """Computing in float64 on a copy of the head is a right answer: only the caller's module must stay as it was."""
+    def on_a_copy(resid_stack, value_head, eps=1e-5):
+        import copy
+
+        wide = copy.deepcopy(value_head).double()
+        return wide(interp.ln_pre(resid_stack.double(), eps)).squeeze(-1).to(resid_stack.dtype)
+
+    result = run_check("value_lens", on_a_copy)
+    assert result.passed, result.message
+
+
 def test_value_lens_written_differently():
     def no_grad_loop(resid_stack, value_head, eps=1e-5):
         with torch.no_grad():
@@ -761,7 +787,7 @@ VIOLATIONS = {
         "layer_norm_first": [value_no_ln],
         "eps_passed": [value_drops_eps],
         "squeeze_last": [value_no_squeeze, value_squeeze_all],
-        "parameters_untouched": [value_folds_centring_into_head],
+        "parameters_untouched": [value_folds_centring_into_head, value_head_to_float64],
         "grads_untouched": [value_zero_grad, value_backward],
         "requires_grad_untouched": [value_freezes_head],
     },
