@@ -178,10 +178,9 @@ def test_value_lens_head_cast_in_place_is_the_learners_change():
 def test_value_lens_float64_on_a_copy_passes():
     """Computing in float64 on a copy of the head is a right answer: only the caller's module must stay as it was."""
     def on_a_copy(resid_stack, value_head, eps=1e-5):
-        import copy
-
-        wide = copy.deepcopy(value_head).double()
-        return wide(interp.ln_pre(resid_stack.double(), eps)).squeeze(-1).to(resid_stack.dtype)
+        wide = {name: t.double() for name, t in value_head.state_dict().items()}  # float64 copies of the weights
+        out = torch.func.functional_call(value_head, wide, (interp.ln_pre(resid_stack.double(), eps),))
+        return out.squeeze(-1).to(resid_stack.dtype)
 
     result = run_check("value_lens", on_a_copy)
     assert result.passed, result.message
