@@ -670,3 +670,26 @@ def test_a_known_mistake_is_named_only_when_it_agrees_on_every_case_run(scratch_
         from rlhf_tutorial.checks.core import REGISTRY
 
         REGISTRY.pop("_agree", None)
+
+
+def test_a_module_converted_in_place_is_the_learners_change():
+    """call() fails, naming the argument and both dtypes, when the learner's code converts a module it was
+    given to another dtype (in place for the caller); the same conversion on a copy is fine."""
+    import copy
+
+    from rlhf_tutorial.checks.core import CheckFailure, call
+
+    def in_place(x, layer):
+        return layer.double()(x.double()).float()
+
+    def on_a_copy(x, layer):
+        return copy.deepcopy(layer).double()(x.double()).float()
+
+    layer = torch.nn.Linear(3, 2)
+    with pytest.raises(CheckFailure) as failed:
+        call(in_place, torch.ones(1, 3), layer, _arg_names=["x", "layer"])
+    assert "`layer`" in failed.value.message and "float64" in failed.value.message, failed.value.message
+    assert "float32" in failed.value.message, failed.value.message
+    layer = torch.nn.Linear(3, 2)
+    call(on_a_copy, torch.ones(1, 3), layer, _arg_names=["x", "layer"])
+    assert layer.weight.dtype == torch.float32

@@ -759,6 +759,12 @@ class _KLNoSteps(_KLNoClip):
         self.value *= 1 + err / self.horizon
 
 
+class _KLWholeSteps(_KLNoClip):
+    def update(self, current_kl, n_steps):
+        err = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + err * (n_steps // self.horizon)
+
+
 class _KLAdditive(_KLNoClip):
     def update(self, current_kl, n_steps):
         err = min(max(current_kl / self.target - 1, -0.2), 0.2)
@@ -807,6 +813,16 @@ def check_adaptive_kl_controller(candidate) -> str:
     def same(a: list[float], b: list[float]) -> bool:
         return all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12) for x, y in zip(a, b))
 
+    def agrees_everywhere(cls) -> bool:
+        """A known mistake names the candidate's only when it gives the candidate's values on every script."""
+        for other in _KL_SCRIPTS.values():
+            try:
+                if not same(_run_kl_controller(candidate, script=other), _run_kl_controller(cls, script=other)):
+                    return False
+            except CheckFailure:
+                return False
+        return True
+
     for label, script in _KL_SCRIPTS.items():
         expected = _run_kl_controller(rlhf.AdaptiveKLController, script=script)
         got = _run_kl_controller(candidate, script=script)
@@ -820,13 +836,18 @@ def check_adaptive_kl_controller(candidate) -> str:
                           "err = current_kl / target - 1."),
             (_KLNoSteps, "n_steps is missing: the multiplier is 1 + err * n_steps / horizon."),
             (_KLAdditive, "The update is multiplicative: value *= 1 + err * n_steps / horizon (not +=)."),
+            (_KLWholeSteps, "n_steps / horizon is rounded down to a whole number (an integer division): with "
+                            "fewer steps than the horizon the step is 0 and the coefficient does not move. The "
+                            "multiplier takes the fraction n_steps / horizon."),
         ]:
-            if same(got, _run_kl_controller(cls, script=script)):
+            if same(got, _run_kl_controller(cls, script=script)) and agrees_everywhere(cls):
                 hint = text
                 break
         first = next(i for i, (a, b) in enumerate(zip(got, expected))
                      if not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12))
-        if hint is None and first > 0 and same(got[:first], expected[:first]):
+        # a clamp: the coefficient followed the reference, moved, then stopped at a bound (one that never
+        # moved at all is not "clamped")
+        if hint is None and first > 0 and same(got[:first], expected[:first]) and got[first] != got[0]:
             stuck = got[first:]
             if max(stuck) - min(stuck) <= 1e-6 * max(abs(x) for x in stuck) and (
                     (expected[first] > expected[first - 1] and got[first] < expected[first])
@@ -888,6 +909,17 @@ class _ESTruthyThreshold(_ESNoReset):
         return self.count >= self.patience
 
 
+class _ESTruthyReward(_ESTruthyThreshold):
+    def violates(self, kl, reward):
+        return kl > self.kl_threshold or bool(self.reward_threshold and reward > self.reward_threshold)
+
+
+class _ESTruthyKL(_ESTruthyThreshold):
+    def violates(self, kl, reward):
+        return bool(self.kl_threshold and kl > self.kl_threshold) or (
+            self.reward_threshold is not None and reward > self.reward_threshold)
+
+
 class _ESKLOnly(_ESNoReset):
     def violates(self, kl, reward):
         return kl > self.kl_threshold
@@ -895,6 +927,11 @@ class _ESKLOnly(_ESNoReset):
     def should_stop(self, kl, reward):
         self.count = self.count + 1 if self.violates(kl, reward) else 0
         return self.count >= self.patience
+
+
+class _ESRewardBelow(_ESKLOnly):
+    def violates(self, kl, reward):
+        return kl > self.kl_threshold or (self.reward_threshold is not None and reward < self.reward_threshold)
 
 
 _ES_SCRIPTS = [
@@ -905,6 +942,10 @@ _ES_SCRIPTS = [
     ("patience 2, reward threshold 0.9", (2, 1.0, 0.9), [(0.0, 0.5), (0.0, 0.95), (0.0, 0.95), (0.0, 0.2)]),
     ("values exactly at the thresholds (not violations)", (1, 0.1, 0.9), [(0.1, 0.9), (0.1, 0.9), (0.11, 0.0)]),
     ("no reward threshold, high rewards", (1, 0.5, None), [(0.0, 5.0), (0.0, 50.0), (0.6, 0.0)]),
+    # rewards below, then above the threshold: a reversed reward test counts the low ones, and then differs
+    # from one that ignores the rewards
+    ("patience 1, reward threshold 0.5: a low reward, then high ones", (1, 1.0, 0.5), [(0.0, 0.2), (0.0, 0.8),
+                                                                                      (0.0, 0.6)]),
     # Edge: a threshold of 0.0 is a value, not "unset": a truthiness test (`if self.reward_threshold:`)
     # reads it as None and never counts the rewards above it.
     ("reward threshold 0.0 (a value, not unset)", (2, 1.0, 0.0), [(0.0, 0.3), (0.0, 0.1), (0.0, -0.2), (0.0, 0.5)]),
@@ -937,6 +978,16 @@ def _run_early_stopping(cls, init_args, script) -> list[bool]:
     ),
 )
 def check_early_stopping(candidate) -> str:
+    def agrees_everywhere(cls) -> bool:
+        """A known mistake names the candidate's only when it gives the candidate's answers on every script."""
+        for _, args, calls in _ES_SCRIPTS:
+            try:
+                if _run_early_stopping(candidate, args, calls) != _run_early_stopping(cls, args, calls):
+                    return False
+            except CheckFailure:
+                return False
+        return True
+
     for label, init_args, script in _ES_SCRIPTS:
         expected = _run_early_stopping(rlhf.EarlyStopping, init_args, script)
         got = _run_early_stopping(candidate, init_args, script)
@@ -948,14 +999,18 @@ def check_early_stopping(candidate) -> str:
                          "consecutive violations back to 0."),
             (_ESGreaterEqual, "A value equal to a threshold is not a violation: use kl > kl_threshold and "
                               "reward > reward_threshold."),
-            (_ESTruthyThreshold, "A threshold of 0.0 is read as unset: 0.0 is a threshold like any other (only "
-                                 "a reward_threshold of None means none), so a value above 0.0 violates."),
+            *[(cls, "A threshold of 0.0 is read as unset: 0.0 is a threshold like any other (only a "
+                    "reward_threshold of None means none), so a value above 0.0 violates.")
+              for cls in (_ESTruthyThreshold, _ESTruthyReward, _ESTruthyKL)],
             (_ESKLOnly, "The reward threshold is ignored: when reward_threshold is set, reward > "
                         "reward_threshold is a violation too."),
+            (_ESRewardBelow, "The reward test is reversed: a reward ABOVE reward_threshold violates (a reward "
+                             "that climbs past it is the sign of a policy exploiting the reward model), not one "
+                             "below it."),
             (_ESOffByOne, "Off by one: stop as soon as `patience` consecutive calls have violated "
                           "(count >= patience)."),
         ]:
-            if _run_early_stopping(cls, init_args, script) == got:
+            if _run_early_stopping(cls, init_args, script) == got and agrees_everywhere(cls):
                 hint = text
                 break
         raise CheckFailure(
@@ -1308,25 +1363,48 @@ def check_get_samples(candidate) -> str:
                            hint="top_k is ignored: with top_k set, only the k likeliest tokens may be drawn (with "
                                 "top_k=1, the likeliest one: the greedy continuation).")
 
-    # Temperature: which of softmax(l / T), softmax(l), softmax(l * T) best explains the first new tokens?
+    # Temperature: which of softmax(l / T), softmax(l), softmax(l * T), softmax(l / T^2) best explains the
+    # first new tokens (the largest log-likelihood of 1500 draws)? And does the winner fit at all: under the
+    # distribution a hypothesis names, the draws' log-likelihood has a known mean and spread (z below); a
+    # sampler that cuts off the unlikely tokens (a top_p, a fixed top_k) draws likelier tokens than
+    # softmax(l / T) ever gives (z far above 0), and a hypothesis that wins without fitting is not named.
     with torch.no_grad():
-        last_logits = model(prompt_tokens)[0, -1]
+        last_logits = model(prompt_tokens)[0, -1].double()
     n = 1500
     for temperature in (0.5, 2.0):  # below and above 1: a fixed temperature fits at most one of them
         tokens, _ = sample(candidate, model, prompt, n, 1, temperature=temperature)
-        first = tokens[:, -1]
-        scores = {}
-        for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature)]:
-            scores[name] = (last_logits * scale).log_softmax(-1)[first].sum().item()
+        first = tokens[:, -1].to(last_logits.device)
+        scores, fits = {}, {}
+        for name, scale in [("logits / T", 1 / temperature), ("logits (T ignored)", 1.0), ("logits * T", temperature),
+                            ("logits / T squared", 1 / temperature ** 2)]:
+            logp = (last_logits * scale).log_softmax(-1)
+            mean = (logp.exp() * logp).sum()
+            spread = ((logp.exp() * logp ** 2).sum() - mean ** 2).clamp_min(1e-12).sqrt()
+            scores[name] = logp[first].sum().item()
+            fits[name] = ((scores[name] - n * mean) / (spread * n ** 0.5)).item()
         best = max(scores, key=scores.get)
-        if best != "logits / T":
-            hint = ("The temperature is ignored: draw each token from softmax(logits / temperature)."
-                    if best.startswith("logits (")
-                    else "The temperature multiplies the logits (or is fixed): sampling divides them by it.")
+        truncated = fits["logits / T"] > 6.0
+        if best == "logits / T" and not truncated:
+            continue
+        if best != "logits / T" and abs(fits[best]) < 6.0:
+            hint = {"logits (T ignored)": "The temperature is ignored: draw each token from softmax(logits / "
+                                          "temperature).",
+                    "logits * T": "The temperature multiplies the logits (or is fixed): sampling divides them by it.",
+                    "logits / T squared": "The logits are divided by the temperature twice (by its square): "
+                                          "sampling divides them by the temperature once."}[best]
             raise CheckFailure(f"with temperature={temperature}, the first sampled tokens look drawn from "
                                f"softmax({best}), not softmax(logits / T).", hint)
+        if truncated:
+            raise failure(f"with temperature={temperature} and top_k=None, the first sampled tokens are likelier "
+                          "than draws from softmax(logits / T) can be: the unlikely tokens are drawn too rarely, or never.",
+                          "Something cuts off the unlikely tokens (a top_p, or a top_k when none was given): "
+                          "without top_k every token keeps its probability under softmax(logits / temperature); "
+                          "only top_k, when it is set, restricts the draw.")
+        raise CheckFailure(f"with temperature={temperature}, the first sampled tokens do not follow "
+                           "softmax(logits / T).")
     return ("shapes, prompt kept (with and without BOS), cloned int64 tokens, texts decoded without special tokens, "
-            "no stop at the end-of-text token, top_k and temperatures 0.5 and 2 respected.")
+            "no stop at the end-of-text token, top_k and temperatures 0.5 and 2 respected (nothing else cuts the "
+            "distribution).")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1563,9 +1641,14 @@ _OBJECTIVE_MISTAKES = [
     ("The KL is not multiplied by kl_coef: the objective subtracts kl_coef * KL.", dict(no_coef="kl_coef")),
     ("You used the full KL although args.kl_estimator is a sampled estimator: with 'k1'/'k2'/'k3' use "
      "approx_kl(logprobs, minibatch.ref_logprobs, estimator).mean().", dict(always_full=True)),
-    ("args.cliprange_value is ignored: when it is set, the value loss is calc_clipped_value_loss(values[:, gen], "
-     "minibatch.returns - minibatch.advantages, minibatch.returns, vf_coef, cliprange_value) (the rollout's "
-     "values are returns - advantages).", dict(value_clip=False)),
+    # The clipped value loss depends on the old values only through their distance |advantages| to the returns:
+    # it is max((v - R)^2, relu(|R - old| - clip)^2) elementwise. A clip centred on the returns themselves
+    # (distance 0) or on the current values (|v - R|) is then exactly the unclipped loss, so this one diagnosis
+    # covers the three. (Old values R + A instead of R - A give the same loss: nothing to tell apart.)
+    ("With args.cliprange_value set, your value loss is the unclipped one: either cliprange_value is ignored, or "
+     "the clip is centred where it never bites (on the returns themselves, or on the current values). The clipped "
+     "value loss keeps the new values within cliprange_value of the rollout's values, which are the returns minus "
+     "the advantages.", dict(value_clip=False)),
 ]
 
 
@@ -2004,8 +2087,8 @@ _LEARNING_MISTAKES = [
                        "one-step advantages). Using kl_coef counts the KL twice."),
     ("no_zero_grad", "Gradients accumulate across minibatches: call trainer.optimizer.zero_grad() before each "
                      "backward pass."),
-    ("no_clip", "The gradient norm is not clipped: nn.utils.clip_grad_norm_(trainer.model.parameters(), "
-                "args.max_grad_norm) between backward() and step()."),
+    ("no_clip", "The gradient norm does not limit the update: clip the global norm of all the policy's gradients "
+                "to args.max_grad_norm after the backward pass and before the optimizer's step."),
     ("one_pass", "Only one pass over the memory: pass args.update_epochs to get_minibatches."),
     ("scheduler_per_minibatch", "The learning-rate schedule counts phases: step trainer.scheduler once, after the "
                                 "last minibatch."),
@@ -2013,6 +2096,22 @@ _LEARNING_MISTAKES = [
     ("global_rng", "The minibatches are shuffled with the global random generator: pass trainer.generator to "
                    "get_minibatches (the trainer's minibatch order is seeded by it)."),
 ]
+
+
+_CLIPPED_AFTER_STEP = ("The gradient norm is clipped after the optimizer's step: the step has already used the "
+                       "unclipped gradients, so the clip changes nothing. Clip the global norm to args.max_grad_norm "
+                       "between the backward pass and the step.")
+
+
+def _clipped_last(trainer: RLHFTrainer, max_grad_norm: float) -> bool:
+    """Whether the gradients the phase left behind have a global norm within max_grad_norm: an update that
+    was not clipped (it matches the unclipped one, whose gradients are far above that norm) with clipped
+    gradients left over was clipped after its step."""
+    grads = [p.grad.detach().double().flatten() for p in trainer.model.parameters() if p.grad is not None]
+    if not grads:
+        return False
+    norm = torch.cat(grads).norm().item()
+    return 0.0 < norm <= max_grad_norm * (1 + 1e-4)
 
 
 def _moved_trainer(args: RLHFArgs) -> RLHFTrainer:
@@ -2099,6 +2198,8 @@ def check_learning_phase(candidate) -> str:
             same = ((got - _delta(wrong_trainer, wrong_before)).norm() / expected.norm()).item() < 2e-3
             if same and trainer.scheduler.last_epoch == wrong_trainer.scheduler.last_epoch:
                 hint = text
+                if kind == "no_clip" and _clipped_last(trainer, args.max_grad_norm):
+                    hint = _CLIPPED_AFTER_STEP
                 break
         raise failure(
             f"after one learning phase the weights differ from the reference update by {rel:.1%} (optimizer "

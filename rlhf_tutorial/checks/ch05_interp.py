@@ -95,6 +95,8 @@ CLAUSES = {
         "trailing_dims": "any trailing dims after [b, s] (per-head activations) are copied whole",
         "source_untouched": "source is never modified",
         "returns_activation": "the hook returns the patched activation",
+        "not_source_itself": "what the hook returns is never source itself nor a view of it (the model would run on "
+                             "the source's memory)",
     },
     "restored_fraction": {
         "ratio_of_means": "a ratio of means, not a mean of per-example ratios",
@@ -472,6 +474,27 @@ def _patch_second_to_last(activation, hook, source, positions=None):
     return activation
 
 
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same memory (one a view of the other, or the same tensor); on the
+    simulated GPU, that of the CPU tensors they wrap."""
+    a, b = getattr(a, "elem", a), getattr(b, "elem", b)
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage: identity is all that can be told
+        return a is b
+
+
+def _where_patches_differ(expected: torch.Tensor, got: torch.Tensor) -> str:
+    """Where a patched activation differs: which positions (dim 1), and the first differing [b, s] entry of
+    each, side by side (a preview of the first entries alone may show the same numbers twice)."""
+    differs = ~torch.isclose(got, expected, rtol=0.0, atol=0.0, equal_nan=True)
+    per_position = differs.flatten(2).any(-1) if differs.dim() > 2 else differs  # [b s]
+    positions = sorted({int(i) for i in per_position.nonzero()[:, 1].tolist()})
+    b, pos = (int(i) for i in per_position.nonzero()[0])
+    return (f"  positions (dim 1) whose values differ: {positions} of {expected.shape[1]}; at batch row {b}, "
+            f"position {pos}:\n  expected: {fmt(expected[b, pos])}\n  got:      {fmt(got[b, pos])}")
+
+
 _PATCH_BATCH_DIM = Mistake("You indexed the batch dim: positions index dim 1 (the sequence), every batch row alike.",
                            _patch_batch_dim)
 _PATCH_MISTAKES = [
@@ -545,7 +568,13 @@ def check_patch_activation(candidate) -> str:
                         break
                 except Exception:  # noqa: BLE001 - a mistake may not apply to this case
                     continue
-            raise CheckFailure(f"Wrong values on {label}.\n  expected: {fmt(expected)}\n  got:      {fmt(out)}", wrong)
+            raise CheckFailure(f"Wrong values on {label}.\n{_where_patches_differ(expected, out)}", wrong)
+        if _shares_memory(out, src_in):
+            raise CheckFailure(f"On {label}, your hook returned `source` itself (or a view of it): the values are "
+                               "right, but the model then runs on the source's own memory.",
+                               hint="Return the activation, patched: when the hook hands back the source tensor, "
+                               "whatever later writes into that activation in place (another hook, the next patch) "
+                               "writes into the cached source too, which must stay intact.")
     # In a real forward pass: patch the last position's residual of one run into another.
     model = small_model(seed=5)  # on check_device(), as the cases above
     clean = torch.tensor([[1, 5, 9, 2]], device=check_device())

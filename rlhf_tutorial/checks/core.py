@@ -405,7 +405,9 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     if not callable(candidate):
         raise CheckFailure(f"expected a function or class, got {type(candidate).__name__}: {candidate!r}")
     snapshot = [(p, t, t.detach().clone()) for p, t in _tensors_in((args, kwargs))]
-    modes = _module_modes(candidate, args, kwargs, _arg_names) if _keep_modes else []
+    given = _given_modules(candidate, args, kwargs, _arg_names)
+    modes = [(name, m, [sub.training for sub in m.modules()]) for name, m in given] if _keep_modes else []
+    dtypes = _module_dtypes(given)
     try:
         with torch.enable_grad():
             out = candidate(*args, **kwargs)
@@ -442,6 +444,7 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
                 f"your code modified an input tensor in place (argument {_pretty_path(path, _arg_names)}).",
                 hint="Use out-of-place operations (x = x - m, not x -= m or x.sub_(m)), or .clone() first.",
             )
+    _check_dtypes(dtypes)
     _check_modes(modes)
     problem = device_problem(out, _input_device(args, kwargs))
     if problem:
@@ -450,11 +453,10 @@ def call(candidate: Callable, *args: Any, _arg_names: Sequence[str] | None = Non
     return out
 
 
-def _module_modes(candidate: Callable, args: tuple, kwargs: dict,
-                  names: Sequence[str] | None) -> list[tuple[str, torch.nn.Module, list[bool]]]:
-    """(name, module, training flags of it and its submodules) for each module the call is given: an
-    argument, or a module attribute of an argument (a trainer's ``model``). Names come from
-    ``names``, else from the candidate's own signature."""
+def _given_modules(candidate: Callable, args: tuple, kwargs: dict,
+                   names: Sequence[str] | None) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) for each module the call is given: an argument, or a module attribute of an argument
+    (a trainer's ``model``). Names come from ``names``, else from the candidate's own signature."""
     try:
         params = list(inspect.signature(candidate).parameters)
     except (TypeError, ValueError):
@@ -467,7 +469,28 @@ def _module_modes(candidate: Callable, args: tuple, kwargs: dict,
             out.append((name, x))
         elif hasattr(x, "__dict__") and not isinstance(x, (type, torch.Tensor)):
             out.extend((f"{name}.{k}", v) for k, v in vars(x).items() if isinstance(v, torch.nn.Module))
-    return [(name, m, [sub.training for sub in m.modules()]) for name, m in out]
+    return out
+
+
+def _module_dtypes(modules: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torch.nn.Module, list]]:
+    return [(name, m, [(k, t.dtype) for k, t in [*m.named_parameters(), *m.named_buffers()]]) for name, m in modules]
+
+
+def _check_dtypes(dtypes: list[tuple[str, torch.nn.Module, list]]) -> None:
+    """Fail when the call changed the dtype of a module it was given (a `.double()`, `.half()` or `.to(dtype)`
+    of the caller's module works in place): the caller's next forward pass then mixes dtypes."""
+    for name, module, before in dtypes:
+        now = dict((k, t.dtype) for k, t in [*module.named_parameters(), *module.named_buffers()])
+        changed = [(k, dtype, now.get(k)) for k, dtype in before if now.get(k) != dtype]
+        if changed:
+            k, was, is_now = changed[0]
+            raise failure(
+                f"your code changed the module passed as `{name}`: its {k} is now "
+                f"{_dtype_name(is_now) if is_now is not None else 'gone'} (it was {_dtype_name(was)} when your "
+                "function got it).",
+                "Converting a module to another dtype changes it in place, for the caller too: the module is "
+                "the caller's, and their next forward pass would get the dtype you set. Compute in another "
+                "dtype on a copy of the weights, or convert the inputs and outputs only.")
 
 
 def _check_modes(modes: list[tuple[str, torch.nn.Module, list[bool]]]) -> None:

@@ -822,7 +822,7 @@ def test_replay_memory_written_differently():
 # compute_rlhf_objective
 # ----------------------------------------------------------------------------------------------------
 def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_policy=False, value_clip=True,
-                      zero_is_unset=False):
+                      zero_is_unset=False, old_values="rollout"):
     def objective(model, ref_model, minibatch, prefix_len, kl_coef, args):
         logits, values = model(minibatch.tokens)
         if temperature:
@@ -834,7 +834,8 @@ def objective_variant(*, kl_sign=-1.0, temperature=True, value_offset=0, ref_is_
                                                     args.clip_coef)
         clip_set = bool(args.cliprange_value) if zero_is_unset else args.cliprange_value is not None
         if clip_set and value_clip:
-            old = minibatch.returns - minibatch.advantages
+            old = {"rollout": minibatch.returns - minibatch.advantages, "returns": minibatch.returns,
+                   "current": values[:, vgen].detach()}[old_values]
             obj = obj - rlhf.calc_clipped_value_loss(values[:, vgen], old, minibatch.returns, args.vf_coef,
                                                      args.cliprange_value)
         else:
@@ -1103,7 +1104,7 @@ def learn_reward_kl_coef(trainer, memory):
     [
         (learn_reward_kl_coef, "objective_kl_coef"),
         (learn_accumulating_gradients, "zero_grad"),
-        (learn_without_clipping, "clip_grad_norm_"),
+        (learn_without_clipping, "does not limit the update"),
         (learn_single_pass, "update_epochs"),
         (learn_scheduler_per_step, "once, after the last minibatch"),
         (learn_unseeded_order, "pass trainer.generator"),
@@ -1680,6 +1681,110 @@ def learn_descending(trainer, memory):
     return {"objective": sum(stats) / len(stats)}
 
 
+# ----------------------------------------------------------------------------------------------------
+# Issue 38's leftovers (a learner's attempt at 03): wrong versions that passed, or got the wrong diagnosis
+# ----------------------------------------------------------------------------------------------------
+def samples_temperature_squared(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    # "the temperature scales the logits' spread": divided twice; at 0.5 and 2 the nearest of the old three
+    # hypotheses was still logits / T
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature ** 2, top_k=top_k,
+                         verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def samples_with_top_p(model, prompt, batch_size, gen_len, temperature=1.0, top_k=None, prepend_bos=True):
+    # nucleus sampling "as usual" on top of the contract: the unlikely tail is never drawn
+    toks = model.to_tokens(prompt, prepend_bos=prepend_bos).repeat(batch_size, 1)
+    out = model.generate(toks, max_new_tokens=gen_len, stop_at_eos=False, temperature=temperature, top_k=top_k,
+                         top_p=0.9, verbose=False).clone()
+    return out, model.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def test_get_samples_temperature_squared_is_named():
+    result = run_check("get_samples", samples_temperature_squared)
+    assert not result.passed
+    assert "twice" in result.hint and "ignored" not in result.hint, (result.message, result.hint)
+
+
+def test_get_samples_top_p_is_named_not_the_temperature():
+    result = run_check("get_samples", samples_with_top_p)
+    assert not result.passed
+    assert "temperature is ignored" not in result.message + (result.hint or ""), (result.message, result.hint)
+    assert "unlikely tokens" in result.message and "top_p" in result.hint, (result.message, result.hint)
+
+
+class KLControllerWholeSteps(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + err * (n_steps // self.horizon)  # "steps per horizon": a whole number, 0 below it
+
+
+class KLControllerWholeStepsFloored(KLControllerUnclipped):
+    def update(self, current_kl, n_steps):
+        err = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + err * n_steps // self.horizon  # the floor of err * n_steps / horizon: 0, or -1 below target
+
+
+def test_adaptive_kl_controller_integer_division_is_named():
+    result = run_check("AdaptiveKLController", KLControllerWholeSteps)
+    assert not result.passed
+    assert "integer division" in result.hint and "clamped" not in result.message, (result.message, result.hint)
+
+
+def test_adaptive_kl_controller_never_moving_is_not_called_clamped():
+    result = run_check("AdaptiveKLController", KLControllerWholeStepsFloored)
+    assert not result.passed
+    assert "clamped" not in result.message + (result.hint or ""), (result.message, result.hint)
+
+
+class StoppingRewardBelow(StoppingWithoutReset):
+    def should_stop(self, kl, reward):
+        # the reward test turned round: "a reward that falls under the threshold is bad"
+        bad = kl > self.kl_threshold or (self.reward_threshold is not None and reward < self.reward_threshold)
+        self.bad = self.bad + 1 if bad else 0
+        return self.bad >= self.patience
+
+
+def test_early_stopping_reversed_reward_is_named_not_ignored():
+    result = run_check("EarlyStopping", StoppingRewardBelow)
+    assert not result.passed
+    assert "reversed" in result.hint and "ignored" not in result.message + result.hint, (result.message, result.hint)
+
+
+def learn_clipping_after_step(trainer, memory):
+    # every call is there, in the wrong order: the step uses the gradients before they are clipped
+    args = trainer.args
+    stats = []
+    for mb in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
+        trainer.optimizer.zero_grad()
+        objective, s = rlhf.compute_rlhf_objective(trainer.model, trainer.ref_model, mb, trainer.prefix_len,
+                                                   trainer.objective_kl_coef, args)
+        objective.backward()
+        trainer.optimizer.step()
+        nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
+        stats.append(s)
+    trainer.scheduler.step()
+    return {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]}
+
+
+def test_learning_phase_clipping_after_step_is_named():
+    result = run_check("learning_phase", learn_clipping_after_step)
+    assert not result.passed
+    assert "after the optimizer's step" in result.hint, (result.message, result.hint)
+    unclipped = run_check("learning_phase", learn_without_clipping)  # the same update, and its own diagnosis
+    assert not unclipped.passed and "after the optimizer's step" not in unclipped.hint, unclipped.hint
+
+
+@pytest.mark.parametrize("old_values", ["returns", "current"])
+def test_compute_rlhf_objective_clip_that_never_bites_is_not_only_called_ignored(old_values):
+    """A value clip centred on the returns, or on the current values, is exactly the unclipped loss: the
+    diagnosis names those centres too, not an ignored cliprange_value alone."""
+    result = run_check("compute_rlhf_objective", objective_variant(old_values=old_values))
+    assert not result.passed
+    assert "centred where it never bites" in result.hint and "returns minus the advantages" in result.hint, result.hint
+
+
 VIOLATIONS = {
     "TransformerWithValueHead": {
         "architecture": [ValueHeadTooSmall],
@@ -1696,7 +1801,7 @@ VIOLATIONS = {
         "no_eos_stop": [samples_stopping_at_eos],
         "prompt_first": [samples_always_bos],
         "sampled": [samples_greedy],
-        "temperature": [samples_without_temperature],
+        "temperature": [samples_without_temperature, samples_temperature_squared, samples_with_top_p],
         "top_k": [samples_ignoring_top_k],
         "not_inference": [samples_not_cloned],
         "texts_skip_special": [samples_with_bos_text],
@@ -1762,7 +1867,8 @@ VIOLATIONS = {
         "surrogate": [objective_terms(fixed_clip=0.2)],
         "value_sign": [objective_terms(value_sign=1.0)],
         "value_slice": [objective_variant(value_offset=1)],
-        "value_clip": [objective_variant(value_clip=False)],
+        "value_clip": [objective_variant(value_clip=False), objective_variant(old_values="returns"),
+                       objective_variant(old_values="current")],
         "value_clip_zero": [objective_variant(zero_is_unset=True)],
         "temperature": [objective_variant(temperature=False)],
         "entropy_slice": [objective_terms(entropy_everywhere=True)],
@@ -1798,7 +1904,7 @@ VIOLATIONS = {
         "error_clip": [KLControllerUnclipped],
         "direction": [KLControllerInverted],
         "proportional": [KLControllerAbsoluteError],
-        "n_steps": [KLControllerNoSteps],
+        "n_steps": [KLControllerNoSteps, KLControllerWholeSteps, KLControllerWholeStepsFloored],
         "multiplicative": [KLControllerAdditive],
         "no_bounds": [KLControllerCoefficientClamped, KLControllerFloorOnly],
         "init_value": [KLControllerArgumentsSwapped],
@@ -1807,7 +1913,7 @@ VIOLATIONS = {
         "strict": [StoppingGreaterEqual],
         "reset": [StoppingWithoutReset],
         "patience": [StoppingOneLate],
-        "reward_threshold": [StoppingKLOnly],
+        "reward_threshold": [StoppingKLOnly, StoppingRewardBelow],
         "reward_unset": [StoppingNoneAsZero],
         "zero_threshold": [StoppingTruthyThreshold, StoppingTruthyKL],
         "returns_bool": [StoppingReturnsNone],
@@ -1825,7 +1931,7 @@ VIOLATIONS = {
     },
     "learning_phase": {
         "zero_grad": [learn_accumulating_gradients],
-        "clip": [learn_without_clipping],
+        "clip": [learn_without_clipping, learn_clipping_after_step],
         "update_epochs": [learn_single_pass],
         "scheduler_once": [learn_scheduler_per_step],
         "generator": [learn_unseeded_order],

@@ -161,6 +161,31 @@ def test_value_lens_mistakes(wrong, fragment):
     assert_fails_with("value_lens", wrong, fragment)
 
 
+def value_head_to_float64(resid_stack, value_head, eps=1e-5):
+    # "read it in float64 for precision": the caller's head is converted in place, and stays float64
+    value_head.double()
+    return value_head(interp.ln_pre(resid_stack.double(), eps)).squeeze(-1).to(resid_stack.dtype)
+
+
+def test_value_lens_head_cast_in_place_is_the_learners_change():
+    result = run_check("value_lens", value_head_to_float64)
+    assert not result.passed
+    assert "checker" not in result.message, result.message
+    assert "changed the module passed as `value_head`" in result.message and "float64" in result.message, \
+        result.message
+
+
+def test_value_lens_float64_on_a_copy_passes():
+    """Computing in float64 on a copy of the head is a right answer: only the caller's module must stay as it was."""
+    def on_a_copy(resid_stack, value_head, eps=1e-5):
+        wide = {name: t.double() for name, t in value_head.state_dict().items()}  # float64 copies of the weights
+        out = torch.func.functional_call(value_head, wide, (interp.ln_pre(resid_stack.double(), eps),))
+        return out.squeeze(-1).to(resid_stack.dtype)
+
+    result = run_check("value_lens", on_a_copy)
+    assert result.passed, result.message
+
+
 def test_value_lens_written_differently():
     def no_grad_loop(resid_stack, value_head, eps=1e-5):
         with torch.no_grad():
@@ -278,6 +303,52 @@ def test_patch_activation_mistakes(wrong, fragment):
 def test_patch_activation_negative_positions_are_checked():
     result = run_check("patch_activation", patch_positive_range)
     assert not result.passed and "[-1]" in result.message
+
+
+def patch_returns_source(activation, hook, source, positions=None):
+    # "every position is replaced: that is just source" (issue 38): the right values, but the model then
+    # runs on the cached source's memory
+    if positions is None:
+        return source
+    activation[:, positions] = source[:, positions]
+    return activation
+
+
+def patch_returns_source_view(activation, hook, source, positions=None):
+    if positions is None:
+        return source.view(activation.shape)
+    activation[:, positions] = source[:, positions]
+    return activation
+
+
+@pytest.mark.parametrize("wrong", [patch_returns_source, patch_returns_source_view])
+def test_patch_activation_returning_source_is_rejected(wrong):
+    result = run_check("patch_activation", wrong)
+    assert not result.passed, "a hook returning source itself passed"
+    assert "returned `source` itself" in result.message and "checker" not in result.message, result.message
+
+
+def patch_one_position_later(activation, hook, source, positions=None):
+    # positions counted from 1: every listed position is patched one place to the right
+    if positions is None:
+        activation[:] = source
+        return activation
+    later = [p + 1 for p in positions if 0 <= p + 1 < activation.shape[1]]
+    activation[:, later] = source[:, later]
+    return activation
+
+
+@pytest.mark.parametrize("wrong", [patch_one_position_later, patch_positive_range])
+def test_patch_activation_failure_shows_where_it_differs(wrong):
+    """The expected and got previews are those of a position that differs (the first entries of a [b, s, d]
+    activation are position 0's, the same in both when position 0 is not patched), and the positions are named."""
+    result = run_check("patch_activation", wrong)
+    assert not result.passed
+    lines = result.message.splitlines()
+    expected = next(line for line in lines if line.strip().startswith("expected:"))
+    got = next(line for line in lines if line.strip().startswith("got:"))
+    assert expected.split(":", 1)[1].strip() != got.split(":", 1)[1].strip(), result.message
+    assert "positions (dim 1) whose values differ" in result.message, result.message
 
 
 def patch_out_of_place(activation, hook, source, positions=None, device=None):
@@ -715,7 +786,7 @@ VIOLATIONS = {
         "layer_norm_first": [value_no_ln],
         "eps_passed": [value_drops_eps],
         "squeeze_last": [value_no_squeeze, value_squeeze_all],
-        "parameters_untouched": [value_folds_centring_into_head],
+        "parameters_untouched": [value_folds_centring_into_head, value_head_to_float64],
         "grads_untouched": [value_zero_grad, value_backward],
         "requires_grad_untouched": [value_freezes_head],
     },
@@ -735,6 +806,7 @@ VIOLATIONS = {
         "trailing_dims": [patch_second_to_last_dim],
         "source_untouched": [patch_writes_source],
         "returns_activation": [patch_no_return],
+        "not_source_itself": [patch_returns_source, patch_returns_source_view],
     },
     "restored_fraction": {
         "ratio_of_means": [restored_mean_of_ratios],
