@@ -161,6 +161,108 @@ def calc_gspo_objective(
 
 
 # ----------------------------------------------------------------------------------------------------
+# The rest of the field: REINFORCE++, CISPO, and the sampler/trainer mismatch
+# ----------------------------------------------------------------------------------------------------
+
+
+def reinforce_pp_advantages(
+    rewards: Float[Tensor, "B"],
+    logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    beta: float = 0.01,
+    eps: float = 1e-8,
+) -> Float[Tensor, "B g"]:
+    """REINFORCE++ (Hu 2025): per-token advantages with no critic and no group baseline.
+
+    The KL to the reference goes into the reward, one penalty per token (k1 of the sampling policy's
+    log-probs ``logprobs`` against ``ref_logprobs``), and the sequence reward R[b] comes at the end.
+    With gamma = 1 a token's return is everything from it to the end of its completion:
+
+        kl[b, t] = logprobs[b, t] - ref_logprobs[b, t]                        (k1)
+        G[b, t]  = R[b] - beta * sum_{s >= t} mask[b, s] * kl[b, s]           (return-to-go, gamma = 1)
+
+    The returns are then whitened over *every* masked token of the batch at once (not per sequence,
+    not per group), as the course's ``whiten`` does, with the mean and the biased variance (divide by
+    N) of the N masked returns:
+
+        A[b, t] = (G[b, t] - mu) / sqrt(sigma^2 + eps)      where mask[b, t]
+        A[b, t] = 0                                         elsewhere
+
+    Masked positions (they may hold any finite values) count for nothing: not in the returns, not in
+    mu or sigma^2. Every row has at least one True; ``beta = 0.0`` is a value (no KL term). The result
+    has ``logprobs``' shape and dtype.
+    """
+    # >>> exercise
+    kl = torch.where(mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # [B g]
+    to_go = kl.flip(-1).cumsum(-1).flip(-1)  # [B g]: sum over s >= t
+    returns = rewards[:, None] - beta * to_go  # [B g]
+    n = mask.sum()
+    mean = torch.where(mask, returns, torch.zeros_like(returns)).sum() / n
+    var = torch.where(mask, (returns - mean) ** 2, torch.zeros_like(returns)).sum() / n  # biased: / N
+    advantages = (returns - mean) * torch.rsqrt(var + eps)
+    return torch.where(mask, advantages, torch.zeros_like(advantages))
+    # <<< exercise
+
+
+def cispo_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B"],
+    mask: Bool[Tensor, "B g"],
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+) -> Float[Tensor, ""]:
+    """CISPO's objective (MiniMax 2025, to maximise): clip the importance *weight*, not the update.
+
+        ratio[b, t] = exp(logprobs - old_logprobs)                             = pi_theta / pi_old
+        w[b, t]     = sg( clip(ratio, 1 - eps_low, 1 + eps_high) )             a constant weight
+        objective   = sum_{b, t} mask * w * A[b] * logprobs  /  sum_{b, t} mask
+
+    sg is stop-gradient: w is a number, so the gradient at every unmasked token is w * A[b] / N,
+    clipped or not (PPO's clip instead zeroes the gradient of a token whose ratio left the range on
+    the side that would raise the objective). The mean is over all unmasked tokens of the batch
+    (every token weighs the same, as DAPO's), not per sequence. Masked positions (any finite values)
+    count for nothing; every row has at least one True. No KL term. The ratio is exact for any
+    log-probs, however small (a token of probability e^-120 has a ratio too).
+    """
+    # >>> exercise
+    ratio = torch.exp(logprobs - old_logprobs)  # [B g]
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
+    per_token = weight * advantages[:, None] * logprobs  # [B g]
+    per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
+    return per_token.sum() / mask.sum()
+    # <<< exercise
+
+
+def truncated_is_weights(
+    train_logprobs: Float[Tensor, "B g"],
+    sampler_logprobs: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    cap: float = 2.0,
+) -> Float[Tensor, "B g"]:
+    """Truncated importance sampling: the correction for a sampler that is not the trainer.
+
+    The tokens were drawn by the sampler (another engine, another precision: here bfloat16), whose
+    log-probs ``sampler_logprobs`` differ a little from those the trainer computes for the same
+    tokens, ``train_logprobs``. The per-token weight that makes the trainer's update an update for
+    its own distribution, truncated at ``cap`` so that no token weighs too much:
+
+        w[b, t] = min( exp(train_logprobs - sampler_logprobs), cap )     where mask[b, t]
+        w[b, t] = 0                                                      elsewhere
+
+    The weights are constants (detached: no gradient flows through them, whatever the inputs carry),
+    exact for any log-probs (tiny probabilities, log-ratios of hundreds: a weight above ``cap`` is
+    ``cap``), 0 on masked positions whatever they hold. Same shape and dtype as ``train_logprobs``.
+    """
+    # >>> exercise
+    with torch.no_grad():
+        weights = torch.exp(train_logprobs - sampler_logprobs).clamp(max=cap)  # [B g]
+        return torch.where(mask, weights, torch.zeros_like(weights))
+    # <<< exercise
+
+
+# ----------------------------------------------------------------------------------------------------
 # Sampling groups
 # ----------------------------------------------------------------------------------------------------
 
