@@ -119,7 +119,7 @@ RUNS.update({
                            "--dpo-rounds", "6", "--dpo-pairs", "128", "--eval-samples", "64", "--no-isolate")),
 })
 
-# TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 10; README).
+# TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 11; README).
 RUNS["scale_grpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "grpo"))
 RUNS["scale_dpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "dpo"))
 

@@ -18,6 +18,9 @@ The loss is PPO's clipped surrogate per token, with the KL to a frozen reference
 6. ``collect_rollout``            p groups: sample, score, advantages, old and reference log-probs;
                                   dynamic sampling drops groups whose rewards are all equal
 7. ``grpo_step``                  one optimizer step on (a minibatch of) a rollout
+8. ``reinforce_pp_advantages``    REINFORCE++: per-token returns (reward - KL to go), whitened over the batch
+9. ``cispo_objective``            CISPO: a clipped, detached importance weight on every token's log-prob
+10. ``truncated_is_weights``      the correction for a sampler whose probabilities differ from the trainer's
 
 No value head, no GAE: the "old policy" is simply the policy at rollout time (its log-probs are
 stored with the rollout), the reference is a frozen copy of the starting policy.
