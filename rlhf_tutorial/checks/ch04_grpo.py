@@ -159,6 +159,7 @@ CLAUSES = {
         "masked_statistics": "the mean and variance are over the masked (True) tokens only, not over every position",
         "biased_variance": "the variance is the biased one (divides by N, the number of masked tokens), as whiten's",
         "eps": "eps is added to the variance inside the square root, and the eps given is used",
+        "no_clip": "the advantages are not clipped: an outlier among many tokens keeps its whitened value (above 10)",
         "masked_zero": "the advantages are 0 wherever the mask is False",
         "masked_ignored": "masked positions' log-probs (junk) count for nothing in the returns",
         "not_in_place": "no input tensor is modified in place",
@@ -1131,6 +1132,10 @@ def _pp_cases() -> list[Case]:
     r2, lp2, ref2, mask2 = _pp_inputs(4, 12, [12, 9, 4, 11], seed=11, spread=0.8)
     r3, lp3, ref3, mask3 = _pp_inputs(5, 6, [6, 6, 2, 4, 5], seed=12, spread=0.05)
     flat = torch.full((5,), 0.4)  # every reward equal: the returns differ only by a tiny KL
+    _, lp4, ref4, _ = _pp_inputs(16, 10, [10] * 16, seed=13, spread=0.01)
+    mask4 = torch.arange(10)[None, :] < torch.tensor([1] + [10] * 14 + [9])[:, None]  # 150 tokens
+    outlier = torch.zeros(16)
+    outlier[0] = 5.0  # one completion of one token far above the rest: z = sqrt(149) ~ 12
     return [
         Case("6 completions of 1 to 7 tokens, junk under the mask, beta=0.2", (r, lp, ref, mask),
              {"beta": 0.2, "eps": 1e-8}),
@@ -1143,6 +1148,8 @@ def _pp_cases() -> list[Case]:
                                                             torch.tensor([[True, False, False]])),
              {"beta": 0.2, "eps": 1e-8}),
         Case("defaults (beta=0.01, eps=1e-8), 12-token completions", (r2, lp2, ref2, mask2), {}),
+        Case("one outlier among 150 tokens (its advantage is above 10)", (outlier, lp4, ref4, mask4),
+             {"beta": 0.01, "eps": 1e-8}),
     ]
 
 
@@ -1295,6 +1302,9 @@ def _cispo_cases() -> list[Case]:
              torch.ones(2, 3, dtype=torch.bool)), {"eps_low": 0.2, "eps_high": 0.28}),
         Case("a batch of 1 whose completion is one token", (lp[:1, :3], old[:1, :3], adv[:1],
              torch.tensor([[True, False, False]])), {"eps_low": 0.2, "eps_high": 0.28}),
+        Case("eps_low=1.0 (no lower bound, MiniMax's setting), eps_high=100: ratios up to e^4 unclipped",
+             (far_lp, far_old - torch.tensor([[1.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+              torch.tensor([0.7, -1.0, 0.4]), far_mask), {"eps_low": 1.0, "eps_high": 100.0}),
         Case("defaults (eps_low=0.2, eps_high=0.28)", (far_lp, far_old, torch.tensor([0.5, -1.0, 2.0]), far_mask), {}),
     ]
 

@@ -1130,6 +1130,11 @@ def pp_in_place(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
     return _masked_whiten(rewards[:, None] - beta * kl.flip(-1).cumsum(-1).flip(-1), mask, eps)
 
 
+def pp_clipped_to_be_safe(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    returns = _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta)
+    return _masked_whiten(returns, mask, eps).clamp(-5.0, 5.0)  # "advantage clipping", as some trainers do
+
+
 def pp_float64(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
     return grpo.reinforce_pp_advantages(rewards.double(), logprobs.double(), ref_logprobs.double(), mask, beta, eps)
 
@@ -1403,6 +1408,7 @@ VIOLATIONS.update({
         "masked_statistics": [pp_whiten_every_position],
         "biased_variance": [pp_unbiased_variance],
         "eps": [pp_eps_on_std, pp_fixed_eps],
+        "no_clip": [pp_clipped_to_be_safe],
         "masked_zero": [pp_masked_not_zero],
         "masked_ignored": [pp_junk_in_the_kl],
         "not_in_place": [pp_in_place],
