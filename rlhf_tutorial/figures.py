@@ -101,6 +101,9 @@ RUNS.update({
            "grpo_short": (),
            "rloo_short": ("--advantage-estimator", "rloo"),
            "gspo_short": ("--importance-level", "sequence"),
+           # chapter 04 (section 10): REINFORCE++'s advantages and CISPO's objective in the same run
+           "reinforce_pp_short": ("--advantage-estimator", "reinforce_pp"),
+           "cispo_short": ("--policy-loss", "cispo"),
        }.items()},
     # chapter 04 (section 5) runs it with the learner's sample_group, which the trainer then samples with (not with
     # its own faster sampler): --no-fast reproduces that run

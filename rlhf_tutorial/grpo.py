@@ -163,6 +163,61 @@ def calc_gspo_objective(
     return (surrogate - beta * kl).mean()
 
 
+def calc_token_advantage_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """REINFORCE++'s objective (to maximise), with ``calc_grpo_objective``'s signature but one advantage
+    per *token* (``reinforce_pp_advantages``, ``[B, g]``): PPO's clipped surrogate per token, aggregated
+    as ``loss_type`` says. ``beta`` is ignored: the KL to the reference is already in the advantages
+    (in the per-token rewards). ``train`` uses it when ``advantage_estimator="reinforce_pp"``.
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logprobs - old_logprobs)  # [B g]
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages)
+    per_token = torch.where(mask, surrogate, torch.zeros_like(surrogate))
+    tokens_per_seq = mask.sum(dim=-1)
+    if loss_type == "grpo":
+        return (per_token.sum(dim=-1) / tokens_per_seq.clamp(min=1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / tokens_per_seq.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        length = logprobs.shape[1] if max_completion_len is None else max_completion_len
+        return per_token.sum() / (logprobs.shape[0] * length)
+    raise ValueError(f"loss_type must be 'grpo', 'dapo' or 'dr_grpo', got {loss_type!r}")
+
+
+def calc_cispo_grpo_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """CISPO's objective with ``calc_grpo_objective``'s signature: ``cispo_objective`` with
+    ``eps_low = clip_eps`` and ``eps_high = clip_eps_high`` (default ``clip_eps``), minus ``beta`` times
+    the token-level mean of k3 to the reference (the same mean over all unmasked tokens as CISPO's).
+    ``loss_type`` and ``max_completion_len`` are accepted and ignored: CISPO's mean is over tokens.
+    ``train`` uses it when ``policy_loss="cispo"``.
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    k3 = torch.where(mask, approx_kl(logprobs, ref_logprobs, "k3"), torch.zeros_like(logprobs))
+    return cispo_objective(logprobs, old_logprobs, advantages, mask, clip_eps, high) - beta * k3.sum() / mask.sum()
+
+
 # ----------------------------------------------------------------------------------------------------
 # The rest of the field: REINFORCE++, CISPO, and the sampler/trainer mismatch
 # ----------------------------------------------------------------------------------------------------
@@ -411,7 +466,7 @@ class GroupRollout:
     prompts: list[str]
     mask: Bool[Tensor, "B g"]
     rewards: Float[Tensor, "p G"]
-    advantages: Float[Tensor, "B"]
+    advantages: Float[Tensor, "B"]  # [B g] (one per token) with advantage_estimator="reinforce_pp"
     old_logprobs: Float[Tensor, "B g"]
     ref_logprobs: Float[Tensor, "B g"]
     texts: list[str]
@@ -480,7 +535,9 @@ def collect_rollout(
     3. with ``dynamic_sampling``, such groups are dropped and new prompts sampled, for at most
        ``max_sampling_rounds`` rounds, until p groups are kept (fewer if the rounds run out);
     4. ``group_relative_advantages`` over the kept groups (``rloo_advantages`` with
-       ``advantage_estimator="rloo"``), repeated over each completion's tokens by the objective;
+       ``advantage_estimator="rloo"``), repeated over each completion's tokens by the objective; with
+       ``advantage_estimator="reinforce_pp"``, ``reinforce_pp_advantages`` per token instead (after step 5:
+       it needs pi_old's and the reference's log-probs; ``kl_coef`` weighs the KL in its rewards);
     5. without gradients, the log-probs of the policy (pi_old: the policy *at rollout time*) and of
        the frozen reference.
 
@@ -558,8 +615,11 @@ def collect_rollout(
         advantages = rloo_advantages(rewards).flatten().to(device)  # [B]
     elif args.advantage_estimator == "group":
         advantages = group_relative_advantages(rewards, args.scale, args.adv_eps).flatten().to(device)  # [B]
+    elif args.advantage_estimator == "reinforce_pp":
+        advantages = None  # per token: needs the log-probs, below
     else:
-        raise ValueError(f"advantage_estimator must be 'group' or 'rloo', got {args.advantage_estimator!r}")
+        raise ValueError(f"advantage_estimator must be 'group', 'rloo' or 'reinforce_pp', got "
+                         f"{args.advantage_estimator!r}")
     prefix_lens = [k[0].shape[1] - k[1].shape[1] for k in kept]
     rows = max(1, p * size // args.num_minibatches)  # the rows of one minibatch: never more logits at once
     with torch.no_grad(), CLOCK("old_logprobs"):
@@ -569,11 +629,15 @@ def collect_rollout(
             old_logprobs = group_token_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
     with torch.no_grad(), CLOCK("ref_logprobs"):
         ref_logprobs = group_token_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
+    mask = torch.cat([k[1] for k in kept])
+    if advantages is None:  # REINFORCE++: the KL to the reference in the per-token rewards, whitened over the batch
+        advantages = reinforce_pp_advantages(rewards.flatten().to(device), old_logprobs, ref_logprobs, mask,
+                                             args.kl_coef)  # [B g]
     rollout = GroupRollout(
         tokens=tokens,
         prefix_lens=prefix_lens,
         prompts=[k[2] for k in kept],
-        mask=torch.cat([k[1] for k in kept]),
+        mask=mask,
         rewards=rewards,
         advantages=advantages,
         old_logprobs=old_logprobs,
@@ -651,7 +715,7 @@ def clipped_tokens(
     (ratio > 1 + eps_high with A > 0, ratio < 1 - eps with A < 0): their gradient is zero."""
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages[:, None]
+    adv = advantages if advantages.dim() == 2 else advantages[:, None]  # [B g] with REINFORCE++'s per-token ones
     return mask & (((ratio > 1 + high) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0)))
 
 
@@ -700,7 +764,8 @@ def group_record(policy: HookedTransformer, rollout: GroupRollout, args: GRPOArg
                 "text": rollout.texts[b],
                 "tokens": [policy.tokenizer.decode([t]) for t in tokens[j, plen : plen + n].tolist()],
                 "reward": float(rollout.rewards[i, j]),
-                "advantage": float(rollout.advantages[b]),
+                "advantage": float(rollout.advantages[b, :n].mean() if rollout.advantages.dim() == 2
+                                   else rollout.advantages[b]),  # REINFORCE++: the mean over its tokens
                 "ratio": ratio[b, :n].tolist(),
                 "clipped": clipped[b, :n].tolist(),
             })

@@ -108,10 +108,14 @@ class GRPOArgs:
     loss_type: str = arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
     scale: str = arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
     adv_eps: float = arg(1e-4, "eps added to the std of the advantage scaling")
-    advantage_estimator: str = arg("group", "'group' (group_relative_advantages with `scale`) or 'rloo' "
-                                   "(chapter 06's rloo_advantages: leave-one-out baseline, no std)")
+    advantage_estimator: str = arg("group", "'group' (group_relative_advantages with `scale`), 'rloo' "
+                                   "(chapter 06's rloo_advantages: leave-one-out baseline, no std) or 'reinforce_pp' "
+                                   "(reinforce_pp_advantages: per-token returns with the k1 KL times kl_coef in the "
+                                   "reward, whitened over the batch; the objective then has no KL term)")
     importance_level: str = arg("token", "'token' (GRPO: clip every token's ratio) or 'sequence' (chapter 06's "
                                 "GSPO: clip one length-normalised ratio per completion)")
+    policy_loss: str = arg("clip", "'clip' (PPO's clipped surrogate) or 'cispo' (cispo_objective: a clipped, detached "
+                           "weight on every token's log-prob, clip_coef / clip_coef_high its bounds, token-level mean)")
     # variants
     dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal, sample more")
     max_sampling_rounds: int = arg(3, "dynamic sampling: most sampling rounds per phase")
@@ -270,7 +274,32 @@ PLUGGABLE = (
     "rloo_advantages",  # chapter 06
     "gspo_sequence_ratio",  # chapter 06
     "calc_gspo_objective",  # not an exercise: built on gspo_sequence_ratio
+    "reinforce_pp_advantages",
+    "cispo_objective",
+    "truncated_is_weights",
+    "calc_token_advantage_objective",  # not an exercise: REINFORCE++'s per-token advantages in PPO's surrogate
+    "calc_cispo_grpo_objective",  # not an exercise: built on cispo_objective
 )
+
+
+def objective_alias(args: GRPOArgs) -> str | None:
+    """The objective the reference ``grpo_step`` optimises under the name ``calc_grpo_objective``: None
+    (GRPO's own), ``calc_gspo_objective`` (``importance_level="sequence"``), ``calc_cispo_grpo_objective``
+    (``policy_loss="cispo"``) or ``calc_token_advantage_objective`` (``advantage_estimator="reinforce_pp"``,
+    whose advantages are per token). At most one of the three; others raise ValueError."""
+    if args.importance_level not in ("token", "sequence"):
+        raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
+    if args.policy_loss not in ("clip", "cispo"):
+        raise ValueError(f"policy_loss must be 'clip' or 'cispo', got {args.policy_loss!r}")
+    chosen = [name for name, on in (
+        ("calc_gspo_objective", args.importance_level == "sequence"),
+        ("calc_cispo_grpo_objective", args.policy_loss == "cispo"),
+        ("calc_token_advantage_objective", args.advantage_estimator == "reinforce_pp"),
+    ) if on]
+    if len(chosen) > 1:
+        raise ValueError("importance_level='sequence', policy_loss='cispo' and advantage_estimator='reinforce_pp' "
+                         "each replace the objective: choose one")
+    return chosen[0] if chosen else None
 
 
 learner_functions = learner_functions_for(PLUGGABLE)
@@ -322,16 +351,15 @@ def train(
     attached and trained instead (``trainers.lora.apply_lora``; ``lora_functions``: the learner's ``LoRA``,
     ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``).
     """
-    if args.importance_level not in ("token", "sequence"):
-        raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
-    sequence_level = args.importance_level == "sequence"
-    if sequence_level and overrides.get("grpo_step", grpo.grpo_step) is not grpo.grpo_step:
+    alias = objective_alias(args)
+    if alias and overrides.get("grpo_step", grpo.grpo_step) is not grpo.grpo_step:
         raise ValueError(
-            "importance_level='sequence' (GSPO) needs the reference grpo_step: yours calls your token-level "
-            "calc_grpo_objective. Leave grpo_step out of the overrides for a GSPO run."
+            "importance_level='sequence' (GSPO), policy_loss='cispo' and advantage_estimator='reinforce_pp' need the "
+            "reference grpo_step: yours calls your token-level calc_grpo_objective. Leave grpo_step out of the "
+            "overrides for such a run."
         )
-    # GSPO: the reference grpo_step optimises calc_gspo_objective under the name calc_grpo_objective.
-    aliases = {"calc_grpo_objective": "calc_gspo_objective"} if sequence_level else None
+    # GSPO, CISPO, REINFORCE++: the reference grpo_step optimises their objective under the name calc_grpo_objective.
+    aliases = {"calc_grpo_objective": alias} if alias else None
     fns = bind(grpo, PLUGGABLE, overrides, aliases=aliases)
     torch.manual_seed(args.seed)
     if policy is None:
