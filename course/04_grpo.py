@@ -27,6 +27,7 @@
 # same reward, and put PPO and GRPO side by side.
 
 # %% imports
+import copy
 import json
 import subprocess
 import sys
@@ -595,6 +596,71 @@ print(f"CISPO: gradient per token {cispo_grad[0].tolist()}")
 # per-token terms are multiplied by it.
 
 # %% exercise rlhf_tutorial.grpo:truncated_is_weights | 10 min | difficulty 2 | importance 3
+
+# %% [markdown]
+# How large is the disagreement? Below, a bfloat16 copy of the policy samples a group (bfloat16 keeps 8 bits
+# of mantissa where float32 keeps 24, the precision inference engines often sample in), and the float32
+# policy, the trainer, scores the same tokens. Your `truncated_is_weights` turns the two into weights.
+
+# %%
+sampler = copy.deepcopy(policy).to(torch.bfloat16)  # the "inference engine": the same weights, rounded
+sampler.cfg.dtype = torch.bfloat16
+mismatch_prompt = policy.to_tokens(prompt)[0]
+with torch.no_grad():
+    mismatch_tokens, mismatch_mask = sample_group(sampler, mismatch_prompt, 16, 16, eos_id(policy), 1.0)
+    sampler_lp = group_token_logprobs(sampler, [mismatch_tokens], [len(mismatch_prompt)]).float()
+    trainer_lp = group_token_logprobs(policy, [mismatch_tokens], [len(mismatch_prompt)])
+log_ratio = (trainer_lp - sampler_lp)[mismatch_mask]
+tis = truncated_is_weights(trainer_lp, sampler_lp, mismatch_mask, cap=2.0)
+print(f"{int(mismatch_mask.sum())} tokens: mean |log pi - log mu| = {log_ratio.abs().mean():.4f}, "
+      f"largest {log_ratio.abs().max():.4f}; mean |pi - mu| = "
+      f"{(trainer_lp.exp() - sampler_lp.exp())[mismatch_mask].abs().mean():.4f}")
+print(f"weights: mean {tis[mismatch_mask].mean():.4f}, from {tis[mismatch_mask].min():.4f} to "
+      f"{tis[mismatch_mask].max():.4f}; {(log_ratio.exp() > 2.0).sum().item()} above the cap")
+
+# %% [markdown]
+# **Does the correction matter here?** The trainer can sample in bfloat16 while it trains in float32
+# (`sampler_dtype="bfloat16"`; its phases then record the mismatch) and multiply every token's advantage
+# by its truncated weight (`tis_cap`):
+#
+# ```bash
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --sampler-dtype bfloat16               # no correction
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --sampler-dtype bfloat16 --tis-cap 2.0
+# ```
+#
+# On the reference machine, over the run without correction, the per-token $|\log \pi_{\theta_\text{old}} - \log \mu|$
+# averaged {{mismatch_bf16.mismatch_abs_logratio:.3f}} (the probabilities themselves differed by
+# {{mismatch_bf16.mismatch_abs_prob:.4f}} on average) and reached {{mismatch_bf16.mismatch_max_abs_logratio_all:.2f}}
+# at most; with the correction the mean weight was {{mismatch_bf16_tis.tis_weight_mean:.4f}}, and a fraction
+# {{mismatch_bf16_tis.mismatch_frac_above_cap:.1f}} of the tokens reached the cap. The two runs end at a
+# mean reward of {{mismatch_bf16.mean_reward_final:.2f}} without and {{mismatch_bf16_tis.mean_reward_final:.2f}}
+# with the correction (KL {{mismatch_bf16.kl_final:.2f}} and {{mismatch_bf16_tis.kl_final:.2f}}): a difference
+# smaller than the standard error of a reward measured on 64 samples ({{frontier_short.base.reward_se:.2f}}),
+# and about the size of the one between two float32 GRPO runs whose samplers differ only in their code
+# (section 5's {{grpo_short_nofast.mean_reward_final:.2f}} and chapter 06's {{grpo_short.mean_reward_final:.2f}}).
+# **At this size the correction is not measurable**: the tiny model's log-probabilities move by a few
+# hundredths per token in bfloat16, and no weight comes near the cap. The mismatch grows with depth, vocabulary and
+# sequence length (rounding errors add up over layers and over the tokens of a long completion), and
+# with a mixture-of-experts model whose router picks different experts in the two programs; that is where
+# large runs found their training collapsing without the correction.
+#
+# **REINFORCE++ and CISPO in the trainer.** `advantage_estimator="reinforce_pp"` computes the advantages
+# with `reinforce_pp_advantages` (the KL in the reward, weighted by `kl_coef`, so the objective has no KL
+# term) and trains PPO's clipped surrogate on them, token by token; `policy_loss="cispo"` replaces the
+# objective by `cispo_objective` with `clip_coef` and `clip_coef_high` as its bounds (and `kl_coef` times k3).
+# Like GSPO's option, each needs the reference `grpo_step`, and they exclude each other. Pass your own
+# versions as keywords (`train(args, **learner_functions(globals()))`), or from the command line:
+#
+# ```bash
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --advantage-estimator reinforce_pp
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --policy-loss cispo
+# ```
+#
+# On the reference machine, in the 12 phases of chapter 06's runs, REINFORCE++ lifted the mean reward from
+# {{reinforce_pp_short.mean_reward_initial:.2f}} to {{reinforce_pp_short.mean_reward_final:.2f}} (KL
+# {{reinforce_pp_short.kl_final:.2f}} per token) and CISPO to {{cispo_short.mean_reward_final:.2f}} (KL
+# {{cispo_short.kl_final:.2f}}), beside GRPO's {{grpo_short.mean_reward_final:.2f}} (KL {{grpo_short.kl_final:.2f}}):
+# one seed each, on a task this easy, so these rank nothing; they show that each update learns.
 
 # %% [markdown]
 # ## What to try next

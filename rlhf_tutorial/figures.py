@@ -104,6 +104,9 @@ RUNS.update({
            # chapter 04 (section 10): REINFORCE++'s advantages and CISPO's objective in the same run
            "reinforce_pp_short": ("--advantage-estimator", "reinforce_pp"),
            "cispo_short": ("--policy-loss", "cispo"),
+           # chapter 04 (section 10): a bfloat16 sampler beside the float32 trainer, without and with the correction
+           "mismatch_bf16": ("--sampler-dtype", "bfloat16"),
+           "mismatch_bf16_tis": ("--sampler-dtype", "bfloat16", "--tis-cap", "2.0"),
        }.items()},
     # chapter 04 (section 5) runs it with the learner's sample_group, which the trainer then samples with (not with
     # its own faster sampler): --no-fast reproduces that run

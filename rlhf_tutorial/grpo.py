@@ -35,6 +35,7 @@ exercises in place of the reference ones: ``train(args, **learner_functions(glob
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -175,15 +176,15 @@ def calc_token_advantage_objective(
     clip_eps_high: float | None = None,
     max_completion_len: int | None = None,
 ) -> Float[Tensor, ""]:
-    """REINFORCE++'s objective (to maximise), with ``calc_grpo_objective``'s signature but one advantage
-    per *token* (``reinforce_pp_advantages``, ``[B, g]``): PPO's clipped surrogate per token, aggregated
-    as ``loss_type`` says. ``beta`` is ignored: the KL to the reference is already in the advantages
-    (in the per-token rewards). ``train`` uses it when ``advantage_estimator="reinforce_pp"``.
+    """``calc_grpo_objective`` with one advantage per *token* (``[B, g]``): PPO's clipped surrogate per
+    token with that token's advantage, minus ``beta`` times k3, aggregated as ``loss_type`` says. ``train``
+    uses it when ``tis_cap > 0`` (the advantages times the truncated importance weights of the tokens).
     """
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logprobs - old_logprobs)  # [B g]
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages)
-    per_token = torch.where(mask, surrogate, torch.zeros_like(surrogate))
+    per_token = surrogate - beta * approx_kl(logprobs, ref_logprobs, "k3")
+    per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
     tokens_per_seq = mask.sum(dim=-1)
     if loss_type == "grpo":
         return (per_token.sum(dim=-1) / tokens_per_seq.clamp(min=1)).mean()
@@ -193,6 +194,26 @@ def calc_token_advantage_objective(
         length = logprobs.shape[1] if max_completion_len is None else max_completion_len
         return per_token.sum() / (logprobs.shape[0] * length)
     raise ValueError(f"loss_type must be 'grpo', 'dapo' or 'dr_grpo', got {loss_type!r}")
+
+
+def calc_reinforce_pp_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """REINFORCE++'s objective: ``calc_token_advantage_objective`` with its per-token advantages
+    (``reinforce_pp_advantages``) and ``beta`` ignored, since the KL to the reference is already in the
+    advantages (in the per-token rewards). ``train`` uses it when ``advantage_estimator="reinforce_pp"``.
+    """
+    return calc_token_advantage_objective(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps, 0.0,
+                                          loss_type, clip_eps_high, max_completion_len)
 
 
 def calc_cispo_grpo_objective(
@@ -541,6 +562,11 @@ def collect_rollout(
     5. without gradients, the log-probs of the policy (pi_old: the policy *at rollout time*) and of
        the frozen reference.
 
+    With ``sampler_dtype="bfloat16"`` a bfloat16 copy of the policy samples (and so the harness's own
+    sampler is not used), pi_old's log-probs are the float32 policy's, and the phase records the per-token
+    mismatch between the two (``mismatch_*``); with ``tis_cap > 0`` each token's advantage is multiplied
+    by ``truncated_is_weights(pi_old, sampler, mask, tis_cap)`` (the advantages become ``[B, g]``).
+
     Speed (harness only): when ``sample_group`` is the reference one and the policy is GPT-2-shaped,
     the groups are drawn by ``speed.fast_sample`` (a cache of our own), whose per-token log-probs are
     pi_old's, so step 5 runs the reference forward only. Sections are timed on ``CLOCK``.
@@ -553,7 +579,12 @@ def collect_rollout(
     """
     p, size = args.groups_per_phase, args.group_size
     eos = eos_id(policy)
-    fast = args.fast and sample_group.__code__ is _SAMPLE_GROUP_CODE and can_fast_sample(policy)
+    fast = (args.fast and sample_group.__code__ is _SAMPLE_GROUP_CODE and can_fast_sample(policy)
+            and args.sampler_dtype == "float32")
+    sampler = policy
+    if args.sampler_dtype != "float32":  # a low-precision copy of the policy samples, as an inference engine would
+        sampler = copy.deepcopy(policy).to(getattr(torch, args.sampler_dtype))
+        sampler.cfg.dtype = getattr(torch, args.sampler_dtype)
     # tokens, mask, prompt, texts, rewards, sampler log-probs (None: not kept by the sampler)
     kept: list[tuple[Tensor, Tensor, str, list[str], Tensor, Tensor | None]] = []
     all_rewards, zero_std, n_sampled, next_prompt = [], 0, 0, phase * p
@@ -576,7 +607,7 @@ def collect_rollout(
                 else:
                     with torch.no_grad():
                         tokens, mask = sample_group(
-                            policy, prompt_tokens, n * size, args.max_new_tokens, eos, args.temperature, args.top_k
+                            sampler, prompt_tokens, n * size, args.max_new_tokens, eos, args.temperature, args.top_k
                         )
                     logprob_groups = [None] * n
                 # n groups of [G s], [G g], [G g]
@@ -633,6 +664,22 @@ def collect_rollout(
     if advantages is None:  # REINFORCE++: the KL to the reference in the per-token rewards, whitened over the batch
         advantages = reinforce_pp_advantages(rewards.flatten().to(device), old_logprobs, ref_logprobs, mask,
                                              args.kl_coef)  # [B g]
+    mismatch: dict[str, float] = {}
+    if sampler is not policy:  # the sampler's own log-probs of its tokens: mu, beside the trainer's pi_old
+        with torch.no_grad(), CLOCK("old_logprobs"):
+            sampler_logprobs = group_token_logprobs(sampler, tokens, prefix_lens, args.temperature, rows).float()
+        diff = (old_logprobs - sampler_logprobs)[mask]
+        mismatch = {
+            "mismatch_abs_logratio": diff.abs().mean().item(),
+            "mismatch_max_abs_logratio": diff.abs().max().item(),
+            "mismatch_abs_prob": (old_logprobs.exp() - sampler_logprobs.exp())[mask].abs().mean().item(),
+            "mismatch_kl": (-diff).mean().item(),  # KL(mu || pi_old) estimated on mu's samples (k1)
+            "mismatch_frac_above_cap": (diff.exp() > args.tis_cap).float().mean().item() if args.tis_cap else 0.0,
+        }
+        if args.tis_cap:
+            weights = truncated_is_weights(old_logprobs, sampler_logprobs, mask, args.tis_cap)  # [B g]
+            mismatch["tis_weight_mean"] = weights[mask].mean().item()
+            advantages = (advantages if advantages.dim() == 2 else advantages[:, None]) * weights  # [B g]
     rollout = GroupRollout(
         tokens=tokens,
         prefix_lens=prefix_lens,
@@ -651,6 +698,7 @@ def collect_rollout(
         entropy=(-(old_logprobs * m).sum() / m.sum()).item(),
         completion_len=m.sum(-1).mean().item(),
         frac_finished=_frac_finished(rollout, eos),
+        **mismatch,
     )
     return rollout, stats
 

@@ -511,3 +511,43 @@ def test_cispo_grpo_objective_keeps_the_gradient_of_clipped_tokens():
                                          torch.ones(1, 2, dtype=torch.bool), clip_eps=0.2, beta=0.0)
     obj.backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([[1.2 / 2, 1.0 / 2]]))
+
+
+def test_a_bfloat16_sampler_records_the_mismatch_and_tis_weights_the_advantages(tiny_policy):
+    """sampler_dtype="bfloat16": a bfloat16 copy samples, pi_old stays the float32 policy's, the phase records the
+    per-token mismatch; tis_cap > 0 multiplies each token's advantage by the (learner's) truncated weights."""
+    calls = []
+
+    def my_weights(train_logprobs, sampler_logprobs, mask, cap=2.0):
+        calls.append(cap)
+        return grpo.truncated_is_weights(train_logprobs, sampler_logprobs, mask, cap)
+
+    result = grpo_trainer.train(small_args(sampler_dtype="bfloat16", tis_cap=1.5, num_phases=1),
+                                policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                                evaluate_before_after=False, progress=False, truncated_is_weights=my_weights)
+    record, rollout = result.history[0], result.last_rollout
+    assert calls == [1.5]
+    assert 0 < record["mismatch_abs_logratio"] <= record["mismatch_max_abs_logratio"]
+    assert 0 < record["tis_weight_mean"] <= 1.5
+    assert rollout.advantages.shape == rollout.mask.shape and rollout.old_logprobs.dtype == torch.float32
+    assert next(result.policy.parameters()).dtype == torch.float32
+    plain = grpo_trainer.train(small_args(sampler_dtype="bfloat16", num_phases=1), policy=copy.deepcopy(tiny_policy),
+                               reward_fn=_reward_by_length, evaluate_before_after=False, progress=False)
+    assert plain.last_rollout.advantages.dim() == 1 and "tis_weight_mean" not in plain.history[0]
+    with pytest.raises(ValueError, match="sampler_dtype='bfloat16'"):
+        grpo_trainer.train(small_args(tis_cap=2.0), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                           progress=False)
+
+
+def test_token_advantage_objective_is_grpos_with_the_advantage_repeated_over_tokens():
+    gen = torch.Generator().manual_seed(0)
+    logprobs, old, ref = (-torch.rand(3, 5, generator=gen) for _ in range(3))
+    adv = torch.randn(3, generator=gen)
+    mask = torch.arange(5)[None, :] < torch.tensor([[5], [2], [4]])
+    for loss_type in ("grpo", "dapo", "dr_grpo"):
+        want = grpo.calc_grpo_objective(logprobs, old, ref, adv, mask, beta=0.3, loss_type=loss_type)
+        got = grpo.calc_token_advantage_objective(logprobs, old, ref, adv[:, None].expand(3, 5), mask, beta=0.3,
+                                                  loss_type=loss_type)
+        torch.testing.assert_close(got, want)
+    no_kl = grpo.calc_reinforce_pp_objective(logprobs, old, ref, adv[:, None].expand(3, 5), mask, beta=0.3)
+    torch.testing.assert_close(no_kl, grpo.calc_grpo_objective(logprobs, old, ref, adv, mask, beta=0.0))

@@ -114,6 +114,11 @@ class GRPOArgs:
                                    "reward, whitened over the batch; the objective then has no KL term)")
     importance_level: str = arg("token", "'token' (GRPO: clip every token's ratio) or 'sequence' (chapter 06's "
                                 "GSPO: clip one length-normalised ratio per completion)")
+    sampler_dtype: str = arg("float32", "'float32', or 'bfloat16': a bfloat16 copy of the policy samples the rollout "
+                             "(as a low-precision inference engine would) while the policy trains in float32; the "
+                             "phases record the per-token mismatch of the two (mismatch_*)")
+    tis_cap: float = arg(0.0, "with sampler_dtype='bfloat16': > 0 multiplies each token's advantage by "
+                         "truncated_is_weights(pi_old, sampler, cap=tis_cap); 0: no correction")
     policy_loss: str = arg("clip", "'clip' (PPO's clipped surrogate) or 'cispo' (cispo_objective: a clipped, detached "
                            "weight on every token's log-prob, clip_coef / clip_coef_high its bounds, token-level mean)")
     # variants
@@ -277,7 +282,8 @@ PLUGGABLE = (
     "reinforce_pp_advantages",
     "cispo_objective",
     "truncated_is_weights",
-    "calc_token_advantage_objective",  # not an exercise: REINFORCE++'s per-token advantages in PPO's surrogate
+    "calc_token_advantage_objective",  # not an exercise: per-token advantages in PPO's surrogate (TIS)
+    "calc_reinforce_pp_objective",  # not an exercise: the same, with the KL in the advantages
     "calc_cispo_grpo_objective",  # not an exercise: built on cispo_objective
 )
 
@@ -285,8 +291,13 @@ PLUGGABLE = (
 def objective_alias(args: GRPOArgs) -> str | None:
     """The objective the reference ``grpo_step`` optimises under the name ``calc_grpo_objective``: None
     (GRPO's own), ``calc_gspo_objective`` (``importance_level="sequence"``), ``calc_cispo_grpo_objective``
-    (``policy_loss="cispo"``) or ``calc_token_advantage_objective`` (``advantage_estimator="reinforce_pp"``,
-    whose advantages are per token). At most one of the three; others raise ValueError."""
+    (``policy_loss="cispo"``), ``calc_reinforce_pp_objective`` (``advantage_estimator="reinforce_pp"``,
+    whose advantages are per token) or ``calc_token_advantage_objective`` (``tis_cap > 0``: each token's
+    advantage times its truncated importance weight). At most one; others raise ValueError."""
+    if args.sampler_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"sampler_dtype must be 'float32' or 'bfloat16', got {args.sampler_dtype!r}")
+    if args.tis_cap and args.sampler_dtype == "float32":
+        raise ValueError("tis_cap > 0 corrects a sampler that differs from the trainer: set sampler_dtype='bfloat16'")
     if args.importance_level not in ("token", "sequence"):
         raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
     if args.policy_loss not in ("clip", "cispo"):
@@ -294,11 +305,13 @@ def objective_alias(args: GRPOArgs) -> str | None:
     chosen = [name for name, on in (
         ("calc_gspo_objective", args.importance_level == "sequence"),
         ("calc_cispo_grpo_objective", args.policy_loss == "cispo"),
-        ("calc_token_advantage_objective", args.advantage_estimator == "reinforce_pp"),
+        ("calc_reinforce_pp_objective", args.advantage_estimator == "reinforce_pp"),
     ) if on]
+    if args.tis_cap and chosen != ["calc_reinforce_pp_objective"]:  # REINFORCE++'s objective takes them weighted
+        chosen.append("calc_token_advantage_objective")
     if len(chosen) > 1:
-        raise ValueError("importance_level='sequence', policy_loss='cispo' and advantage_estimator='reinforce_pp' "
-                         "each replace the objective: choose one")
+        raise ValueError("importance_level='sequence', policy_loss='cispo', advantage_estimator='reinforce_pp' and "
+                         "tis_cap > 0 each replace the objective: choose one (tis_cap goes with reinforce_pp)")
     return chosen[0] if chosen else None
 
 
@@ -491,7 +504,9 @@ def main(argv: list[str]) -> dict:
     sampled groups whose rewards were all equal (``_final``: the last phase's); ``peak_memory_mb`` is
     the peak memory of the policy's device as ``train-rlhf`` reports it (on a CPU the process's peak
     resident set, on a GPU CUDA's peak allocation), ``peak_memory_training_mb`` the peak above what
-    was in use when training started (``PeakMemory``); ``device`` is where the policy ran.
+    was in use when training started (``PeakMemory``); ``device`` is where the policy ran. With
+    ``sampler_dtype="bfloat16"``: the ``mismatch_*`` (and, with ``tis_cap``, ``tis_weight_mean``) means over
+    phases, and the largest per-token |log pi_old - log mu| of the run (``mismatch_max_abs_logratio_all``).
     """
     from rlhf_tutorial.worlds import resolve_world
 
@@ -547,6 +562,12 @@ def main(argv: list[str]) -> dict:
         "torch_threads": ns.threads,
         "args": asdict(args),
     }
+    mismatch_keys = sorted({k for r in history for k in r if k.startswith(("mismatch_", "tis_"))})
+    for key in mismatch_keys:  # sampler_dtype="bfloat16": the sampler/trainer mismatch, mean over phases
+        values = [r[key] for r in history if key in r]
+        summary[key] = round(sum(values) / len(values), 6)
+        if key == "mismatch_max_abs_logratio":
+            summary["mismatch_max_abs_logratio_all"] = round(max(values), 6)
     if result.note:
         summary["note"] = result.note
     if ns.report:
