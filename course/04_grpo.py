@@ -27,6 +27,7 @@
 # same reward, and put PPO and GRPO side by side.
 
 # %% imports
+import copy
 import json
 import subprocess
 import sys
@@ -529,6 +530,139 @@ group_viewer(groups)
 progress("04")
 
 # %% [markdown]
+# ## 10. The rest of the field: REINFORCE++, CISPO, and a sampler that disagrees
+#
+# GRPO fixed two choices: the baseline (the group's mean) and the update (PPO's clipped ratio, per
+# token). Chapter 06 changes each once (RLOO's leave-one-out baseline, GSPO's one ratio per sequence).
+# Here are three more pieces that large runs use, each a few lines.
+#
+# **REINFORCE++** (Hu 2025) keeps no group baseline at all. The KL to the reference goes back into the
+# reward, as in chapter 03, one penalty per token ($k_1 = \log \pi_{\theta_\text{old}} - \log \pi_\text{ref}$
+# of the sampled token); the sequence reward $R$ comes at the end; and a token's return is everything
+# from it to the end (no discount, $\gamma = 1$):
+#
+# $$G_{b,t} = R_b - \beta \sum_{s \ge t} k_1(b, s)$$
+#
+# The baseline is then the mean of all returns of the *batch*: the returns are whitened over every
+# masked token at once (chapter 02's `whiten`: the mean and the biased variance, over the masked tokens
+# only), so that a token's advantage says how its return compares with all the batch's tokens, not
+# only its siblings'. Each token gets its own advantage: the objective takes a `[B, g]` tensor where
+# GRPO's took one number per completion.
+
+# %% exercise rlhf_tutorial.grpo:reinforce_pp_advantages | 20 min | difficulty 3 | importance 3
+
+# %% [markdown]
+# **CISPO** (MiniMax 2025) changes the update. PPO's clip keeps a token's ratio in
+# $[1 - \varepsilon, 1 + \varepsilon_\text{high}]$ by giving the token *no gradient* once the ratio has left the
+# range on the side of its advantage. A rare token that the update makes much more likely (the "aha"
+# tokens of a reasoning trace) hits the upper bound at once and stops learning for the rest of the
+# phase. CISPO clips the importance *weight* instead and keeps every token's gradient:
+#
+# $$J = \frac{1}{\sum_{b,t} m_{b,t}} \sum_{b,t} m_{b,t}\, \mathrm{sg}\big(\mathrm{clip}(r_{b,t}, 1 - \varepsilon_\text{low}, 1 + \varepsilon_\text{high})\big)\, A_b \log \pi_\theta(y_{b,t})$$
+#
+# $\mathrm{sg}$ is stop-gradient: the clipped ratio is a number that scales the REINFORCE gradient
+# $A \nabla \log \pi_\theta$ of each token, so a token whose ratio is far out of range is pushed less hard,
+# never not at all. The mean is over all the batch's tokens, as DAPO's. The value of $J$ means nothing on
+# its own (it contains $\log \pi_\theta$); its gradient is what counts.
+
+# %% exercise rlhf_tutorial.grpo:cispo_objective | 20 min | difficulty 3 | importance 3
+
+# %% [markdown]
+# **Predict, then check.** One token with advantage 1 whose ratio has grown to 2 (past
+# $1 + \varepsilon_\text{high} = 1.28$), and one with ratio 1.1: what gradient with respect to each token's
+# log-prob does GRPO's objective give (with $\beta = 0$), and what does CISPO's?
+
+# %%
+demo_lp = torch.tensor([[2.0, 1.1]]).log().requires_grad_(True)  # log-probs whose ratios to pi_old = 1 are 2 and 1.1
+demo_old, demo_adv, demo_mask = torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool)
+grpo_grad, = torch.autograd.grad(
+    calc_grpo_objective(demo_lp, demo_old, demo_old, demo_adv, demo_mask, beta=0.0, loss_type="dapo",
+                        clip_eps_high=0.28), demo_lp)
+cispo_grad, = torch.autograd.grad(cispo_objective(demo_lp, demo_old, demo_adv, demo_mask), demo_lp)
+print(f"GRPO : gradient per token {grpo_grad[0].tolist()}")
+print(f"CISPO: gradient per token {cispo_grad[0].tolist()}")
+
+# %% [markdown]
+# **When the sampler and the trainer disagree.** Large runs sample with a fast inference engine
+# (vLLM, SGLang) in low precision and train with another program in higher precision. The two compute
+# slightly different probabilities for the same tokens: the tokens come from the sampler's
+# distribution $\mu$, but the update treats them as if they came from the trainer's $\pi_{\theta_\text{old}}$.
+# The correction is an importance weight per token, truncated at a cap $C$ so that one token on which
+# the two disagree wildly cannot dominate the update (truncated importance sampling, TIS):
+#
+# $$w_{b,t} = \min\!\Big(\frac{\pi_{\theta_\text{old}}(y_{b,t})}{\mu(y_{b,t})},\; C\Big)$$
+#
+# computed from the two log-probs, constant (no gradient), 0 where the mask is False; the objective's
+# per-token terms are multiplied by it.
+
+# %% exercise rlhf_tutorial.grpo:truncated_is_weights | 10 min | difficulty 2 | importance 3
+
+# %% [markdown]
+# How large is the disagreement? Below, a bfloat16 copy of the policy samples a group (bfloat16 keeps 8 bits
+# of mantissa where float32 keeps 24, the precision inference engines often sample in), and the float32
+# policy, the trainer, scores the same tokens. Your `truncated_is_weights` turns the two into weights.
+
+# %%
+sampler = copy.deepcopy(policy).to(torch.bfloat16)  # the "inference engine": the same weights, rounded
+sampler.cfg.dtype = torch.bfloat16
+mismatch_prompt = policy.to_tokens(prompt)[0]
+with torch.no_grad():
+    mismatch_tokens, mismatch_mask = sample_group(sampler, mismatch_prompt, 16, 16, eos_id(policy), 1.0)
+    sampler_lp = group_token_logprobs(sampler, [mismatch_tokens], [len(mismatch_prompt)]).float()
+    trainer_lp = group_token_logprobs(policy, [mismatch_tokens], [len(mismatch_prompt)])
+log_ratio = (trainer_lp - sampler_lp)[mismatch_mask]
+tis = truncated_is_weights(trainer_lp, sampler_lp, mismatch_mask, cap=2.0)
+print(f"{int(mismatch_mask.sum())} tokens: mean |log pi - log mu| = {log_ratio.abs().mean():.4f}, "
+      f"largest {log_ratio.abs().max():.4f}; mean |pi - mu| = "
+      f"{(trainer_lp.exp() - sampler_lp.exp())[mismatch_mask].abs().mean():.4f}")
+print(f"weights: mean {tis[mismatch_mask].mean():.4f}, from {tis[mismatch_mask].min():.4f} to "
+      f"{tis[mismatch_mask].max():.4f}; {(log_ratio.exp() > 2.0).sum().item()} above the cap")
+
+# %% [markdown]
+# **Does the correction matter here?** The trainer can sample in bfloat16 while it trains in float32
+# (`sampler_dtype="bfloat16"`; its phases then record the mismatch) and multiply every token's advantage
+# by its truncated weight (`tis_cap`):
+#
+# ```bash
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --sampler-dtype bfloat16               # no correction
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --sampler-dtype bfloat16 --tis-cap 2.0
+# ```
+#
+# On the reference machine, over the run without correction, the per-token $|\log \pi_{\theta_\text{old}} - \log \mu|$
+# averaged {{mismatch_bf16.mismatch_abs_logratio:.3f}} (the probabilities themselves differed by
+# {{mismatch_bf16.mismatch_abs_prob:.4f}} on average) and reached {{mismatch_bf16.mismatch_max_abs_logratio_all:.2f}}
+# at most; with the correction the mean weight was {{mismatch_bf16_tis.tis_weight_mean:.4f}}, and a fraction
+# {{mismatch_bf16_tis.mismatch_frac_above_cap:.1f}} of the tokens reached the cap. The two runs end at a
+# mean reward of {{mismatch_bf16.mean_reward_final:.2f}} without and {{mismatch_bf16_tis.mean_reward_final:.2f}}
+# with the correction (KL {{mismatch_bf16.kl_final:.2f}} and {{mismatch_bf16_tis.kl_final:.2f}}): a difference
+# smaller than the standard error of a reward measured on 64 samples ({{frontier_short.base.reward_se:.2f}}),
+# and about the size of the one between two float32 GRPO runs whose samplers differ only in their code
+# (section 5's {{grpo_short_nofast.mean_reward_final:.2f}} and chapter 06's {{grpo_short.mean_reward_final:.2f}}).
+# **At this size the correction is not measurable**: the tiny model's log-probabilities move by a few
+# hundredths per token in bfloat16, and no weight comes near the cap. The mismatch grows with depth, vocabulary and
+# sequence length (rounding errors add up over layers and over the tokens of a long completion), and
+# with a mixture-of-experts model whose router picks different experts in the two programs; that is where
+# large runs found their training collapsing without the correction.
+#
+# **REINFORCE++ and CISPO in the trainer.** `advantage_estimator="reinforce_pp"` computes the advantages
+# with `reinforce_pp_advantages` (the KL in the reward, weighted by `kl_coef`, so the objective has no KL
+# term) and trains PPO's clipped surrogate on them, token by token; `policy_loss="cispo"` replaces the
+# objective by `cispo_objective` with `clip_coef` and `clip_coef_high` as its bounds (and `kl_coef` times k3).
+# Like GSPO's option, each needs the reference `grpo_step`, and they exclude each other. Pass your own
+# versions as keywords (`train(args, **learner_functions(globals()))`), or from the command line:
+#
+# ```bash
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --advantage-estimator reinforce_pp
+# python -m rlhf_tutorial train-grpo --world tiny --num-phases 12 --policy-loss cispo
+# ```
+#
+# On the reference machine, in the 12 phases of chapter 06's runs, REINFORCE++ lifted the mean reward from
+# {{reinforce_pp_short.mean_reward_initial:.2f}} to {{reinforce_pp_short.mean_reward_final:.2f}} (KL
+# {{reinforce_pp_short.kl_final:.2f}} per token) and CISPO to {{cispo_short.mean_reward_final:.2f}} (KL
+# {{cispo_short.kl_final:.2f}}), beside GRPO's {{grpo_short.mean_reward_final:.2f}} (KL {{grpo_short.kl_final:.2f}}):
+# one seed each, on a task this easy, so these rank nothing; they show that each update learns.
+
+# %% [markdown]
 # ## What to try next
 #
 # - Dr. GRPO and DAPO on the sentiment task: `loss_type="dr_grpo", scale="none"` and `loss_type="dapo",
@@ -546,7 +680,7 @@ progress("04")
 #   `python -m rlhf_tutorial train-grpo --world tiny --loss-type dr_grpo --scale none --seed 0`.
 
 # %% [markdown]
-# ## 10. Scaling up: from this course to TRL
+# ## 11. Scaling up: from this course to TRL
 #
 # Past one machine, use a library built for it rather than these trainers: Hugging Face's
 # [TRL](https://huggingface.co/docs/trl) with `accelerate`. Everything you built maps onto it.

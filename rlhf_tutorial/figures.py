@@ -101,6 +101,12 @@ RUNS.update({
            "grpo_short": (),
            "rloo_short": ("--advantage-estimator", "rloo"),
            "gspo_short": ("--importance-level", "sequence"),
+           # chapter 04 (section 10): REINFORCE++'s advantages and CISPO's objective in the same run
+           "reinforce_pp_short": ("--advantage-estimator", "reinforce_pp"),
+           "cispo_short": ("--policy-loss", "cispo"),
+           # chapter 04 (section 10): a bfloat16 sampler beside the float32 trainer, without and with the correction
+           "mismatch_bf16": ("--sampler-dtype", "bfloat16"),
+           "mismatch_bf16_tis": ("--sampler-dtype", "bfloat16", "--tis-cap", "2.0"),
        }.items()},
     # chapter 04 (section 5) runs it with the learner's sample_group, which the trainer then samples with (not with
     # its own faster sampler): --no-fast reproduces that run
@@ -119,7 +125,7 @@ RUNS.update({
                            "--dpo-rounds", "6", "--dpo-pairs", "128", "--eval-samples", "64", "--no-isolate")),
 })
 
-# TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 10; README).
+# TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 11; README).
 RUNS["scale_grpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "grpo"))
 RUNS["scale_dpo"] = Run(("scale-trl", "--world", "tiny", "--num-processes", "2", "--algo", "dpo"))
 

@@ -18,6 +18,9 @@ The loss is PPO's clipped surrogate per token, with the KL to a frozen reference
 6. ``collect_rollout``            p groups: sample, score, advantages, old and reference log-probs;
                                   dynamic sampling drops groups whose rewards are all equal
 7. ``grpo_step``                  one optimizer step on (a minibatch of) a rollout
+8. ``reinforce_pp_advantages``    REINFORCE++: per-token returns (reward - KL to go), whitened over the batch
+9. ``cispo_objective``            CISPO: a clipped, detached importance weight on every token's log-prob
+10. ``truncated_is_weights``      the correction for a sampler whose probabilities differ from the trainer's
 
 No value head, no GAE: the "old policy" is simply the policy at rollout time (its log-probs are
 stored with the rollout), the reference is a frozen copy of the starting policy.
@@ -32,6 +35,7 @@ exercises in place of the reference ones: ``train(args, **learner_functions(glob
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -158,6 +162,183 @@ def calc_gspo_objective(
     k3 = torch.where(mask, approx_kl(logprobs, ref_logprobs, "k3"), torch.zeros_like(logprobs))  # [B g]
     kl = k3.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [B]
     return (surrogate - beta * kl).mean()
+
+
+def calc_token_advantage_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """``calc_grpo_objective`` with one advantage per *token* (``[B, g]``): PPO's clipped surrogate per
+    token with that token's advantage, minus ``beta`` times k3, aggregated as ``loss_type`` says. ``train``
+    uses it when ``tis_cap > 0`` (the advantages times the truncated importance weights of the tokens).
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logprobs - old_logprobs)  # [B g]
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages)
+    per_token = surrogate - beta * approx_kl(logprobs, ref_logprobs, "k3")
+    per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
+    tokens_per_seq = mask.sum(dim=-1)
+    if loss_type == "grpo":
+        return (per_token.sum(dim=-1) / tokens_per_seq.clamp(min=1)).mean()
+    if loss_type == "dapo":
+        return per_token.sum() / tokens_per_seq.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        length = logprobs.shape[1] if max_completion_len is None else max_completion_len
+        return per_token.sum() / (logprobs.shape[0] * length)
+    raise ValueError(f"loss_type must be 'grpo', 'dapo' or 'dr_grpo', got {loss_type!r}")
+
+
+def calc_reinforce_pp_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """REINFORCE++'s objective: ``calc_token_advantage_objective`` with its per-token advantages
+    (``reinforce_pp_advantages``) and ``beta`` ignored, since the KL to the reference is already in the
+    advantages (in the per-token rewards). ``train`` uses it when ``advantage_estimator="reinforce_pp"``.
+    """
+    return calc_token_advantage_objective(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps, 0.0,
+                                          loss_type, clip_eps_high, max_completion_len)
+
+
+def calc_cispo_grpo_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B"],
+    mask: Bool[Tensor, "B g"],
+    clip_eps: float = 0.2,
+    beta: float = 0.04,
+    loss_type: str = "grpo",
+    clip_eps_high: float | None = None,
+    max_completion_len: int | None = None,
+) -> Float[Tensor, ""]:
+    """CISPO's objective with ``calc_grpo_objective``'s signature: ``cispo_objective`` with
+    ``eps_low = clip_eps`` and ``eps_high = clip_eps_high`` (default ``clip_eps``), minus ``beta`` times
+    the token-level mean of k3 to the reference (the same mean over all unmasked tokens as CISPO's).
+    ``loss_type`` and ``max_completion_len`` are accepted and ignored: CISPO's mean is over tokens.
+    ``train`` uses it when ``policy_loss="cispo"``.
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    k3 = torch.where(mask, approx_kl(logprobs, ref_logprobs, "k3"), torch.zeros_like(logprobs))
+    return cispo_objective(logprobs, old_logprobs, advantages, mask, clip_eps, high) - beta * k3.sum() / mask.sum()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The rest of the field: REINFORCE++, CISPO, and the sampler/trainer mismatch
+# ----------------------------------------------------------------------------------------------------
+
+
+def reinforce_pp_advantages(
+    rewards: Float[Tensor, "B"],
+    logprobs: Float[Tensor, "B g"],
+    ref_logprobs: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    beta: float = 0.01,
+    eps: float = 1e-8,
+) -> Float[Tensor, "B g"]:
+    """REINFORCE++ (Hu 2025): per-token advantages with no critic and no group baseline.
+
+    The KL to the reference goes into the reward, one penalty per token (k1 of the sampling policy's
+    log-probs ``logprobs`` against ``ref_logprobs``), and the sequence reward R[b] comes at the end.
+    With gamma = 1 a token's return is everything from it to the end of its completion:
+
+        kl[b, t] = logprobs[b, t] - ref_logprobs[b, t]                        (k1)
+        G[b, t]  = R[b] - beta * sum_{s >= t} mask[b, s] * kl[b, s]           (return-to-go, gamma = 1)
+
+    The returns are then whitened over *every* masked token of the batch at once (not per sequence,
+    not per group), as the course's ``whiten`` does, with the mean and the biased variance (divide by
+    N) of the N masked returns:
+
+        A[b, t] = (G[b, t] - mu) / sqrt(sigma^2 + eps)      where mask[b, t]
+        A[b, t] = 0                                         elsewhere
+
+    Masked positions (they may hold any finite values) count for nothing: not in the returns, not in
+    mu or sigma^2. Every row has at least one True; ``beta = 0.0`` is a value (no KL term). The result
+    has ``logprobs``' shape and dtype.
+    """
+    # >>> exercise
+    kl = torch.where(mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # [B g]
+    to_go = kl.flip(-1).cumsum(-1).flip(-1)  # [B g]: sum over s >= t
+    returns = rewards[:, None] - beta * to_go  # [B g]
+    n = mask.sum()
+    mean = torch.where(mask, returns, torch.zeros_like(returns)).sum() / n
+    var = torch.where(mask, (returns - mean) ** 2, torch.zeros_like(returns)).sum() / n  # biased: / N
+    advantages = (returns - mean) * torch.rsqrt(var + eps)
+    return torch.where(mask, advantages, torch.zeros_like(advantages))
+    # <<< exercise
+
+
+def cispo_objective(
+    logprobs: Float[Tensor, "B g"],
+    old_logprobs: Float[Tensor, "B g"],
+    advantages: Float[Tensor, "B"],
+    mask: Bool[Tensor, "B g"],
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+) -> Float[Tensor, ""]:
+    """CISPO's objective (MiniMax 2025, to maximise): clip the importance *weight*, not the update.
+
+        ratio[b, t] = exp(logprobs - old_logprobs)                             = pi_theta / pi_old
+        w[b, t]     = sg( clip(ratio, 1 - eps_low, 1 + eps_high) )             a constant weight
+        objective   = sum_{b, t} mask * w * A[b] * logprobs  /  sum_{b, t} mask
+
+    sg is stop-gradient: w is a number, so the gradient at every unmasked token is w * A[b] / N,
+    clipped or not (PPO's clip instead zeroes the gradient of a token whose ratio left the range on
+    the side that would raise the objective). The mean is over all unmasked tokens of the batch
+    (every token weighs the same, as DAPO's), not per sequence. Masked positions (any finite values)
+    count for nothing; every row has at least one True. No KL term. The ratio is exact for any
+    log-probs, however small (a token of probability e^-120 has a ratio too).
+    """
+    # >>> exercise
+    ratio = torch.exp(logprobs - old_logprobs)  # [B g]
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
+    per_token = weight * advantages[:, None] * logprobs  # [B g]
+    per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
+    return per_token.sum() / mask.sum()
+    # <<< exercise
+
+
+def truncated_is_weights(
+    train_logprobs: Float[Tensor, "B g"],
+    sampler_logprobs: Float[Tensor, "B g"],
+    mask: Bool[Tensor, "B g"],
+    cap: float = 2.0,
+) -> Float[Tensor, "B g"]:
+    """Truncated importance sampling: the correction for a sampler that is not the trainer.
+
+    The tokens were drawn by the sampler (another engine, another precision: here bfloat16), whose
+    log-probs ``sampler_logprobs`` differ a little from those the trainer computes for the same
+    tokens, ``train_logprobs``. The per-token weight that makes the trainer's update an update for
+    its own distribution, truncated at ``cap`` so that no token weighs too much:
+
+        w[b, t] = min( exp(train_logprobs - sampler_logprobs), cap )     where mask[b, t]
+        w[b, t] = 0                                                      elsewhere
+
+    The weights are constants (detached: no gradient flows through them, whatever the inputs carry),
+    exact for any log-probs (tiny probabilities, log-ratios of hundreds: a weight above ``cap`` is
+    ``cap``), 0 on masked positions whatever they hold. Same shape and dtype as ``train_logprobs``.
+    """
+    # >>> exercise
+    with torch.no_grad():
+        weights = torch.exp(train_logprobs - sampler_logprobs).clamp(max=cap)  # [B g]
+        return torch.where(mask, weights, torch.zeros_like(weights))
+    # <<< exercise
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -306,7 +487,7 @@ class GroupRollout:
     prompts: list[str]
     mask: Bool[Tensor, "B g"]
     rewards: Float[Tensor, "p G"]
-    advantages: Float[Tensor, "B"]
+    advantages: Float[Tensor, "B"]  # [B g] (one per token) with advantage_estimator="reinforce_pp"
     old_logprobs: Float[Tensor, "B g"]
     ref_logprobs: Float[Tensor, "B g"]
     texts: list[str]
@@ -375,9 +556,16 @@ def collect_rollout(
     3. with ``dynamic_sampling``, such groups are dropped and new prompts sampled, for at most
        ``max_sampling_rounds`` rounds, until p groups are kept (fewer if the rounds run out);
     4. ``group_relative_advantages`` over the kept groups (``rloo_advantages`` with
-       ``advantage_estimator="rloo"``), repeated over each completion's tokens by the objective;
+       ``advantage_estimator="rloo"``), repeated over each completion's tokens by the objective; with
+       ``advantage_estimator="reinforce_pp"``, ``reinforce_pp_advantages`` per token instead (after step 5:
+       it needs pi_old's and the reference's log-probs; ``kl_coef`` weighs the KL in its rewards);
     5. without gradients, the log-probs of the policy (pi_old: the policy *at rollout time*) and of
        the frozen reference.
+
+    With ``sampler_dtype="bfloat16"`` a bfloat16 copy of the policy samples (and so the harness's own
+    sampler is not used), pi_old's log-probs are the float32 policy's, and the phase records the per-token
+    mismatch between the two (``mismatch_*``); with ``tis_cap > 0`` each token's advantage is multiplied
+    by ``truncated_is_weights(pi_old, sampler, mask, tis_cap)`` (the advantages become ``[B, g]``).
 
     Speed (harness only): when ``sample_group`` is the reference one and the policy is GPT-2-shaped,
     the groups are drawn by ``speed.fast_sample`` (a cache of our own), whose per-token log-probs are
@@ -391,7 +579,12 @@ def collect_rollout(
     """
     p, size = args.groups_per_phase, args.group_size
     eos = eos_id(policy)
-    fast = args.fast and sample_group.__code__ is _SAMPLE_GROUP_CODE and can_fast_sample(policy)
+    fast = (args.fast and sample_group.__code__ is _SAMPLE_GROUP_CODE and can_fast_sample(policy)
+            and args.sampler_dtype == "float32")
+    sampler = policy
+    if args.sampler_dtype != "float32":  # a low-precision copy of the policy samples, as an inference engine would
+        sampler = copy.deepcopy(policy).to(getattr(torch, args.sampler_dtype))
+        sampler.cfg.dtype = getattr(torch, args.sampler_dtype)
     # tokens, mask, prompt, texts, rewards, sampler log-probs (None: not kept by the sampler)
     kept: list[tuple[Tensor, Tensor, str, list[str], Tensor, Tensor | None]] = []
     all_rewards, zero_std, n_sampled, next_prompt = [], 0, 0, phase * p
@@ -414,7 +607,7 @@ def collect_rollout(
                 else:
                     with torch.no_grad():
                         tokens, mask = sample_group(
-                            policy, prompt_tokens, n * size, args.max_new_tokens, eos, args.temperature, args.top_k
+                            sampler, prompt_tokens, n * size, args.max_new_tokens, eos, args.temperature, args.top_k
                         )
                     logprob_groups = [None] * n
                 # n groups of [G s], [G g], [G g]
@@ -453,8 +646,11 @@ def collect_rollout(
         advantages = rloo_advantages(rewards).flatten().to(device)  # [B]
     elif args.advantage_estimator == "group":
         advantages = group_relative_advantages(rewards, args.scale, args.adv_eps).flatten().to(device)  # [B]
+    elif args.advantage_estimator == "reinforce_pp":
+        advantages = None  # per token: needs the log-probs, below
     else:
-        raise ValueError(f"advantage_estimator must be 'group' or 'rloo', got {args.advantage_estimator!r}")
+        raise ValueError(f"advantage_estimator must be 'group', 'rloo' or 'reinforce_pp', got "
+                         f"{args.advantage_estimator!r}")
     prefix_lens = [k[0].shape[1] - k[1].shape[1] for k in kept]
     rows = max(1, p * size // args.num_minibatches)  # the rows of one minibatch: never more logits at once
     with torch.no_grad(), CLOCK("old_logprobs"):
@@ -464,11 +660,31 @@ def collect_rollout(
             old_logprobs = group_token_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
     with torch.no_grad(), CLOCK("ref_logprobs"):
         ref_logprobs = group_token_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
+    mask = torch.cat([k[1] for k in kept])
+    if advantages is None:  # REINFORCE++: the KL to the reference in the per-token rewards, whitened over the batch
+        advantages = reinforce_pp_advantages(rewards.flatten().to(device), old_logprobs, ref_logprobs, mask,
+                                             args.kl_coef)  # [B g]
+    mismatch: dict[str, float] = {}
+    if sampler is not policy:  # the sampler's own log-probs of its tokens: mu, beside the trainer's pi_old
+        with torch.no_grad(), CLOCK("old_logprobs"):
+            sampler_logprobs = group_token_logprobs(sampler, tokens, prefix_lens, args.temperature, rows).float()
+        diff = (old_logprobs - sampler_logprobs)[mask]
+        mismatch = {
+            "mismatch_abs_logratio": diff.abs().mean().item(),
+            "mismatch_max_abs_logratio": diff.abs().max().item(),
+            "mismatch_abs_prob": (old_logprobs.exp() - sampler_logprobs.exp())[mask].abs().mean().item(),
+            "mismatch_kl": (-diff).mean().item(),  # KL(mu || pi_old) estimated on mu's samples (k1)
+            "mismatch_frac_above_cap": (diff.exp() > args.tis_cap).float().mean().item() if args.tis_cap else 0.0,
+        }
+        if args.tis_cap:
+            weights = truncated_is_weights(old_logprobs, sampler_logprobs, mask, args.tis_cap)  # [B g]
+            mismatch["tis_weight_mean"] = weights[mask].mean().item()
+            advantages = (advantages if advantages.dim() == 2 else advantages[:, None]) * weights  # [B g]
     rollout = GroupRollout(
         tokens=tokens,
         prefix_lens=prefix_lens,
         prompts=[k[2] for k in kept],
-        mask=torch.cat([k[1] for k in kept]),
+        mask=mask,
         rewards=rewards,
         advantages=advantages,
         old_logprobs=old_logprobs,
@@ -482,6 +698,7 @@ def collect_rollout(
         entropy=(-(old_logprobs * m).sum() / m.sum()).item(),
         completion_len=m.sum(-1).mean().item(),
         frac_finished=_frac_finished(rollout, eos),
+        **mismatch,
     )
     return rollout, stats
 
@@ -546,7 +763,7 @@ def clipped_tokens(
     (ratio > 1 + eps_high with A > 0, ratio < 1 - eps with A < 0): their gradient is zero."""
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages[:, None]
+    adv = advantages if advantages.dim() == 2 else advantages[:, None]  # [B g] with REINFORCE++'s per-token ones
     return mask & (((ratio > 1 + high) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0)))
 
 
@@ -595,7 +812,8 @@ def group_record(policy: HookedTransformer, rollout: GroupRollout, args: GRPOArg
                 "text": rollout.texts[b],
                 "tokens": [policy.tokenizer.decode([t]) for t in tokens[j, plen : plen + n].tolist()],
                 "reward": float(rollout.rewards[i, j]),
-                "advantage": float(rollout.advantages[b]),
+                "advantage": float(rollout.advantages[b, :n].mean() if rollout.advantages.dim() == 2
+                                   else rollout.advantages[b]),  # REINFORCE++: the mean over its tokens
                 "ratio": ratio[b, :n].tolist(),
                 "clipped": clipped[b, :n].tolist(),
             })

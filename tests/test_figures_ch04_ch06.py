@@ -165,3 +165,27 @@ def test_rewards_at_common_kl_reads_each_curve_at_the_smallest_largest_kl():
     common, rewards = rewards_at_common_kl(result)
     assert common == 4.0
     assert rewards == {"a": pytest.approx(0.8), "b": pytest.approx(0.5), "c": pytest.approx(0.55)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Chapter 04, section 10: REINFORCE++, CISPO, and a bfloat16 sampler
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_ch04_the_tis_correction_is_not_measurable_at_this_size():
+    """'a difference smaller than the standard error ... about the size of the one between two float32 GRPO runs
+    whose samplers differ only in their code'; 'no weight comes near the cap'; 'a few hundredths per token'."""
+    gap = abs(fig("mismatch_bf16_tis.mean_reward_final") - fig("mismatch_bf16.mean_reward_final"))
+    assert gap < fig("frontier_short.base.reward_se"), "ch04 section 10: 'smaller than the standard error'"
+    code_gap = abs(fig("grpo_short_nofast.mean_reward_final") - fig("grpo_short.mean_reward_final"))
+    assert code_gap / 1.5 < gap < 1.5 * code_gap, "ch04 section 10: 'about the size of the one between two ... runs'"
+    assert fig("mismatch_bf16_tis.mismatch_frac_above_cap") == 0.0
+    assert fig("mismatch_bf16.mismatch_max_abs_logratio_all") < 0.35, "ch04 section 10: 'no weight comes near the cap'"
+    assert 0.01 <= fig("mismatch_bf16.mismatch_abs_logratio") < 0.1, "ch04 section 10: 'a few hundredths per token'"
+    assert abs(fig("mismatch_bf16_tis.tis_weight_mean") - 1) < 0.01
+
+
+def test_ch04_reinforce_pp_and_cispo_learn():
+    """'they show that each update learns': both lift the 12-phase run's reward well above the base level."""
+    for run in ("reinforce_pp_short", "cispo_short"):
+        assert fig(f"{run}.mean_reward_final") > fig(f"{run}.mean_reward_initial") + 0.3, run

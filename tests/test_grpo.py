@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -460,3 +461,93 @@ def test_the_truncation_sentence_says_none_were_cut_off_instead_of_a_nan_mean():
     assert "nan" not in none_cut.lower() and "mean" not in none_cut
     some_cut = widgets.truncation_text([True, False, True, False], [0.0, 1.0, 1.0, 1.0], max_new_tokens=40)
     assert some_cut.startswith("truncated (no EOS in 40 tokens): 2 of 4") and "their mean reward 0.50" in some_cut
+
+
+def test_reinforce_pp_runs_the_learners_advantages_per_token(tiny_policy):
+    """advantage_estimator="reinforce_pp": the rollout's advantages are the (learner's) reinforce_pp_advantages of
+    its rewards and log-probs, one per token, and the phase trains on them."""
+    calls = []
+
+    def my_advantages(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+        calls.append((tuple(rewards.shape), tuple(logprobs.shape), beta))
+        return grpo.reinforce_pp_advantages(rewards, logprobs, ref_logprobs, mask, beta, eps)
+
+    result = grpo_trainer.train(small_args(advantage_estimator="reinforce_pp", num_phases=1, kl_coef=0.3),
+                                policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                                evaluate_before_after=False, progress=False, reinforce_pp_advantages=my_advantages)
+    assert calls == [((8,), (8, 8), 0.3)]
+    rollout = result.last_rollout
+    expected = grpo.reinforce_pp_advantages(rollout.rewards.flatten().to(rollout.mask.device), rollout.old_logprobs,
+                                            rollout.ref_logprobs, rollout.mask, 0.3)
+    torch.testing.assert_close(rollout.advantages, expected)
+    assert math.isfinite(result.history[0]["objective"]) and math.isfinite(result.history[0]["clip_active_frac"])
+
+
+def test_cispo_runs_the_learners_objective_and_options_that_replace_the_objective_exclude_each_other(tiny_policy):
+    calls = []
+
+    def my_cispo(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+        calls.append((eps_low, eps_high))
+        return grpo.cispo_objective(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+
+    grpo_trainer.train(small_args(policy_loss="cispo", num_phases=1, clip_coef=0.1, clip_coef_high=3.0),
+                       policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length, evaluate_before_after=False,
+                       progress=False, cispo_objective=my_cispo)
+    assert calls == [(0.1, 3.0)] * 4  # 2 passes x 2 minibatches
+    for options in ({"policy_loss": "cispo", "importance_level": "sequence"},
+                    {"policy_loss": "cispo", "advantage_estimator": "reinforce_pp"}):
+        with pytest.raises(ValueError, match="choose one"):
+            grpo_trainer.train(small_args(**options), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                               progress=False)
+    with pytest.raises(ValueError, match="policy_loss"):
+        grpo_trainer.train(small_args(policy_loss="ppo"), policy=copy.deepcopy(tiny_policy),
+                           reward_fn=_reward_by_length, progress=False)
+
+
+def test_cispo_grpo_objective_keeps_the_gradient_of_clipped_tokens():
+    logprobs = torch.tensor([[0.0, -1.0]]).requires_grad_(True)
+    old = torch.tensor([[-1.0, -1.0]])  # ratios e and 1
+    obj = grpo.calc_cispo_grpo_objective(logprobs, old, logprobs.detach(), torch.tensor([1.0]),
+                                         torch.ones(1, 2, dtype=torch.bool), clip_eps=0.2, beta=0.0)
+    obj.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[1.2 / 2, 1.0 / 2]]))
+
+
+def test_a_bfloat16_sampler_records_the_mismatch_and_tis_weights_the_advantages(tiny_policy):
+    """sampler_dtype="bfloat16": a bfloat16 copy samples, pi_old stays the float32 policy's, the phase records the
+    per-token mismatch; tis_cap > 0 multiplies each token's advantage by the (learner's) truncated weights."""
+    calls = []
+
+    def my_weights(train_logprobs, sampler_logprobs, mask, cap=2.0):
+        calls.append(cap)
+        return grpo.truncated_is_weights(train_logprobs, sampler_logprobs, mask, cap)
+
+    result = grpo_trainer.train(small_args(sampler_dtype="bfloat16", tis_cap=1.5, num_phases=1),
+                                policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                                evaluate_before_after=False, progress=False, truncated_is_weights=my_weights)
+    record, rollout = result.history[0], result.last_rollout
+    assert calls == [1.5]
+    assert 0 < record["mismatch_abs_logratio"] <= record["mismatch_max_abs_logratio"]
+    assert 0 < record["tis_weight_mean"] <= 1.5
+    assert rollout.advantages.shape == rollout.mask.shape and rollout.old_logprobs.dtype == torch.float32
+    assert next(result.policy.parameters()).dtype == torch.float32
+    plain = grpo_trainer.train(small_args(sampler_dtype="bfloat16", num_phases=1), policy=copy.deepcopy(tiny_policy),
+                               reward_fn=_reward_by_length, evaluate_before_after=False, progress=False)
+    assert plain.last_rollout.advantages.dim() == 1 and "tis_weight_mean" not in plain.history[0]
+    with pytest.raises(ValueError, match="sampler_dtype='bfloat16'"):
+        grpo_trainer.train(small_args(tis_cap=2.0), policy=copy.deepcopy(tiny_policy), reward_fn=_reward_by_length,
+                           progress=False)
+
+
+def test_token_advantage_objective_is_grpos_with_the_advantage_repeated_over_tokens():
+    gen = torch.Generator().manual_seed(0)
+    logprobs, old, ref = (-torch.rand(3, 5, generator=gen) for _ in range(3))
+    adv = torch.randn(3, generator=gen)
+    mask = torch.arange(5)[None, :] < torch.tensor([[5], [2], [4]])
+    for loss_type in ("grpo", "dapo", "dr_grpo"):
+        want = grpo.calc_grpo_objective(logprobs, old, ref, adv, mask, beta=0.3, loss_type=loss_type)
+        got = grpo.calc_token_advantage_objective(logprobs, old, ref, adv[:, None].expand(3, 5), mask, beta=0.3,
+                                                  loss_type=loss_type)
+        torch.testing.assert_close(got, want)
+    no_kl = grpo.calc_reinforce_pp_objective(logprobs, old, ref, adv[:, None].expand(3, 5), mask, beta=0.3)
+    torch.testing.assert_close(no_kl, grpo.calc_grpo_objective(logprobs, old, ref, adv, mask, beta=0.0))

@@ -146,6 +146,55 @@ CLAUSES = {
         "grad_norm": "the grad_norm reported is the global norm before clipping",
         "batch_read_only": "the batch's tensors are never modified",
     },
+    "reinforce_pp_advantages": {
+        "kl_per_token": "each token's reward holds its own KL penalty, k1 = logprobs - ref_logprobs (not k3, not the "
+                        "reference over the policy), subtracted with weight beta",
+        "beta": "beta scales the KL penalty, beta = 0.0 included (a value, not unset)",
+        "returns_to_go": "a token's return sums the KL penalties of that token and every later one (not the earlier "
+                         "ones, not the whole sequence's)",
+        "gamma_one": "gamma = 1: no discount, and every token's return holds the whole sequence reward (not only the "
+                     "last token's)",
+        "batch_whitening": "the returns are whitened over every masked token of the whole batch at once (one mean, one "
+                           "variance; not per sequence, not per group)",
+        "masked_statistics": "the mean and variance are over the masked (True) tokens only, not over every position",
+        "biased_variance": "the variance is the biased one (divides by N, the number of masked tokens), as whiten's",
+        "eps": "eps is added to the variance inside the square root, and the eps given is used",
+        "no_clip": "the advantages are not clipped: an outlier among many tokens keeps its whitened value (above 10)",
+        "masked_zero": "the advantages are 0 wherever the mask is False",
+        "masked_ignored": "masked positions' log-probs (junk) count for nothing in the returns",
+        "not_in_place": "no input tensor is modified in place",
+        "dtype": "the advantages have logprobs' shape and dtype",
+    },
+    "cispo_objective": {
+        "ratio": "the ratio is exp(logprobs - old_logprobs) = pi_theta / pi_old",
+        "weight_times_logprob": "each token contributes weight * A * logprobs (not PPO's min(ratio * A, clip(ratio) * A))",
+        "detached_weight": "the clipped ratio is a detached weight: the gradient is weight * A / N at each token, with "
+                           "no term through the ratio",
+        "clipped_tokens_keep_gradient": "tokens whose ratio left the clip range keep their gradient (through logprobs), "
+                                        "with the clipped weight (not dropped, not zeroed)",
+        "eps_low": "the weight is clipped at 1 - eps_low below, the eps_low given (0.0 included)",
+        "eps_high": "the weight is clipped at 1 + eps_high above, the eps_high given (0.0 included)",
+        "token_mean": "the mean is over all unmasked tokens of the batch (masked sum / number of True), not a mean of "
+                      "per-sequence means",
+        "mask": "masked tokens count for nothing, whatever their values, in the sum and in the count",
+        "large_log_ratios": "exact for tokens of tiny probability (log-probs near -120): the ratio is the exponential "
+                            "of the difference",
+        "differentiable": "the objective is differentiable in logprobs",
+        "not_in_place": "no input tensor is modified in place",
+        "scalar": "the result is a 0-dim tensor",
+    },
+    "truncated_is_weights": {
+        "ratio": "the weight is exp(train_logprobs - sampler_logprobs): the trainer's probability over the sampler's",
+        "cap": "weights above cap are cap, the cap given",
+        "above_only": "only the top is truncated: a weight below 1 / cap stays what it is",
+        "per_token": "one weight per token, not one per sequence",
+        "masked_zero": "the weight is 0 wherever the mask is False, whatever the masked positions hold (even where "
+                       "their exponential overflows)",
+        "large_log_ratios": "exact for log-ratios of hundreds and for tokens of tiny probability (log-probs near -115)",
+        "detached": "the weights carry no gradient, even when train_logprobs does",
+        "not_in_place": "no input tensor is modified in place",
+        "dtype": "the weights have train_logprobs' shape and dtype",
+    },
 }
 small_model = partial(fixtures.small_model, n_ctx=64)
 
@@ -1061,3 +1110,370 @@ def check_grpo_step(candidate) -> str:
             f"{max(e1, e2):.2e}).")
     return ("two steps from the same start (SGD, maximize=True) move the parameters exactly as the reference in "
             "each setting (relative differences): " + "; ".join(details) + ".")
+
+
+# ----------------------------------------------------------------------------------------------------
+# reinforce_pp_advantages
+# ----------------------------------------------------------------------------------------------------
+
+
+def _pp_inputs(B: int, g: int, lengths: list[int], seed: int, spread: float = 0.5) -> tuple:
+    gen = seeded(seed)
+    logprobs = -3 * torch.rand(B, g, generator=gen)
+    ref = logprobs + spread * torch.randn(B, g, generator=gen)
+    rewards = torch.randn(B, generator=gen)
+    mask = torch.arange(g)[None, :] < torch.tensor(lengths)[:, None]  # [B g]
+    junk = torch.where(mask, 0.0, 4.0 * torch.randn(B, g, generator=gen))  # masked positions hold junk
+    return rewards, logprobs + junk, ref - junk, mask
+
+
+def _pp_cases() -> list[Case]:
+    r, lp, ref, mask = _pp_inputs(6, 7, [7, 1, 3, 5, 2, 6], seed=10)
+    r2, lp2, ref2, mask2 = _pp_inputs(4, 12, [12, 9, 4, 11], seed=11, spread=0.8)
+    r3, lp3, ref3, mask3 = _pp_inputs(5, 6, [6, 6, 2, 4, 5], seed=12, spread=0.05)
+    flat = torch.full((5,), 0.4)  # every reward equal: the returns differ only by a tiny KL
+    _, lp4, ref4, _ = _pp_inputs(16, 10, [10] * 16, seed=13, spread=0.01)
+    mask4 = torch.arange(10)[None, :] < torch.tensor([1] + [10] * 14 + [9])[:, None]  # 150 tokens
+    outlier = torch.zeros(16)
+    outlier[0] = 5.0  # one completion of one token far above the rest: z = sqrt(149) ~ 12
+    return [
+        Case("6 completions of 1 to 7 tokens, junk under the mask, beta=0.2", (r, lp, ref, mask),
+             {"beta": 0.2, "eps": 1e-8}),
+        Case("completions of up to 12 tokens, rewards of both signs, beta=0.5", (r2 * 3, lp2, ref2, mask2),
+             {"beta": 0.5, "eps": 1e-8}),
+        Case("beta=0.0 (a value, not unset): the whitened rewards alone", (r, lp, ref, mask), {"beta": 0.0, "eps": 1e-8}),
+        Case("equal rewards, returns that barely differ, eps=0.5 (eps matters)", (flat, lp3, ref3, mask3),
+             {"beta": 0.1, "eps": 0.5}),
+        Case("a batch of 1 whose completion is one token", (r[:1], lp[:1, :3], ref[:1, :3],
+                                                            torch.tensor([[True, False, False]])),
+             {"beta": 0.2, "eps": 1e-8}),
+        Case("defaults (beta=0.01, eps=1e-8), 12-token completions", (r2, lp2, ref2, mask2), {}),
+        Case("one outlier among 150 tokens (its advantage is above 10)", (outlier, lp4, ref4, mask4),
+             {"beta": 0.01, "eps": 1e-8}),
+    ]
+
+
+def _pp_variant(*, kl="k1", kl_sign=-1.0, to_go="reverse", gamma=1.0, reward_at="all", whiten_over="masked",
+                unbiased=False, eps_mode="var", fixed_beta=None, zero_masked=True, mask_kl=True):
+    """A configurable (possibly wrong) reinforce_pp_advantages."""
+
+    def fn(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+        b = beta if fixed_beta is None else fixed_beta
+        logr = ref_logprobs - logprobs
+        per_token = {"k1": -logr, "k3": torch.expm1(logr) - logr, "swapped": logr}[kl]
+        if mask_kl:
+            per_token = per_token * mask
+        g = mask.shape[1]
+        if to_go == "reverse":
+            weights = torch.triu(torch.ones(g, g)).to(per_token)  # W[t, s] = 1 for s >= t
+            if gamma != 1.0:
+                t = torch.arange(g, dtype=per_token.dtype, device=per_token.device)
+                weights = weights * gamma ** (t[None, :] - t[:, None]).clamp(min=0)
+            kl_to_go = per_token @ weights.T
+        elif to_go == "forward":
+            kl_to_go = per_token.cumsum(-1)
+        elif to_go == "none":  # per-token rewards, never summed into returns
+            kl_to_go = per_token
+        else:  # the whole sequence's KL on every token
+            kl_to_go = per_token.sum(-1, keepdim=True).expand_as(per_token)
+        last = mask.long().cumsum(-1) == mask.sum(-1, keepdim=True)
+        last = last & mask & (torch.cumsum(last.long(), -1) == 1)
+        if reward_at == "all":
+            if gamma == 1.0:
+                reward = rewards[:, None].expand_as(per_token)
+            else:
+                t = torch.arange(g, device=mask.device)
+                end = mask.sum(-1, keepdim=True) - 1
+                reward = rewards[:, None] * gamma ** (end - t).clamp(min=0)
+        else:  # only on the last token, not carried back
+            reward = rewards[:, None] * last
+        returns = reward + kl_sign * b * kl_to_go
+        if whiten_over == "masked":
+            sel = returns[mask]
+            mean, var = sel.mean(), sel.var(unbiased=unbiased)
+        elif whiten_over == "all":
+            mean, var = returns.mean(), returns.var(unbiased=unbiased)
+        elif whiten_over == "all_zeroed":  # the masked returns set to 0 first, then every position counted
+            returns = returns * mask
+            mean, var = returns.mean(), returns.var(unbiased=unbiased)
+        else:  # per sequence
+            m = mask.float()
+            n = m.sum(-1, keepdim=True)
+            mean = (returns * m).sum(-1, keepdim=True) / n
+            var = (((returns - mean) ** 2) * m).sum(-1, keepdim=True) / (n - 1 if unbiased else n)
+        if eps_mode == "var":
+            adv = (returns - mean) / torch.sqrt(var + eps)
+        elif eps_mode == "std":
+            adv = (returns - mean) / (torch.sqrt(var) + eps)
+        else:  # a fixed eps
+            adv = (returns - mean) / torch.sqrt(var + 1e-8)
+        return adv * mask if zero_masked else adv
+
+    return fn
+
+
+PP_MISTAKES = [
+    Mistake("You whitened each sequence on its own: REINFORCE++ whitens over every masked token of the whole "
+            "batch at once (one mean and one variance), which is what lets it do without a group baseline.",
+            _pp_variant(whiten_over="row")),
+    Mistake("The mean and variance include the masked positions: take them over the masked (True) tokens "
+            "only.", _pp_variant(whiten_over="all")),
+    Mistake("The mean and variance include the masked positions (as zeros): take them over the masked (True) "
+            "tokens only.", _pp_variant(whiten_over="all_zeroed")),
+    Mistake("You used the unbiased variance (divides by N - 1): the course's whiten uses the biased one, "
+            "dividing by N, the number of masked tokens.", _pp_variant(unbiased=True)),
+    Mistake("eps is added to the standard deviation: as in whiten, it goes inside the square root, "
+            "(G - mu) / sqrt(sigma^2 + eps).", _pp_variant(eps_mode="std")),
+    Mistake("eps is hard-coded: use the `eps` argument.", _pp_variant(eps_mode="fixed")),
+    Mistake("Your KL penalties are summed from the start of the sequence up to t: a token's return holds what "
+            "comes *after* it (t and every later token), not before.", _pp_variant(to_go="forward")),
+    Mistake("Every token carries the KL of its whole sequence: a token's return holds the KL penalties from it "
+            "to the end only (the return-to-go).", _pp_variant(to_go="whole")),
+    Mistake("The sequence reward is only on the last token: with gamma = 1 every token's return-to-go "
+            "contains it.", _pp_variant(reward_at="last")),
+    Mistake("Those are per-token rewards (the sequence reward only on the last token), not returns: a token's "
+            "return is the sequence reward plus the sum of the KL penalties from it to the end (gamma = 1).",
+            _pp_variant(reward_at="last", to_go="none")),
+    Mistake("The returns are discounted: REINFORCE++ here uses gamma = 1, plain sums.",
+            _pp_variant(gamma=0.99)),
+    Mistake("That per-token KL is k3: the penalty in the reward is k1, logprobs - ref_logprobs.",
+            _pp_variant(kl="k3")),
+    Mistake("The KL penalty has the wrong sign (added, or the reference over the policy): the per-token reward "
+            "is -beta * (logprobs - ref_logprobs), so moving away from the reference costs reward.",
+            _pp_variant(kl="swapped")),
+    Mistake("beta is hard-coded: use the `beta` argument (0.0 included).", _pp_variant(fixed_beta=0.01)),
+    Mistake("The masked positions are not 0: the advantages are 0 wherever the mask is False.",
+            _pp_variant(zero_masked=False)),
+    Mistake("The masked positions' log-probs entered the KL sums: masked positions hold junk and count for "
+            "nothing.", _pp_variant(mask_kl=False)),
+]
+
+
+@checker(
+    "reinforce_pp_advantages",
+    chapter=CHAPTER,
+    hint=(
+        "Two stages: first a [B, g] tensor of returns (the sequence reward plus the KL penalties still to "
+        "come at each token), then one whitening of those returns over the masked tokens of the whole batch.",
+        "kl[b, t] = logprobs - ref_logprobs where the mask is True, 0 elsewhere; G[b, t] = R[b] - beta * (sum "
+        "of kl[b, s] over s >= t): a cumulative sum taken from the end of each row. Then mu and sigma^2 are the "
+        "mean and the biased variance of G over the True positions only, A = (G - mu) / sqrt(sigma^2 + eps) "
+        "there and 0 elsewhere.",
+        "```python\nkl = torch.where(mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))\nto_go = "
+        "kl.flip(-1).cumsum(-1).flip(-1)\nreturns = rewards[:, None] - beta * to_go\nn = mask.sum()\nmean = "
+        "torch.where(mask, returns, torch.zeros_like(returns)).sum() / n\nvar = torch.where(mask, (returns - "
+        "mean) ** 2, torch.zeros_like(returns)).sum() / n\nadvantages = (returns - mean) * torch.rsqrt(var + "
+        "eps)\nreturn torch.where(mask, advantages, torch.zeros_like(advantages))\n```",
+    ),
+)
+def check_reinforce_pp_advantages(candidate) -> str:
+    return compare_to_reference(
+        candidate, grpo.reinforce_pp_advantages, _pp_cases(), mistakes=PP_MISTAKES,
+        arg_names=["rewards", "logprobs", "ref_logprobs", "mask"],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# cispo_objective
+# ----------------------------------------------------------------------------------------------------
+
+
+def _cispo_cases() -> list[Case]:
+    lp, old, _, adv, mask = _objective_inputs(6, 7, [7, 1, 3, 5, 2, 6], seed=20)
+    lp2, old2, _, adv2, mask2 = _objective_inputs(4, 6, [6, 4, 1, 3], seed=21)
+    # ratios far outside the clip range, both signs of advantage
+    far_lp = torch.tensor([[-0.5, -1.0, -0.2, -3.0], [-1.0, -0.1, -2.0, -0.3], [-0.7, -0.7, -0.7, -0.7]])
+    far_old = far_lp - torch.tensor([[2.5, 1.5, 0.05, -2.0], [2.0, -3.0, 1.2, 0.0], [0.3, 2.2, -0.3, -0.1]])
+    far_mask = torch.tensor([[True, True, True, True], [True, True, True, False], [True, True, False, False]])
+    # tokens of probability ~e^-120: exp of each log-prob alone is 0 in float32
+    tiny_lp = torch.tensor([[-120.0, -118.0, -2.0], [-115.0, -0.5, -1.0]])
+    tiny_old = tiny_lp - torch.tensor([[-0.5, 0.1, 0.05], [0.2, -0.1, 0.0]])
+    return [
+        Case("6 completions of 1 to 7 tokens, junk under the mask", (lp, old, adv, mask),
+             {"eps_low": 0.2, "eps_high": 0.28}),
+        Case("ratios far outside the clip range, both signs of advantage", (far_lp, far_old,
+             torch.tensor([-1.5, 0.8, -0.4]), far_mask), {"eps_low": 0.2, "eps_high": 0.28}),
+        Case("eps_low=0.5, eps_high=0.1 (each bound its own)", (far_lp, far_old, torch.tensor([1.0, -0.7, 0.3]),
+             far_mask), {"eps_low": 0.5, "eps_high": 0.1}),
+        Case("eps_low=0.05, eps_high=2.0", (lp2, old2, adv2, mask2), {"eps_low": 0.05, "eps_high": 2.0}),
+        Case("eps_low=0.0 and eps_high=0.0 (values, not unset: every weight is 1)", (lp2, old2, adv2, mask2),
+             {"eps_low": 0.0, "eps_high": 0.0}),
+        Case("tokens of probability about e^-120", (tiny_lp, tiny_old, torch.tensor([0.9, -1.2]),
+             torch.ones(2, 3, dtype=torch.bool)), {"eps_low": 0.2, "eps_high": 0.28}),
+        Case("a batch of 1 whose completion is one token", (lp[:1, :3], old[:1, :3], adv[:1],
+             torch.tensor([[True, False, False]])), {"eps_low": 0.2, "eps_high": 0.28}),
+        Case("eps_low=1.0 (no lower bound, MiniMax's setting), eps_high=100: ratios up to e^4 unclipped",
+             (far_lp, far_old - torch.tensor([[1.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+              torch.tensor([0.7, -1.0, 0.4]), far_mask), {"eps_low": 1.0, "eps_high": 100.0}),
+        Case("defaults (eps_low=0.2, eps_high=0.28)", (far_lp, far_old, torch.tensor([0.5, -1.0, 2.0]), far_mask), {}),
+    ]
+
+
+def _cispo_variant(*, clip="both", aggregate="token", ppo=False, drop_clipped=False, use_mask=True,
+                   invert=False, fixed=None):
+    """A configurable (possibly wrong) cispo_objective."""
+
+    def fn(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+        lo, hi = (eps_low, eps_high) if fixed is None else fixed
+        logr = logprobs - old_logprobs if not invert else old_logprobs - logprobs
+        ratio = torch.exp(logr)
+        bounds = {"both": (1 - lo, 1 + hi), "sym_low": (1 - lo, 1 + lo), "sym_high": (1 - hi, 1 + hi),
+                  "none": (None, None), "high_only": (None, 1 + hi)}[clip]
+        weight = ratio.clamp(*bounds) if bounds != (None, None) else ratio
+        a = advantages[:, None]
+        if ppo:
+            per_token = torch.minimum(ratio * a, weight * a)
+        else:
+            per_token = weight.detach() * a * logprobs
+        m = mask if use_mask else torch.ones_like(mask)
+        if drop_clipped:
+            m = m & (ratio >= 1 - lo) & (ratio <= 1 + hi)
+        per_token = per_token * m
+        if aggregate == "token":
+            return per_token.sum() / mask.sum()
+        if aggregate == "sequence":
+            return (per_token.sum(-1) / mask.sum(-1)).mean()
+        return per_token.mean()
+
+    return fn
+
+
+CISPO_MISTAKES = [
+    Mistake("That is PPO's clipped surrogate, min(ratio * A, clip(ratio) * A): CISPO multiplies the log-prob "
+            "by a clipped, detached ratio, sg(clip(ratio)) * A * logprobs.", _cispo_variant(ppo=True)),
+    Mistake("Tokens whose ratio left the clip range are dropped: CISPO keeps every token, with its weight "
+            "clipped (that is its point: no token loses its gradient).", _cispo_variant(drop_clipped=True)),
+    Mistake("You averaged each sequence first: CISPO's mean is over all unmasked tokens of the batch "
+            "(every token weighs the same).", _cispo_variant(aggregate="sequence")),
+    Mistake("Masked tokens are zeroed but counted in the mean: divide by the number of unmasked tokens.",
+            _cispo_variant(aggregate="padded")),
+    Mistake("The mask is ignored: masked tokens count for nothing.", _cispo_variant(use_mask=False)),
+    Mistake("The weight is clipped with eps_low on both sides: the upper bound is 1 + eps_high.",
+            _cispo_variant(clip="sym_low")),
+    Mistake("The weight is clipped with eps_high on both sides: the lower bound is 1 - eps_low.",
+            _cispo_variant(clip="sym_high")),
+    Mistake("The weight is not clipped below: clip(ratio, 1 - eps_low, 1 + eps_high).",
+            _cispo_variant(clip="high_only")),
+    Mistake("The weight is not clipped: clip(ratio, 1 - eps_low, 1 + eps_high).", _cispo_variant(clip="none")),
+    Mistake("The ratio is upside down: ratio = exp(logprobs - old_logprobs) = pi_theta / pi_old.",
+            _cispo_variant(invert=True)),
+    Mistake("The clip bounds are hard-coded: use eps_low and eps_high (0.0 included).",
+            _cispo_variant(fixed=(0.2, 0.28))),
+]
+
+
+@checker(
+    "cispo_objective",
+    chapter=CHAPTER,
+    hint=(
+        "Per token, three factors: a weight (the clipped ratio, turned into a plain number so no gradient goes "
+        "through it), the sequence's advantage, and the log-prob itself, which carries the gradient. Then one "
+        "mean over the unmasked tokens of the whole batch.",
+        "ratio = exp(logprobs - old_logprobs); w = clip(ratio, 1 - eps_low, 1 + eps_high) with its gradient "
+        "stopped (the exponential of the difference of the log-probs, never a ratio of two exponentials: "
+        "they underflow); per token w * A[b] * logprobs (A has shape [B]: broadcast it over the row's tokens); "
+        "zero the masked positions, then divide the sum by the number of True in the mask.",
+        "```python\nratio = torch.exp(logprobs - old_logprobs)\nweight = ratio.clamp(1 - eps_low, 1 + "
+        "eps_high).detach()\nper_token = weight * advantages[:, None] * logprobs\nper_token = torch.where(mask, "
+        "per_token, torch.zeros_like(per_token))\nreturn per_token.sum() / mask.sum()\n```",
+    ),
+)
+def check_cispo_objective(candidate) -> str:
+    return compare_to_reference(
+        candidate, grpo.cispo_objective, _cispo_cases(), mistakes=CISPO_MISTAKES,
+        arg_names=["logprobs", "old_logprobs", "advantages", "mask"],
+        grad=DIFFERENTIATED["cispo_objective"], grad_cases=(0, 1, 2, 5),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# truncated_is_weights
+# ----------------------------------------------------------------------------------------------------
+
+
+def _tis_cases() -> list[Case]:
+    gen = seeded(30)
+    train = -4 * torch.rand(5, 8, generator=gen)
+    sampler = train + 0.7 * torch.randn(5, 8, generator=gen)  # weights from ~0.1 to ~8
+    mask = torch.arange(8)[None, :] < torch.tensor([[8], [1], [5], [3], [7]])
+    junk = torch.where(mask, 0.0, 60.0 * torch.randn(5, 8, generator=gen))  # exp of it overflows
+    far_train = torch.tensor([[-1.0, -300.0, -2.0], [-0.2, -5.0, -250.0]])
+    far_sampler = torch.tensor([[-301.0, -1.0, -2.5], [-0.1, -400.0, -0.3]])
+    tiny_train = torch.tensor([[-120.0, -115.0, -109.0]])
+    tiny_sampler = torch.tensor([[-119.0, -115.5, -111.0]])
+    return [
+        Case("5 rows of 1 to 8 tokens, cap=2.0, junk under the mask", (train + junk, sampler - junk, mask),
+             {"cap": 2.0}),
+        Case("cap=5.0", (train, sampler, mask), {"cap": 5.0}),
+        Case("cap=1.0: no weight above 1", (train, sampler, mask), {"cap": 1.0}),
+        Case("log-ratios of hundreds, both signs", (far_train, far_sampler, torch.ones(2, 3, dtype=torch.bool)),
+             {"cap": 2.0}),
+        Case("tokens of probability about e^-115", (tiny_train, tiny_sampler, torch.ones(1, 3, dtype=torch.bool)),
+             {"cap": 3.0}),
+        Case("the default cap (2.0)", (train, sampler, mask), {}),
+    ]
+
+
+def _tis_variant(*, invert=False, cap_mode="min", masked="zero", per="token", fixed_cap=None):
+    """A configurable (possibly wrong) truncated_is_weights."""
+
+    def fn(train_logprobs, sampler_logprobs, mask, cap=2.0):
+        c = cap if fixed_cap is None else fixed_cap
+        logr = train_logprobs - sampler_logprobs if not invert else sampler_logprobs - train_logprobs
+        if per == "sequence":
+            logr = torch.where(mask, logr, 0.0).sum(-1, keepdim=True).expand_as(logr)
+        w = torch.exp(logr)
+        w = w.clamp(max=c) if cap_mode == "min" else w.clamp(1 / c, c) if cap_mode == "both" else w
+        w = w.detach()
+        if masked == "zero":
+            return torch.where(mask, w, 0.0)
+        if masked == "one":
+            return torch.where(mask, w, 1.0)
+        return w
+
+    return fn
+
+
+TIS_MISTAKES = [
+    Mistake("The ratio is upside down: the weight is exp(train_logprobs - sampler_logprobs), the trainer's "
+            "probability over the sampler's (the tokens came from the sampler).", _tis_variant(invert=True)),
+    Mistake("The weights are truncated from below too: only the top is cut, min(ratio, cap); a small "
+            "ratio stays small.", _tis_variant(cap_mode="both")),
+    Mistake("The weights are not truncated: min(ratio, cap).", _tis_variant(cap_mode="none")),
+    Mistake("The cap is hard-coded: use the `cap` argument.", _tis_variant(fixed_cap=2.0)),
+    Mistake("Masked positions are not 0: the weight is 0 wherever the mask is False.", _tis_variant(masked="keep")),
+    Mistake("Masked positions are 1: the weight is 0 wherever the mask is False.", _tis_variant(masked="one")),
+    Mistake("That is one weight per sequence (the product of its token ratios): the correction here is per "
+            "token.", _tis_variant(per="sequence")),
+]
+
+
+@checker(
+    "truncated_is_weights",
+    chapter=CHAPTER,
+    hint=(
+        "One number per token: how much more (or less) likely the trainer finds the token than the sampler that "
+        "drew it, cut off at `cap`; a constant (no gradient), and 0 off the mask.",
+        "w = min(exp(train_logprobs - sampler_logprobs), cap) where the mask is True, 0 elsewhere, computed "
+        "without gradients. Take the exponential of the difference, never a ratio of two exponentials (they "
+        "underflow), and the masked positions must be 0 even where the exponential of their junk overflows to "
+        "inf (inf times 0 is NaN).",
+        "```python\nwith torch.no_grad():\n    weights = torch.exp(train_logprobs - "
+        "sampler_logprobs).clamp(max=cap)\n    return torch.where(mask, weights, torch.zeros_like(weights))\n```",
+    ),
+)
+def check_truncated_is_weights(candidate) -> str:
+    detail = compare_to_reference(
+        candidate, grpo.truncated_is_weights, _tis_cases(), mistakes=TIS_MISTAKES,
+        arg_names=["train_logprobs", "sampler_logprobs", "mask"],
+    )
+    train, sampler, mask = to_device(_tis_cases()[1].args)
+    leaf = train.clone().requires_grad_(True)
+    out = call(candidate, leaf, sampler.clone(), mask.clone(), cap=2.0,
+               _arg_names=["train_logprobs", "sampler_logprobs", "mask"])
+    if isinstance(out, torch.Tensor) and out.requires_grad:
+        raise CheckFailure(
+            "The weights carry a gradient: train_logprobs required grad, and your output does too. The weights "
+            "are constants of the update (a correction of the sampling distribution, not something to optimise).",
+            hint="Detach the weights: no gradient flows through them, whatever the inputs carry.")
+    return detail + " The weights carry no gradient when train_logprobs does."

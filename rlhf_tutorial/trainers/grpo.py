@@ -108,10 +108,19 @@ class GRPOArgs:
     loss_type: str = arg("grpo", "aggregation over tokens: 'grpo', 'dapo' or 'dr_grpo'")
     scale: str = arg("group", "advantage scaling: 'group' (GRPO), 'batch', 'none' (Dr. GRPO)")
     adv_eps: float = arg(1e-4, "eps added to the std of the advantage scaling")
-    advantage_estimator: str = arg("group", "'group' (group_relative_advantages with `scale`) or 'rloo' "
-                                   "(chapter 06's rloo_advantages: leave-one-out baseline, no std)")
+    advantage_estimator: str = arg("group", "'group' (group_relative_advantages with `scale`), 'rloo' "
+                                   "(chapter 06's rloo_advantages: leave-one-out baseline, no std) or 'reinforce_pp' "
+                                   "(reinforce_pp_advantages: per-token returns with the k1 KL times kl_coef in the "
+                                   "reward, whitened over the batch; the objective then has no KL term)")
     importance_level: str = arg("token", "'token' (GRPO: clip every token's ratio) or 'sequence' (chapter 06's "
                                 "GSPO: clip one length-normalised ratio per completion)")
+    sampler_dtype: str = arg("float32", "'float32', or 'bfloat16': a bfloat16 copy of the policy samples the rollout "
+                             "(as a low-precision inference engine would) while the policy trains in float32; the "
+                             "phases record the per-token mismatch of the two (mismatch_*)")
+    tis_cap: float = arg(0.0, "with sampler_dtype='bfloat16': > 0 multiplies each token's advantage by "
+                         "truncated_is_weights(pi_old, sampler, cap=tis_cap); 0: no correction")
+    policy_loss: str = arg("clip", "'clip' (PPO's clipped surrogate) or 'cispo' (cispo_objective: a clipped, detached "
+                           "weight on every token's log-prob, clip_coef / clip_coef_high its bounds, token-level mean)")
     # variants
     dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal, sample more")
     max_sampling_rounds: int = arg(3, "dynamic sampling: most sampling rounds per phase")
@@ -270,7 +279,40 @@ PLUGGABLE = (
     "rloo_advantages",  # chapter 06
     "gspo_sequence_ratio",  # chapter 06
     "calc_gspo_objective",  # not an exercise: built on gspo_sequence_ratio
+    "reinforce_pp_advantages",
+    "cispo_objective",
+    "truncated_is_weights",
+    "calc_token_advantage_objective",  # not an exercise: per-token advantages in PPO's surrogate (TIS)
+    "calc_reinforce_pp_objective",  # not an exercise: the same, with the KL in the advantages
+    "calc_cispo_grpo_objective",  # not an exercise: built on cispo_objective
 )
+
+
+def objective_alias(args: GRPOArgs) -> str | None:
+    """The objective the reference ``grpo_step`` optimises under the name ``calc_grpo_objective``: None
+    (GRPO's own), ``calc_gspo_objective`` (``importance_level="sequence"``), ``calc_cispo_grpo_objective``
+    (``policy_loss="cispo"``), ``calc_reinforce_pp_objective`` (``advantage_estimator="reinforce_pp"``,
+    whose advantages are per token) or ``calc_token_advantage_objective`` (``tis_cap > 0``: each token's
+    advantage times its truncated importance weight). At most one; others raise ValueError."""
+    if args.sampler_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"sampler_dtype must be 'float32' or 'bfloat16', got {args.sampler_dtype!r}")
+    if args.tis_cap and args.sampler_dtype == "float32":
+        raise ValueError("tis_cap > 0 corrects a sampler that differs from the trainer: set sampler_dtype='bfloat16'")
+    if args.importance_level not in ("token", "sequence"):
+        raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
+    if args.policy_loss not in ("clip", "cispo"):
+        raise ValueError(f"policy_loss must be 'clip' or 'cispo', got {args.policy_loss!r}")
+    chosen = [name for name, on in (
+        ("calc_gspo_objective", args.importance_level == "sequence"),
+        ("calc_cispo_grpo_objective", args.policy_loss == "cispo"),
+        ("calc_reinforce_pp_objective", args.advantage_estimator == "reinforce_pp"),
+    ) if on]
+    if args.tis_cap and chosen != ["calc_reinforce_pp_objective"]:  # REINFORCE++'s objective takes them weighted
+        chosen.append("calc_token_advantage_objective")
+    if len(chosen) > 1:
+        raise ValueError("importance_level='sequence', policy_loss='cispo', advantage_estimator='reinforce_pp' and "
+                         "tis_cap > 0 each replace the objective: choose one (tis_cap goes with reinforce_pp)")
+    return chosen[0] if chosen else None
 
 
 learner_functions = learner_functions_for(PLUGGABLE)
@@ -322,16 +364,15 @@ def train(
     attached and trained instead (``trainers.lora.apply_lora``; ``lora_functions``: the learner's ``LoRA``,
     ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``).
     """
-    if args.importance_level not in ("token", "sequence"):
-        raise ValueError(f"importance_level must be 'token' or 'sequence', got {args.importance_level!r}")
-    sequence_level = args.importance_level == "sequence"
-    if sequence_level and overrides.get("grpo_step", grpo.grpo_step) is not grpo.grpo_step:
+    alias = objective_alias(args)
+    if alias and overrides.get("grpo_step", grpo.grpo_step) is not grpo.grpo_step:
         raise ValueError(
-            "importance_level='sequence' (GSPO) needs the reference grpo_step: yours calls your token-level "
-            "calc_grpo_objective. Leave grpo_step out of the overrides for a GSPO run."
+            "importance_level='sequence' (GSPO), policy_loss='cispo' and advantage_estimator='reinforce_pp' need the "
+            "reference grpo_step: yours calls your token-level calc_grpo_objective. Leave grpo_step out of the "
+            "overrides for such a run."
         )
-    # GSPO: the reference grpo_step optimises calc_gspo_objective under the name calc_grpo_objective.
-    aliases = {"calc_grpo_objective": "calc_gspo_objective"} if sequence_level else None
+    # GSPO, CISPO, REINFORCE++: the reference grpo_step optimises their objective under the name calc_grpo_objective.
+    aliases = {"calc_grpo_objective": alias} if alias else None
     fns = bind(grpo, PLUGGABLE, overrides, aliases=aliases)
     torch.manual_seed(args.seed)
     if policy is None:
@@ -463,7 +504,9 @@ def main(argv: list[str]) -> dict:
     sampled groups whose rewards were all equal (``_final``: the last phase's); ``peak_memory_mb`` is
     the peak memory of the policy's device as ``train-rlhf`` reports it (on a CPU the process's peak
     resident set, on a GPU CUDA's peak allocation), ``peak_memory_training_mb`` the peak above what
-    was in use when training started (``PeakMemory``); ``device`` is where the policy ran.
+    was in use when training started (``PeakMemory``); ``device`` is where the policy ran. With
+    ``sampler_dtype="bfloat16"``: the ``mismatch_*`` (and, with ``tis_cap``, ``tis_weight_mean``) means over
+    phases, and the largest per-token |log pi_old - log mu| of the run (``mismatch_max_abs_logratio_all``).
     """
     from rlhf_tutorial.worlds import resolve_world
 
@@ -519,6 +562,12 @@ def main(argv: list[str]) -> dict:
         "torch_threads": ns.threads,
         "args": asdict(args),
     }
+    mismatch_keys = sorted({k for r in history for k in r if k.startswith(("mismatch_", "tis_"))})
+    for key in mismatch_keys:  # sampler_dtype="bfloat16": the sampler/trainer mismatch, mean over phases
+        values = [r[key] for r in history if key in r]
+        summary[key] = round(sum(values) / len(values), 6)
+        if key == "mismatch_max_abs_logratio":
+            summary["mismatch_max_abs_logratio_all"] = round(max(values), 6)
     if result.note:
         summary["note"] = result.note
     if ns.report:

@@ -49,6 +49,7 @@ DIFFERENTIATED: dict[str, tuple[str, ...]] = {
     "compute_rlhf_objective": ("model",),
     # chapter 04
     "calc_grpo_objective": ("logprobs",),
+    "cispo_objective": ("logprobs",),
     # chapter 06
     "sequence_logprobs": ("logits",),
     "dpo_loss": ("policy_chosen_logps", "policy_rejected_logps"),

@@ -1,6 +1,8 @@
 """Checkers of chapter 04: the reference passes, the stub fails, catalogued mistakes get their hint, and
 correct code written differently passes. Every wrong implementation is written out here."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -1019,3 +1021,422 @@ def test_calc_grpo_objective_in_float64_and_as_a_ratio_of_probabilities_passes()
 
     result = run_check("calc_grpo_objective", float64_inside)
     assert result.passed, result.message
+
+
+# ----------------------------------------------------------------------------------------------------
+# reinforce_pp_advantages
+# ----------------------------------------------------------------------------------------------------
+def _masked_whiten(returns, mask, eps, unbiased=False):
+    values = returns[mask]
+    mean = values.mean()
+    var = values.var(unbiased=unbiased)
+    return torch.where(mask, (returns - mean) / torch.sqrt(var + eps), 0.0)
+
+
+def _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta):
+    kl = (logprobs - ref_logprobs) * mask
+    to_go = kl + kl.sum(-1, keepdim=True) - kl.cumsum(-1)  # sum over s >= t
+    return rewards[:, None] - beta * to_go
+
+
+def pp_per_sequence_whitening(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    returns = _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta)
+    out = torch.zeros_like(returns)
+    for b in range(returns.shape[0]):
+        row = returns[b][mask[b]]
+        out[b][mask[b]] = (row - row.mean()) / torch.sqrt(row.var(unbiased=False) + eps)
+    return out
+
+
+def pp_whiten_every_position(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    returns = _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta) * mask
+    mean, var = returns.mean(), returns.var(unbiased=False)
+    return (returns - mean) / torch.sqrt(var + eps) * mask
+
+
+def pp_unbiased_variance(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    return _masked_whiten(_returns_to_go(rewards, logprobs, ref_logprobs, mask, beta), mask, eps, unbiased=True)
+
+
+def pp_eps_on_std(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    returns = _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta)
+    values = returns[mask]
+    return torch.where(mask, (returns - values.mean()) / (values.std(unbiased=False) + eps), 0.0)
+
+
+def pp_fixed_eps(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    return _masked_whiten(_returns_to_go(rewards, logprobs, ref_logprobs, mask, beta), mask, 1e-8)
+
+
+def pp_forward_cumsum(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    kl = (logprobs - ref_logprobs) * mask
+    return _masked_whiten(rewards[:, None] - beta * kl.cumsum(-1), mask, eps)
+
+
+def pp_whole_sequence_kl(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    kl = ((logprobs - ref_logprobs) * mask).sum(-1, keepdim=True)
+    returns = (rewards[:, None] - beta * kl).expand_as(logprobs)
+    return _masked_whiten(returns, mask, eps)
+
+
+def pp_reward_on_last_token_only(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    kl = (logprobs - ref_logprobs) * mask
+    token_rewards = -beta * kl
+    last = mask.sum(-1) - 1
+    token_rewards[torch.arange(len(rewards)), last] += rewards
+    return _masked_whiten(token_rewards, mask, eps)  # per-token rewards, never summed into returns
+
+
+def pp_discounted(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8, gamma=0.99):
+    token_rewards = -beta * (logprobs - ref_logprobs) * mask
+    token_rewards[torch.arange(len(rewards)), mask.sum(-1) - 1] += rewards
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(rewards)
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return _masked_whiten(returns, mask, eps)
+
+
+def pp_k3(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    logr = ref_logprobs - logprobs
+    kl = (torch.exp(logr) - 1 - logr) * mask
+    to_go = kl.flip(-1).cumsum(-1).flip(-1)
+    return _masked_whiten(rewards[:, None] - beta * to_go, mask, eps)
+
+
+def pp_kl_added(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    kl = (logprobs - ref_logprobs) * mask
+    return _masked_whiten(rewards[:, None] + beta * kl.flip(-1).cumsum(-1).flip(-1), mask, eps)
+
+
+def pp_beta_or_default(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    return _masked_whiten(_returns_to_go(rewards, logprobs, ref_logprobs, mask, beta or 0.01), mask, eps)
+
+
+def pp_masked_not_zero(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    returns = _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta)
+    values = returns[mask]
+    return (returns - values.mean()) / torch.sqrt(values.var(unbiased=False) + eps)
+
+
+def pp_junk_in_the_kl(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    kl = logprobs - ref_logprobs
+    return _masked_whiten(rewards[:, None] - beta * kl.flip(-1).cumsum(-1).flip(-1), mask, eps)
+
+
+def pp_in_place(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    kl = logprobs.sub_(ref_logprobs).mul_(mask)
+    return _masked_whiten(rewards[:, None] - beta * kl.flip(-1).cumsum(-1).flip(-1), mask, eps)
+
+
+def pp_clipped_to_be_safe(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    returns = _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta)
+    return _masked_whiten(returns, mask, eps).clamp(-5.0, 5.0)  # "advantage clipping", as some trainers do
+
+
+def pp_float64(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    return grpo.reinforce_pp_advantages(rewards.double(), logprobs.double(), ref_logprobs.double(), mask, beta, eps)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (pp_per_sequence_whitening, "each sequence on its own"),
+    (pp_whiten_every_position, "include the masked positions"),
+    (pp_unbiased_variance, "unbiased variance"),
+    (pp_eps_on_std, "inside the square root"),
+    (pp_forward_cumsum, "from the start of the sequence"),
+    (pp_whole_sequence_kl, "whole sequence"),
+    (pp_reward_on_last_token_only, "not returns"),
+    (pp_discounted, "discounted"),
+    (pp_k3, "k3"),
+    (pp_kl_added, "wrong sign"),
+    (pp_masked_not_zero, "masked positions are not 0"),
+    (pp_junk_in_the_kl, "junk"),
+])
+def test_reinforce_pp_advantages_mistakes(wrong, fragment):
+    assert_fails_with("reinforce_pp_advantages", wrong, fragment)
+
+
+def test_reinforce_pp_advantages_written_differently():
+    def with_loops_in_float64(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+        B, g = logprobs.shape
+        returns = torch.zeros(B, g, dtype=torch.float64)
+        for b in range(B):
+            running = float(rewards[b])
+            for t in reversed(range(g)):
+                if mask[b, t]:
+                    running -= beta * float(logprobs[b, t] - ref_logprobs[b, t])
+                    returns[b, t] = running
+        values = returns[mask.cpu()]
+        mu = values.mean()
+        var = ((values - mu) ** 2).mean()
+        out = torch.where(mask.cpu(), (returns - mu) / (var + eps).sqrt(), torch.zeros(()).double())
+        return out.to(logprobs)
+
+    def through_whiten(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+        from rlhf_tutorial.rewards import whiten
+
+        penalty = -beta * torch.where(mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))
+        returns = rewards.unsqueeze(1) + torch.fliplr(torch.cumsum(torch.fliplr(penalty), dim=1))
+        out = torch.zeros_like(returns)
+        out[mask] = whiten(returns[mask], eps=eps)
+        return out
+
+    for fn in (with_loops_in_float64, through_whiten):
+        result = run_check("reinforce_pp_advantages", fn)
+        assert result.passed, (fn.__name__, result.message)
+
+
+# ----------------------------------------------------------------------------------------------------
+# cispo_objective
+# ----------------------------------------------------------------------------------------------------
+def cispo_ppo_surrogate(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    ratio = torch.exp(logprobs - old_logprobs)
+    a = advantages[:, None]
+    surr = torch.minimum(ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a)
+    return (surr * mask).sum() / mask.sum()
+
+
+def cispo_weight_not_detached(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high)
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_no_gradient_on_clipped_tokens(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    clipped = (ratio < 1 - eps_low) | (ratio > 1 + eps_high)
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high)
+    lp = torch.where(clipped, logprobs.detach(), logprobs)  # "as PPO does, clipped tokens get no gradient"
+    return (weight * advantages[:, None] * lp * mask).sum() / mask.sum()
+
+
+def cispo_drops_clipped_tokens(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    keep = mask & (ratio >= 1 - eps_low) & (ratio <= 1 + eps_high)
+    return (ratio * advantages[:, None] * logprobs * keep).sum() / mask.sum()
+
+
+def cispo_per_sequence_mean(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high).detach()
+    per_token = weight * advantages[:, None] * logprobs * mask
+    return (per_token.sum(1) / mask.sum(1)).mean()
+
+
+def cispo_padded_mean(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high).detach()
+    return (weight * advantages[:, None] * logprobs * mask).mean()
+
+
+def cispo_mask_ignored(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high).detach()
+    return (weight * advantages[:, None] * logprobs).sum() / mask.sum()
+
+
+def cispo_eps_low_both_sides(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_low).detach()
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_upper_clip_only(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(max=1 + eps_high).detach()  # "MiniMax drops the lower clip"
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_eps_high_or_default(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + (eps_high or 0.28)).detach()
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_eps_low_or_default(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - (eps_low or 0.2), 1 + eps_high).detach()
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_ratio_inverted(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(old_logprobs - logprobs).clamp(1 - eps_low, 1 + eps_high).detach()
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_ratio_of_probabilities(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    ratio = logprobs.exp() / old_logprobs.exp()
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_all_detached(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high)
+    return ((weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()).detach()
+
+
+def cispo_in_place(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = old_logprobs.neg_().add_(logprobs.detach()).exp_().clamp_(1 - eps_low, 1 + eps_high)
+    return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_as_list(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high).detach()
+    return ((weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()).reshape(1)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (cispo_ppo_surrogate, "PPO's clipped surrogate"),
+    (cispo_drops_clipped_tokens, "dropped"),
+    (cispo_per_sequence_mean, "each sequence first"),
+    (cispo_padded_mean, "counted in the mean"),
+    (cispo_eps_low_both_sides, "eps_low on both sides"),
+    (cispo_upper_clip_only, "not clipped below"),
+    (cispo_ratio_inverted, "upside down"),
+    (cispo_ratio_of_probabilities, "NaN or inf"),
+])
+def test_cispo_objective_mistakes(wrong, fragment):
+    assert_fails_with("cispo_objective", wrong, fragment)
+
+
+@pytest.mark.parametrize("wrong", [cispo_weight_not_detached, cispo_no_gradient_on_clipped_tokens])
+def test_cispo_objective_gradient_mistakes_show_in_the_gradient(wrong):
+    """Right values, wrong gradient: the weight must be a constant and every token keeps its gradient."""
+    result = run_check("cispo_objective", wrong)
+    assert not result.passed and "gradient" in result.message, result.message
+
+
+def test_cispo_objective_written_differently():
+    def float64_with_where(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+        lp, old = logprobs.double(), old_logprobs.double()
+        with torch.no_grad():
+            ratio = (lp - old).exp()
+            weight = torch.where(ratio > 1 + eps_high, 1 + eps_high, torch.where(ratio < 1 - eps_low, 1 - eps_low, ratio))
+        terms = torch.where(mask, weight * advantages.double().unsqueeze(-1) * lp, torch.zeros_like(lp))
+        return (terms.sum() / mask.double().sum()).float()
+
+    def masked_select(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+        adv = advantages[:, None].expand_as(logprobs)
+        ratio = torch.exp(logprobs[mask].detach() - old_logprobs[mask])
+        weight = torch.clip(ratio, min=1 - eps_low, max=1 + eps_high)
+        return (weight * adv[mask] * logprobs[mask]).mean()
+
+    for fn in (float64_with_where, masked_select):
+        result = run_check("cispo_objective", fn)
+        assert result.passed, (fn.__name__, result.message)
+
+
+# ----------------------------------------------------------------------------------------------------
+# truncated_is_weights
+# ----------------------------------------------------------------------------------------------------
+def tis_inverted(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    return torch.where(mask, torch.exp(sampler_logprobs - train_logprobs).clamp(max=cap), 0.0).detach()
+
+
+def tis_clamped_both_sides(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    return torch.where(mask, torch.exp(train_logprobs - sampler_logprobs).clamp(1 / cap, cap), 0.0).detach()
+
+
+def tis_fixed_cap(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    return torch.where(mask, torch.exp(train_logprobs - sampler_logprobs).clamp(max=2.0), 0.0).detach()
+
+
+def tis_per_sequence(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    seq = ((train_logprobs - sampler_logprobs) * mask).sum(-1, keepdim=True)  # log of pi_train(y) / pi_sampler(y)
+    return (torch.exp(seq).clamp(max=cap) * mask).detach()
+
+
+def tis_masked_kept(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    return torch.exp(train_logprobs - sampler_logprobs).clamp(max=cap).detach()
+
+
+def tis_multiplied_before_the_cap(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    return torch.minimum(torch.exp(train_logprobs - sampler_logprobs) * mask, torch.tensor(cap)).detach()
+
+
+def tis_ratio_of_probabilities(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    ratio = train_logprobs.exp() / sampler_logprobs.exp()
+    return torch.where(mask, ratio.clamp(max=cap), 0.0).detach()
+
+
+def tis_not_detached(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    return torch.where(mask, torch.exp(train_logprobs - sampler_logprobs).clamp(max=cap), 0.0)
+
+
+def tis_in_place(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    w = train_logprobs.detach().sub_(sampler_logprobs).exp_().clamp_(max=cap)  # detach() shares the storage
+    return torch.where(mask, w, 0.0)
+
+
+def tis_float64(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    w = torch.exp(train_logprobs.double() - sampler_logprobs.double()).clamp(max=cap)
+    return torch.where(mask, w, 0.0).detach()
+
+
+def tis_no_cap_at_all(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    return torch.where(mask, torch.exp(train_logprobs - sampler_logprobs), 0.0).detach()
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (tis_inverted, "upside down"),
+    (tis_clamped_both_sides, "from below too"),
+    (tis_fixed_cap, "hard-coded"),
+    (tis_per_sequence, "one weight per sequence"),
+    (tis_masked_kept, "Masked positions are not 0"),
+    (tis_multiplied_before_the_cap, "NaN or inf"),
+    (tis_ratio_of_probabilities, "NaN or inf"),
+    (tis_not_detached, "carry a gradient"),
+])
+def test_truncated_is_weights_mistakes(wrong, fragment):
+    assert_fails_with("truncated_is_weights", wrong, fragment)
+
+
+def test_truncated_is_weights_written_differently():
+    def with_minimum_and_mask_product(train_logprobs, sampler_logprobs, mask, cap=2.0):
+        logr = torch.where(mask, train_logprobs - sampler_logprobs, torch.zeros_like(train_logprobs)).detach()
+        return torch.minimum(logr.exp(), torch.full_like(logr, cap)) * mask
+
+    def float64_log_space(train_logprobs, sampler_logprobs, mask, cap=2.0):
+        logr = (train_logprobs.detach().double() - sampler_logprobs.double()).clamp(max=math.log(cap))
+        return torch.where(mask, logr.exp(), 0.0).to(train_logprobs.dtype)
+
+    for fn in (with_minimum_and_mask_product, float64_log_space):
+        result = run_check("truncated_is_weights", fn)
+        assert result.passed, (fn.__name__, result.message)
+
+
+VIOLATIONS.update({
+    "reinforce_pp_advantages": {
+        "kl_per_token": [pp_k3, pp_kl_added],
+        "beta": [pp_beta_or_default],
+        "returns_to_go": [pp_forward_cumsum, pp_whole_sequence_kl],
+        "gamma_one": [pp_discounted, pp_reward_on_last_token_only],
+        "batch_whitening": [pp_per_sequence_whitening],
+        "masked_statistics": [pp_whiten_every_position],
+        "biased_variance": [pp_unbiased_variance],
+        "eps": [pp_eps_on_std, pp_fixed_eps],
+        "no_clip": [pp_clipped_to_be_safe],
+        "masked_zero": [pp_masked_not_zero],
+        "masked_ignored": [pp_junk_in_the_kl],
+        "not_in_place": [pp_in_place],
+        "dtype": [pp_float64],
+    },
+    "cispo_objective": {
+        "ratio": [cispo_ratio_inverted],
+        "weight_times_logprob": [cispo_ppo_surrogate],
+        "detached_weight": [cispo_weight_not_detached],
+        "clipped_tokens_keep_gradient": [cispo_no_gradient_on_clipped_tokens, cispo_drops_clipped_tokens],
+        "eps_low": [cispo_upper_clip_only, cispo_eps_low_or_default],
+        "eps_high": [cispo_eps_low_both_sides, cispo_eps_high_or_default],
+        "token_mean": [cispo_per_sequence_mean],
+        "mask": [cispo_mask_ignored, cispo_padded_mean],
+        "large_log_ratios": [cispo_ratio_of_probabilities],
+        "differentiable": [cispo_all_detached],
+        "not_in_place": [cispo_in_place],
+        "scalar": [cispo_as_list],
+    },
+    "truncated_is_weights": {
+        "ratio": [tis_inverted],
+        "cap": [tis_fixed_cap, tis_no_cap_at_all],
+        "above_only": [tis_clamped_both_sides],
+        "per_token": [tis_per_sequence],
+        "masked_zero": [tis_masked_kept, tis_multiplied_before_the_cap],
+        "large_log_ratios": [tis_ratio_of_probabilities],
+        "detached": [tis_not_detached],
+        "not_in_place": [tis_in_place],
+        "dtype": [tis_float64],
+    },
+})
