@@ -186,6 +186,42 @@ for loss_type in ["sigmoid", "ipo", "hinge"]:
     print(f"{loss_type:>8}: dloss/dh at h = {hs.tolist()}: {grads}")
 
 # %% [markdown]
+# **KTO** (Ethayarajh et al. 2024) needs no pairs: each completion carries its own label, desirable or
+# undesirable, so a thumbs-up or a thumbs-down is enough. A completion is judged alone, against a
+# reference point $z_0$, an estimate of $\mathrm{KL}(\pi \,\|\, \pi_\text{ref})$ that the caller computes from
+# the batch, clamps at 0 and treats as a constant. With $r = \log \pi(y \mid x) - \log \pi_\text{ref}(y \mid x)$:
+#
+# $$\ell(y) = \begin{cases} \lambda_D \,\big(1 - \sigma(\beta (r - z_0))\big) & y \text{ desirable} \\
+#   \lambda_U \,\big(1 - \sigma(\beta (z_0 - r))\big) & y \text{ undesirable} \end{cases} \qquad
+#   \mathcal{L}_\text{KTO} = \text{mean over the batch's completions of } \ell(y).$$
+#
+# A desirable completion gains by rising above the reference point, an undesirable one by sinking below
+# it; $\lambda_D$ and $\lambda_U$ weigh the two kinds (the paper's loss aversion). The loss is bounded
+# ($1 - \sigma$, not DPO's $-\log\sigma$): a completion already far on the right side stops pulling.
+# One mean over all completions, so a kind with more completions weighs more (rebalance with the
+# $\lambda$s, not by averaging the two kinds separately).
+#
+# Contract: `desirable` is a bool per completion, `z0` a 0-d tensor that may carry a graph (the loss
+# must not differentiate through it), `policy_logps`, `ref_logps` are sequence log-probs as DPO's.
+
+# %% exercise rlhf_tutorial.dpo:kto_loss | 15 min | difficulty 3 | importance 3
+
+# %% [markdown]
+# **ORPO** (Hong et al. 2024) drops the reference model, like SimPO, and folds preference learning into
+# SFT: the usual NLL on the chosen completion plus a term that asks the chosen completion's *odds* to
+# beat the rejected one's. With $m = \log \pi(y \mid x) / |y|$, the mean log-prob per token, and the odds of
+# $p = e^m$,
+#
+# $$\log\text{odds}(m) = \log \frac{p}{1 - p} = m - \log(1 - e^m), \qquad
+#   \mathcal{L}_\text{ORPO} = \operatorname{mean}(-m_w) - \lambda \operatorname{mean}\,\log\sigma\big(\log\text{odds}(m_w) - \log\text{odds}(m_l)\big).$$
+#
+# Close to $m = 0$ (a completion the policy is sure of) $1 - e^m$ is a difference of two nearly equal
+# numbers: computed as written in float32 it loses every digit. Far below 0, $e^m$ underflows to 0, so
+# stay in log space. The checker tries both regimes.
+
+# %% exercise rlhf_tutorial.dpo:orpo_loss | 15 min | difficulty 3 | importance 3
+
+# %% [markdown]
 # ## 4. Pairs from the reference model
 #
 # Chapter 02's pairs were labelled by a rule. Here the pairs come from the task itself, as in the DPO
