@@ -34,7 +34,7 @@ from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.trainers.dpo import DPOArgs, pairs_from_samples
 from rlhf_tutorial.trainers.dpo import learner_functions as dpo_learner_functions
 from rlhf_tutorial.trainers.dpo import train as train_dpo
-from rlhf_tutorial.trainers.frontier import FrontierArgs, rewards_at_common_kl, run_frontier
+from rlhf_tutorial.trainers.frontier import METHODS, FrontierArgs, rewards_at_common_kl, run_frontier
 from rlhf_tutorial.trainers.grpo import GRPOArgs
 from rlhf_tutorial.trainers.grpo import learner_functions as grpo_learner_functions
 from rlhf_tutorial.trainers.grpo import train as train_grpo
@@ -335,6 +335,42 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 # of the best and worst of 16) reached {{dpo_offline.mean_reward_final:.2f}} at {{dpo_offline.kl_final:.0f}} nats, with rougher text like the samples above.
 
 # %% [markdown]
+# **KTO and ORPO in the trainer.** `DPOArgs(loss_type="kto")` trains with your `kto_loss` on the same
+# classifier-labelled samples, read as unpaired labels: every chosen completion is a desirable example,
+# every rejected one an undesirable example (KTO never uses which rejected went with which chosen). The
+# reference point of a step is the mean log-ratio $\log \pi - \log \pi_\text{ref}$ over all the step's
+# completions (the paper averages over mismatched prompt-completion pairs; with one prompt those are the
+# batch's own completions), which `kto_loss` detaches and clamps at 0. These completions were sampled
+# from the reference, so that mean estimates $-\mathrm{KL}(\pi_\text{ref} \,\|\, \pi) \le 0$ and the clamp
+# makes the reference point 0 here: the clamp is not a detail. `DPOArgs(loss_type="orpo")` trains with your
+# `orpo_loss` (`orpo_lambda` is its $\lambda$, the lengths are the completions' token counts); the reference
+# model is only used to measure the KL. The same shortened run as DPO's above, 192 pairs and 3 rounds
+# (`train-dpo --world tiny --seed 0 --num-pairs 192 --rounds 3 --eval-samples 64 --eval-samples-per-round 48
+# --loss-type kto`, and `--loss-type orpo`):
+
+# %%
+unpaired_runs = {}
+for name, run_name in [("KTO", "kto_short"), ("ORPO", "orpo_short")]:
+    run_args = DPOArgs.preset(world, direction=direction, seed=0, loss_type=run_name.removesuffix("_short"),
+                              **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16, min_reward_gap=0.0))
+    if is_tiny():
+        run_args.num_pairs, run_args.rounds, run_args.eval_samples, run_args.eval_samples_per_round = 192, 3, 64, 48
+    r = unpaired_runs[name] = train_dpo(run_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward,
+                                        progress=False, **dpo_learner_functions(globals()))
+    print(f"{name}: reward {r.eval_initial['reward']:.3f} -> {r.eval_final['reward']:.3f} "
+          f"(± {r.eval_final['reward_se']:.3f}), sequence KL {r.eval_final['kl']:.2f} nats, {r.wall_seconds:.0f} s")
+    figures.agree(run_name, {"mean_reward_initial": r.eval_initial["reward"],
+                             "mean_reward_final": r.eval_final["reward"], "kl_final": r.eval_final["kl"]})
+
+# %% [markdown]
+# On the reference machine, from the same base reward ({{kto_short.mean_reward_initial:.2f}}): KTO reached {{kto_short.mean_reward_final:.2f}} at
+# {{kto_short.kl_final:.1f}} nats and ORPO {{orpo_short.mean_reward_final:.2f}} at {{orpo_short.kl_final:.1f}} nats, against DPO's {{dpo_short.mean_reward_final:.2f}} at {{dpo_short.kl_final:.1f}} nats on the same
+# pairs. ORPO moves least: most of its loss is the SFT term, which imitates the chosen completions
+# (sampled from the reference, so already likely under it), and $\lambda = 0.1$ keeps the odds-ratio term
+# small. KTO lands about where DPO does (one seed, 64 samples), without ever using which completion was
+# paired with which: on these samples the labels carry what DPO learned.
+
+# %% [markdown]
 # ## 6. Critic-free RL beside GRPO: RLOO and GSPO
 #
 # **RLOO** (REINFORCE Leave-One-Out; Kool et al. 2019, Ahmadian et al. 2024). As Ahmadian et al. published
@@ -439,7 +475,8 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 #
 # The DPO paper's IMDb figure places each method, at several KL strengths, on the plane of mean reward
 # against KL(policy || reference). We rebuild it with every method of the course: PPO (chapter 03's
-# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's).
+# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's), and one
+# point each of KTO and ORPO (section 5's runs, on the frontier's pairs).
 # Every point is a run from the same starting policy and seed, and every point is measured **the same
 # way**: 128 (here fewer) samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
 # reference,
@@ -457,7 +494,8 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 # optimizer steps), 64 evaluation samples per point instead of 128. The RL runs keep the CLI's 20 phases:
 # shorter runs stop on the way up, where every method still looks alike. It is the run of `frontier --world
 # tiny --ppo-kl-coefs 0.1 0.3 --grpo-kl-coefs 0.1 0.5 --dpo-betas 0.03 0.5 --ipo-betas 0.02 0.5 --rl-phases 20
-# --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate` ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
+# --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate --methods ppo grpo rloo gspo dpo ipo kto orpo
+# --kto-betas 0.1 --orpo-lambdas 0.1` ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
 # 2 CPU cores at a load average of 2 to 3 from other jobs; the cell checks that yours agrees). The full grid
 # is `python -m rlhf_tutorial frontier --world tiny` ({{frontier.wall_seconds:.0f}} s there, recorded while other
 # runs held the 2 cores at a load of 10 to 15; HTML report and JSON with every point).
@@ -465,7 +503,8 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 # %%
 frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.1, 0.3),
                              grpo_kl_coefs=(0.1, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
-                             rl_phases=20, dpo_rounds=6, dpo_pairs=128, eval_samples=64)
+                             rl_phases=20, dpo_rounds=6, dpo_pairs=128, eval_samples=64,
+                             methods=(*METHODS, "kto", "orpo"), kto_betas=(0.1,), orpo_lambdas=(0.1,))
 if not is_tiny():
     frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
 if is_smoke():
