@@ -496,7 +496,7 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 # tiny --ppo-kl-coefs 0.1 0.3 --grpo-kl-coefs 0.1 0.5 --dpo-betas 0.03 0.5 --ipo-betas 0.02 0.5 --rl-phases 20
 # --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate --methods ppo grpo rloo gspo dpo ipo kto orpo
 # --kto-betas 0.1 --orpo-lambdas 0.1` ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
-# 2 CPU cores at a load average of 2 to 3 from other jobs; the cell checks that yours agrees). The full grid
+# 2 CPU cores at a load average of about 4 from other jobs; the cell checks that yours agrees). The full grid
 # is `python -m rlhf_tutorial frontier --world tiny` ({{frontier.wall_seconds:.0f}} s there, recorded while other
 # runs held the 2 cores at a load of 10 to 15; HTML report and JSON with every point).
 
@@ -504,7 +504,8 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.1, 0.3),
                              grpo_kl_coefs=(0.1, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
                              rl_phases=20, dpo_rounds=6, dpo_pairs=128, eval_samples=64,
-                             methods=(*METHODS, "kto", "orpo"), kto_betas=(0.1,), orpo_lambdas=(0.1,))
+                             methods=("ppo", "grpo", "rloo", "gspo", "dpo", "ipo", "kto", "orpo"), kto_betas=(0.1,),
+                             orpo_lambdas=(0.1,))
 if not is_tiny():
     frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
 if is_smoke():
@@ -576,10 +577,12 @@ cost_figure(frontier)
 # The cell below reads *this* run's points the same way, at equal KL: each method's curve starts at the
 # base policy (every run starts there) and joins its points in order of KL, and `rewards_at_common_kl`
 # reads every curve at one KL that every method reached (comparing each method's highest point instead
-# would favour the methods that stopped early: reward per nat falls as a curve flattens).
+# would favour the methods that stopped early: reward per nat falls as a curve flattens). It reads the swept
+# methods only: KTO and ORPO have one point each here, and ORPO's lies at a smaller KL than any other
+# method's largest, which would pull the common KL down to it.
 
 # %%
-common_kl, rewards = rewards_at_common_kl(frontier)
+common_kl, rewards = rewards_at_common_kl(frontier, methods=METHODS)  # the swept methods: KTO and ORPO have one point
 print(f"base policy: reward {frontier['base']['reward']:.3f}; every method reached a sequence KL of {common_kl:.2f} nats, "
       "where (read on each method's curve):")
 for method, reward in sorted(rewards.items(), key=lambda kv: -kv[1]):
@@ -587,8 +590,15 @@ for method, reward in sorted(rewards.items(), key=lambda kv: -kv[1]):
 
 # %% [markdown]
 # On the reference machine this cell puts every RL method above DPO and IPO at equal KL (GRPO + RLOO adv. and GRPO
-# first, then GSPO and PPO, all but tied), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
+# first, then GSPO and PPO), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
 # standard error of about {{frontier_short.base.reward_se:.2f}}, so neighbours in the ranking may swap places on another machine.
+#
+# KTO and ORPO, one point each on the figure (section 5's losses, on the same 128 pairs and 6 rounds as
+# DPO's): KTO (beta 0.1) at {{frontier_short.points.12.reward:.2f}} and {{frontier_short.points.12.kl:.1f}} nats, beside DPO's beta 0.5 point ({{frontier_short.points.9.reward:.2f}} at
+# {{frontier_short.points.9.kl:.1f}}) and IPO's beta 0.02 ({{frontier_short.points.10.reward:.2f}} at {{frontier_short.points.10.kl:.1f}}): the offline preference methods share one
+# region, below the RL curve. ORPO ($\lambda = 0.1$) moves least, {{frontier_short.points.13.reward:.2f}} at {{frontier_short.points.13.kl:.1f}} nats, about where GRPO + RLOO adv.
+# at `kl_coef` 0.5 lands ({{frontier_short.points.5.reward:.2f}} at {{frontier_short.points.5.kl:.2f}}): its SFT term imitates completions the reference wrote, which
+# keeps the policy near the reference though no term of its loss measures that distance.
 
 # %%
 progress("06")

@@ -205,8 +205,9 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
             "base": base_point}
 
 
-def rewards_at_common_kl(result: dict[str, Any]) -> tuple[float, dict[str, float]]:
-    """Each method's reward at one sequence KL that every method of ``result`` (``run_frontier``'s) reached.
+def rewards_at_common_kl(result: dict[str, Any], methods: tuple[str, ...] | None = None) -> tuple[float, dict[str, float]]:
+    """Each method's reward at one sequence KL that every method of ``result`` (``run_frontier``'s) reached
+    (every method of ``methods`` only, when given).
 
     A method's curve starts at the base policy, (0, base reward), and joins its points in order of KL;
     the common KL is the smallest of the methods' largest KLs, ``min_m max_i KL_{m,i}``, and a method's
@@ -215,6 +216,8 @@ def rewards_at_common_kl(result: dict[str, Any]) -> tuple[float, dict[str, float
     """
     curves: dict[str, list[tuple[float, float]]] = {}
     for point in result["points"]:
+        if methods is not None and point["method"] not in methods:
+            continue
         curves.setdefault(point["method"], [(0.0, result["base"]["reward"])]).append((point["kl"], point["reward"]))
     common = min(max(kl for kl, _ in curve) for curve in curves.values())
     rewards = {}
