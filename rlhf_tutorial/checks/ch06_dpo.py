@@ -8,7 +8,12 @@ log-probs in the hundreds for implicit_reward (a ratio of probabilities underflo
 gspo_sequence_ratio one True per row at the end, the start and the middle (a mean over the first
 mask.sum() positions is right only while the True positions start at 0). On a mismatch the
 catalogued mistakes name what went wrong. ``dpo_loss`` is also checked to raise ``ValueError`` on an
-unknown ``loss_type``.
+unknown ``loss_type``. ``kto_loss`` is run on batches with more undesirable than desirable completions
+(one mean over all of them is not the sum, nor the mean, of the two kinds' means), with one kind only,
+with a negative z0 (clamped at 0), and its gradient is compared once more with z0 computed from the
+policy's own log-probs, graph and all (the loss must treat it as a constant). ``orpo_loss`` is run on
+mean log-probs between -1e-7 and -1e-5 (log(1 - exp(m)) loses every digit there in float32), in the
+hundreds below 0 (exp(m) underflows) and on log-odds hundreds apart (a log of a sigmoid underflows).
 """
 
 from __future__ import annotations
