@@ -34,7 +34,7 @@ from rlhf_tutorial.rewards import sentiment_reward_fn
 from rlhf_tutorial.trainers.dpo import DPOArgs, pairs_from_samples
 from rlhf_tutorial.trainers.dpo import learner_functions as dpo_learner_functions
 from rlhf_tutorial.trainers.dpo import train as train_dpo
-from rlhf_tutorial.trainers.frontier import FrontierArgs, rewards_at_common_kl, run_frontier
+from rlhf_tutorial.trainers.frontier import METHODS, FrontierArgs, rewards_at_common_kl, run_frontier
 from rlhf_tutorial.trainers.grpo import GRPOArgs
 from rlhf_tutorial.trainers.grpo import learner_functions as grpo_learner_functions
 from rlhf_tutorial.trainers.grpo import train as train_grpo
@@ -186,6 +186,42 @@ for loss_type in ["sigmoid", "ipo", "hinge"]:
     print(f"{loss_type:>8}: dloss/dh at h = {hs.tolist()}: {grads}")
 
 # %% [markdown]
+# **KTO** (Ethayarajh et al. 2024) needs no pairs: each completion carries its own label, desirable or
+# undesirable, so a thumbs-up or a thumbs-down is enough. A completion is judged alone, against a
+# reference point $z_0$, an estimate of $\mathrm{KL}(\pi \,\|\, \pi_\text{ref})$ that the caller computes from
+# the batch, clamps at 0 and treats as a constant. With $r = \log \pi(y \mid x) - \log \pi_\text{ref}(y \mid x)$:
+#
+# $$\ell(y) = \begin{cases} \lambda_D \,\big(1 - \sigma(\beta (r - z_0))\big) & y \text{ desirable} \\
+#   \lambda_U \,\big(1 - \sigma(\beta (z_0 - r))\big) & y \text{ undesirable} \end{cases} \qquad
+#   \mathcal{L}_\text{KTO} = \text{mean over the batch's completions of } \ell(y).$$
+#
+# A desirable completion gains by rising above the reference point, an undesirable one by sinking below
+# it; $\lambda_D$ and $\lambda_U$ weigh the two kinds (the paper's loss aversion). The loss is bounded
+# ($1 - \sigma$, not DPO's $-\log\sigma$): a completion already far on the right side stops pulling.
+# One mean over all completions, so a kind with more completions weighs more (rebalance with the
+# $\lambda$s, not by averaging the two kinds separately).
+#
+# Contract: `desirable` is a bool per completion, `z0` a 0-d tensor that may carry a graph (the loss
+# must not differentiate through it), `policy_logps`, `ref_logps` are sequence log-probs as DPO's.
+
+# %% exercise rlhf_tutorial.dpo:kto_loss | 15 min | difficulty 3 | importance 3
+
+# %% [markdown]
+# **ORPO** (Hong et al. 2024) drops the reference model, like SimPO, and folds preference learning into
+# SFT: the usual NLL on the chosen completion plus a term that asks the chosen completion's *odds* to
+# beat the rejected one's. With $m = \log \pi(y \mid x) / |y|$, the mean log-prob per token, and the odds of
+# $p = e^m$,
+#
+# $$\log\text{odds}(m) = \log \frac{p}{1 - p} = m - \log(1 - e^m), \qquad
+#   \mathcal{L}_\text{ORPO} = \operatorname{mean}(-m_w) - \lambda \operatorname{mean}\,\log\sigma\big(\log\text{odds}(m_w) - \log\text{odds}(m_l)\big).$$
+#
+# Close to $m = 0$ (a completion the policy is sure of) $1 - e^m$ is a difference of two nearly equal
+# numbers: computed as written in float32 it loses every digit. Far below 0, $e^m$ underflows to 0, so
+# stay in log space. The checker tries both regimes.
+
+# %% exercise rlhf_tutorial.dpo:orpo_loss | 15 min | difficulty 3 | importance 3
+
+# %% [markdown]
 # ## 4. Pairs from the reference model
 #
 # Chapter 02's pairs were labelled by a rule. Here the pairs come from the task itself, as in the DPO
@@ -299,6 +335,42 @@ dpo_curves(pref_result.history, title="DPO on chapter 02's preference pairs")
 # of the best and worst of 16) reached {{dpo_offline.mean_reward_final:.2f}} at {{dpo_offline.kl_final:.0f}} nats, with rougher text like the samples above.
 
 # %% [markdown]
+# **KTO and ORPO in the trainer.** `DPOArgs(loss_type="kto")` trains with your `kto_loss` on the same
+# classifier-labelled samples, read as unpaired labels: every chosen completion is a desirable example,
+# every rejected one an undesirable example (KTO never uses which rejected went with which chosen). The
+# reference point of a step is the mean log-ratio $\log \pi - \log \pi_\text{ref}$ over all the step's
+# completions (the paper averages over mismatched prompt-completion pairs; with one prompt those are the
+# batch's own completions), which `kto_loss` detaches and clamps at 0. These completions were sampled
+# from the reference, so that mean estimates $-\mathrm{KL}(\pi_\text{ref} \,\|\, \pi) \le 0$ and the clamp
+# makes the reference point 0 here: the clamp is not a detail. `DPOArgs(loss_type="orpo")` trains with your
+# `orpo_loss` (`orpo_lambda` is its $\lambda$, the lengths are the completions' token counts); the reference
+# model is only used to measure the KL. The same shortened run as DPO's above, 192 pairs and 3 rounds
+# (`train-dpo --world tiny --seed 0 --num-pairs 192 --rounds 3 --eval-samples 64 --eval-samples-per-round 48
+# --loss-type kto`, and `--loss-type orpo`):
+
+# %%
+unpaired_runs = {}
+for name, run_name in [("KTO", "kto_short"), ("ORPO", "orpo_short")]:
+    run_args = DPOArgs.preset(world, direction=direction, seed=0, loss_type=run_name.removesuffix("_short"),
+                              **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16, min_reward_gap=0.0))
+    if is_tiny():
+        run_args.num_pairs, run_args.rounds, run_args.eval_samples, run_args.eval_samples_per_round = 192, 3, 64, 48
+    r = unpaired_runs[name] = train_dpo(run_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward,
+                                        progress=False, **dpo_learner_functions(globals()))
+    print(f"{name}: reward {r.eval_initial['reward']:.3f} -> {r.eval_final['reward']:.3f} "
+          f"(± {r.eval_final['reward_se']:.3f}), sequence KL {r.eval_final['kl']:.2f} nats, {r.wall_seconds:.0f} s")
+    figures.agree(run_name, {"mean_reward_initial": r.eval_initial["reward"],
+                             "mean_reward_final": r.eval_final["reward"], "kl_final": r.eval_final["kl"]})
+
+# %% [markdown]
+# On the reference machine, from the same base reward ({{kto_short.mean_reward_initial:.2f}}): KTO reached {{kto_short.mean_reward_final:.2f}} at
+# {{kto_short.kl_final:.1f}} nats and ORPO {{orpo_short.mean_reward_final:.2f}} at {{orpo_short.kl_final:.1f}} nats, against DPO's {{dpo_short.mean_reward_final:.2f}} at {{dpo_short.kl_final:.1f}} nats on the same
+# pairs. ORPO moves least: most of its loss is the SFT term, which imitates the chosen completions
+# (sampled from the reference, so already likely under it), and $\lambda = 0.1$ keeps the odds-ratio term
+# small. KTO lands about where DPO does (one seed, 64 samples), without ever using which completion was
+# paired with which: on these samples the labels carry what DPO learned.
+
+# %% [markdown]
 # ## 6. Critic-free RL beside GRPO: RLOO and GSPO
 #
 # **RLOO** (REINFORCE Leave-One-Out; Kool et al. 2019, Ahmadian et al. 2024). As Ahmadian et al. published
@@ -403,7 +475,8 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 #
 # The DPO paper's IMDb figure places each method, at several KL strengths, on the plane of mean reward
 # against KL(policy || reference). We rebuild it with every method of the course: PPO (chapter 03's
-# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's).
+# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's), and one
+# point each of KTO and ORPO (section 5's runs, on the frontier's pairs).
 # Every point is a run from the same starting policy and seed, and every point is measured **the same
 # way**: 128 (here fewer) samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
 # reference,
@@ -421,15 +494,18 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 # optimizer steps), 64 evaluation samples per point instead of 128. The RL runs keep the CLI's 20 phases:
 # shorter runs stop on the way up, where every method still looks alike. It is the run of `frontier --world
 # tiny --ppo-kl-coefs 0.1 0.3 --grpo-kl-coefs 0.1 0.5 --dpo-betas 0.03 0.5 --ipo-betas 0.02 0.5 --rl-phases 20
-# --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate` ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
-# 2 CPU cores at a load average of 2 to 3 from other jobs; the cell checks that yours agrees). The full grid
+# --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate --methods ppo grpo rloo gspo dpo ipo kto orpo
+# --kto-betas 0.1 --orpo-lambdas 0.1` ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
+# 2 CPU cores at a load average of about 4 from other jobs; the cell checks that yours agrees). The full grid
 # is `python -m rlhf_tutorial frontier --world tiny` ({{frontier.wall_seconds:.0f}} s there, recorded while other
 # runs held the 2 cores at a load of 10 to 15; HTML report and JSON with every point).
 
 # %%
 frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.1, 0.3),
                              grpo_kl_coefs=(0.1, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
-                             rl_phases=20, dpo_rounds=6, dpo_pairs=128, eval_samples=64)
+                             rl_phases=20, dpo_rounds=6, dpo_pairs=128, eval_samples=64,
+                             methods=("ppo", "grpo", "rloo", "gspo", "dpo", "ipo", "kto", "orpo"), kto_betas=(0.1,),
+                             orpo_lambdas=(0.1,))
 if not is_tiny():
     frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
 if is_smoke():
@@ -501,10 +577,12 @@ cost_figure(frontier)
 # The cell below reads *this* run's points the same way, at equal KL: each method's curve starts at the
 # base policy (every run starts there) and joins its points in order of KL, and `rewards_at_common_kl`
 # reads every curve at one KL that every method reached (comparing each method's highest point instead
-# would favour the methods that stopped early: reward per nat falls as a curve flattens).
+# would favour the methods that stopped early: reward per nat falls as a curve flattens). It reads the swept
+# methods only: KTO and ORPO have one point each here, and ORPO's lies at a smaller KL than any other
+# method's largest, which would pull the common KL down to it.
 
 # %%
-common_kl, rewards = rewards_at_common_kl(frontier)
+common_kl, rewards = rewards_at_common_kl(frontier, methods=METHODS)  # the swept methods: KTO and ORPO have one point
 print(f"base policy: reward {frontier['base']['reward']:.3f}; every method reached a sequence KL of {common_kl:.2f} nats, "
       "where (read on each method's curve):")
 for method, reward in sorted(rewards.items(), key=lambda kv: -kv[1]):
@@ -512,8 +590,15 @@ for method, reward in sorted(rewards.items(), key=lambda kv: -kv[1]):
 
 # %% [markdown]
 # On the reference machine this cell puts every RL method above DPO and IPO at equal KL (GRPO + RLOO adv. and GRPO
-# first, then GSPO and PPO, all but tied), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
+# first, then GSPO and PPO), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
 # standard error of about {{frontier_short.base.reward_se:.2f}}, so neighbours in the ranking may swap places on another machine.
+#
+# KTO and ORPO, one point each on the figure (section 5's losses, on the same 128 pairs and 6 rounds as
+# DPO's): KTO (beta 0.1) at {{frontier_short.points.12.reward:.2f}} and {{frontier_short.points.12.kl:.1f}} nats, beside DPO's beta 0.5 point ({{frontier_short.points.9.reward:.2f}} at
+# {{frontier_short.points.9.kl:.1f}}) and IPO's beta 0.02 ({{frontier_short.points.10.reward:.2f}} at {{frontier_short.points.10.kl:.1f}}): the offline preference methods share one
+# region, below the RL curve. ORPO ($\lambda = 0.1$) moves least, {{frontier_short.points.13.reward:.2f}} at {{frontier_short.points.13.kl:.1f}} nats, about where GRPO + RLOO adv.
+# at `kl_coef` 0.5 lands ({{frontier_short.points.5.reward:.2f}} at {{frontier_short.points.5.kl:.2f}}): its SFT term imitates completions the reference wrote, which
+# keeps the policy near the reference though no term of its loss measures that distance.
 
 # %%
 progress("06")

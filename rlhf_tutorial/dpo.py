@@ -18,9 +18,11 @@ training, no critic. The pieces a learner writes, in the order the chapter build
 2. ``dpo_loss``             the DPO loss and its variants (IPO, hinge, label smoothing)
 3. ``implicit_reward``      beta * (log pi - log pi_ref), what DPO's policy thinks of a completion
 4. ``simpo_loss``           SimPO: no reference, length-normalised, with a margin
-5. ``best_worst_pairs``     G scored samples per prompt -> one (chosen, rejected) pair
-6. ``rloo_advantages``      RLOO's leave-one-out advantages: the baseline of a sample is its siblings' mean
-7. ``gspo_sequence_ratio``  GSPO: one importance ratio per sequence (the geometric mean of the tokens')
+5. ``kto_loss``             KTO: unpaired desirable / undesirable completions against a reference point
+6. ``orpo_loss``            ORPO: no reference, the chosen's NLL plus an odds-ratio term
+7. ``best_worst_pairs``     G scored samples per prompt -> one (chosen, rejected) pair
+8. ``rloo_advantages``      RLOO's leave-one-out advantages: the baseline of a sample is its siblings' mean
+9. ``gspo_sequence_ratio``  GSPO: one importance ratio per sequence (the geometric mean of the tokens')
 
 The last two plug into chapter 04's GRPO trainer (``advantage_estimator="rloo"``: GRPO with RLOO's
 advantages, not RLOO's REINFORCE update; ``importance_level="sequence"``). The DPO trainer that runs these is in ``rlhf_tutorial.trainers.dpo``;
@@ -130,6 +132,65 @@ def simpo_loss(
     # >>> exercise
     margin = chosen_logps / chosen_lengths - rejected_logps / rejected_lengths  # [b]
     return -F.logsigmoid(beta * margin - gamma).mean()
+    # <<< exercise
+
+
+def kto_loss(
+    policy_logps: Float[Tensor, "b"],
+    ref_logps: Float[Tensor, "b"],
+    desirable: Bool[Tensor, "b"],
+    z0: Float[Tensor, ""],
+    beta: float = 0.1,
+    lambda_d: float = 1.0,
+    lambda_u: float = 1.0,
+) -> Float[Tensor, ""]:
+    """KTO (Ethayarajh et al. 2024) on unpaired completions, each labelled desirable or undesirable (to
+    minimise). With r = log pi(y | x) - log pi_ref(y | x) per completion and the reference point
+    z = max(z0, 0), z0 a KL estimate the caller passes and no gradient flows into:
+
+        loss_i = lambda_d * (1 - sigmoid(beta * (r_i - z)))     if desirable[i]
+                 lambda_u * (1 - sigmoid(beta * (z - r_i)))     otherwise
+
+        loss = mean over all b completions of loss_i        (one mean: not the sum of two class means)
+
+    ``desirable`` is True for a desirable completion; ``z0`` is a 0-d tensor (it may carry a graph: the
+    loss treats it as a constant). ``lambda_d`` and ``lambda_u`` weigh the two kinds (loss aversion).
+    """
+    # >>> exercise
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps  # [b]
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+    # <<< exercise
+
+
+def orpo_loss(
+    chosen_logps: Float[Tensor, "b"],
+    rejected_logps: Float[Tensor, "b"],
+    chosen_lengths: Int[Tensor, "b"],
+    rejected_lengths: Int[Tensor, "b"],
+    lam: float = 0.1,
+) -> Float[Tensor, ""]:
+    """ORPO (Hong et al. 2024): no reference model; the SFT loss on the chosen completions plus an
+    odds-ratio term. With the mean log-prob per token m = log pi(y | x) / |y| of each completion (so
+    m < 0) and the log-odds of p = exp(m),
+
+        log_odds(m) = log p - log(1 - p) = m - log(1 - exp(m))
+
+        loss = mean( -m_w )  -  lam * mean( log sigmoid( log_odds(m_w) - log_odds(m_l) ) )
+
+    over the b pairs: the first term is the chosen completions' NLL per token. ``chosen_logps`` is
+    log pi(y_w | x) summed over its tokens, ``chosen_lengths`` = |y_w| (tokens). The log-odds must stay
+    finite and exact for m close to 0 (1 - exp(m) is then a difference of nearly equal numbers) and for
+    m very negative (exp(m) underflows to 0); the log-sigmoid for any difference of log-odds.
+    """
+    # >>> exercise
+    m_w = chosen_logps / chosen_lengths  # [b]
+    m_l = rejected_logps / rejected_lengths
+    log_odds_w = m_w - torch.log(-torch.expm1(m_w))
+    log_odds_l = m_l - torch.log(-torch.expm1(m_l))
+    return -m_w.mean() - lam * F.logsigmoid(log_odds_w - log_odds_l).mean()
     # <<< exercise
 
 

@@ -118,11 +118,16 @@ RUNS.update({
                       "--eval-samples-per-round", "48")),
     "dpo_prefs": Run(("train-dpo", *_TINY_NEG, "--pairs", "preferences", "--num-pairs", "384", "--rounds", "2",
                       "--eval-samples", "64", "--eval-samples-per-round", "32")),
+    # chapter 06 (section 5): KTO and ORPO through the DPO trainer, on the same pairs as dpo_short
+    **{f"{loss}_short": Run(("train-dpo", *_TINY_NEG, "--num-pairs", "192", "--rounds", "3", "--eval-samples", "64",
+                             "--eval-samples-per-round", "48", "--loss-type", loss)) for loss in ("kto", "orpo")},
     # chapter 06 (section 7): the full frontier grid, and the notebook's smaller one (in one process, as there)
     "frontier": Run(("frontier", "--world", "tiny")),
     "frontier_short": Run(("frontier", "--world", "tiny", "--ppo-kl-coefs", "0.1", "0.3", "--grpo-kl-coefs", "0.1", "0.5",
                            "--dpo-betas", "0.03", "0.5", "--ipo-betas", "0.02", "0.5", "--rl-phases", "20",
-                           "--dpo-rounds", "6", "--dpo-pairs", "128", "--eval-samples", "64", "--no-isolate")),
+                           "--dpo-rounds", "6", "--dpo-pairs", "128", "--eval-samples", "64", "--no-isolate",
+                           "--methods", "ppo", "grpo", "rloo", "gspo", "dpo", "ipo", "kto", "orpo", "--kto-betas", "0.1",
+                           "--orpo-lambdas", "0.1")),
 })
 
 # TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 11; README).

@@ -134,6 +134,42 @@ def test_first_step_from_the_reference_has_zero_margin_and_log2_loss(tiny_policy
     assert stats["margin"] == pytest.approx(0.0, abs=1e-4) and stats["accuracy"] == 0.0
 
 
+def test_kto_and_orpo_steps_pass_the_pairs_as_their_contracts_ask(tiny_policy):
+    """KTO: every chosen completion desirable, every rejected one undesirable, z0 the step's mean log-ratio
+    (with its graph: kto_loss detaches it); ORPO: the completions' token counts as lengths. At the first
+    step the policy is the reference: r = 0 everywhere, so KTO's loss is 1 - sigmoid(0) = 0.5."""
+    torch.manual_seed(0)
+    raw, _ = dpo_trainer.pairs_from_samples(tiny_policy, _reward_by_length, small_args())
+    batch = dpo_trainer.to_batch(raw, tiny_policy)
+    seen = {}
+
+    def my_kto(policy_logps, ref_logps, desirable, z0, **kwargs):
+        seen["kto"] = (policy_logps, ref_logps, desirable, z0, kwargs)
+        return dpo.kto_loss(policy_logps, ref_logps, desirable, z0, **kwargs)
+
+    def my_orpo(chosen_logps, rejected_logps, chosen_lengths, rejected_lengths, **kwargs):
+        seen["orpo"] = (chosen_lengths, rejected_lengths, kwargs)
+        return dpo.orpo_loss(chosen_logps, rejected_logps, chosen_lengths, rejected_lengths, **kwargs)
+
+    fns = {name: getattr(dpo, name) for name in dpo_trainer.PLUGGABLE} | {"kto_loss": my_kto, "orpo_loss": my_orpo}
+    optimizer = torch.optim.SGD(copy.deepcopy(tiny_policy).parameters(), lr=0.0)
+    kto_args = small_args(loss_type="kto", beta=0.3, kto_lambda_d=1.0, kto_lambda_u=1.0)
+    stats = dpo_trainer.dpo_step(copy.deepcopy(tiny_policy), optimizer, batch, kto_args, fns)
+    policy_logps, ref_logps, desirable, z0, kwargs = seen["kto"]
+    n = len(batch)
+    assert desirable.tolist() == [True] * n + [False] * n
+    torch.testing.assert_close(ref_logps, torch.cat([batch.ref_chosen_logps, batch.ref_rejected_logps]))
+    torch.testing.assert_close(z0, (policy_logps - ref_logps).mean())
+    assert z0.requires_grad
+    assert kwargs == {"beta": 0.3, "lambda_d": 1.0, "lambda_u": 1.0}
+    assert stats["loss"] == pytest.approx(0.5, abs=1e-4)
+    dpo_trainer.dpo_step(copy.deepcopy(tiny_policy), optimizer, batch, small_args(loss_type="orpo", orpo_lambda=0.25),
+                         fns)
+    chosen_lengths, rejected_lengths, kwargs = seen["orpo"]
+    assert chosen_lengths.tolist() == batch.chosen_mask[:, 1:].sum(-1).tolist()
+    assert rejected_lengths.tolist() == batch.rejected_mask[:, 1:].sum(-1).tolist() and kwargs == {"lam": 0.25}
+
+
 # ----------------------------------------------------------------------------------------------------
 # training
 # ----------------------------------------------------------------------------------------------------

@@ -8,7 +8,12 @@ log-probs in the hundreds for implicit_reward (a ratio of probabilities underflo
 gspo_sequence_ratio one True per row at the end, the start and the middle (a mean over the first
 mask.sum() positions is right only while the True positions start at 0). On a mismatch the
 catalogued mistakes name what went wrong. ``dpo_loss`` is also checked to raise ``ValueError`` on an
-unknown ``loss_type``.
+unknown ``loss_type``. ``kto_loss`` is run on batches with more undesirable than desirable completions
+(one mean over all of them is not the sum, nor the mean, of the two kinds' means), with one kind only,
+with a negative z0 (clamped at 0), and its gradient is compared once more with z0 computed from the
+policy's own log-probs, graph and all (the loss must treat it as a constant). ``orpo_loss`` is run on
+mean log-probs between -1e-7 and -1e-5 (log(1 - exp(m)) loses every digit there in float32), in the
+hundreds below 0 (exp(m) underflows) and on log-odds hundreds apart (a log of a sigmoid underflows).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from rlhf_tutorial.checks.core import (
     Mistake,
     call,
     checker,
+    compare_gradients,
     compare_to_reference,
     failure,
     nudge,
@@ -77,6 +83,33 @@ CLAUSES = {
         "stable": "finite for margins in the hundreds (a log-sigmoid)",
         "mean": "the loss is the mean over pairs",
         "differentiable": "differentiable in the chosen and rejected log-probs, with the reference's gradient",
+    },
+    "kto_loss": {
+        "log_ratio": "r is the policy's log-prob minus the reference's (not the policy's alone, not upside down)",
+        "sides": "a desirable completion is scored on r - z, an undesirable one on z - r",
+        "z0_clamped": "the reference point is z0 clamped at 0: a negative KL estimate counts as 0",
+        "z0_detached": "no gradient flows through z0, even when the caller's z0 was computed from the policy",
+        "one_mean": "one mean over all the batch's completions, not the sum (or mean) of two class means",
+        "one_class": "a batch with only desirable (or only undesirable) completions is a batch like any other",
+        "lambdas": "lambda_d weighs the desirable completions, lambda_u the undesirable ones",
+        "beta": "beta scales r - z inside the sigmoid",
+        "one_minus_sigmoid": "each completion's loss is 1 - sigmoid(...) (a value in [0, lambda]), not a log-sigmoid",
+        "differentiable": "differentiable in the policy's log-probs, with the reference's gradient",
+        "not_in_place": "no input tensor is modified in place",
+    },
+    "orpo_loss": {
+        "length_normalised": "the log-odds are of the mean per-token log-prob, each side divided by its own length",
+        "nll": "the SFT term is the chosen completions' NLL per token, averaged over pairs (the rejected have none)",
+        "odds_not_probs": "the odds-ratio term compares log-odds, log p - log(1 - p), not log-probs",
+        "orientation": "the log-odds of the chosen minus those of the rejected, the term subtracted from the NLL",
+        "lam": "lam weighs the odds-ratio term (not the NLL)",
+        "lam_zero": "lam = 0.0 is a value (the SFT loss alone), not unset",
+        "stable_near_zero": "exact for mean log-probs close to 0 (1 - p is then a difference of nearly equal numbers)",
+        "stable_very_negative": "finite for mean log-probs in the hundreds below 0 (p underflows to 0 there)",
+        "stable_logsigmoid": "finite for differences of log-odds in the hundreds (a log-sigmoid)",
+        "mean": "both terms are means over pairs",
+        "differentiable": "differentiable in the chosen and rejected log-probs, with the reference's gradient",
+        "not_in_place": "no input tensor is modified in place",
     },
     "best_worst_pairs": {
         "chosen_first": "column 0 is the best sample (argmax), column 1 the worst (argmin)",
@@ -444,6 +477,260 @@ def check_simpo_loss(candidate) -> str:
                 _simpo_variant(gamma_or_default=True)),
     ], arg_names=["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"],
        grad=DIFFERENTIATED["simpo_loss"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# kto_loss
+# ----------------------------------------------------------------------------------------------------
+
+_KTO_ARGS = ["policy_logps", "ref_logps", "desirable", "z0"]
+
+
+def _kto_inputs(b: int, seed: int, spread: float = 2.0, shift: float = 0.0) -> tuple:
+    g = seeded(seed)
+    ref = -20 + 5 * torch.randn(b, generator=g)
+    return ref + shift + spread * torch.randn(b, generator=g), ref
+
+
+def _kto_cases() -> list[Case]:
+    policy, ref = _kto_inputs(8, seed=10)
+    mixed = torch.tensor([True, False, False, True, False, False, True, False])  # 3 desirable, 5 undesirable
+    z = torch.tensor(0.7)
+    p1, r1 = _kto_inputs(1, seed=11)
+    return [
+        Case("8 completions (3 desirable, 5 undesirable), z0=0.7, beta=0.5", (policy, ref, mixed, z),
+             {"beta": 0.5, "lambda_d": 1.0, "lambda_u": 1.0}),
+        Case("lambda_d=1.0, lambda_u=1.5, beta=0.5", (policy, ref, mixed, z),
+             {"beta": 0.5, "lambda_d": 1.0, "lambda_u": 1.5}),
+        Case("lambda_d=2.0, lambda_u=0.5, beta=0.1", (policy, ref, mixed, z),
+             {"beta": 0.1, "lambda_d": 2.0, "lambda_u": 0.5}),
+        Case("a negative KL estimate, z0=-1.5 (clamped at 0)", (policy, ref, mixed, torch.tensor(-1.5)),
+             {"beta": 0.5, "lambda_d": 1.0, "lambda_u": 1.0}),
+        Case("beta=3.0, lambda_d=1.0, lambda_u=1.2", (policy, ref, mixed, torch.tensor(0.2)),
+             {"beta": 3.0, "lambda_d": 1.0, "lambda_u": 1.2}),
+        Case("only desirable completions", (policy, ref, torch.ones(8, dtype=torch.bool), z),
+             {"beta": 0.5, "lambda_d": 1.3, "lambda_u": 1.0}),
+        Case("only undesirable completions", (policy, ref, torch.zeros(8, dtype=torch.bool), z),
+             {"beta": 0.5, "lambda_d": 1.0, "lambda_u": 0.8}),
+        Case("a batch of 1 (undesirable)", (p1, r1, torch.zeros(1, dtype=torch.bool), torch.tensor(0.3)),
+             {"beta": 0.5, "lambda_d": 1.0, "lambda_u": 1.0}),
+    ]
+
+
+def _kto_variant(*, use_ref=True, flip_r=False, same_side=False, clamp=True, reduce="all", swap_lambdas=False,
+                 beta_inside=True, swap_labels=False, logsigmoid=False):
+    def fn(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+        z = z0.detach().clamp(min=0) if clamp else z0.detach()
+        r = policy_logps - ref_logps if use_ref else policy_logps
+        r = -r if flip_r else r
+        if swap_labels:
+            desirable = ~desirable
+        if swap_lambdas:
+            lambda_d, lambda_u = lambda_u, lambda_d
+
+        def value(x):
+            if logsigmoid:
+                return -F.logsigmoid(beta * x if beta_inside else x) * (1 if beta_inside else beta)
+            return 1 - torch.sigmoid(beta * x) if beta_inside else beta * (1 - torch.sigmoid(x))
+
+        d = lambda_d * value(r - z)
+        u = lambda_u * value((r - z) if same_side else (z - r))
+        losses = torch.where(desirable, d, u)
+        if reduce == "sum":
+            return losses.sum()
+        if reduce in ("class_sum", "class_mean"):
+            parts = [losses[desirable].mean(), losses[~desirable].mean()]
+            total = parts[0] + parts[1]
+            return total if reduce == "class_sum" else total / 2
+        return losses.mean()
+
+    return fn
+
+
+KTO_MISTAKES = [
+    Mistake("r must be a log-ratio to the reference: r = policy_logps - ref_logps, not the policy's log-probs alone.",
+            _kto_variant(use_ref=False)),
+    Mistake("The log-ratio is upside down: r = log pi - log pi_ref (policy minus reference).", _kto_variant(flip_r=True)),
+    Mistake("Desirable and undesirable are swapped: `desirable` True means the completion should gain (scored on "
+            "r - z), False that it should lose (scored on z - r).", _kto_variant(swap_labels=True)),
+    Mistake("Both kinds are scored on r - z: an undesirable completion is scored on z - r, so that its loss falls "
+            "as its log-ratio falls below the reference point.", _kto_variant(same_side=True)),
+    Mistake("lambda_d and lambda_u are swapped: lambda_d weighs the desirable completions, lambda_u the "
+            "undesirable ones.", _kto_variant(swap_lambdas=True)),
+    Mistake("z0 is not clamped at 0: the reference point is max(z0, 0) (a KL is never negative, an estimate "
+            "of it can be).", _kto_variant(clamp=False)),
+    Mistake("You took the mean of each kind and added the two: the contract is ONE mean over all the batch's "
+            "completions (each completion counts once, whatever its kind).", _kto_variant(reduce="class_sum")),
+    Mistake("You averaged the two kinds' means: the contract is ONE mean over all the batch's completions, so "
+            "a kind with more completions weighs more.", _kto_variant(reduce="class_mean")),
+    Mistake("You summed the completions' losses: the contract takes their mean.", _kto_variant(reduce="sum")),
+    Mistake("beta multiplies the loss instead of scaling r - z inside the sigmoid.", _kto_variant(beta_inside=False)),
+    Mistake("KTO's value of a completion is 1 - sigmoid(beta (r - z)) (a bounded loss, at most lambda), not "
+            "-log sigmoid(...) as in DPO.", _kto_variant(logsigmoid=True)),
+]
+
+
+def _kto_z0_from_policy(fn):
+    """``fn`` called with z0 computed from the policy's own log-probs, graph and all, as a trainer does."""
+
+    def with_z0(policy_logps, ref_logps, desirable, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+        return fn(policy_logps, ref_logps, desirable, (policy_logps - ref_logps).mean(), beta=beta,
+                  lambda_d=lambda_d, lambda_u=lambda_u)
+
+    return with_z0
+
+
+_Z0_GRAPH = ("z0 carried a gradient into the loss: the caller's KL estimate was computed from the policy's own "
+             "log-probs, so unless the loss treats it as a constant, training also pushes the reference point "
+             "around. Take z0 without its graph before you use it.")
+
+
+@checker(
+    "kto_loss",
+    chapter=CHAPTER,
+    hint=(
+        "Each completion is judged alone, against a reference point: how far its log-ratio r to the reference "
+        "stands above that point (desirable) or below it (undesirable), through a sigmoid. The reference "
+        "point is the caller's z0, never below 0 and never trained.",
+        "z = max(z0, 0) with no gradient; r = log pi - log pi_ref; a desirable completion's loss is "
+        "lambda_d (1 - sigma(beta (r - z))), an undesirable one's lambda_u (1 - sigma(beta (z - r))); pick "
+        "one or the other per completion from `desirable`, then ONE mean over the b completions.",
+        "```python\nz = z0.detach().clamp(min=0)\nr = policy_logps - ref_logps\nlosses = torch.where(desirable, "
+        "lambda_d * (1 - torch.sigmoid(beta * (r - z))),\n                     lambda_u * (1 - torch.sigmoid(beta * "
+        "(z - r))))\nreturn losses.mean()\n```",
+    ),
+)
+def check_kto_loss(candidate) -> str:
+    summary = compare_to_reference(candidate, dpo.kto_loss, _kto_cases(), mistakes=KTO_MISTAKES,
+                                   arg_names=_KTO_ARGS, grad=DIFFERENTIATED["kto_loss"], grad_cases=(0, 1))
+    policy, ref = _kto_inputs(8, seed=12, shift=1.0)  # z0 about +1: the clamp keeps its gradient
+    desirable = torch.tensor([True, True, False, True, False, False, False, True])
+    case = Case("z0 computed from the policy's log-probs (with its graph), as the trainer does",
+                (policy, ref, desirable), {"beta": 0.5, "lambda_d": 1.0, "lambda_u": 1.3})
+    try:
+        compare_gradients(_kto_z0_from_policy(candidate), _kto_z0_from_policy(dpo.kto_loss), case,
+                          DIFFERENTIATED["kto_loss"], arg_names=_KTO_ARGS[:3])
+    except CheckFailure as failed:
+        raise failure(failed.message, _Z0_GRAPH) from None
+    return summary + " Its gradient ignores a z0 computed from the policy."
+
+
+# ----------------------------------------------------------------------------------------------------
+# orpo_loss
+# ----------------------------------------------------------------------------------------------------
+
+_ORPO_ARGS = ["chosen_logps", "rejected_logps", "chosen_lengths", "rejected_lengths"]
+
+
+def _orpo_cases() -> list[Case]:
+    g = seeded(13)
+    lc, lr = torch.tensor([5, 12, 1, 8, 3, 6]), torch.tensor([9, 2, 1, 8, 15, 4])
+    c = -lc * (0.1 + 2.5 * torch.rand(6, generator=g))
+    r = -lr * (0.1 + 2.5 * torch.rand(6, generator=g))
+    # mean log-probs of -1e-7 .. -1e-5: 1 - exp(m) loses every digit in float32
+    near_c, near_r = torch.tensor([-3e-7, -2e-7, -5e-6]), torch.tensor([-9e-7, -1.6e-6, -2e-5])
+    near_lc, near_lr = torch.tensor([3, 2, 5]), torch.tensor([3, 4, 5])
+    ones = torch.ones(3, dtype=torch.int64)
+    far_c, far_r = torch.tensor([-150.0, -300.0, -120.0]), torch.tensor([-140.0, -310.0, -2.0])
+    big_c, big_r = torch.tensor([-400.0, -1.5]), torch.tensor([-2.0, -450.0])
+    return [
+        Case("6 pairs of various lengths, lam=0.1", (c, r, lc, lr), {"lam": 0.1}),
+        Case("lam=1.0", (c, r, lc, lr), {"lam": 1.0}),
+        Case("lam=0 (the SFT loss alone)", (c, r, lc, lr), {"lam": 0.0}),
+        Case("mean log-probs between -1e-7 and -1e-5 (p within 1e-5 of 1), lam=1.0",
+             (near_c, near_r, near_lc, near_lr), {"lam": 1.0}),
+        Case("single-token completions with log-probs in the hundreds below 0, lam=0.5",
+             (far_c, far_r, ones, ones), {"lam": 0.5}),
+        Case("log-odds hundreds apart, lam=0.2", (big_c, big_r, ones[:2], ones[:2]), {"lam": 0.2}),
+        Case("a batch of 1, lam=0.3", (c[:1], r[:1], lc[:1], lr[:1]), {"lam": 0.3}),
+    ]
+
+
+def _orpo_variant(*, normalise=True, swap_lengths=False, nll="chosen_mean", log_odds="stable", sign=1,
+                  lam_on="or", lam_or_default=False, reduce="mean", logsig="stable", term_added=False):
+    def fn(c, r, lc, lr, lam=0.1):
+        if lam_or_default:
+            lam = lam or 0.1
+        if swap_lengths:
+            lc, lr = lr, lc
+        mc, mr = c / lc, r / lr
+        oc, orr = (mc, mr) if normalise else (c, r)
+
+        def odds(m):
+            if log_odds == "naive":
+                return m - torch.log(1 - torch.exp(m))
+            if log_odds == "probs":
+                p = torch.exp(m)
+                return torch.log(p / (1 - p))
+            if log_odds == "logprob":
+                return m
+            return m - torch.log(-torch.expm1(m))
+
+        x = sign * (odds(oc) - odds(orr))
+        term = F.logsigmoid(x) if logsig == "stable" else torch.log(torch.sigmoid(x))
+        sft = {"chosen_mean": -mc, "chosen_sum": -c, "both": -(mc + mr)}[nll]
+        if term_added:
+            term = -term
+        if reduce == "sum":
+            sft, term = sft.sum(), term.sum()
+        else:
+            sft, term = sft.mean(), term.mean()
+        return sft - lam * term if lam_on == "or" else lam * sft - term
+
+    return fn
+
+
+ORPO_MISTAKES = [
+    Mistake("The log-probs are not length-normalised: ORPO's p is the mean log-prob per token, exp(logps / lengths).",
+            _orpo_variant(normalise=False)),
+    Mistake("The log-probs are not length-normalised: ORPO's p is the mean log-prob per token, exp(logps / lengths), "
+            "and its SFT term the NLL per token.", _orpo_variant(normalise=False, nll="chosen_sum")),
+    Mistake("The lengths are swapped: each side is divided by its own length.", _orpo_variant(swap_lengths=True)),
+    Mistake("The SFT term is the chosen completions' NLL per token, -chosen_logps / chosen_lengths averaged over "
+            "pairs, not their summed log-probs.", _orpo_variant(nll="chosen_sum")),
+    Mistake("The SFT term is on the chosen completions alone: the rejected ones are never imitated.",
+            _orpo_variant(nll="both")),
+    Mistake("You compared log-probs, not log-odds: log_odds(m) = m - log(1 - exp(m)).", _orpo_variant(log_odds="logprob")),
+    Mistake("The odds-ratio term has the wrong sign: log_odds(chosen) - log_odds(rejected), and the loss subtracts "
+            "lam times its log-sigmoid.", _orpo_variant(sign=-1)),
+    Mistake("The odds-ratio term has the wrong sign: the loss subtracts lam times the mean log-sigmoid (a log-sigmoid "
+            "is negative: subtracting it adds a penalty that shrinks as the chosen odds win).",
+            _orpo_variant(term_added=True)),
+    Mistake("lam weighs the NLL instead of the odds-ratio term: NLL - lam * mean(log sigmoid(...)).",
+            _orpo_variant(lam_on="nll")),
+    Mistake("lam = 0.0 was replaced by a default: 0 is a value (the SFT loss alone), not unset.",
+            _orpo_variant(lam_or_default=True)),
+    Mistake("You summed over pairs: both terms are means.", _orpo_variant(reduce="sum")),
+    Mistake("log(1 - exp(m)) loses every digit when m is close to 0 (exp(m) rounds to 1 or near it): "
+            "compute 1 - exp(m) as minus (exp(m) - 1) with a function made for exp(x) - 1 at small x.",
+            _orpo_variant(log_odds="naive")),
+    Mistake("You went through p = exp(m): for a mean log-prob in the hundreds below 0, p underflows to 0 and "
+            "log(p) is -inf. Stay in log space: log p is m itself.", _orpo_variant(log_odds="probs")),
+    Mistake("log(sigmoid(x)) underflows to -inf for very negative x: use a log-sigmoid.",
+            _orpo_variant(logsig="naive")),
+]
+
+
+@checker(
+    "orpo_loss",
+    chapter=CHAPTER,
+    hint=(
+        "Two terms, no reference model: the usual SFT loss on the chosen completions, and a logistic loss "
+        "asking the chosen completion's odds to beat the rejected one's. Both use the mean log-prob per "
+        "token m; the odds of p = exp(m) are p / (1 - p), and 1 - p must be computed without losing digits "
+        "when p is close to 1.",
+        "m = logps / lengths per side; log_odds(m) = m - log(1 - exp(m)), with 1 - exp(m) computed from a "
+        "function exact for exp(x) - 1 at small x; loss = mean(-m_chosen) - lam * mean(log sigma(log_odds("
+        "m_chosen) - log_odds(m_rejected))), the log sigma finite for any argument.",
+        "```python\nm_w = chosen_logps / chosen_lengths\nm_l = rejected_logps / rejected_lengths\nlog_odds_w = m_w - "
+        "torch.log(-torch.expm1(m_w))\nlog_odds_l = m_l - torch.log(-torch.expm1(m_l))\nreturn -m_w.mean() - lam "
+        "* F.logsigmoid(log_odds_w - log_odds_l).mean()\n```",
+    ),
+)
+def check_orpo_loss(candidate) -> str:
+    return compare_to_reference(candidate, dpo.orpo_loss, _orpo_cases(), mistakes=ORPO_MISTAKES,
+                                arg_names=_ORPO_ARGS, grad=DIFFERENTIATED["orpo_loss"], grad_cases=(0, 1))
+
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,4 +1,14 @@
-"""Chapter 06's trainer: DPO (and IPO, hinge, label smoothing) on pairs of completions.
+"""Chapter 06's trainer: DPO (and IPO, hinge, label smoothing) on pairs of completions, and KTO and ORPO
+on the same completions (``DPOArgs.loss_type``).
+
+``loss_type="kto"`` reads the pairs as unpaired labels: every chosen completion is a desirable example,
+every rejected one an undesirable example (``kto_loss``); the reference point z0 of a step is the mean
+of ``policy_logps - ref_logps`` over all the step's completions, which ``kto_loss`` takes without its
+graph and clamps at 0. (The paper averages over mismatched prompt-completion pairs, so as not to
+measure a completion on its own prompt; the course's runs have one prompt, where the mismatched pairs
+are the batch's own completions.) ``loss_type="orpo"`` trains with ``orpo_loss`` (no reference model in
+the loss; the completions' lengths are their mask's token counts); the reference is still used to
+measure the KL the frontier plots.
 
 Where the pairs come from (``DPOArgs.pairs``):
 
@@ -82,8 +92,12 @@ class DPOArgs:
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
     # loss
     beta: float = arg(0.1, "the KL strength of DPO's implied objective (dpo_loss's beta; IPO: target h = 1 / (2 beta))")
-    loss_type: str = arg("sigmoid", "'sigmoid' (DPO), 'ipo' or 'hinge'")
+    loss_type: str = arg("sigmoid", "'sigmoid' (DPO), 'ipo', 'hinge', 'kto' (kto_loss on the pairs' completions "
+                         "as unpaired labels) or 'orpo' (orpo_loss)")
     label_smoothing: float = arg(0.0, "probability that a pair's label is wrong (cDPO; sigmoid only)")
+    kto_lambda_d: float = arg(1.0, "KTO: weight of the desirable (chosen) completions")
+    kto_lambda_u: float = arg(1.0, "KTO: weight of the undesirable (rejected) completions")
+    orpo_lambda: float = arg(0.1, "ORPO: weight of the odds-ratio term against the chosen completions' NLL")
     # evaluation and logging
     eval_samples: int = arg(128, "samples drawn before and after training to measure reward and KL")
     eval_samples_per_round: int = arg(64, "samples drawn after each round for the held-out curves")
@@ -266,8 +280,18 @@ def dpo_step(
     logps = (fns["sequence_logprobs"](policy(tokens), tokens, mask) if own_logprobs
              else speed.sequence_logprobs(policy, tokens, mask))  # [2n]
     chosen_logps, rejected_logps = logps.split(len(batch))
-    loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
-                           beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
+    if args.loss_type == "kto":  # the pairs' completions as unpaired labels: chosen desirable, rejected undesirable
+        ref_logps = torch.cat([batch.ref_chosen_logps, batch.ref_rejected_logps])
+        desirable = torch.arange(len(logps), device=logps.device) < len(batch)
+        z0 = (logps - ref_logps).mean()  # the batch's KL estimate; kto_loss detaches it and clamps it at 0
+        loss = fns["kto_loss"](logps, ref_logps, desirable, z0, beta=args.beta, lambda_d=args.kto_lambda_d,
+                               lambda_u=args.kto_lambda_u)
+    elif args.loss_type == "orpo":
+        loss = fns["orpo_loss"](chosen_logps, rejected_logps, batch.chosen_mask[:, 1:].sum(-1).clamp(min=1),
+                                batch.rejected_mask[:, 1:].sum(-1).clamp(min=1), lam=args.orpo_lambda)
+    else:
+        loss = fns["dpo_loss"](chosen_logps, rejected_logps, batch.ref_chosen_logps, batch.ref_rejected_logps,
+                               beta=args.beta, loss_type=args.loss_type, label_smoothing=args.label_smoothing)
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
     optimizer.step()
@@ -283,7 +307,7 @@ def dpo_step(
 # ----------------------------------------------------------------------------------------------------
 
 #: The chapter 06 exercises the trainer runs; any can be replaced by keyword (``learner_functions``).
-PLUGGABLE = ("sequence_logprobs", "dpo_loss", "implicit_reward", "best_worst_pairs")
+PLUGGABLE = ("sequence_logprobs", "dpo_loss", "implicit_reward", "best_worst_pairs", "kto_loss", "orpo_loss")
 
 learner_functions = learner_functions_for(PLUGGABLE)
 
@@ -462,6 +486,8 @@ def main(argv: list[str]) -> dict:
         "online": args.online,
         "loss_type": args.loss_type,
         "beta": args.beta,
+        **({"kto_lambda_d": args.kto_lambda_d, "kto_lambda_u": args.kto_lambda_u} if args.loss_type == "kto" else {}),
+        **({"orpo_lambda": args.orpo_lambda} if args.loss_type == "orpo" else {}),
         "mean_reward_initial": round(before["reward"], 4),
         "mean_reward_final": round(after["reward"], 4),
         "reward_se_final": round(after["reward_se"], 4),

@@ -15,8 +15,10 @@ its standard error).
 | ``gspo`` | the same, ``importance_level="sequence"`` | ``kl_coef`` |
 | ``dpo``  | ``dpo_trainer.train`` (offline pairs from the reference), ``loss_type="sigmoid"`` | ``beta`` |
 | ``ipo``  | the same, ``loss_type="ipo"`` | ``beta`` |
+| ``kto``  | the same, ``loss_type="kto"`` (the pairs' completions as unpaired labels; not in the default grid) | ``beta`` |
+| ``orpo`` | the same, ``loss_type="orpo"`` (no reference in the loss; not in the default grid) | ``lambda`` (the odds-ratio weight) |
 
-DPO and IPO points share one set of pairs (sampled and labelled once per process). Wall time and
+DPO, IPO, KTO and ORPO points share one set of pairs (sampled and labelled once per process). Wall time and
 peak memory (``PeakMemory``: above what was in use before the run) are recorded per run and summed /
 maxed per method; the command runs each method in its own process (``--isolate``, the default), so
 that a method's peak memory is not hidden by memory an earlier method freed, and reports each
@@ -49,6 +51,10 @@ from rlhf_tutorial.trainers.runtime import PeakMemory
 from rlhf_tutorial.worlds import PROMPT
 
 METHODS = ("ppo", "grpo", "rloo", "gspo", "dpo", "ipo")
+#: Every method ``--methods`` accepts: the default grid's and the ones run only when named.
+ALL_METHODS = (*METHODS, "kto", "orpo")
+#: The methods trained by the DPO trainer, on the shared pairs.
+PAIR_METHODS = ("dpo", "ipo", "kto", "orpo")
 
 
 @documented
@@ -63,15 +69,17 @@ class FrontierArgs:
     world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
     seed: int = arg(0, "seed of every run and of the evaluation samples")
     direction: str = arg("neg", "sentiment the classifier reward asks for")
-    methods: tuple[str, ...] = arg(METHODS, "methods to run: any of ppo grpo rloo gspo dpo ipo")
+    methods: tuple[str, ...] = arg(METHODS, "methods to run: any of ppo grpo rloo gspo dpo ipo kto orpo")
     ppo_kl_coefs: tuple[float, ...] = arg((0.03, 0.1, 0.3), "PPO (chapter 03): kl_coef of each point")
     grpo_kl_coefs: tuple[float, ...] = arg((0.01, 0.1, 0.5), "GRPO, GRPO + RLOO advantages, GSPO: kl_coef (beta of the k3 KL in the loss) of each point")
     dpo_betas: tuple[float, ...] = arg((0.03, 0.1, 0.5), "DPO: beta of each point")
     ipo_betas: tuple[float, ...] = arg((0.02, 0.1, 0.5), "IPO: beta of each point (its target h = 1 / (2 beta))")
+    kto_betas: tuple[float, ...] = arg((0.1,), "KTO: beta of each point")
+    orpo_lambdas: tuple[float, ...] = arg((0.1,), "ORPO: lambda (weight of the odds-ratio term) of each point")
     rl_phases: int = arg(20, "phases of each PPO / GRPO / GRPO + RLOO advantages / GSPO run (64 samples each)")
-    dpo_rounds: int = arg(4, "rounds (passes over the pairs) of each DPO / IPO run")
-    dpo_pairs: int = arg(256, "pairs sampled (once) from the reference for DPO and IPO")
-    dpo_min_reward_gap: float = arg(0.05, "DPO / IPO pairs: drop groups whose best and worst differ by less")
+    dpo_rounds: int = arg(4, "rounds (passes over the pairs) of each DPO / IPO / KTO / ORPO run")
+    dpo_pairs: int = arg(256, "pairs sampled (once) from the reference for DPO, IPO, KTO and ORPO")
+    dpo_min_reward_gap: float = arg(0.05, "DPO / IPO / KTO / ORPO pairs: drop groups whose best and worst differ by less")
     eval_samples: int = arg(128, "samples each point is measured on")
     max_new_tokens: int = arg(16, "most tokens of an evaluation sample")
     n_samples_shown: int = arg(3, "samples kept per point for the report's hover")
@@ -87,9 +95,10 @@ def strengths(args: FrontierArgs, method: str) -> list[float]:
         return _floats(args.ppo_kl_coefs)
     if method in ("grpo", "rloo", "gspo"):
         return _floats(args.grpo_kl_coefs)
-    if method in ("dpo", "ipo"):
-        return _floats(args.dpo_betas if method == "dpo" else args.ipo_betas)
-    raise ValueError(f"unknown method {method!r}: choose from {METHODS}")
+    if method in PAIR_METHODS:
+        return _floats({"dpo": args.dpo_betas, "ipo": args.ipo_betas, "kto": args.kto_betas,
+                        "orpo": args.orpo_lambdas}[method])
+    raise ValueError(f"unknown method {method!r}: choose from {ALL_METHODS}")
 
 
 def train_one(
@@ -119,8 +128,9 @@ def train_one(
                    progress=False)
         tuned = policy
     else:
-        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, beta=strength,
-                                              loss_type="sigmoid" if method == "dpo" else "ipo",
+        loss = {"dpo": {"loss_type": "sigmoid", "beta": strength}, "ipo": {"loss_type": "ipo", "beta": strength},
+                "kto": {"loss_type": "kto", "beta": strength}, "orpo": {"loss_type": "orpo", "orpo_lambda": strength}}
+        run_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, **loss[method],
                                               rounds=args.dpo_rounds, num_pairs=args.dpo_pairs)
         dpo_trainer.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, pairs=pairs,
                           evaluate=False, progress=False)
@@ -150,7 +160,7 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
 
     base_eval = measure(base)
     pairs, pairs_seconds = None, 0.0
-    if {"dpo", "ipo"} & set(args.methods):
+    if set(PAIR_METHODS) & set(args.methods):
         start = time.perf_counter()
         torch.manual_seed(args.seed)
         pair_args = dpo_trainer.DPOArgs.preset(world, direction=args.direction, seed=args.seed, num_pairs=args.dpo_pairs,
@@ -170,7 +180,7 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
         point = {
             "method": method,
             "strength": strength,
-            "strength_name": "beta" if method in ("dpo", "ipo") else "kl_coef",
+            "strength_name": {"orpo": "lambda"}.get(method, "beta" if method in PAIR_METHODS else "kl_coef"),
             "reward": stats["reward"], "reward_se": stats["reward_se"],
             "kl": stats["kl"], "kl_se": stats["kl_se"], "kl_per_token": stats["kl_per_token"],
             "repetition": stats["repetition"], "completion_len": stats["completion_len"],
@@ -186,7 +196,7 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
         if callback is not None:
             callback(point)
         del tuned
-    for method in ("dpo", "ipo"):
+    for method in PAIR_METHODS:
         if method in per_method:
             per_method[method]["pairs_seconds_shared"] = pairs_seconds
     base_point = {k: base_eval[k] for k in ("reward", "reward_se", "kl", "kl_se", "repetition", "completion_len")}
@@ -195,8 +205,9 @@ def run_frontier(args: FrontierArgs, progress: bool = True, callback: Callable |
             "base": base_point}
 
 
-def rewards_at_common_kl(result: dict[str, Any]) -> tuple[float, dict[str, float]]:
-    """Each method's reward at one sequence KL that every method of ``result`` (``run_frontier``'s) reached.
+def rewards_at_common_kl(result: dict[str, Any], methods: tuple[str, ...] | None = None) -> tuple[float, dict[str, float]]:
+    """Each method's reward at one sequence KL that every method of ``result`` (``run_frontier``'s) reached
+    (every method of ``methods`` only, when given).
 
     A method's curve starts at the base policy, (0, base reward), and joins its points in order of KL;
     the common KL is the smallest of the methods' largest KLs, ``min_m max_i KL_{m,i}``, and a method's
@@ -205,6 +216,8 @@ def rewards_at_common_kl(result: dict[str, Any]) -> tuple[float, dict[str, float
     """
     curves: dict[str, list[tuple[float, float]]] = {}
     for point in result["points"]:
+        if methods is not None and point["method"] not in methods:
+            continue
         curves.setdefault(point["method"], [(0.0, result["base"]["reward"])]).append((point["kl"], point["reward"]))
     common = min(max(kl for kl, _ in curve) for curve in curves.values())
     rewards = {}
@@ -293,7 +306,7 @@ def main(argv: list[str]) -> dict:
     torch.set_num_threads(ns.threads)
     given = {f.name: getattr(ns, f.name) for f in fields(FrontierArgs)}
     args = FrontierArgs(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
-    for name in ("ppo_kl_coefs", "grpo_kl_coefs", "dpo_betas", "ipo_betas"):
+    for name in ("ppo_kl_coefs", "grpo_kl_coefs", "dpo_betas", "ipo_betas", "kto_betas", "orpo_lambdas"):
         setattr(args, name, tuple(_floats(getattr(args, name))))
     start = time.perf_counter()
     if ns.isolate and len(args.methods) > 1:

@@ -54,6 +54,8 @@ DIFFERENTIATED: dict[str, tuple[str, ...]] = {
     "sequence_logprobs": ("logits",),
     "dpo_loss": ("policy_chosen_logps", "policy_rejected_logps"),
     "simpo_loss": ("chosen_logps", "rejected_logps"),
+    "kto_loss": ("policy_logps",),
+    "orpo_loss": ("chosen_logps", "rejected_logps"),
     "gspo_sequence_ratio": ("logprobs",),
 }
 

@@ -26,9 +26,9 @@ from plotly.subplots import make_subplots
 from rlhf_tutorial.widgets.live import LiveDashboard, significant
 
 COLOURS = {"ppo": "#1f77b4", "grpo": "#d62728", "rloo": "#ff7f0e", "gspo": "#9467bd", "dpo": "#2ca02c",
-           "ipo": "#17becf", "base": "#444444"}
+           "ipo": "#17becf", "kto": "#8c564b", "orpo": "#e377c2", "base": "#444444"}
 LABELS = {"ppo": "PPO (ch. 03)", "grpo": "GRPO (ch. 04)", "rloo": "GRPO + RLOO adv.", "gspo": "GSPO", "dpo": "DPO", "ipo": "IPO",
-          "base": "base policy"}
+          "kto": "KTO", "orpo": "ORPO", "base": "base policy"}
 DPO_PANELS = ["loss", "margin", "accuracy", "reward", "kl"]
 DPO_TITLES = {"loss": "DPO loss (train pairs)", "margin": "implicit reward margin", "accuracy": "pair accuracy",
               "reward": "held-out classifier reward", "kl": "sequence KL(policy || ref)"}
@@ -178,7 +178,7 @@ def frontier_figure(result: dict[str, Any], title: str = "Reward against KL(poli
                                  hovertext=[_hover({**b, "method": "base", "strength_name": "", "strength": ""})],
                                  hoverinfo="text"))
     groups = {"all": methods, "RL (PPO, GRPO, GRPO + RLOO adv., GSPO)": [m for m in methods if m in ("ppo", "grpo", "rloo", "gspo")],
-              "preferences (DPO, IPO)": [m for m in methods if m in ("dpo", "ipo")]}
+              "preferences (DPO, IPO, KTO, ORPO)": [m for m in methods if m in ("dpo", "ipo", "kto", "orpo")]}
     names = methods + (["base"] if result.get("base") else [])
     buttons = [dict(label=label, method="restyle",
                     args=[{"visible": [m in chosen or m == "base" for m in names]}])

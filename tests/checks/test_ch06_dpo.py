@@ -274,6 +274,331 @@ def test_simpo_loss_written_differently():
 
 
 # ----------------------------------------------------------------------------------------------------
+# kto_loss
+# ----------------------------------------------------------------------------------------------------
+def kto_no_reference(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+
+
+def kto_ratio_upside_down(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = ref_logps - policy_logps
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+
+
+def kto_same_side(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    weight = torch.where(desirable, lambda_d, lambda_u)
+    return (weight * (1 - torch.sigmoid(beta * (r - z)))).mean()
+
+
+def kto_labels_flipped(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    undesirable = desirable.float()  # read the flag as "is undesirable"
+    losses = (1 - undesirable) * lambda_d * (1 - torch.sigmoid(beta * (r - z))) \
+        + undesirable * lambda_u * (1 - torch.sigmoid(beta * (z - r)))
+    return losses.mean()
+
+
+def kto_unclamped(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach()
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+
+
+def kto_clamps_below(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(max=0)  # clamp's min and max mixed up
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+
+
+def kto_z0_not_detached(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = torch.clamp(z0, min=0.0)
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+
+
+def kto_two_class_means(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    chosen = lambda_d * (1 - torch.sigmoid(beta * (r[desirable] - z)))
+    rejected = lambda_u * (1 - torch.sigmoid(beta * (z - r[~desirable])))
+    return chosen.mean() + rejected.mean()
+
+
+def kto_two_class_means_guarded(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    """The sum of two class means, with a guard for an empty class: right only when one class is empty."""
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    total = policy_logps.new_zeros(())
+    if desirable.any():
+        total = total + (lambda_d * (1 - torch.sigmoid(beta * (r[desirable] - z)))).mean()
+    if (~desirable).any():
+        total = total + (lambda_u * (1 - torch.sigmoid(beta * (z - r[~desirable])))).mean()
+    return total
+
+
+def kto_lambdas_swapped(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, lambda_u * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_d * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+
+
+def kto_lambdas_ignored(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, 1 - torch.sigmoid(beta * (r - z)), 1 - torch.sigmoid(beta * (z - r)))
+    return losses.mean()
+
+
+def kto_beta_outside(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, lambda_d * beta * (1 - torch.sigmoid(r - z)),
+                         lambda_u * beta * (1 - torch.sigmoid(z - r)))
+    return losses.mean()
+
+
+def kto_beta_ignored(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(r - z)), lambda_u * (1 - torch.sigmoid(z - r)))
+    return losses.mean()
+
+
+def kto_log_sigmoid(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, -lambda_d * F.logsigmoid(beta * (r - z)), -lambda_u * F.logsigmoid(beta * (z - r)))
+    return losses.mean()
+
+
+def kto_undesirable_detached(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps - ref_logps
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r.detach()))))
+    return losses.mean()
+
+
+def kto_in_place(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z = z0.detach().clamp(min=0)
+    r = policy_logps.sub_(ref_logps)  # "saves a tensor"
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                         lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    return losses.mean()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (kto_no_reference, "log-ratio to the reference"),
+        (kto_ratio_upside_down, "upside down"),
+        (kto_same_side, "Both kinds are scored on r - z"),
+        (kto_labels_flipped, "Desirable and undesirable are swapped"),
+        (kto_unclamped, "not clamped at 0"),
+        (kto_z0_not_detached, "z0 carried a gradient"),
+        (kto_two_class_means, "ONE mean"),
+        (kto_lambdas_swapped, "lambda_d and lambda_u are swapped"),
+        (kto_beta_outside, "beta multiplies the loss"),
+        (kto_log_sigmoid, "not\n-log sigmoid"),
+        (kto_undesirable_detached, "is not the reference's"),
+    ],
+)
+def test_kto_loss_mistakes(wrong, fragment):
+    assert_fails_with("kto_loss", wrong, fragment.replace("\n", " "))
+
+
+def test_kto_loss_written_differently():
+    def in_float64_with_signs(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+        # 1 - sigmoid(x) = sigmoid(-x); the sign of each side from the label; float64 inside
+        z = max(float(z0), 0.0)
+        r = policy_logps.double() - ref_logps.double()
+        sign = desirable.double() * 2 - 1  # +1 desirable, -1 undesirable
+        weight = torch.where(desirable, torch.full_like(r, lambda_d), torch.full_like(r, lambda_u))
+        return (weight * torch.sigmoid(-beta * sign * (r - z))).sum().div(len(r)).float()
+
+    def with_a_loop(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+        z = torch.relu(z0.detach())
+        total = 0
+        for p, q, good in zip(policy_logps, ref_logps, desirable):
+            if good:
+                total = total + lambda_d * torch.sigmoid(-beta * (p - q - z))
+            else:
+                total = total + lambda_u * torch.sigmoid(-beta * (z - p + q))
+        return total / len(policy_logps)
+
+    assert run_check("kto_loss", in_float64_with_signs).passed
+    assert run_check("kto_loss", with_a_loop).passed
+
+
+# ----------------------------------------------------------------------------------------------------
+# orpo_loss
+# ----------------------------------------------------------------------------------------------------
+def _log_odds(m):
+    return m - torch.log(-torch.expm1(m))
+
+
+def orpo_unnormalised(c, r, lc, lr, lam=0.1):
+    return -(c / lc).mean() - lam * F.logsigmoid(_log_odds(c) - _log_odds(r)).mean()
+
+
+def orpo_swapped_lengths(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lr, r / lc
+    return -mc.mean() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_summed_nll(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -c.mean() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_nll_on_both(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -(mc.mean() + mr.mean()) - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_log_probs_not_odds(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -mc.mean() - lam * F.logsigmoid(mc - mr).mean()
+
+
+def orpo_sign_flipped(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -mc.mean() + lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_rejected_minus_chosen(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -mc.mean() - lam * F.logsigmoid(_log_odds(mr) - _log_odds(mc)).mean()
+
+
+def orpo_lam_on_nll(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -lam * mc.mean() - F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_lam_default(c, r, lc, lr, lam=0.1):
+    lam = lam or 0.1
+    mc, mr = c / lc, r / lr
+    return -mc.mean() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_naive_log_odds(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+
+    def odds(m):
+        return m - torch.log(1 - torch.exp(m))
+
+    return -mc.mean() - lam * F.logsigmoid(odds(mc) - odds(mr)).mean()
+
+
+def orpo_log1p_exp(c, r, lc, lr, lam=0.1):
+    """log1p(-exp(m)): exact for m very negative, every digit lost for m near 0."""
+    mc, mr = c / lc, r / lr
+
+    def odds(m):
+        return m - torch.log1p(-torch.exp(m))
+
+    return -mc.mean() - lam * F.logsigmoid(odds(mc) - odds(mr)).mean()
+
+
+def orpo_through_probabilities(c, r, lc, lr, lam=0.1):
+    """log p taken back from p = exp(m): -inf once p underflows (m in the hundreds below 0)."""
+    mc, mr = c / lc, r / lr
+    pc, pr = torch.exp(mc), torch.exp(mr)
+    ratio = (torch.log(pc) - torch.log(-torch.expm1(mc))) - (torch.log(pr) - torch.log(-torch.expm1(mr)))
+    return -mc.mean() - lam * F.logsigmoid(ratio).mean()
+
+
+def orpo_expm1_of_minus_m(c, r, lc, lr, lam=0.1):
+    """log_odds = -log(exp(-m) - 1): exact near 0, but exp(-m) overflows for m in the hundreds below 0."""
+    mc, mr = c / lc, r / lr
+    return -mc.mean() - lam * F.logsigmoid(torch.log(torch.expm1(-mr)) - torch.log(torch.expm1(-mc))).mean()
+
+
+def orpo_log_of_sigmoid(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -mc.mean() - lam * torch.log(torch.sigmoid(_log_odds(mc) - _log_odds(mr))).mean()
+
+
+def orpo_sum(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -mc.sum() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).sum()
+
+
+def orpo_rejected_detached(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r.detach() / lr
+    return -mc.mean() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_in_place(c, r, lc, lr, lam=0.1):
+    mc, mr = c.div_(lc), r / lr
+    return -mc.mean() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (orpo_unnormalised, "not length-normalised"),
+        (orpo_swapped_lengths, "lengths are swapped"),
+        (orpo_summed_nll, "NLL per token"),
+        (orpo_nll_on_both, "chosen completions alone"),
+        (orpo_log_probs_not_odds, "log-probs, not log-odds"),
+        (orpo_sign_flipped, "wrong sign"),
+        (orpo_rejected_minus_chosen, "wrong sign"),
+        (orpo_lam_on_nll, "lam weighs the NLL"),
+        (orpo_lam_default, "0 is a value"),
+        (orpo_naive_log_odds, "close to 0"),
+        (orpo_log1p_exp, "close to 0"),
+        (orpo_through_probabilities, "NaN or inf"),
+        (orpo_log_of_sigmoid, "NaN or inf"),
+        (orpo_sum, "both terms are means"),
+        (orpo_rejected_detached, "no gradient reaches"),
+    ],
+)
+def test_orpo_loss_mistakes(wrong, fragment):
+    assert_fails_with("orpo_loss", wrong, fragment)
+
+
+def test_orpo_loss_written_differently():
+    def piecewise_in_float64(c, r, lc, lr, lam=0.1):
+        # log(1 - e^m): the expm1 form near 0, the log1p form far below it, in float64
+        def log_one_minus_exp(m):
+            return torch.where(m > -0.6931, torch.log(-torch.expm1(m)), torch.log1p(-torch.exp(m)))
+
+        mc, mr = c.double() / lc, r.double() / lr
+        ratio = (mc - log_one_minus_exp(mc)) - (mr - log_one_minus_exp(mr))
+        return (-mc.mean() + lam * F.softplus(-ratio).mean()).float()
+
+    def with_logaddexp(c, r, lc, lr, lam=0.1):
+        # log(1 - p) = log(-expm1(m)); the odds-ratio term as -softplus(-x) written with logaddexp
+        mc, mr = c / lc.float(), r / lr.float()
+        x = (mc - torch.log(-torch.expm1(mc))) - (mr - torch.log(-torch.expm1(mr)))
+        term = -torch.logaddexp(torch.zeros_like(x), -x)
+        return torch.mean(-mc) - lam * torch.mean(term)
+
+    assert run_check("orpo_loss", piecewise_in_float64).passed
+    assert run_check("orpo_loss", with_logaddexp).passed
+
+
+# ----------------------------------------------------------------------------------------------------
 # best_worst_pairs
 # ----------------------------------------------------------------------------------------------------
 def pairs_swapped(rewards):
@@ -591,6 +916,33 @@ VIOLATIONS = {
         "stable": [simpo_unstable],
         "mean": [simpo_sum],
         "differentiable": [simpo_rejected_detached],
+    },
+    "kto_loss": {
+        "log_ratio": [kto_no_reference, kto_ratio_upside_down],
+        "sides": [kto_same_side, kto_labels_flipped],
+        "z0_clamped": [kto_unclamped, kto_clamps_below],
+        "z0_detached": [kto_z0_not_detached],
+        "one_mean": [kto_two_class_means],
+        "one_class": [kto_two_class_means_guarded],
+        "lambdas": [kto_lambdas_swapped, kto_lambdas_ignored],
+        "beta": [kto_beta_outside, kto_beta_ignored],
+        "one_minus_sigmoid": [kto_log_sigmoid],
+        "differentiable": [kto_undesirable_detached],
+        "not_in_place": [kto_in_place],
+    },
+    "orpo_loss": {
+        "length_normalised": [orpo_unnormalised, orpo_swapped_lengths],
+        "nll": [orpo_summed_nll, orpo_nll_on_both],
+        "odds_not_probs": [orpo_log_probs_not_odds],
+        "orientation": [orpo_sign_flipped, orpo_rejected_minus_chosen],
+        "lam": [orpo_lam_on_nll],
+        "lam_zero": [orpo_lam_default],
+        "stable_near_zero": [orpo_naive_log_odds, orpo_log1p_exp],
+        "stable_very_negative": [orpo_through_probabilities, orpo_expm1_of_minus_m],
+        "stable_logsigmoid": [orpo_log_of_sigmoid],
+        "mean": [orpo_sum],
+        "differentiable": [orpo_rejected_detached],
+        "not_in_place": [orpo_in_place],
     },
     "best_worst_pairs": {
         "chosen_first": [pairs_swapped],
