@@ -15,6 +15,8 @@ pieces: naming a function (``torch.gather``) or a shape is what the text should 
 Every chapter notebook is scanned too: no string of it holds a line of any solution, and no cell (given code,
 a helper shown whole, a demo, markdown) spells out a compound piece of any solution, the exercise's own stub
 aside (see ``solution_expressions_in``).
+
+cpu_only: it reads text; no device is involved.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from rlhf_tutorial.notebooks import (
     stub_message,
     stub_source,
 )
+
+pytestmark = pytest.mark.cpu_only
 
 MIN_CHARS = 15
 
