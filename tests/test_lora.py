@@ -237,7 +237,8 @@ def test_compare_lora_over_seeds_with_several_rates_scans_each_rank_at_each_seed
 def test_the_three_seed_rate_scan_reads_as_chapter_08_says():
     """Section 4's claims on the recorded bracketing scan: full fine-tuning best at three times its preset;
     every LoRA cell below full fine-tuning's worst; every rank's KL blown up at three times the LoRA rate,
-    ranks 1 and 16 losing reward there; at a third of the LoRA rate no rank far from its LoRA-rate reward."""
+    ranks 1 and 16 losing reward there; at a third of the LoRA rate no rank far from its LoRA-rate reward; at a tenth
+    every rank worse than at a third (the scan brackets each rank's best)."""
     from rlhf_tutorial import figures
 
     full = figures.recorded()["lora_scan_seeds_full"]["summary"]["scan"]["0"]
@@ -251,3 +252,12 @@ def test_the_three_seed_rate_scan_reads_as_chapter_08_says():
         assert low["max"] >= mid["min"] and mid["max"] >= low["min"]  # the seeds' ranges overlap
     for rank in ("1", "16"):
         assert lora_scan[rank]["3"]["mean_reward_final"]["mean"] < lora_scan[rank]["1"]["mean_reward_final"]["mean"] - 0.1
+    # a tenth of the LoRA rate: every rank's mean below its mean at a third, so each rank's best (by the mean) is an
+    # inner cell of 0.1 / 0.3 / 1 / 3: the scan brackets it, as the text says
+    low = figures.recorded()["lora_scan_seeds_low"]["summary"]
+    assert low["args"]["lr_multipliers"] == [0.1] and low["seeds"] == [0, 1, 2]
+    for rank, by_m in lora_scan.items():
+        means = {"0.1": low["runs"][rank]["mean_reward_final"]["mean"],
+                 **{m: r["mean_reward_final"]["mean"] for m, r in by_m.items()}}
+        assert means["0.1"] < means["0.3"], rank
+        assert max(means, key=means.get) in ("0.3", "1"), (rank, means)
