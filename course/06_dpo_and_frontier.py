@@ -475,8 +475,9 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 #
 # The DPO paper's IMDb figure places each method, at several KL strengths, on the plane of mean reward
 # against KL(policy || reference). We rebuild it with every method of the course: PPO (chapter 03's
-# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's), and one
-# point each of KTO and ORPO (section 5's runs, on the frontier's pairs).
+# trainer), GRPO, GRPO with RLOO advantages and GSPO (chapter 04's), DPO and IPO (this chapter's), one
+# point each of KTO and ORPO (section 5's runs, on the frontier's pairs), and REINFORCE++ and CISPO
+# (chapter 04's options of the GRPO trainer, section 10 there).
 # Every point is a run from the same starting policy and seed, and every point is measured **the same
 # way**: 128 (here fewer) samples of the tuned policy itself, their mean classifier reward, and their **sequence KL** to the
 # reference,
@@ -490,13 +491,15 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 #
 # **The notebook runs a smaller grid than the CLI**: 2 strengths per method instead of 3 (the middle and the
 # strongest tether: PPO's `kl_coef` 0.1 and 0.3, the other RL methods' beta 0.1 and 0.5, DPO's and IPO's
-# beta at both ends of the CLI's range), 6 DPO rounds over 128 pairs instead of 4 over 256 (the same 24
+# beta at both ends of the CLI's range; REINFORCE++, whose `kl_coef` weighs the k1 KL inside the per-token
+# rewards rather than a k3 term in the loss, at both ends of its own range, 0.03 and 0.3), 6 DPO rounds over 128 pairs instead of 4 over 256 (the same 24
 # optimizer steps), 64 evaluation samples per point instead of 128. The RL runs keep the CLI's 20 phases:
 # shorter runs stop on the way up, where every method still looks alike. It is the run of `frontier --world
 # tiny --ppo-kl-coefs 0.1 0.3 --grpo-kl-coefs 0.1 0.5 --dpo-betas 0.03 0.5 --ipo-betas 0.02 0.5 --rl-phases 20
 # --dpo-rounds 6 --dpo-pairs 128 --eval-samples 64 --no-isolate --methods ppo grpo rloo gspo dpo ipo kto orpo
-# --kto-betas 0.1 --orpo-lambdas 0.1` ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
-# 2 CPU cores at a load average of about 4 from other jobs; the cell checks that yours agrees). The full grid
+# reinforce_pp cispo --kto-betas 0.1 --orpo-lambdas 0.1 --reinforce-pp-kl-coefs 0.03 0.3`
+# ({{frontier_short.wall_seconds:.0f}} s on the reference machine's
+# 2 CPU cores, shared with other jobs; the cell checks that yours agrees). The full grid
 # is `python -m rlhf_tutorial frontier --world tiny` ({{frontier.wall_seconds:.0f}} s there, recorded while other
 # runs held the 2 cores at a load of 10 to 15; HTML report and JSON with every point).
 
@@ -504,8 +507,8 @@ for name, run_name, extra in [("GRPO", "grpo_short", {}),
 frontier_args = FrontierArgs(world=world, direction=direction, seed=0, ppo_kl_coefs=(0.1, 0.3),
                              grpo_kl_coefs=(0.1, 0.5), dpo_betas=(0.03, 0.5), ipo_betas=(0.02, 0.5),
                              rl_phases=20, dpo_rounds=6, dpo_pairs=128, eval_samples=64,
-                             methods=("ppo", "grpo", "rloo", "gspo", "dpo", "ipo", "kto", "orpo"), kto_betas=(0.1,),
-                             orpo_lambdas=(0.1,))
+                             methods=("ppo", "grpo", "rloo", "gspo", "dpo", "ipo", "kto", "orpo", "reinforce_pp", "cispo"),
+                             kto_betas=(0.1,), orpo_lambdas=(0.1,), reinforce_pp_kl_coefs=(0.03, 0.3))
 if not is_tiny():
     frontier_args.rl_phases, frontier_args.dpo_rounds = 60, 3
 if is_smoke():
@@ -578,20 +581,32 @@ cost_figure(frontier)
 # base policy (every run starts there) and joins its points in order of KL, and `rewards_at_common_kl`
 # reads every curve at one KL that every method reached (comparing each method's highest point instead
 # would favour the methods that stopped early: reward per nat falls as a curve flattens). It reads the swept
-# methods only: KTO and ORPO have one point each here, and ORPO's lies at a smaller KL than any other
-# method's largest, which would pull the common KL down to it.
+# methods only (the default grid's, REINFORCE++ and CISPO): KTO and ORPO have one point each here, and ORPO's
+# lies at a smaller KL than any other method's largest, which would pull the common KL down to it.
 
 # %%
-common_kl, rewards = rewards_at_common_kl(frontier, methods=METHODS)  # the swept methods: KTO and ORPO have one point
+swept = (*METHODS, "reinforce_pp", "cispo")  # KTO and ORPO have one point each
+common_kl, rewards = rewards_at_common_kl(frontier, methods=swept)
 print(f"base policy: reward {frontier['base']['reward']:.3f}; every method reached a sequence KL of {common_kl:.2f} nats, "
       "where (read on each method's curve):")
 for method, reward in sorted(rewards.items(), key=lambda kv: -kv[1]):
     print(f"{method:>5}: reward {reward:.3f} ({frontier['methods'][method]['train_seconds']:.0f} s of training for its points)")
 
 # %% [markdown]
-# On the reference machine this cell puts every RL method above DPO and IPO at equal KL (GRPO + RLOO adv. and GRPO
-# first, then GSPO and PPO), as the full grid does for PPO and GRPO (either advantage). With 64 samples a point's reward has a
-# standard error of about {{frontier_short.base.reward_se:.2f}}, so neighbours in the ranking may swap places on another machine.
+# On the reference machine this cell puts every RL method above DPO and IPO at equal KL (GRPO + RLOO adv.
+# first, then REINFORCE++ and GRPO, then CISPO, GSPO and PPO), as the full grid does for PPO and GRPO (either
+# advantage). With 64 samples a point's reward has a standard error of about {{frontier_short.base.reward_se:.2f}},
+# so neighbours in the ranking may swap places on another machine.
+#
+# REINFORCE++ and CISPO (chapter 04, section 10), two points each, 20 phases like the other RL runs.
+# REINFORCE++ lies on the RL curve or above it: at `kl_coef` 0.3 (the weight of the k1 KL in its per-token
+# rewards) {{frontier_short.points.15.reward:.2f}} at {{frontier_short.points.15.kl:.1f}} nats, beside GRPO's `kl_coef` 0.5 point ({{frontier_short.points.3.reward:.2f}} at {{frontier_short.points.3.kl:.1f}}), and at
+# 0.03 {{frontier_short.points.14.reward:.2f}} at {{frontier_short.points.14.kl:.1f}} nats, where PPO's `kl_coef` 0.1 reaches {{frontier_short.points.0.reward:.2f}} at {{frontier_short.points.0.kl:.1f}} (one seed, and a gap
+# within two standard errors of the difference). CISPO at `kl_coef` 0.5 lands with GRPO and GSPO at 0.5 ({{frontier_short.points.17.reward:.2f}} at
+# {{frontier_short.points.17.kl:.1f}} nats, GSPO {{frontier_short.points.7.reward:.2f}} at {{frontier_short.points.7.kl:.1f}}), but at 0.1 it runs furthest of every point: {{frontier_short.points.16.reward:.2f}} at
+# {{frontier_short.points.16.kl:.1f}} nats ({{frontier_short.points.16.kl_per_token:.2f}} per token), beyond GSPO's {{frontier_short.points.6.kl:.1f}} and GRPO's {{frontier_short.points.2.kl:.1f}} at the same `kl_coef`. A likely
+# reason: CISPO clips the weight, not the gradient, so a token whose ratio has left the range still
+# learns (the point of CISPO), and nothing but the KL term holds the policy back.
 #
 # KTO and ORPO, one point each on the figure (section 5's losses, on the same 128 pairs and 6 rounds as
 # DPO's): KTO (beta 0.1) at {{frontier_short.points.12.reward:.2f}} and {{frontier_short.points.12.kl:.1f}} nats, beside DPO's beta 0.5 point ({{frontier_short.points.9.reward:.2f}} at

@@ -126,8 +126,8 @@ RUNS.update({
     "frontier_short": Run(("frontier", "--world", "tiny", "--ppo-kl-coefs", "0.1", "0.3", "--grpo-kl-coefs", "0.1", "0.5",
                            "--dpo-betas", "0.03", "0.5", "--ipo-betas", "0.02", "0.5", "--rl-phases", "20",
                            "--dpo-rounds", "6", "--dpo-pairs", "128", "--eval-samples", "64", "--no-isolate",
-                           "--methods", "ppo", "grpo", "rloo", "gspo", "dpo", "ipo", "kto", "orpo", "--kto-betas", "0.1",
-                           "--orpo-lambdas", "0.1")),
+                           "--methods", "ppo", "grpo", "rloo", "gspo", "dpo", "ipo", "kto", "orpo", "reinforce_pp", "cispo",
+                           "--kto-betas", "0.1", "--orpo-lambdas", "0.1", "--reinforce-pp-kl-coefs", "0.03", "0.3")),
 })
 
 # TRL with 2 data-parallel processes launched by accelerate on the CPU (chapter 04, section 11; README).

@@ -253,6 +253,49 @@ def test_run_frontier_measures_every_point_the_same_way():
     assert table.count("\n") == 4 and "IPO" in table
 
 
+def test_frontier_strengths_of_reinforce_pp_and_cispo():
+    """REINFORCE++'s KL strength is its own sweep (kl_coef weighs the k1 KL inside the rewards); CISPO's is the
+    GRPO family's (beta of the k3 term in the loss). Neither is in the default grid, both are accepted."""
+    args = frontier.FrontierArgs(grpo_kl_coefs=(0.2, 0.4), reinforce_pp_kl_coefs=(0.05,))
+    assert frontier.strengths(args, "reinforce_pp") == [0.05]
+    assert frontier.strengths(args, "cispo") == [0.2, 0.4]
+    assert {"reinforce_pp", "cispo"} <= set(frontier.ALL_METHODS) and not {"reinforce_pp", "cispo"} & set(frontier.METHODS)
+    ns = frontier._parser().parse_args(["--methods", "reinforce_pp", "cispo", "--reinforce-pp-kl-coefs", "0.03", "0.3"])
+    assert list(ns.methods) == ["reinforce_pp", "cispo"] and [float(v) for v in ns.reinforce_pp_kl_coefs] == [0.03, 0.3]
+
+
+def test_run_frontier_trains_reinforce_pp_and_cispo_through_grpo_and_measures_them_the_same_way():
+    args = frontier.FrontierArgs(world="tiny", methods=("grpo", "reinforce_pp", "cispo"), grpo_kl_coefs=(0.1,),
+                                 reinforce_pp_kl_coefs=(0.03,), rl_phases=1, eval_samples=8, max_new_tokens=6)
+    result = frontier.run_frontier(args, progress=False)
+    assert [(p["method"], p["strength"]) for p in result["points"]] == [("grpo", 0.1), ("reinforce_pp", 0.03),
+                                                                         ("cispo", 0.1)]
+    by_method = {p["method"]: p for p in result["points"]}
+    # each ran the GRPO trainer with its option, its strength as the trainer's kl_coef, the rest as GRPO's
+    assert by_method["reinforce_pp"]["settings"]["advantage_estimator"] == "reinforce_pp"
+    assert by_method["reinforce_pp"]["settings"]["kl_coef"] == 0.03
+    assert by_method["cispo"]["settings"]["policy_loss"] == "cispo"
+    assert by_method["cispo"]["settings"]["kl_coef"] == 0.1
+    assert by_method["grpo"]["settings"]["policy_loss"] == "clip"
+    assert by_method["grpo"]["settings"]["advantage_estimator"] == "group"
+    for name in ("reinforce_pp", "cispo"):
+        point, grpo_settings = by_method[name], by_method["grpo"]["settings"]
+        differ = {k for k in point["settings"] if point["settings"][k] != grpo_settings[k]}
+        assert differ <= {"advantage_estimator", "policy_loss", "kl_coef"}, (name, differ)
+        # measured like every other point: the same keys, reward in [0, 1], sequence KL with its standard error
+        assert point.keys() == by_method["grpo"].keys() and point["strength_name"] == "kl_coef"
+        assert 0 <= point["reward"] <= 1 and point["kl"] >= 0 and point["kl_se"] >= 0 and len(point["samples"]) == 3
+        assert result["methods"][name]["points"] == 1
+    # the tuned policies differ from GRPO's (another objective trained them)
+    assert len({p["kl"] for p in result["points"]}) == 3
+    fig = widgets.frontier_figure(result)
+    assert [t.name for t in fig.data] == ["GRPO (ch. 04)", "REINFORCE++", "CISPO", "base policy"]
+    assert len({t.marker.color for t in fig.data}) == 4
+    rl_button = fig.layout.updatemenus[0].buttons[1]
+    assert "REINFORCE++" in rl_button.label and "CISPO" in rl_button.label
+    assert rl_button.args[0]["visible"] == [True, True, True, True]
+
+
 def test_frontier_report_has_the_figure_the_costs_and_the_table(tmp_path):
     point = {"method": "dpo", "strength": 0.1, "strength_name": "beta", "reward": 0.8, "reward_se": 0.02, "kl": 3.0,
              "kl_se": 0.3, "train_seconds": 10.0, "peak_memory_mb": 100.0, "samples": [("a text", 0.9)],

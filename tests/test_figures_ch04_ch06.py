@@ -148,13 +148,23 @@ def test_ch06_full_grid_reads_as_the_text_says():
     assert min(rewards[m] for m in ("ppo", "grpo", "rloo")) > max(rewards["dpo"], rewards["ipo"]), rewards
 
 
+#: The methods the notebook's common-KL cell reads (its ``swept``): the default grid's, REINFORCE++ and CISPO.
+SWEPT = (*METHODS, "reinforce_pp", "cispo")
+
+
+def test_ch06_notebook_reads_the_swept_methods_at_common_kl():
+    assert re.search(r'^swept = \(\*METHODS, "reinforce_pp", "cispo"\)', source("06"), flags=re.M), (
+        "chapter 06's common-KL cell reads other methods than SWEPT here")
+
+
 def test_ch06_notebook_grid_puts_every_rl_method_above_dpo_and_ipo():
     """The text after the notebook's last frontier cell: every RL method above DPO and IPO at equal KL,
-    RLOO and GRPO first, then GSPO and PPO."""
-    _, rewards = rewards_at_common_kl(figures.recorded()["frontier_short"]["summary"], methods=METHODS)
+    RLOO first, then REINFORCE++ and GRPO, then CISPO, GSPO and PPO."""
+    _, rewards = rewards_at_common_kl(figures.recorded()["frontier_short"]["summary"], methods=SWEPT)
     ranking = sorted(rewards, key=rewards.get, reverse=True)
-    assert set(ranking[:2]) == {"rloo", "grpo"} and set(ranking[-2:]) == {"dpo", "ipo"}, rewards
-    assert set(ranking[2:4]) == {"gspo", "ppo"}, rewards
+    assert ranking[0] == "rloo" and set(ranking[-2:]) == {"dpo", "ipo"}, rewards
+    assert set(ranking[1:3]) == {"reinforce_pp", "grpo"}, rewards
+    assert set(ranking[3:6]) == {"cispo", "gspo", "ppo"}, rewards
 
 
 def test_ch06_kto_and_orpo_raise_the_reward_orpo_moving_least():
@@ -174,9 +184,9 @@ def test_ch06_notebook_grid_places_kto_and_orpo_off_the_base_point():
     """Section 7: the notebook's grid has one KTO and one ORPO point, after the 12 of the swept methods (the
     placeholders index the points by position), each above the base policy."""
     p = figures.lookup("frontier_short.points")
-    assert [q["method"] for q in p[12:]] == ["kto", "orpo"]
+    assert [q["method"] for q in p[12:14]] == ["kto", "orpo"]
     base = figures.lookup("frontier_short.base")
-    for q in p[12:]:
+    for q in p[12:14]:
         assert q["kl"] > 0.5 and q["reward"] - base["reward"] > 3 * max(q["reward_se"], base["reward_se"]), q
     kto, orpo, dpo_05, ipo_002, rloo_05 = p[12], p[13], p[9], p[10], p[5]
     assert (dpo_05["method"], dpo_05["strength"], ipo_002["method"], ipo_002["strength"]) == ("dpo", 0.5, "ipo", 0.02)
@@ -189,7 +199,34 @@ def test_ch06_notebook_grid_places_kto_and_orpo_off_the_base_point():
     assert (rloo_05["method"], rloo_05["strength"]) == ("rloo", 0.5)
     assert abs(orpo["reward"] - rloo_05["reward"]) < 2 * orpo["reward_se"] and abs(orpo["kl"] - rloo_05["kl"]) < 1.0
     # the common-KL cell leaves the one-point methods out: ORPO's KL is below every swept method's largest
-    assert orpo["kl"] < min(max(q["kl"] for q in p[:12] if q["method"] == m) for m in METHODS)
+    assert orpo["kl"] < min(max(q["kl"] for q in p if q["method"] == m) for m in SWEPT)
+
+
+def test_ch06_notebook_grid_places_reinforce_pp_and_cispo_as_the_text_says():
+    """Section 7: two REINFORCE++ points (kl_coef 0.03, 0.3) and two CISPO points (0.1, 0.5) after KTO's and ORPO's
+    (the placeholders index them by position: 14-17), each above the base policy; REINFORCE++ on the RL curve or
+    above it; CISPO at 0.5 with GRPO and GSPO at 0.5, at 0.1 the furthest point of the grid."""
+    p = figures.lookup("frontier_short.points")
+    assert [(q["method"], q["strength"]) for q in p[14:]] == [("reinforce_pp", 0.03), ("reinforce_pp", 0.3),
+                                                              ("cispo", 0.1), ("cispo", 0.5)]
+    base = figures.lookup("frontier_short.base")
+    for q in p[14:]:
+        assert q["kl"] > 0.5 and q["reward"] - base["reward"] > 3 * max(q["reward_se"], base["reward_se"]), q
+    rpp_003, rpp_03, cispo_01, cispo_05 = p[14:]
+    ppo_01, grpo_01, grpo_05, gspo_01, gspo_05 = p[0], p[2], p[3], p[6], p[7]
+    assert [(q["method"], q["strength"]) for q in (ppo_01, grpo_01, grpo_05, gspo_01, gspo_05)] == [
+        ("ppo", 0.1), ("grpo", 0.1), ("grpo", 0.5), ("gspo", 0.1), ("gspo", 0.5)]
+    # REINFORCE++ at 0.3 "beside GRPO's kl_coef 0.5 point"; at 0.03 above PPO's 0.1 point at about its KL,
+    # "a gap within two standard errors of the difference"
+    assert abs(rpp_03["kl"] - grpo_05["kl"]) < 0.5 and rpp_03["reward"] > grpo_05["reward"] - rpp_03["reward_se"]
+    gap = rpp_003["reward"] - ppo_01["reward"]
+    assert 0 < gap < 2 * (rpp_003["reward_se"] ** 2 + ppo_01["reward_se"] ** 2) ** 0.5
+    assert abs(rpp_003["kl"] - ppo_01["kl"]) < 1.5
+    # CISPO at 0.5 "with GRPO and GSPO at 0.5": between them in reward, about their KL
+    assert min(grpo_05["reward"], gspo_05["reward"]) < cispo_05["reward"] < max(grpo_05["reward"], gspo_05["reward"])
+    assert max(abs(cispo_05["kl"] - q["kl"]) for q in (grpo_05, gspo_05)) < 0.5
+    # CISPO at 0.1 "runs furthest of every point", beyond GSPO's and GRPO's at the same kl_coef
+    assert cispo_01["kl"] == max(q["kl"] for q in p) and cispo_01["kl"] > gspo_01["kl"] > grpo_01["kl"]
 
 def test_rewards_at_common_kl_reads_each_curve_at_the_smallest_largest_kl():
     result = {"base": {"reward": 0.3}, "points": [

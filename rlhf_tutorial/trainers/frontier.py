@@ -13,6 +13,8 @@ its standard error).
 | ``grpo`` | chapter 04's ``grpo.train`` | ``kl_coef`` (beta of the k3 KL in the loss) |
 | ``rloo`` | the same, ``advantage_estimator="rloo"``: GRPO with RLOO's leave-one-out advantages (not Ahmadian et al.'s REINFORCE) | ``kl_coef`` |
 | ``gspo`` | the same, ``importance_level="sequence"`` | ``kl_coef`` |
+| ``reinforce_pp`` | the same, ``advantage_estimator="reinforce_pp"``: REINFORCE++ (the KL in the per-token rewards, no KL term in the loss; not in the default grid) | ``kl_coef`` (the weight of the k1 KL in the reward: its own flag) |
+| ``cispo`` | the same, ``policy_loss="cispo"``: CISPO's clipped, detached weight on every token's log-prob (not in the default grid) | ``kl_coef`` |
 | ``dpo``  | ``dpo_trainer.train`` (offline pairs from the reference), ``loss_type="sigmoid"`` | ``beta`` |
 | ``ipo``  | the same, ``loss_type="ipo"`` | ``beta`` |
 | ``kto``  | the same, ``loss_type="kto"`` (the pairs' completions as unpaired labels; not in the default grid) | ``beta`` |
@@ -52,7 +54,10 @@ from rlhf_tutorial.worlds import PROMPT
 
 METHODS = ("ppo", "grpo", "rloo", "gspo", "dpo", "ipo")
 #: Every method ``--methods`` accepts: the default grid's and the ones run only when named.
-ALL_METHODS = (*METHODS, "kto", "orpo")
+ALL_METHODS = (*METHODS, "reinforce_pp", "cispo", "kto", "orpo")
+#: The methods trained by chapter 04's GRPO trainer, with the options that make each one.
+GRPO_METHODS = {"grpo": {}, "rloo": {"advantage_estimator": "rloo"}, "gspo": {"importance_level": "sequence"},
+                "reinforce_pp": {"advantage_estimator": "reinforce_pp"}, "cispo": {"policy_loss": "cispo"}}
 #: The methods trained by the DPO trainer, on the shared pairs.
 PAIR_METHODS = ("dpo", "ipo", "kto", "orpo")
 
@@ -69,14 +74,16 @@ class FrontierArgs:
     world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
     seed: int = arg(0, "seed of every run and of the evaluation samples")
     direction: str = arg("neg", "sentiment the classifier reward asks for")
-    methods: tuple[str, ...] = arg(METHODS, "methods to run: any of ppo grpo rloo gspo dpo ipo kto orpo")
+    methods: tuple[str, ...] = arg(METHODS, "methods to run: any of ppo grpo rloo gspo reinforce_pp cispo dpo ipo kto orpo")
     ppo_kl_coefs: tuple[float, ...] = arg((0.03, 0.1, 0.3), "PPO (chapter 03): kl_coef of each point")
-    grpo_kl_coefs: tuple[float, ...] = arg((0.01, 0.1, 0.5), "GRPO, GRPO + RLOO advantages, GSPO: kl_coef (beta of the k3 KL in the loss) of each point")
+    grpo_kl_coefs: tuple[float, ...] = arg((0.01, 0.1, 0.5), "GRPO, GRPO + RLOO advantages, GSPO, CISPO: kl_coef (beta of the k3 KL in the loss) of each point")
+    reinforce_pp_kl_coefs: tuple[float, ...] = arg((0.03, 0.1, 0.3), "REINFORCE++: kl_coef (weight of the k1 KL in the "
+                                                   "per-token rewards) of each point")
     dpo_betas: tuple[float, ...] = arg((0.03, 0.1, 0.5), "DPO: beta of each point")
     ipo_betas: tuple[float, ...] = arg((0.02, 0.1, 0.5), "IPO: beta of each point (its target h = 1 / (2 beta))")
     kto_betas: tuple[float, ...] = arg((0.1,), "KTO: beta of each point")
     orpo_lambdas: tuple[float, ...] = arg((0.1,), "ORPO: lambda (weight of the odds-ratio term) of each point")
-    rl_phases: int = arg(20, "phases of each PPO / GRPO / GRPO + RLOO advantages / GSPO run (64 samples each)")
+    rl_phases: int = arg(20, "phases of each PPO / GRPO / GRPO + RLOO advantages / GSPO / REINFORCE++ / CISPO run (64 samples each)")
     dpo_rounds: int = arg(4, "rounds (passes over the pairs) of each DPO / IPO / KTO / ORPO run")
     dpo_pairs: int = arg(256, "pairs sampled (once) from the reference for DPO, IPO, KTO and ORPO")
     dpo_min_reward_gap: float = arg(0.05, "DPO / IPO / KTO / ORPO pairs: drop groups whose best and worst differ by less")
@@ -93,7 +100,9 @@ def strengths(args: FrontierArgs, method: str) -> list[float]:
     """The KL strengths of ``method`` in ``args``."""
     if method == "ppo":
         return _floats(args.ppo_kl_coefs)
-    if method in ("grpo", "rloo", "gspo"):
+    if method == "reinforce_pp":
+        return _floats(args.reinforce_pp_kl_coefs)
+    if method in GRPO_METHODS:
         return _floats(args.grpo_kl_coefs)
     if method in PAIR_METHODS:
         return _floats({"dpo": args.dpo_betas, "ipo": args.ipo_betas, "kto": args.kto_betas,
@@ -120,10 +129,9 @@ def train_one(
         trainer = rlhf.RLHFTrainer(run_args, model=policy, ref_model=reference, reward_fn=reward_fn)
         trainer.train(progress=False)
         tuned = trainer.model.base_model
-    elif method in ("grpo", "rloo", "gspo"):
-        extra = {"rloo": {"advantage_estimator": "rloo"}, "gspo": {"importance_level": "sequence"}}.get(method, {})
+    elif method in GRPO_METHODS:
         run_args = grpo.GRPOArgs.preset(world, direction=args.direction, seed=args.seed, kl_coef=strength,
-                                        num_phases=args.rl_phases, **extra)
+                                        num_phases=args.rl_phases, **GRPO_METHODS[method])
         grpo.train(run_args, policy=policy, reference=reference, reward_fn=reward_fn, evaluate_before_after=False,
                    progress=False)
         tuned = policy
@@ -275,8 +283,8 @@ def run_isolated(args: FrontierArgs, threads: int = 1, progress: bool = True) ->
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rlhf_tutorial frontier",
-        description="Chapter 06: PPO, GRPO, GRPO with RLOO advantages, GSPO, DPO and IPO at several KL strengths, each point measured the "
-        "same way (mean classifier reward, sequence KL to the reference from the policy's own samples).",
+        description="Chapter 06: PPO, GRPO, GRPO with RLOO advantages, GSPO, DPO and IPO (and, when named, REINFORCE++, "
+        "CISPO, KTO and ORPO) at several KL strengths, each point measured the same way (mean classifier reward, sequence KL to the reference from the policy's own samples).",
     )
     add_flags(parser, FrontierArgs, from_preset=False)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the tiny model runs fastest on one)")
@@ -306,7 +314,8 @@ def main(argv: list[str]) -> dict:
     torch.set_num_threads(ns.threads)
     given = {f.name: getattr(ns, f.name) for f in fields(FrontierArgs)}
     args = FrontierArgs(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
-    for name in ("ppo_kl_coefs", "grpo_kl_coefs", "dpo_betas", "ipo_betas", "kto_betas", "orpo_lambdas"):
+    for name in ("ppo_kl_coefs", "grpo_kl_coefs", "reinforce_pp_kl_coefs", "dpo_betas", "ipo_betas", "kto_betas",
+                 "orpo_lambdas"):
         setattr(args, name, tuple(_floats(getattr(args, name))))
     start = time.perf_counter()
     if ns.isolate and len(args.methods) > 1:

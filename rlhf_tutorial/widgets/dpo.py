@@ -26,9 +26,10 @@ from plotly.subplots import make_subplots
 from rlhf_tutorial.widgets.live import LiveDashboard, significant
 
 COLOURS = {"ppo": "#1f77b4", "grpo": "#d62728", "rloo": "#ff7f0e", "gspo": "#9467bd", "dpo": "#2ca02c",
-           "ipo": "#17becf", "kto": "#8c564b", "orpo": "#e377c2", "base": "#444444"}
+           "ipo": "#17becf", "kto": "#8c564b", "orpo": "#e377c2", "reinforce_pp": "#bcbd22", "cispo": "#7f7f7f",
+           "base": "#444444"}
 LABELS = {"ppo": "PPO (ch. 03)", "grpo": "GRPO (ch. 04)", "rloo": "GRPO + RLOO adv.", "gspo": "GSPO", "dpo": "DPO", "ipo": "IPO",
-          "kto": "KTO", "orpo": "ORPO", "base": "base policy"}
+          "reinforce_pp": "REINFORCE++", "cispo": "CISPO", "kto": "KTO", "orpo": "ORPO", "base": "base policy"}
 DPO_PANELS = ["loss", "margin", "accuracy", "reward", "kl"]
 DPO_TITLES = {"loss": "DPO loss (train pairs)", "margin": "implicit reward margin", "accuracy": "pair accuracy",
               "reward": "held-out classifier reward", "kl": "sequence KL(policy || ref)"}
@@ -177,7 +178,9 @@ def frontier_figure(result: dict[str, Any], title: str = "Reward against KL(poli
                                  error_y={"type": "data", "array": [b["reward_se"]], "thickness": 1},
                                  hovertext=[_hover({**b, "method": "base", "strength_name": "", "strength": ""})],
                                  hoverinfo="text"))
-    groups = {"all": methods, "RL (PPO, GRPO, GRPO + RLOO adv., GSPO)": [m for m in methods if m in ("ppo", "grpo", "rloo", "gspo")],
+    rl = ("ppo", "grpo", "rloo", "gspo", "reinforce_pp", "cispo")
+    groups = {"all": methods, "RL (" + ", ".join(LABELS[m].split(" (")[0] for m in rl if m in methods) + ")":
+              [m for m in methods if m in rl],
               "preferences (DPO, IPO, KTO, ORPO)": [m for m in methods if m in ("dpo", "ipo", "kto", "orpo")]}
     names = methods + (["base"] if result.get("base") else [])
     buttons = [dict(label=label, method="restyle",
