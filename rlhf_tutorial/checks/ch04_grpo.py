@@ -154,10 +154,10 @@ CLAUSES = {
                          "ones, not the whole sequence's)",
         "gamma_one": "gamma = 1: no discount, and every token's return holds the whole sequence reward (not only the "
                      "last token's)",
-        "batch_whitening": "the returns are whitened over every masked token of the whole batch at once (one mean, one "
+        "batch_whitening": "the returns are whitened over every unmasked token of the whole batch at once (one mean, one "
                            "variance; not per sequence, not per group)",
-        "masked_statistics": "the mean and variance are over the masked (True) tokens only, not over every position",
-        "biased_variance": "the variance is the biased one (divides by N, the number of masked tokens), as whiten's",
+        "masked_statistics": "the mean and variance are over the unmasked (True) tokens only, not over every position",
+        "biased_variance": "the variance is the biased one (divides by N, the number of unmasked tokens), as whiten's",
         "scaled": "the centred returns are divided by sqrt(sigma^2 + eps): whitened, not only centred",
         "eps": "eps is added to the variance inside the square root, and the eps given is used",
         "no_clip": "the advantages are not clipped: an outlier among many tokens keeps its whitened value (above 10)",
@@ -1217,15 +1217,15 @@ def _pp_variant(*, kl="k1", kl_sign=-1.0, to_go="reverse", gamma=1.0, reward_at=
 
 
 PP_MISTAKES = [
-    Mistake("You whitened each sequence on its own: REINFORCE++ whitens over every masked token of the whole "
+    Mistake("You whitened each sequence on its own: REINFORCE++ whitens over every unmasked token of the whole "
             "batch at once (one mean and one variance), which is what lets it do without a group baseline.",
             _pp_variant(whiten_over="row")),
-    Mistake("The mean and variance include the masked positions: take them over the masked (True) tokens "
-            "only.", _pp_variant(whiten_over="all")),
-    Mistake("The mean and variance include the masked positions (as zeros): take them over the masked (True) "
-            "tokens only.", _pp_variant(whiten_over="all_zeroed")),
+    Mistake("The mean and variance include the masked positions: take them over the unmasked tokens (mask "
+            "True) only.", _pp_variant(whiten_over="all")),
+    Mistake("The mean and variance include the masked positions (as zeros): take them over the unmasked "
+            "tokens (mask True) only.", _pp_variant(whiten_over="all_zeroed")),
     Mistake("You used the unbiased variance (divides by N - 1): the course's whiten uses the biased one, "
-            "dividing by N, the number of masked tokens.", _pp_variant(unbiased=True)),
+            "dividing by N, the number of unmasked tokens.", _pp_variant(unbiased=True)),
     Mistake("eps is added to the standard deviation: as in whiten, it goes inside the square root, "
             "(G - mu) / sqrt(sigma^2 + eps).", _pp_variant(eps_mode="std")),
     Mistake("eps is hard-coded: use the `eps` argument.", _pp_variant(eps_mode="fixed")),
@@ -1262,7 +1262,7 @@ PP_MISTAKES = [
     chapter=CHAPTER,
     hint=(
         "Two stages: first a [B, g] tensor of returns (the sequence reward plus the KL penalties still to "
-        "come at each token), then one whitening of those returns over the masked tokens of the whole batch.",
+        "come at each token), then one whitening of those returns over the unmasked tokens (mask True) of the whole batch.",
         "kl[b, t] = logprobs - ref_logprobs where the mask is True, 0 elsewhere; G[b, t] = R[b] - beta * (sum "
         "of kl[b, s] over s >= t): a cumulative sum taken from the end of each row. Then mu and sigma^2 are the "
         "mean and the biased variance of G over the True positions only, A = (G - mu) / sqrt(sigma^2 + eps) "
