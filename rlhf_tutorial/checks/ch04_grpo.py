@@ -1318,7 +1318,7 @@ def _cispo_cases() -> list[Case]:
 
 
 def _cispo_variant(*, clip="both", aggregate="token", ppo=False, drop_clipped=False, use_mask=True,
-                   invert=False, fixed=None, detach=True, sign=1.0):
+                   invert=False, fixed=None, detach=True, sign=1.0, with_logprob=True):
     """A configurable (possibly wrong) cispo_objective."""
 
     def fn(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
@@ -1332,7 +1332,7 @@ def _cispo_variant(*, clip="both", aggregate="token", ppo=False, drop_clipped=Fa
         if ppo:
             per_token = torch.minimum(ratio * a, weight * a)
         else:
-            per_token = (weight.detach() if detach else weight) * a * logprobs
+            per_token = (weight.detach() if detach else weight) * a * (logprobs if with_logprob else 1.0)
         per_token = sign * per_token
         m = mask if use_mask else torch.ones_like(mask)
         if drop_clipped:
@@ -1371,6 +1371,10 @@ CISPO_MISTAKES = [
     Mistake("That is the objective's opposite (a loss to minimise): cispo_objective is the objective to "
             "maximise, + sum of w * A * logprobs over the unmasked tokens / their number.", _cispo_variant(sign=-1.0)),
 ]
+CISPO_MISTAKES.append(
+    Mistake("The log-prob factor is missing: each token contributes w * A * logprobs, the clipped ratio as a "
+            "constant weight and the log-prob carrying the gradient (w * A alone is an importance-weighted "
+            "advantage, with no gradient once w is a constant).", _cispo_variant(with_logprob=False, detach=False)))
 CISPO_GRAD_MISTAKES = [
     Mistake("The weight carries a gradient: the clipped ratio is sg(clip(ratio)), a constant, so the gradient "
             "at a token is w * A / N through the log-prob alone, with no term through the ratio (a token whose "

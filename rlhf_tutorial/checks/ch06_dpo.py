@@ -519,7 +519,7 @@ def _kto_cases() -> list[Case]:
 
 
 def _kto_variant(*, use_ref=True, flip_r=False, same_side=False, clamp=True, reduce="all", swap_lambdas=False,
-                 beta_inside=True, swap_labels=False, logsigmoid=False, detach_z=True, use_z=True):
+                 beta_inside=True, swap_labels=False, logsigmoid=False, detach_z=True, use_z=True, one_minus=True):
     def fn(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
         z = z0.detach() if detach_z else z0
         z = z.clamp(min=0) if clamp else z
@@ -534,6 +534,8 @@ def _kto_variant(*, use_ref=True, flip_r=False, same_side=False, clamp=True, red
         def value(x):
             if logsigmoid:
                 return -F.logsigmoid(beta * x if beta_inside else x) * (1 if beta_inside else beta)
+            if not one_minus:
+                return -torch.sigmoid(beta * x)
             return 1 - torch.sigmoid(beta * x) if beta_inside else beta * (1 - torch.sigmoid(x))
 
         d = lambda_d * value(r - z)
@@ -570,6 +572,8 @@ KTO_MISTAKES = [
             "a kind with more completions weighs more.", _kto_variant(reduce="class_mean")),
     Mistake("You summed the completions' losses: the contract takes their mean.", _kto_variant(reduce="sum")),
     Mistake("beta multiplies the loss instead of scaling r - z inside the sigmoid.", _kto_variant(beta_inside=False)),
+    Mistake("Each completion's loss is lambda * (1 - sigmoid(...)), in [0, lambda]: yours is minus the sigmoid, "
+            "lower by lambda (the same gradient, not the same loss).", _kto_variant(one_minus=False)),
     Mistake("KTO's value of a completion is 1 - sigmoid(beta (r - z)) (a bounded loss, at most lambda), not "
             "-log sigmoid(...) as in DPO.", _kto_variant(logsigmoid=True)),
 ]

@@ -1220,6 +1220,11 @@ def cispo_returns_the_loss(logprobs, old_logprobs, advantages, mask, eps_low=0.2
     return -(weight * advantages[:, None] * logprobs)[mask].mean()  # "a loss, to minimise"
 
 
+def cispo_without_the_log_prob(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high)  # J read as "clip(r) * A"
+    return (weight * advantages[:, None])[mask].mean()
+
+
 def cispo_no_gradient_on_clipped_tokens(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
     ratio = torch.exp(logprobs - old_logprobs).detach()
     clipped = (ratio < 1 - eps_low) | (ratio > 1 + eps_high)
@@ -1306,6 +1311,7 @@ def cispo_as_list(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_hig
     (cispo_ratio_inverted, "upside down"),
     (cispo_ratio_of_probabilities, "NaN or inf"),
     (cispo_returns_the_loss, "objective's opposite"),
+    (cispo_without_the_log_prob, "log-prob factor is missing"),
 ])
 def test_cispo_objective_mistakes(wrong, fragment):
     assert_fails_with("cispo_objective", wrong, fragment)
@@ -1450,7 +1456,7 @@ VIOLATIONS.update({
     },
     "cispo_objective": {
         "ratio": [cispo_ratio_inverted],
-        "weight_times_logprob": [cispo_ppo_surrogate],
+        "weight_times_logprob": [cispo_ppo_surrogate, cispo_without_the_log_prob],
         "maximised": [cispo_returns_the_loss],
         "detached_weight": [cispo_weight_not_detached],
         "clipped_tokens_keep_gradient": [cispo_no_gradient_on_clipped_tokens, cispo_drops_clipped_tokens],

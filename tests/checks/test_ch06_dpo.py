@@ -338,6 +338,11 @@ def kto_no_reference_point(policy_logps, ref_logps, desirable, z0, beta=0.1, lam
     return losses.mean()
 
 
+def kto_minus_sigmoid(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z, r = z0.detach().clamp(min=0), policy_logps - ref_logps  # "maximise the sigmoid": the 1 forgotten
+    return torch.where(desirable, -lambda_d * torch.sigmoid(beta * (r - z)), -lambda_u * torch.sigmoid(beta * (z - r))).mean()
+
+
 def kto_two_class_means(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
     z = z0.detach().clamp(min=0)
     r = policy_logps - ref_logps
@@ -421,6 +426,7 @@ def kto_in_place(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0,
         (kto_unclamped, "not clamped at 0"),
         (kto_z0_not_detached, "z0 carried a gradient"),
         (kto_no_reference_point, "reference point is missing"),
+        (kto_minus_sigmoid, "minus the sigmoid"),
         (kto_two_class_means, "ONE mean"),
         (kto_lambdas_swapped, "lambda_d and lambda_u are swapped"),
         (kto_beta_outside, "beta multiplies the loss"),
@@ -948,7 +954,7 @@ VIOLATIONS = {
         "one_class": [kto_two_class_means_guarded],
         "lambdas": [kto_lambdas_swapped, kto_lambdas_ignored],
         "beta": [kto_beta_outside, kto_beta_ignored],
-        "one_minus_sigmoid": [kto_log_sigmoid],
+        "one_minus_sigmoid": [kto_log_sigmoid, kto_minus_sigmoid],
         "differentiable": [kto_undesirable_detached],
         "not_in_place": [kto_in_place],
     },
