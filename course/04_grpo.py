@@ -544,8 +544,8 @@ progress("04")
 # $$G_{b,t} = R_b - \beta \sum_{s \ge t} k_1(b, s)$$
 #
 # The baseline is then the mean of all returns of the *batch*: the returns are whitened over every
-# masked token at once (chapter 02's `whiten`: the mean and the biased variance, over the masked tokens
-# only), so that a token's advantage says how its return compares with all the batch's tokens, not
+# unmasked token at once (chapter 02's `whiten`: the mean and the biased variance, over the tokens where
+# the mask is True only), so that a token's advantage says how its return compares with all the batch's tokens, not
 # only its siblings'. Each token gets its own advantage: the objective takes a `[B, g]` tensor where
 # GRPO's took one number per completion.
 

@@ -261,9 +261,9 @@ def reinforce_pp_advantages(
         kl[b, t] = logprobs[b, t] - ref_logprobs[b, t]                        (k1)
         G[b, t]  = R[b] - beta * sum_{s >= t} mask[b, s] * kl[b, s]           (return-to-go, gamma = 1)
 
-    The returns are then whitened over *every* masked token of the batch at once (not per sequence,
+    The returns are then whitened over *every* unmasked token of the batch at once (not per sequence,
     not per group), as the course's ``whiten`` does, with the mean and the biased variance (divide by
-    N) of the N masked returns:
+    N) of the N returns where the mask is True:
 
         A[b, t] = (G[b, t] - mu) / sqrt(sigma^2 + eps)      where mask[b, t]
         A[b, t] = 0                                         elsewhere

@@ -154,10 +154,11 @@ CLAUSES = {
                          "ones, not the whole sequence's)",
         "gamma_one": "gamma = 1: no discount, and every token's return holds the whole sequence reward (not only the "
                      "last token's)",
-        "batch_whitening": "the returns are whitened over every masked token of the whole batch at once (one mean, one "
+        "batch_whitening": "the returns are whitened over every unmasked token of the whole batch at once (one mean, one "
                            "variance; not per sequence, not per group)",
-        "masked_statistics": "the mean and variance are over the masked (True) tokens only, not over every position",
-        "biased_variance": "the variance is the biased one (divides by N, the number of masked tokens), as whiten's",
+        "masked_statistics": "the mean and variance are over the unmasked (True) tokens only, not over every position",
+        "biased_variance": "the variance is the biased one (divides by N, the number of unmasked tokens), as whiten's",
+        "scaled": "the centred returns are divided by sqrt(sigma^2 + eps): whitened, not only centred",
         "eps": "eps is added to the variance inside the square root, and the eps given is used",
         "no_clip": "the advantages are not clipped: an outlier among many tokens keeps its whitened value (above 10)",
         "masked_zero": "the advantages are 0 wherever the mask is False",
@@ -168,6 +169,7 @@ CLAUSES = {
     "cispo_objective": {
         "ratio": "the ratio is exp(logprobs - old_logprobs) = pi_theta / pi_old",
         "weight_times_logprob": "each token contributes weight * A * logprobs (not PPO's min(ratio * A, clip(ratio) * A))",
+        "maximised": "the result is the objective to maximise (+ weight * A * logprobs), not its negative, a loss",
         "detached_weight": "the clipped ratio is a detached weight: the gradient is weight * A / N at each token, with "
                            "no term through the ratio",
         "clipped_tokens_keep_gradient": "tokens whose ratio left the clip range keep their gradient (through logprobs), "
@@ -1154,7 +1156,7 @@ def _pp_cases() -> list[Case]:
 
 
 def _pp_variant(*, kl="k1", kl_sign=-1.0, to_go="reverse", gamma=1.0, reward_at="all", whiten_over="masked",
-                unbiased=False, eps_mode="var", fixed_beta=None, zero_masked=True, mask_kl=True):
+                unbiased=False, eps_mode="var", fixed_beta=None, zero_masked=True, mask_kl=True, scale=True):
     """A configurable (possibly wrong) reinforce_pp_advantages."""
 
     def fn(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
@@ -1164,8 +1166,8 @@ def _pp_variant(*, kl="k1", kl_sign=-1.0, to_go="reverse", gamma=1.0, reward_at=
         if mask_kl:
             per_token = per_token * mask
         g = mask.shape[1]
-        if to_go == "reverse":
-            weights = torch.triu(torch.ones(g, g)).to(per_token)  # W[t, s] = 1 for s >= t
+        if to_go in ("reverse", "after"):
+            weights = torch.triu(torch.ones(g, g), diagonal=int(to_go == "after")).to(per_token)  # s >= t (s > t)
             if gamma != 1.0:
                 t = torch.arange(g, dtype=per_token.dtype, device=per_token.device)
                 weights = weights * gamma ** (t[None, :] - t[:, None]).clamp(min=0)
@@ -1201,7 +1203,9 @@ def _pp_variant(*, kl="k1", kl_sign=-1.0, to_go="reverse", gamma=1.0, reward_at=
             n = m.sum(-1, keepdim=True)
             mean = (returns * m).sum(-1, keepdim=True) / n
             var = (((returns - mean) ** 2) * m).sum(-1, keepdim=True) / (n - 1 if unbiased else n)
-        if eps_mode == "var":
+        if not scale:
+            adv = returns - mean
+        elif eps_mode == "var":
             adv = (returns - mean) / torch.sqrt(var + eps)
         elif eps_mode == "std":
             adv = (returns - mean) / (torch.sqrt(var) + eps)
@@ -1213,15 +1217,15 @@ def _pp_variant(*, kl="k1", kl_sign=-1.0, to_go="reverse", gamma=1.0, reward_at=
 
 
 PP_MISTAKES = [
-    Mistake("You whitened each sequence on its own: REINFORCE++ whitens over every masked token of the whole "
+    Mistake("You whitened each sequence on its own: REINFORCE++ whitens over every unmasked token of the whole "
             "batch at once (one mean and one variance), which is what lets it do without a group baseline.",
             _pp_variant(whiten_over="row")),
-    Mistake("The mean and variance include the masked positions: take them over the masked (True) tokens "
-            "only.", _pp_variant(whiten_over="all")),
-    Mistake("The mean and variance include the masked positions (as zeros): take them over the masked (True) "
-            "tokens only.", _pp_variant(whiten_over="all_zeroed")),
+    Mistake("The mean and variance include the masked positions: take them over the unmasked tokens (mask "
+            "True) only.", _pp_variant(whiten_over="all")),
+    Mistake("The mean and variance include the masked positions (as zeros): take them over the unmasked "
+            "tokens (mask True) only.", _pp_variant(whiten_over="all_zeroed")),
     Mistake("You used the unbiased variance (divides by N - 1): the course's whiten uses the biased one, "
-            "dividing by N, the number of masked tokens.", _pp_variant(unbiased=True)),
+            "dividing by N, the number of unmasked tokens.", _pp_variant(unbiased=True)),
     Mistake("eps is added to the standard deviation: as in whiten, it goes inside the square root, "
             "(G - mu) / sqrt(sigma^2 + eps).", _pp_variant(eps_mode="std")),
     Mistake("eps is hard-coded: use the `eps` argument.", _pp_variant(eps_mode="fixed")),
@@ -1229,6 +1233,10 @@ PP_MISTAKES = [
             "comes *after* it (t and every later token), not before.", _pp_variant(to_go="forward")),
     Mistake("Every token carries the KL of its whole sequence: a token's return holds the KL penalties from it "
             "to the end only (the return-to-go).", _pp_variant(to_go="whole")),
+    Mistake("Your returns leave out each token's own KL penalty (the sum starts after t): a token's return "
+            "holds its own penalty and every later one, s >= t.", _pp_variant(to_go="after")),
+    Mistake("The returns are centred but not scaled: whitening also divides by sqrt(sigma^2 + eps).",
+            _pp_variant(scale=False)),
     Mistake("The sequence reward is only on the last token: with gamma = 1 every token's return-to-go "
             "contains it.", _pp_variant(reward_at="last")),
     Mistake("Those are per-token rewards (the sequence reward only on the last token), not returns: a token's "
@@ -1254,7 +1262,7 @@ PP_MISTAKES = [
     chapter=CHAPTER,
     hint=(
         "Two stages: first a [B, g] tensor of returns (the sequence reward plus the KL penalties still to "
-        "come at each token), then one whitening of those returns over the masked tokens of the whole batch.",
+        "come at each token), then one whitening of those returns over the unmasked tokens (mask True) of the whole batch.",
         "kl[b, t] = logprobs - ref_logprobs where the mask is True, 0 elsewhere; G[b, t] = R[b] - beta * (sum "
         "of kl[b, s] over s >= t): a cumulative sum taken from the end of each row. Then mu and sigma^2 are the "
         "mean and the biased variance of G over the True positions only, A = (G - mu) / sqrt(sigma^2 + eps) "
@@ -1310,7 +1318,7 @@ def _cispo_cases() -> list[Case]:
 
 
 def _cispo_variant(*, clip="both", aggregate="token", ppo=False, drop_clipped=False, use_mask=True,
-                   invert=False, fixed=None):
+                   invert=False, fixed=None, detach=True, sign=1.0, with_logprob=True):
     """A configurable (possibly wrong) cispo_objective."""
 
     def fn(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
@@ -1324,7 +1332,8 @@ def _cispo_variant(*, clip="both", aggregate="token", ppo=False, drop_clipped=Fa
         if ppo:
             per_token = torch.minimum(ratio * a, weight * a)
         else:
-            per_token = weight.detach() * a * logprobs
+            per_token = (weight.detach() if detach else weight) * a * (logprobs if with_logprob else 1.0)
+        per_token = sign * per_token
         m = mask if use_mask else torch.ones_like(mask)
         if drop_clipped:
             m = m & (ratio >= 1 - lo) & (ratio <= 1 + hi)
@@ -1359,6 +1368,18 @@ CISPO_MISTAKES = [
             _cispo_variant(invert=True)),
     Mistake("The clip bounds are hard-coded: use eps_low and eps_high (0.0 included).",
             _cispo_variant(fixed=(0.2, 0.28))),
+    Mistake("That is the objective's opposite (a loss to minimise): cispo_objective is the objective to "
+            "maximise, + sum of w * A * logprobs over the unmasked tokens / their number.", _cispo_variant(sign=-1.0)),
+]
+CISPO_MISTAKES.append(
+    Mistake("The log-prob factor is missing: each token contributes w * A * logprobs, the clipped ratio as a "
+            "constant weight and the log-prob carrying the gradient (w * A alone is an importance-weighted "
+            "advantage, with no gradient once w is a constant).", _cispo_variant(with_logprob=False, detach=False)))
+CISPO_GRAD_MISTAKES = [
+    Mistake("The weight carries a gradient: the clipped ratio is sg(clip(ratio)), a constant, so the gradient "
+            "at a token is w * A / N through the log-prob alone, with no term through the ratio (a token whose "
+            "ratio is clipped keeps its gradient, and one inside the range is not pushed twice).",
+            _cispo_variant(detach=False)),
 ]
 
 
@@ -1382,7 +1403,7 @@ def check_cispo_objective(candidate) -> str:
     return compare_to_reference(
         candidate, grpo.cispo_objective, _cispo_cases(), mistakes=CISPO_MISTAKES,
         arg_names=["logprobs", "old_logprobs", "advantages", "mask"],
-        grad=DIFFERENTIATED["cispo_objective"], grad_cases=(0, 1, 2, 5),
+        grad=DIFFERENTIATED["cispo_objective"], grad_cases=(0, 1, 2, 5), grad_mistakes=CISPO_GRAD_MISTAKES,
     )
 
 
@@ -1423,6 +1444,8 @@ def _tis_variant(*, invert=False, cap_mode="min", masked="zero", per="token", fi
         if per == "sequence":
             logr = torch.where(mask, logr, 0.0).sum(-1, keepdim=True).expand_as(logr)
         w = torch.exp(logr)
+        if cap_mode == "log":
+            w = torch.exp(logr.clamp(max=c))
         w = w.clamp(max=c) if cap_mode == "min" else w.clamp(1 / c, c) if cap_mode == "both" else w
         w = w.detach()
         if masked == "zero":
@@ -1439,6 +1462,8 @@ TIS_MISTAKES = [
             "probability over the sampler's (the tokens came from the sampler).", _tis_variant(invert=True)),
     Mistake("The weights are truncated from below too: only the top is cut, min(ratio, cap); a small "
             "ratio stays small.", _tis_variant(cap_mode="both")),
+    Mistake("The cap is applied to the log-ratio (the weight is then cut at exp(cap)): cap bounds the weight "
+            "itself, min(ratio, cap).", _tis_variant(cap_mode="log")),
     Mistake("The weights are not truncated: min(ratio, cap).", _tis_variant(cap_mode="none")),
     Mistake("The cap is hard-coded: use the `cap` argument.", _tis_variant(fixed_cap=2.0)),
     Mistake("Masked positions are not 0: the weight is 0 wherever the mask is False.", _tis_variant(masked="keep")),

@@ -88,6 +88,7 @@ CLAUSES = {
         "log_ratio": "r is the policy's log-prob minus the reference's (not the policy's alone, not upside down)",
         "sides": "a desirable completion is scored on r - z, an undesirable one on z - r",
         "z0_clamped": "the reference point is z0 clamped at 0: a negative KL estimate counts as 0",
+        "reference_point": "each completion is judged against the reference point z = max(z0, 0), not against 0",
         "z0_detached": "no gradient flows through z0, even when the caller's z0 was computed from the policy",
         "one_mean": "one mean over all the batch's completions, not the sum (or mean) of two class means",
         "one_class": "a batch with only desirable (or only undesirable) completions is a batch like any other",
@@ -518,9 +519,11 @@ def _kto_cases() -> list[Case]:
 
 
 def _kto_variant(*, use_ref=True, flip_r=False, same_side=False, clamp=True, reduce="all", swap_lambdas=False,
-                 beta_inside=True, swap_labels=False, logsigmoid=False):
+                 beta_inside=True, swap_labels=False, logsigmoid=False, detach_z=True, use_z=True, one_minus=True):
     def fn(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
-        z = z0.detach().clamp(min=0) if clamp else z0.detach()
+        z = z0.detach() if detach_z else z0
+        z = z.clamp(min=0) if clamp else z
+        z = z if use_z else torch.zeros_like(z)
         r = policy_logps - ref_logps if use_ref else policy_logps
         r = -r if flip_r else r
         if swap_labels:
@@ -531,6 +534,8 @@ def _kto_variant(*, use_ref=True, flip_r=False, same_side=False, clamp=True, red
         def value(x):
             if logsigmoid:
                 return -F.logsigmoid(beta * x if beta_inside else x) * (1 if beta_inside else beta)
+            if not one_minus:
+                return -torch.sigmoid(beta * x)
             return 1 - torch.sigmoid(beta * x) if beta_inside else beta * (1 - torch.sigmoid(x))
 
         d = lambda_d * value(r - z)
@@ -559,12 +564,16 @@ KTO_MISTAKES = [
             "undesirable ones.", _kto_variant(swap_lambdas=True)),
     Mistake("z0 is not clamped at 0: the reference point is max(z0, 0) (a KL is never negative, an estimate "
             "of it can be).", _kto_variant(clamp=False)),
+    Mistake("The reference point is missing: each completion is judged against z = max(z0, 0), r - z for a "
+            "desirable one and z - r for an undesirable one, not against 0.", _kto_variant(use_z=False)),
     Mistake("You took the mean of each kind and added the two: the contract is ONE mean over all the batch's "
             "completions (each completion counts once, whatever its kind).", _kto_variant(reduce="class_sum")),
     Mistake("You averaged the two kinds' means: the contract is ONE mean over all the batch's completions, so "
             "a kind with more completions weighs more.", _kto_variant(reduce="class_mean")),
     Mistake("You summed the completions' losses: the contract takes their mean.", _kto_variant(reduce="sum")),
     Mistake("beta multiplies the loss instead of scaling r - z inside the sigmoid.", _kto_variant(beta_inside=False)),
+    Mistake("Each completion's loss is lambda * (1 - sigmoid(...)), in [0, lambda]: yours is minus the sigmoid, "
+            "lower by lambda (the same gradient, not the same loss).", _kto_variant(one_minus=False)),
     Mistake("KTO's value of a completion is 1 - sigmoid(beta (r - z)) (a bounded loss, at most lambda), not "
             "-log sigmoid(...) as in DPO.", _kto_variant(logsigmoid=True)),
 ]
@@ -607,11 +616,9 @@ def check_kto_loss(candidate) -> str:
     desirable = torch.tensor([True, True, False, True, False, False, False, True])
     case = Case("z0 computed from the policy's log-probs (with its graph), as the trainer does",
                 (policy, ref, desirable), {"beta": 0.5, "lambda_d": 1.0, "lambda_u": 1.3})
-    try:
-        compare_gradients(_kto_z0_from_policy(candidate), _kto_z0_from_policy(dpo.kto_loss), case,
-                          DIFFERENTIATED["kto_loss"], arg_names=_KTO_ARGS[:3])
-    except CheckFailure as failed:
-        raise failure(failed.message, _Z0_GRAPH) from None
+    compare_gradients(_kto_z0_from_policy(candidate), _kto_z0_from_policy(dpo.kto_loss), case,
+                      DIFFERENTIATED["kto_loss"], arg_names=_KTO_ARGS[:3],
+                      mistakes=[Mistake(_Z0_GRAPH, _kto_z0_from_policy(_kto_variant(detach_z=False)))])
     return summary + " Its gradient ignores a z0 computed from the policy."
 
 
@@ -668,7 +675,8 @@ def _orpo_variant(*, normalise=True, swap_lengths=False, nll="chosen_mean", log_
 
         x = sign * (odds(oc) - odds(orr))
         term = F.logsigmoid(x) if logsig == "stable" else torch.log(torch.sigmoid(x))
-        sft = {"chosen_mean": -mc, "chosen_sum": -c, "both": -(mc + mr)}[nll]
+        sft = {"chosen_mean": -mc, "chosen_sum": -c, "both": -(mc + mr),
+               "token_weighted": (-c).sum() / lc.sum() * torch.ones_like(mc)}[nll]
         if term_added:
             term = -term
         if reduce == "sum":
@@ -688,6 +696,9 @@ ORPO_MISTAKES = [
     Mistake("The lengths are swapped: each side is divided by its own length.", _orpo_variant(swap_lengths=True)),
     Mistake("The SFT term is the chosen completions' NLL per token, -chosen_logps / chosen_lengths averaged over "
             "pairs, not their summed log-probs.", _orpo_variant(nll="chosen_sum")),
+    Mistake("The SFT term weighs every token the same (all the chosen log-probs summed over all their tokens): "
+            "it is the mean over pairs of each chosen completion's NLL per token, mean(-chosen_logps / "
+            "chosen_lengths), so a short completion counts as much as a long one.", _orpo_variant(nll="token_weighted")),
     Mistake("The SFT term is on the chosen completions alone: the rejected ones are never imitated.",
             _orpo_variant(nll="both")),
     Mistake("You compared log-probs, not log-odds: log_odds(m) = m - log(1 - exp(m)).", _orpo_variant(log_odds="logprob")),

@@ -778,6 +778,7 @@ def compare_to_reference(
     diagnose: Callable[[Case, Any, Any], str | None] | None = None,
     grad: Sequence[str] = (),
     grad_cases: Sequence[int] = (0,),
+    grad_mistakes: Sequence[Mistake] = (),
 ) -> str:
     """Run every case on the candidate and the reference; fail on the first disagreement.
 
@@ -788,8 +789,9 @@ def compare_to_reference(
     expected)`` may name a difference no fixed variant captures (a clamp at an unknown bound, a
     saturation). Every case runs on :func:`check_device` (the course's device). When ``grad`` names
     inputs (an exercise training differentiates, ``plug.DIFFERENTIATED``), the gradient with respect to
-    them is compared too, on the cases numbered ``grad_cases`` (:func:`compare_gradients`). Returns a one-line
-    summary for the pass message.
+    them is compared too, on the cases numbered ``grad_cases`` (:func:`compare_gradients`, which names a
+    ``grad_mistakes`` entry whose gradient the candidate's matches). Returns a one-line summary for the
+    pass message.
     """
     cases = [to_device(case) for case in cases]
     passed: list[tuple[Case, Any]] = []  # the cases the candidate got right, with its outputs
@@ -820,7 +822,7 @@ def compare_to_reference(
             hint = diagnose(case, got, expected)
         raise failure(message, hint)
     for i in grad_cases if grad else ():
-        compare_gradients(candidate, reference, cases[i], grad, arg_names=arg_names)
+        compare_gradients(candidate, reference, cases[i], grad, arg_names=arg_names, mistakes=grad_mistakes)
     return f"matches the reference on {len(cases)} cases ({'; '.join(c.label for c in cases)})."
 
 
@@ -846,7 +848,8 @@ def _with_grad_inputs(case: Case, wrt: Sequence[str], arg_names: Sequence[str] |
 
 
 def compare_gradients(candidate: Callable, reference: Callable, case: Case, wrt: Sequence[str], *,
-                      arg_names: Sequence[str] | None = None, rtol: float = 1e-3) -> None:
+                      arg_names: Sequence[str] | None = None, rtol: float = 1e-3,
+                      mistakes: Sequence[Mistake] = ()) -> None:
     """Fail unless the candidate's output on ``case`` carries the reference's gradient with respect to
     each input named in ``wrt`` (the inputs training differentiates through, ``plug.DIFFERENTIATED``).
 
@@ -855,7 +858,11 @@ def compare_gradients(candidate: Callable, reference: Callable, case: Case, wrt:
     beside a loss is left out), and ``torch.autograd.grad(L, inputs)`` is compared: an output with
     no graph at all (detached, or computed under ``torch.no_grad()``), an input no gradient reaches
     (one half of a pair detached), and a gradient that differs (a stop-gradient inside) each get
-    their own message. Values are compared first (``compare_to_reference``); this runs after.
+    their own message. Values are compared first (``compare_to_reference``); this runs after. When the
+    gradients differ, the first of ``mistakes`` (variants with the right values and a known wrong
+    gradient, such as a weight the contract detaches left in the graph) whose gradient the candidate's
+    matches gives the hint; otherwise a generic one names both directions (a term detached that should
+    not be, or one left in the graph that the contract treats as a constant).
     """
     case = to_device(case)
     args, kwargs, leaves = _with_grad_inputs(case, wrt, arg_names)
@@ -909,12 +916,39 @@ def compare_gradients(candidate: Callable, reference: Callable, case: Case, wrt:
         scale = float(w_grad.abs().max()) if w_grad.numel() else 0.0
         if not torch.allclose(g_grad.to(torch.float64), w_grad.to(torch.float64), rtol=rtol,
                               atol=1e-6 + rtol * scale):
+            hint = _gradient_mistake(mistakes, case, wrt, arg_names, weights, name, g_grad, rtol, scale)
             raise failure(
                 f"On {case.label}, the values are right but the gradient with respect to `{name}` is not the "
                 f"reference's.\n  expected: {fmt(w_grad)}\n  got:      {fmt(g_grad)}",
-                f"Part of the computation from `{name}` is detached or replaced by a constant (a `.detach()`, "
-                "`.item()` or `.data` on one term, a value computed under `torch.no_grad()` and reused): the "
-                "loss then trains a different direction than its value suggests.")
+                hint or f"Either part of the computation from `{name}` is detached or replaced by a constant (a "
+                "`.detach()`, `.item()` or `.data` on one term, a value computed under `torch.no_grad()` and "
+                "reused), or a term the contract treats as a constant (a stop-gradient) is left in the graph: "
+                "the loss then trains a different direction than its value suggests.")
+
+
+def _gradient_mistake(mistakes: Sequence[Mistake], case: Case, wrt: Sequence[str], arg_names: Sequence[str] | None,
+                      weights: list[torch.Tensor], name: str, got: torch.Tensor, rtol: float,
+                      scale: float) -> str | None:
+    """The hint of the first of ``mistakes`` whose gradient with respect to ``name`` (the same seeded
+    reduction as :func:`compare_gradients`) equals the candidate's ``got``."""
+    for mistake in mistakes:
+        try:
+            args, kwargs, leaves = _with_grad_inputs(case, wrt, arg_names)
+            with torch.enable_grad():
+                outs = [t for _, t in _tensors_in(mistake.fn(*args, **kwargs))
+                        if t.is_floating_point() and t.requires_grad]
+                if len(outs) != len(weights):
+                    continue
+                loss = sum((w.to(o.dtype) * o).sum() for w, o in zip(weights, outs))
+                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        except Exception:  # noqa: BLE001 - a mistake variant may not apply to this case
+            continue
+        grad = grads[list(wrt).index(name)]
+        grad = torch.zeros_like(got) if grad is None else grad.detach()
+        if grad.shape == got.shape and torch.allclose(grad.to(torch.float64), got.to(torch.float64), rtol=rtol,
+                                                      atol=1e-6 + rtol * scale):
+            return mistake.hint
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1135,6 +1135,17 @@ def pp_clipped_to_be_safe(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=
     return _masked_whiten(returns, mask, eps).clamp(-5.0, 5.0)  # "advantage clipping", as some trainers do
 
 
+def pp_return_from_the_next_token(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    kl = (logprobs - ref_logprobs) * mask
+    to_go = kl.flip(-1).cumsum(-1).flip(-1) - kl  # off by one: the sum over s > t
+    return _masked_whiten(rewards[:, None] - beta * to_go, mask, eps)
+
+
+def pp_centred_only(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
+    returns = _returns_to_go(rewards, logprobs, ref_logprobs, mask, beta)
+    return torch.where(mask, returns - returns[mask].mean(), 0.0)  # "a baseline": the mean, no scaling
+
+
 def pp_float64(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
     return grpo.reinforce_pp_advantages(rewards.double(), logprobs.double(), ref_logprobs.double(), mask, beta, eps)
 
@@ -1152,6 +1163,8 @@ def pp_float64(rewards, logprobs, ref_logprobs, mask, beta=0.01, eps=1e-8):
     (pp_kl_added, "wrong sign"),
     (pp_masked_not_zero, "masked positions are not 0"),
     (pp_junk_in_the_kl, "junk"),
+    (pp_return_from_the_next_token, "own KL penalty"),
+    (pp_centred_only, "centred but not scaled"),
 ])
 def test_reinforce_pp_advantages_mistakes(wrong, fragment):
     assert_fails_with("reinforce_pp_advantages", wrong, fragment)
@@ -1200,6 +1213,16 @@ def cispo_ppo_surrogate(logprobs, old_logprobs, advantages, mask, eps_low=0.2, e
 def cispo_weight_not_detached(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
     weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high)
     return (weight * advantages[:, None] * logprobs * mask).sum() / mask.sum()
+
+
+def cispo_returns_the_loss(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high).detach()
+    return -(weight * advantages[:, None] * logprobs)[mask].mean()  # "a loss, to minimise"
+
+
+def cispo_without_the_log_prob(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
+    weight = torch.exp(logprobs - old_logprobs).clamp(1 - eps_low, 1 + eps_high)  # J read as "clip(r) * A"
+    return (weight * advantages[:, None])[mask].mean()
 
 
 def cispo_no_gradient_on_clipped_tokens(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_high=0.28):
@@ -1287,6 +1310,8 @@ def cispo_as_list(logprobs, old_logprobs, advantages, mask, eps_low=0.2, eps_hig
     (cispo_upper_clip_only, "not clipped below"),
     (cispo_ratio_inverted, "upside down"),
     (cispo_ratio_of_probabilities, "NaN or inf"),
+    (cispo_returns_the_loss, "objective's opposite"),
+    (cispo_without_the_log_prob, "log-prob factor is missing"),
 ])
 def test_cispo_objective_mistakes(wrong, fragment):
     assert_fails_with("cispo_objective", wrong, fragment)
@@ -1297,6 +1322,14 @@ def test_cispo_objective_gradient_mistakes_show_in_the_gradient(wrong):
     """Right values, wrong gradient: the weight must be a constant and every token keeps its gradient."""
     result = run_check("cispo_objective", wrong)
     assert not result.passed and "gradient" in result.message, result.message
+
+
+def test_cispo_objective_a_weight_left_in_the_graph_is_named_as_such():
+    """The weight not detached gives a gradient with a term too many: the message says so, and does not
+    tell the learner that something was detached (the opposite of what they did)."""
+    result = run_check("cispo_objective", cispo_weight_not_detached)
+    assert not result.passed and "weight carries a gradient" in result.message, result.message
+    assert "is detached or replaced" not in result.message, result.message
 
 
 def test_cispo_objective_written_differently():
@@ -1366,6 +1399,11 @@ def tis_float64(train_logprobs, sampler_logprobs, mask, cap=2.0):
     return torch.where(mask, w, 0.0).detach()
 
 
+def tis_cap_on_the_log_ratio(train_logprobs, sampler_logprobs, mask, cap=2.0):
+    with torch.no_grad():
+        return torch.where(mask, (train_logprobs - sampler_logprobs).clamp(max=cap).exp(), 0.0)
+
+
 def tis_no_cap_at_all(train_logprobs, sampler_logprobs, mask, cap=2.0):
     return torch.where(mask, torch.exp(train_logprobs - sampler_logprobs), 0.0).detach()
 
@@ -1379,6 +1417,7 @@ def tis_no_cap_at_all(train_logprobs, sampler_logprobs, mask, cap=2.0):
     (tis_multiplied_before_the_cap, "NaN or inf"),
     (tis_ratio_of_probabilities, "NaN or inf"),
     (tis_not_detached, "carry a gradient"),
+    (tis_cap_on_the_log_ratio, "applied to the log-ratio"),
 ])
 def test_truncated_is_weights_mistakes(wrong, fragment):
     assert_fails_with("truncated_is_weights", wrong, fragment)
@@ -1402,11 +1441,12 @@ VIOLATIONS.update({
     "reinforce_pp_advantages": {
         "kl_per_token": [pp_k3, pp_kl_added],
         "beta": [pp_beta_or_default],
-        "returns_to_go": [pp_forward_cumsum, pp_whole_sequence_kl],
+        "returns_to_go": [pp_forward_cumsum, pp_whole_sequence_kl, pp_return_from_the_next_token],
         "gamma_one": [pp_discounted, pp_reward_on_last_token_only],
         "batch_whitening": [pp_per_sequence_whitening],
         "masked_statistics": [pp_whiten_every_position],
         "biased_variance": [pp_unbiased_variance],
+        "scaled": [pp_centred_only],
         "eps": [pp_eps_on_std, pp_fixed_eps],
         "no_clip": [pp_clipped_to_be_safe],
         "masked_zero": [pp_masked_not_zero],
@@ -1416,7 +1456,8 @@ VIOLATIONS.update({
     },
     "cispo_objective": {
         "ratio": [cispo_ratio_inverted],
-        "weight_times_logprob": [cispo_ppo_surrogate],
+        "weight_times_logprob": [cispo_ppo_surrogate, cispo_without_the_log_prob],
+        "maximised": [cispo_returns_the_loss],
         "detached_weight": [cispo_weight_not_detached],
         "clipped_tokens_keep_gradient": [cispo_no_gradient_on_clipped_tokens, cispo_drops_clipped_tokens],
         "eps_low": [cispo_upper_clip_only, cispo_eps_low_or_default],
@@ -1430,7 +1471,7 @@ VIOLATIONS.update({
     },
     "truncated_is_weights": {
         "ratio": [tis_inverted],
-        "cap": [tis_fixed_cap, tis_no_cap_at_all],
+        "cap": [tis_fixed_cap, tis_no_cap_at_all, tis_cap_on_the_log_ratio],
         "above_only": [tis_clamped_both_sides],
         "per_token": [tis_per_sequence],
         "masked_zero": [tis_masked_kept, tis_multiplied_before_the_cap],

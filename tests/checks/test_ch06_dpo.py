@@ -332,6 +332,17 @@ def kto_z0_not_detached(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda
     return losses.mean()
 
 
+def kto_no_reference_point(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    r = policy_logps - ref_logps  # z0 read in the docstring, forgotten in the code: judged against 0
+    losses = torch.where(desirable, lambda_d * (1 - torch.sigmoid(beta * r)), lambda_u * (1 - torch.sigmoid(-beta * r)))
+    return losses.mean()
+
+
+def kto_minus_sigmoid(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    z, r = z0.detach().clamp(min=0), policy_logps - ref_logps  # "maximise the sigmoid": the 1 forgotten
+    return torch.where(desirable, -lambda_d * torch.sigmoid(beta * (r - z)), -lambda_u * torch.sigmoid(beta * (z - r))).mean()
+
+
 def kto_two_class_means(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0, lambda_u=1.0):
     z = z0.detach().clamp(min=0)
     r = policy_logps - ref_logps
@@ -414,6 +425,8 @@ def kto_in_place(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0,
         (kto_labels_flipped, "Desirable and undesirable are swapped"),
         (kto_unclamped, "not clamped at 0"),
         (kto_z0_not_detached, "z0 carried a gradient"),
+        (kto_no_reference_point, "reference point is missing"),
+        (kto_minus_sigmoid, "minus the sigmoid"),
         (kto_two_class_means, "ONE mean"),
         (kto_lambdas_swapped, "lambda_d and lambda_u are swapped"),
         (kto_beta_outside, "beta multiplies the loss"),
@@ -423,6 +436,14 @@ def kto_in_place(policy_logps, ref_logps, desirable, z0, beta=0.1, lambda_d=1.0,
 )
 def test_kto_loss_mistakes(wrong, fragment):
     assert_fails_with("kto_loss", wrong, fragment.replace("\n", " "))
+
+
+def test_kto_loss_z0_in_the_graph_is_not_called_detached():
+    """z0 left in the graph adds a term to the gradient: the message names that, and does not also claim
+    that something was detached (the opposite of what the learner did)."""
+    result = run_check("kto_loss", kto_z0_not_detached)
+    assert not result.passed and "z0 carried a gradient" in result.message, result.message
+    assert "is detached or replaced" not in result.message, result.message
 
 
 def test_kto_loss_written_differently():
@@ -467,6 +488,11 @@ def orpo_swapped_lengths(c, r, lc, lr, lam=0.1):
 def orpo_summed_nll(c, r, lc, lr, lam=0.1):
     mc, mr = c / lc, r / lr
     return -c.mean() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()
+
+
+def orpo_nll_per_token_of_the_batch(c, r, lc, lr, lam=0.1):
+    mc, mr = c / lc, r / lr
+    return -c.sum() / lc.sum() - lam * F.logsigmoid(_log_odds(mc) - _log_odds(mr)).mean()  # every token weighs 1
 
 
 def orpo_nll_on_both(c, r, lc, lr, lam=0.1):
@@ -560,6 +586,7 @@ def orpo_in_place(c, r, lc, lr, lam=0.1):
         (orpo_swapped_lengths, "lengths are swapped"),
         (orpo_summed_nll, "NLL per token"),
         (orpo_nll_on_both, "chosen completions alone"),
+        (orpo_nll_per_token_of_the_batch, "weighs every token the same"),
         (orpo_log_probs_not_odds, "log-probs, not log-odds"),
         (orpo_sign_flipped, "wrong sign"),
         (orpo_rejected_minus_chosen, "wrong sign"),
@@ -921,18 +948,19 @@ VIOLATIONS = {
         "log_ratio": [kto_no_reference, kto_ratio_upside_down],
         "sides": [kto_same_side, kto_labels_flipped],
         "z0_clamped": [kto_unclamped, kto_clamps_below],
+        "reference_point": [kto_no_reference_point],
         "z0_detached": [kto_z0_not_detached],
         "one_mean": [kto_two_class_means],
         "one_class": [kto_two_class_means_guarded],
         "lambdas": [kto_lambdas_swapped, kto_lambdas_ignored],
         "beta": [kto_beta_outside, kto_beta_ignored],
-        "one_minus_sigmoid": [kto_log_sigmoid],
+        "one_minus_sigmoid": [kto_log_sigmoid, kto_minus_sigmoid],
         "differentiable": [kto_undesirable_detached],
         "not_in_place": [kto_in_place],
     },
     "orpo_loss": {
         "length_normalised": [orpo_unnormalised, orpo_swapped_lengths],
-        "nll": [orpo_summed_nll, orpo_nll_on_both],
+        "nll": [orpo_summed_nll, orpo_nll_on_both, orpo_nll_per_token_of_the_batch],
         "odds_not_probs": [orpo_log_probs_not_odds],
         "orientation": [orpo_sign_flipped, orpo_rejected_minus_chosen],
         "lam": [orpo_lam_on_nll],
