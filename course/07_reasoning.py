@@ -433,9 +433,12 @@ best_of_n_figure(ns, bon_reward, bon_kl_analytic, bon_kl_measured)
 #   {{grpo_arith_s0.args.groups_per_phase}} groups) at three seeds raised it by {{grpo_arith.over_seeds.pass_at_1_gain.mean:+.2f}} on average
 #   (from {{grpo_arith.over_seeds.pass_at_1_gain.min:+.2f}} to {{grpo_arith.over_seeds.pass_at_1_gain.max:+.2f}}, standard deviation
 #   {{grpo_arith.over_seeds.pass_at_1_gain.std:.2f}}; {{grpo_arith.over_seeds.pass_at_1_initial.mean:.2f}} ->
-#   {{grpo_arith.over_seeds.pass_at_1_final.mean:.2f}}). One run is one draw, and so is one CPU: seed 0 with torch's AVX2 kernels,
-#   whose rounding differs in the last bits (the two runs' curves coincide for a while, then part), gained
-#   {{grpo_arith_avx2_s0.pass_at_1_gain:+.2f}}, with its unvectorised ones {{grpo_arith_default_s0.pass_at_1_gain:+.2f}}.
+#   {{grpo_arith.over_seeds.pass_at_1_final.mean:.2f}}). One run is one draw, and so is one CPU: with torch's AVX2 kernels,
+#   whose rounding differs in the last bits (a seed's two curves coincide for a while, then part), the same three seeds
+#   gained {{grpo_arith_avx2.over_seeds.pass_at_1_gain.mean:+.2f}} on average ({{grpo_arith_avx2.over_seeds.pass_at_1_gain.min:+.2f}}
+#   to {{grpo_arith_avx2.over_seeds.pass_at_1_gain.max:+.2f}}), with its unvectorised ones
+#   {{grpo_arith_default.over_seeds.pass_at_1_gain.mean:+.2f}} ({{grpo_arith_default.over_seeds.pass_at_1_gain.min:+.2f}} to
+#   {{grpo_arith_default.over_seeds.pass_at_1_gain.max:+.2f}}).
 # - **pass@k at large k** cannot rise at k = 64 (the base model already found a right answer within
 #   64 tries on every problem: {{compare.pass_at_k.base.64:.3f}}), and falls for GRPO ({{compare.pass_at_k.grpo.64:.3f}}). At
 #   k = 16, where there is room, SFT ({{compare.pass_at_k.sft.16:.3f}}) is above the base model

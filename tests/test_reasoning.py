@@ -236,7 +236,7 @@ def test_grpo_with_the_verifiable_reward_raises_pass_at_1(base_model):
 # --- the recorded GRPO runs the chapter quotes ------------------------------------------------------------------
 #: The recorded `train-grpo --task arithmetic` runs of the preset, by the kernel level they ran at (None: the CPU's own).
 GRPO_ARITH_RUNS = {"grpo_arith_s0": None, "grpo_arith_s1": None, "grpo_arith_s2": None,
-                   "grpo_arith_avx2_s0": "AVX2", "grpo_arith_default_s0": "DEFAULT"}
+                   **{f"grpo_arith_{level}_s{seed}": level.upper() for level in ("avx2", "default") for seed in (0, 1, 2)}}
 
 
 @pytest.mark.parametrize("name", list(GRPO_ARITH_RUNS))
@@ -265,16 +265,18 @@ def test_recorded_grpo_arithmetic_gains_at_least_0_3_at_every_seed_and_kernel_le
     assert r["pass_at_1_gain"] >= 0.3, (name, r["pass_at_1_initial"], r["pass_at_1_final"])
 
 
-def test_the_quoted_spread_is_the_spread_of_the_recorded_seeds():
+@pytest.mark.parametrize("name", ["grpo_arith", "grpo_arith_avx2", "grpo_arith_default"])
+def test_the_quoted_spread_is_the_spread_of_the_recorded_seeds(name):
     from rlhf_tutorial import figures
 
-    spread = figures.SPREADS["grpo_arith"]
+    spread = figures.SPREADS[name]
     assert spread.keys == grpo_trainer.SEED_KEYS  # what `train-grpo --seeds` prints
     assert set(spread.runs) <= set(GRPO_ARITH_RUNS) and len(spread.runs) == 3  # the text says "three seeds"
+    assert len({GRPO_ARITH_RUNS[run] for run in spread.runs}) == 1  # one kernel level
     recorded = figures.recorded()
-    assert recorded["grpo_arith"]["summary"] == figures.spread_summary(spread, recorded), (
-        "a seed's run was recorded again: record-figures grpo_arith")
-    assert recorded["grpo_arith"]["summary"]["seeds"] == [0, 1, 2]
+    assert recorded[name]["summary"] == figures.spread_summary(spread, recorded), (
+        f"a seed's run was recorded again: record-figures {name}")
+    assert recorded[name]["summary"]["seeds"] == [0, 1, 2]
 
 
 def test_spread_is_the_range_mean_and_sample_std():
