@@ -270,6 +270,12 @@ class _FunctionMode(TorchFunctionMode):
             index = args[1]
             index = tuple(map(_list_to_tensor, index)) if isinstance(index, tuple) else _list_to_tensor(index)
             return func(args[0], index, *args[2:], **kwargs)
+        elif func == torch.Tensor.data.__set__ and isinstance(args[0], SimTensor):  # a new method-wrapper each time
+            # `param.data = new` (what Module.to(dtype), .double(), .half() do) swaps the wrapper's metadata
+            # only: the wrapped CPU tensor must follow, or the parameter computes in its old dtype
+            func(*args, **kwargs)
+            args[0].elem = args[1].elem if isinstance(args[1], SimTensor) else args[1]
+            return None
         elif func is torch.Tensor.tolist and isinstance(args[0], SimTensor):
             return args[0].elem.tolist()
         elif func in (torch.Tensor.untyped_storage, torch.Tensor.data_ptr) and isinstance(args[0], SimTensor):

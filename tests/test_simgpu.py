@@ -132,6 +132,27 @@ def test_a_vector_through_linear_and_matmul_keeps_the_shape_the_cpu_gives():
         assert grad_shape == [4], (name, grad_shape)
 
 
+def test_a_module_converted_to_another_dtype_computes_in_it():
+    # Module.to(dtype) sets each parameter's .data: the wrapped CPU tensor must follow the wrapper (a bfloat16
+    # sampler copy of the policy, chapter 04, computed with float32 weights and failed on the simulated GPU)
+    out = run_simgpu("""
+        import copy
+        from rlhf_tutorial.devices import course_device
+        dev = course_device()
+        lin = torch.nn.Linear(4, 3).to(dev)
+        x = torch.randn(2, 4).to(dev)
+        for name, convert in {"bfloat16": lambda m: m.to(torch.bfloat16), "double": lambda m: m.double()}.items():
+            m = convert(copy.deepcopy(lin))
+            y = m(x.to(m.weight.dtype))
+            cpu = convert(copy.deepcopy(lin).cpu())(x.cpu().to(m.weight.dtype))
+            out[name] = [str(m.weight.dtype), str(y.dtype), str(y.device), torch.equal(y.cpu(), cpu)]
+        out["original"] = str(lin.weight.dtype)
+    """)
+    assert out["bfloat16"] == ["torch.bfloat16", "torch.bfloat16", "simgpu:0", True]
+    assert out["double"] == ["torch.float64", "torch.float64", "simgpu:0", True]
+    assert out["original"] == "torch.float32"
+
+
 def test_a_tour_and_a_generate_run_on_the_simulated_gpu():
     """The worlds load there; TransformerLens' generate (inference mode, start_at_layer) runs there; the
     classifier fed CPU inputs (chapter 00's bug before its fix) fails, fed its own device's inputs runs."""
