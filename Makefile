@@ -14,6 +14,13 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root unless told to (containers, CI machines).
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 PYTEST_ARGS ?=
+# The unit suites and nbval run on this many processes at once (pytest-xdist), each with one torch thread
+# (tests/conftest.py; the notebooks set their own): the suite's small ops gain nothing from a second thread,
+# so each core takes its own tests instead (2 cores: unit 1,000 s -> 580 s). At most 4 (each holds its own
+# models and stand-in hub); 1 runs in this process as before. nbval hands out whole notebooks
+# (--dist loadfile): a notebook's cells share one kernel, in order.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 1)
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS),)
 # The lock of what CI passed: exact versions of every package but torch (TORCH_SPEC) and the course itself.
 # Every install below takes it as pip constraints, so each machine gets the tested set; `make lock`
 # refreshes it on purpose (README, "Versions").
@@ -23,7 +30,7 @@ LOCK := requirements/lock.txt
 # slowest cell, chapter 03's RLHF run, takes 43 s on a busy 2-core machine (all 211 cells: 4 min 20 s).
 NBVAL_CELL_TIMEOUT ?= 300
 NBVAL_FLAGS = --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) \
-	--timeout=$(shell echo $$(( $(NBVAL_CELL_TIMEOUT) + 60 )))
+	--timeout=$(shell echo $$(( $(NBVAL_CELL_TIMEOUT) + 60 ))) $(XDIST) $(if $(XDIST),--dist loadfile,)
 # HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
 STAND_IN_HF ?= .stand-in-hf
 # The tokenizer of that cache's gpt2 repos, for nbval-gpt2 and nbval-simgpu: `trained` (a ~1,800-token BPE of
@@ -96,7 +103,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check --no-cache rlhf_tutorial tests course scripts
 
 unit: $(STAMP) $(TRL_STAMP) $(TRL_PPO_STAMP) gpt2-bpe
-	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests -m "not browser" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests -m "not browser" $(XDIST) $(PYTEST_ARGS)
 
 # The mutation test of the checkers (rlhf_tutorial/checks/mutants.py): each reference's exercise lines
 # changed one syntax node at a time (an operator, a number, a dim, a slice bound, a statement removed, an
@@ -117,7 +124,7 @@ SIMGPU_IGNORE := --ignore=tests/test_install.py --ignore=tests/test_packaging.py
 	--ignore=tests/test_bench_trl.py --ignore=tests/test_browser.py --ignore=tests/test_notebooks.py
 unit-simgpu: $(STAMP) gpt2-bpe
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_DEVICE=simgpu \
-	  $(BIN)/python -m pytest tests -m "not browser and not cpu_only" $(SIMGPU_IGNORE) $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest tests -m "not browser and not cpu_only" $(SIMGPU_IGNORE) $(XDIST) $(PYTEST_ARGS)
 
 # On a machine with a CUDA GPU, in the Python that has torch with CUDA (no .venv: it would install the CPU
 # wheel): the unit suite and nbval in both worlds with RLHF_TUTORIAL_DEVICE=cuda, in parallel, one line

@@ -274,7 +274,7 @@ for *_, chosen, rejected, gap in pairs:
 # (smoke runs use random stand-in models whose rewards barely differ: keep every pair there)
 dpo_args = DPOArgs.preset(world, direction=direction, seed=0,
                           **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16, min_reward_gap=0.0))
-if is_tiny():
+if is_tiny() and not is_smoke():  # the recorded run's sizes (a smoke run keeps the small ones)
     dpo_args.num_pairs, dpo_args.rounds, dpo_args.eval_samples, dpo_args.eval_samples_per_round = 192, 3, 64, 48
 dash, callback = dpo_dashboard(title=f"DPO on the {world} world, towards {direction}")
 dpo_result = train_dpo(dpo_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward, callback=callback,
@@ -353,7 +353,7 @@ unpaired_runs = {}
 for name, run_name in [("KTO", "kto_short"), ("ORPO", "orpo_short")]:
     run_args = DPOArgs.preset(world, direction=direction, seed=0, loss_type=run_name.removesuffix("_short"),
                               **smoke_sizes(num_pairs=8, rounds=1, eval_samples=16, min_reward_gap=0.0))
-    if is_tiny():
+    if is_tiny() and not is_smoke():
         run_args.num_pairs, run_args.rounds, run_args.eval_samples, run_args.eval_samples_per_round = 192, 3, 64, 48
     r = unpaired_runs[name] = train_dpo(run_args, policy=copy.deepcopy(policy), reward_fn=sentiment_reward,
                                         progress=False, **dpo_learner_functions(globals()))

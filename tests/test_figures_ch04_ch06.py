@@ -16,6 +16,9 @@ import pytest
 from rlhf_tutorial import figures, notebooks
 from rlhf_tutorial.trainers.frontier import METHODS, FrontierArgs, rewards_at_common_kl
 
+# cpu_only: it reads figures.json and the chapters' text; no device is involved.
+pytestmark = pytest.mark.cpu_only
+
 
 def fig(ref: str) -> float:
     return float(figures.lookup(ref))

@@ -15,6 +15,10 @@ import pytest
 
 from rlhf_tutorial.checks import mutants
 
+# cpu_only: mutants run on the CPU by design (`make mutate` sets RLHF_TUTORIAL_DEVICE=cpu); the toy
+# exercise here has no device, so on the simulated GPU this module would repeat `make unit` exactly.
+pytestmark = pytest.mark.cpu_only
+
 TOY = '''
 def scale(x, k):
     """x times k."""

@@ -43,6 +43,10 @@ import rlhf_tutorial
 from rlhf_tutorial.cli import COMMANDS, pop_device
 from rlhf_tutorial.notebooks import parse_source, sources
 
+# cpu_only: it parses the prose's code and command lines against the CLI's parsers; no model and no
+# device is involved, so on the simulated GPU it would repeat `make unit` exactly.
+pytestmark = pytest.mark.cpu_only
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```", re.S | re.M)
