@@ -21,6 +21,9 @@ PYTEST_ARGS ?=
 # (--dist loadfile): a notebook's cells share one kernel, in order.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 1)
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS),)
+# With several notebooks at once, each kernel gets one intra-op thread: two kernels of two threads each on
+# two cores spin against each other (nbval-gpt2 went from 220 s to 610 s that way).
+KERNEL_THREADS = $(if $(XDIST),OMP_NUM_THREADS=1 MKL_NUM_THREADS=1,)
 # The lock of what CI passed: exact versions of every package but torch (TORCH_SPEC) and the course itself.
 # Every install below takes it as pip constraints, so each machine gets the tested set; `make lock`
 # refreshes it on purpose (README, "Versions").
@@ -135,7 +138,7 @@ test-gpu:
 # RLHF_TUTORIAL_PROGRESS_FILE=off: running the solutions must not mark a learner's exercises as passed.
 nbval: $(STAMP)
 	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny RLHF_TUTORIAL_STRICT=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
-	  $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
+	  $(KERNEL_THREADS) $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
 
 # Every solution notebook again in the GPT-2 world, against the stand-in cache, offline, with the runs
 # shrunk to smoke size (RLHF_TUTORIAL_SMOKE=1): proves the GPT-2 code path runs, not that it learns.
@@ -154,13 +157,13 @@ stand-in-hub: $(STAMP) gpt2-bpe
 
 nbval-gpt2: stand-in-hub
 	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
-	  $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
+	  $(KERNEL_THREADS) $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
 
 # The same run with every model on the simulated GPU (see unit-simgpu): the notebooks a learner with a GPU
 # runs, cell by cell, with CUDA's device rules (about 3.5 min here; GPT-2 world, smoke size).
 nbval-simgpu: stand-in-hub
 	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=gpt2 RLHF_TUTORIAL_SMOKE=1 RLHF_TUTORIAL_PROGRESS_FILE=off \
-	  RLHF_TUTORIAL_DEVICE=simgpu $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
+	  RLHF_TUTORIAL_DEVICE=simgpu $(KERNEL_THREADS) $(BIN)/python -m pytest $(NBVAL_FLAGS) -p no:cacheprovider solutions $(PYTEST_ARGS)
 
 # Debian's chromium for the browser test (Playwright's own browser download is not used). As root with
 # apt-get it is installed; otherwise this fails and says what to do (the test would fail anyway).

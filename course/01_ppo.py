@@ -319,7 +319,12 @@ print(bad.diagnosis)
 # `PPOArgs` defaults (about 250,000 steps, one to two minutes on a CPU).
 
 # %%
-args = PPOArgs(seed=1, total_timesteps=40_000) if is_tiny() or is_smoke() else PPOArgs(seed=1)
+if is_smoke():  # CI's smoke runs (RLHF_TUTORIAL_SMOKE=1): just long enough to see it learn
+    args = PPOArgs(seed=1, total_timesteps=12_000)
+elif is_tiny():
+    args = PPOArgs(seed=1, total_timesteps=40_000)
+else:
+    args = PPOArgs(seed=1)
 dashboard = ppo_dashboard(title=f"PPO on CartPole-v1 ({args.total_timesteps:,} steps)")
 result = train(args, callback=dashboard.update, **learner_functions(globals()))
 dashboard.finish()
