@@ -38,8 +38,8 @@
 # ```
 #
 # The chapter trains on one-step problems (difficulty 1), where the base model is right on
-# {{compare.pass_at_k.base.1:.0%}} of its samples (pass@1) and within 16 tries on {{compare.pass_at_k.base.16:.0%}} of the problems
-# (pass@16), and measures two- and three-step problems that pretraining showed but no fine-tuning does.
+# {{compare.pass_at_k.base.1:.0%}} of its samples (pass@1) and 16 tries hold a right answer {{compare.pass_at_k.base.16:.0%}} of the time
+# (pass@16, averaged over the problems), and measures two- and three-step problems that pretraining showed but no fine-tuning does.
 
 # %% imports
 import copy
@@ -144,8 +144,10 @@ for p, texts in zip(problems[:4], samples):
 # What the run shows. The strict verifier rewards a sample only when its arithmetic is right *and* its
 # last answer line is well formed: look for samples whose working is right but whose answer line is
 # not (in the tiny world `"Answer = 0"`, `"answer = 4"`, `"Answer: 7 ."`, copied from sloppy writers).
-# They score 0, so part of what fine-tuning on this reward teaches is the format. The lenient reader rewards
-# a worked solution only when its first operand *is* the answer (`7+0`, `7-0`): over the base
+# They score 0, so part of what fine-tuning on this reward teaches is the format. The lenient reader never
+# rewards a worked solution that copies its problem right: its first number is then the first operand, and
+# with operands from 1 to 9 a one-step problem's answer is never its first operand. It rewards only the rare
+# sample whose first number happens to be its answer (a bare `The answer is 6.`, for one): over the base
 # model's samples its pass@1 is {{compare.base_pass_at_1_lenient:.3f}}, against {{compare.base_pass_at_1:.3f}} for the strict verifier
 # (section 5 prints both).
 
@@ -276,9 +278,9 @@ for n in (1, 2, 16, 1024):
 # ## 5. A verifier that can be hacked
 #
 # Suppose the verifier were written the quick way: "the answer is the first number in the text"
-# (`lenient_extract_answer`). On a worked solution that reads the first operand, so it almost never
-# agrees with the true answer; but the one-sentence answers some writers gave ("The answer is 15.")
-# start with their number. GRPO against the lenient verifier finds that: the policy drops the working
+# (`lenient_extract_answer`). On a worked solution that reads the first operand, which at one step
+# never is the true answer; but in the one-sentence answers some writers gave ("The answer is 15.")
+# the first number is the answer. GRPO against the lenient verifier finds that: the policy drops the working
 # and the `Answer:` line. The lenient reward climbs while the strict verifier, which wants the
 # `Answer: N` line, sees the policy get *worse*.
 
@@ -316,7 +318,8 @@ figures.agree("compare", {"hacked.lenient_reward_last": hacked.history[-1]["rewa
 # ## 6. GRPO with the verifiable reward
 #
 # Chapter 04's trainer, unchanged, with `task="arithmetic"`: the prompts are problems of the training
-# difficulty, the reward is `verifiable_reward` read through the prompt, and DAPO's settings:
+# difficulty, the reward is the verifiable reward (1.0 when your `extract_answer` reads the true answer, which
+# the trainer reads from the prompt), and DAPO's settings:
 #
 # - **dynamic sampling**: with a binary reward many groups are all right or all wrong; their
 #   group-relative advantages are all zero and they teach nothing. They are dropped and more are

@@ -305,7 +305,7 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 # numbers, learns as much as rank 16, as it should if what GRPO learns from the reward in
 # {{lora_rl_seeds.args.num_phases}} phases of {{lora_rl_seeds.args.groups_per_phase}} groups fits in one direction per matrix. Rank 1's final rewards spread the widest of the four, so one rank-1
 # run tells the least (rank 16's KL spread the widest: five seeds are few). These five seeds ran one LoRA
-# rate; the three-seed scan above found no rate between a third of it and three times it that closes the
+# rate; the three-seed scan above found no rate between a tenth of it and three times it that closes the
 # gap to full fine-tuning.
 # What the tables do not show is a rank too small for the task: none was.
 #
@@ -317,8 +317,8 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 # PPO is less forgiving. Chapter 03's trainer with the same field (`train-rlhf --world tiny --lora-rank 1
 # --learning-rate 2e-3`, about three times its preset's rate; its value head still trains in full)
 # climbed from {{lora_ppo_r1.mean_reward_initial:.2f}} to {{lora_ppo_r1.mean_reward_final:.2f}} in {{lora_ppo_r1.phases}} phases at a KL of {{lora_ppo_r1.kl_final:.2f}}, where the full fine-tune
-# reaches {{rlhf_neg.mean_reward_final:.2f}}; a run at ten times the preset's rate diverged (it is not in the recorded figures).
-# Its rate was not scanned: between the two is the next experiment to run.
+# reaches {{rlhf_neg.mean_reward_final:.2f}}. This is the only rate recorded for LoRA with PPO: its rate was not scanned,
+# and a scan like section 4's is the next experiment to run.
 
 # %% [markdown]
 # ## 5. SFT at the same ranks: many bits per example
@@ -326,7 +326,8 @@ print(f"base weights unchanged: {all(torch.equal(p, q) for p, q in zip(trained.p
 # Supervised fine-tuning on chapter 07's worked arithmetic gives the model, at every token of every
 # demonstration, the token to write: far more information per example than a reward's one bit. If
 # capacity is what LoRA lacks, SFT is where a small rank should show it. One pass over
-# {{lora_sft.args.n_demonstrations}} demonstrations (the world has a few hundred distinct one-step problems: they repeat),
+# {{lora_sft.args.n_demonstrations}} demonstrations (the world has fewer than two hundred distinct one-step problems,
+# two operands from 1 to 9 and + or -: they repeat),
 # then pass@1 on {{lora_sft.args.eval_problems}} problems of the evaluation split ({{lora_sft.args.pass_samples}} samples each; a separate draw,
 # but with so few distinct problems most of them are also among the demonstrations). The cell runs full fine-tuning and your
 # rank 1; the other ranks come from `compare-lora --world tiny --task arithmetic`.

@@ -228,6 +228,8 @@ CLAUSES: dict[str, dict[str, str]] = {
         "shaping": "the rewards are the task rewards minus repetition_coef times the n-gram repetition",
         "top_k": "the samples are drawn with args.top_k",
         "no_grad": "the memory carries no gradients",
+        "sample_temperature": "the samples are drawn at args.temperature (not only the log-probs)",
+        "prepend_bos": "the samples start with a BOS token only when args.prepend_bos",
     },
     "learning_phase": {
         "zero_grad": "the gradients are cleared before each minibatch's backward pass",
@@ -237,6 +239,7 @@ CLAUSES: dict[str, dict[str, str]] = {
         "generator": "the minibatches are drawn with trainer.generator",
         "objective_kl_coef": "the objective takes trainer.objective_kl_coef",
         "ascent": "the update climbs the objective",
+        "diagnostics": "the returned diagnostics are the mean of every minibatch's stats",
     },
 }
 if check_device().type == "simgpu":  # inference_mode runs as no_grad there: no tensor is an inference tensor,
@@ -1147,9 +1150,8 @@ def check_transformer_with_value_head(candidate) -> str:
             what = ("not orthogonal" if got_gain is None else f"orthogonal with gain {got_gain:.4g}, expected "
                     f"{gain:.4g}" if not math.isclose(got_gain, gain, rel_tol=1e-3) else "given a non-zero bias")
             raise failure(f"value_head[{i}] is {what}.",
-                          "The value head is not initialised with layer_init: layer_init(nn.Linear(d_model, "
-                          "4 * d_model), std=math.sqrt(2)) and layer_init(nn.Linear(4 * d_model, 1), std=1.0) "
-                          "(orthogonal weights, zero biases), as in chapter 01.")
+                          "The value head is not initialised with layer_init: chapter 01's orthogonal weights with "
+                          "gain sqrt(2) for the first layer and 1 for the second, and zero biases.")
     return ("value head architecture and initialisation, logits unchanged (the hook returns nothing), values from "
             "ln_final.hook_normalized, gradients flow to the head and the transformer.")
 
@@ -1360,8 +1362,9 @@ def check_get_samples(candidate) -> str:
     tokens, _ = sample(candidate, model, prompt, 4, 5, top_k=1)
     if not torch.equal(tokens, greedy.expand(4, -1)):
         raise CheckFailure("with top_k=1 every sample should be the greedy continuation.",
-                           hint="top_k is ignored: with top_k set, only the k likeliest tokens may be drawn (with "
-                                "top_k=1, the likeliest one: the greedy continuation).")
+                           hint="top_k is ignored, or lets more than k tokens through: with top_k set, only the k "
+                                "likeliest tokens may be drawn (with top_k=1, the likeliest one: the greedy "
+                                "continuation).")
 
     # Temperature: which of softmax(l / T), softmax(l), softmax(l * T), softmax(l / T^2) best explains the
     # first new tokens (the largest log-likelihood of 1500 draws)? And does the winner fit at all: under the
@@ -1500,9 +1503,13 @@ def check_replay_memory(candidate) -> str:
     for p in range(3):
         order = sum(passes[4 * p : 4 * p + 4], [])
         if sorted(order) != list(range(16)):
-            raise CheckFailure(f"pass {p} does not visit every row exactly once (rows {order}).",
-                               hint="Shuffle without replacement: each pass is one random permutation of all the "
-                                    "rows, cut into num_minibatches parts.")
+            hint = ("Shuffle without replacement: each pass is one random permutation of all the rows, cut into "
+                    "num_minibatches parts.")
+            if sorted(sum(passes, [])) == sorted(list(range(16)) * 3):  # every row 3 times: the passes interleaved
+                hint = ("Every row comes update_epochs times, but the passes are interleaved: the list holds pass 0's "
+                        "num_minibatches minibatches first, then pass 1's, and so on.")
+            raise CheckFailure(f"pass {p} (minibatches {4 * p} to {4 * p + 3}) does not visit every row exactly once "
+                               f"(rows {order}).", hint=hint)
         orders.append(order)
     if orders[0] == orders[1] == orders[2]:
         raise CheckFailure("every pass visits the rows in the same order.",
@@ -1534,9 +1541,9 @@ def check_replay_memory(candidate) -> str:
         raise CheckFailure(
             f"with num_minibatches=1 and update_epochs=2, expected 2 minibatches of all 16 rows, got "
             f"{fmt(whole) if sizes is None else f'{len(sizes)} minibatches of sizes {sizes[:8]}'}.",
-            hint="num_minibatches is how MANY pieces, not how many rows per piece: perm.reshape(num_minibatches, "
-            "-1) or perm.chunk(num_minibatches); perm.split(k) cuts pieces of k rows (the same only when "
-            "k * k == batch).")
+            hint="num_minibatches is how MANY pieces, not how many rows per piece: each pass's permutation is cut "
+            "into num_minibatches equal parts of batch / num_minibatches rows (pieces of num_minibatches rows are "
+            "the same only when num_minibatches squared equals the batch).")
     return "12 minibatches, rows aligned across fields, returns = advantages + values, each pass a fresh " \
            "permutation; one minibatch of every row when num_minibatches=1."
 
@@ -1958,8 +1965,9 @@ class _BatchSizes:
             handle.remove()
 
 
-def _rollout(candidate, trainer: RLHFTrainer, label: str):
-    """Run the learner's rollout_phase, check its forward passes were chunked, then its memory."""
+def _rollout(candidate, trainer: RLHFTrainer, label: str, inspect: Callable | None = None):
+    """Run the learner's rollout_phase, check its forward passes were chunked, then its memory (after
+    ``inspect(memory)``, a check of its own that names a mistake before the memory's shapes do)."""
     sizes = _BatchSizes(trainer)
     try:
         memory = call_on_trainer(candidate, trainer, keep_modes=False)
@@ -1976,6 +1984,8 @@ def _rollout(candidate, trainer: RLHFTrainer, label: str):
             "values of each chunk, and torch.cat them.")
     if not sizes.sizes:
         raise CheckFailure(f"{label}: your rollout never called trainer.model or trainer.ref_model on the samples.")
+    if inspect is not None:
+        inspect(memory)
     return memory, _check_memory(memory, trainer, label)
 
 
@@ -2034,9 +2044,53 @@ def check_rollout_phase(candidate) -> str:
                       f"not among the policy's {TOP_K} likeliest at their position.",
                       "args.top_k is ignored: the samples must come from the top k tokens only when args.top_k is set "
                       "(pass it on to get_samples with the other sampling settings).")
-    return ("memory shapes and contents match a recomputation in three rollouts (GAE with the shaping, GAE with an "
-            f"adaptive KL coefficient, one-step without whitening and top_k={TOP_K}), computed in chunks of "
-            "args.minibatch_size; KL is 0 at the start; the samples respect top_k.")
+
+    # 4. a near-greedy temperature and no BOS: the samples are drawn at args.temperature, and with
+    #    args.prepend_bos (both passed on to get_samples; the log-probs alone do not show the first).
+    trainer = make_trainer(phase_args(temperature=COLD, prepend_bos=False, repetition_coef=0.0))
+    label = f"rollout at temperature {COLD} with prepend_bos=False"
+    p = trainer.prefix_len
+    prompt = trainer.model.base_model.to_tokens(trainer.args.prefix, prepend_bos=False)[0]
+
+    def starts_with_the_prompt(memory: Any) -> None:
+        tokens = get_attr(memory, "tokens") if memory is not None else None
+        if not (isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and tokens.shape[1] > 0):
+            return  # _check_memory names it
+        if tokens.shape[1] == p + trainer.args.gen_len and torch.equal(tokens[0, :p].cpu(), prompt.cpu()):
+            return
+        bos = trainer.model.base_model.tokenizer.bos_token_id
+        start = "a BOS token" if int(tokens[0, 0]) == bos else f"token {int(tokens[0, 0])}"
+        raise failure(f"{label}: memory.tokens has {tokens.shape[1]} columns and starts with {start}; expected "
+                      f"{p + trainer.args.gen_len} columns starting with the prompt's own tokens (no BOS).",
+                      "args.prepend_bos is ignored: pass it on to get_samples with the other sampling settings "
+                      "(trainer.prefix_len counts a BOS only when it is True).")
+
+    memory, _ = _rollout(candidate, trainer, label, inspect=starts_with_the_prompt)
+    far = _far_below_greedy(trainer, memory.tokens)
+    if far:
+        raise failure(f"{label}: {far} of the {memory.tokens.shape[0] * trainer.args.gen_len} sampled tokens have a "
+                      f"logit more than {FAR} below the likeliest token's at their position; at temperature {COLD} "
+                      f"each such draw has a chance below 1e-8.",
+                      "The samples are not drawn at args.temperature (the log-probs are, the sampling is not): pass "
+                      "the temperature on to get_samples with the other sampling settings.")
+    return ("memory shapes and contents match a recomputation in four rollouts (GAE with the shaping, GAE with an "
+            f"adaptive KL coefficient, one-step without whitening and top_k={TOP_K}, temperature {COLD} without "
+            "BOS), computed in chunks of args.minibatch_size; KL is 0 at the start; the samples respect top_k, the "
+            "temperature and prepend_bos.")
+
+
+#: The near-greedy sampling temperature of the fourth rollout, and how far below the likeliest token's logit a
+#: sampled token may not be there: a token FAR below has probability at most exp(-FAR / COLD) = e^-40.
+COLD, FAR = 0.05, 2.0
+
+
+def _far_below_greedy(trainer: RLHFTrainer, tokens: torch.Tensor) -> int:
+    """How many generated tokens have a logit more than FAR below the likeliest one at their position."""
+    p = trainer.prefix_len
+    with torch.no_grad():
+        logits = trainer.model.base_model(tokens)[:, p - 1 : -1]  # [b g v]
+    chosen = logits.gather(-1, tokens[:, p:, None])[..., 0]
+    return int((logits.max(-1).values - chosen > FAR).sum())
 
 
 TOP_K = 3
@@ -2173,7 +2227,7 @@ def check_learning_phase(candidate) -> str:
                       num_minibatches=4, update_epochs=2)
     memory = _rollout_memory(args)
     trainer, before, out = _run_learning(candidate, args, memory)
-    ref_trainer, ref_before, _ = _run_learning(rlhf.learning_phase, args, memory)
+    ref_trainer, ref_before, ref_out = _run_learning(rlhf.learning_phase, args, memory)
     fresh = seeded(args.seed).get_state()
     if torch.equal(trainer.generator.get_state(), fresh) and not torch.equal(ref_trainer.generator.get_state(), fresh):
         raise failure("trainer.generator was never drawn from: the minibatch order did not come from it.",
@@ -2205,6 +2259,7 @@ def check_learning_phase(candidate) -> str:
             f"after one learning phase the weights differ from the reference update by {rel:.1%} (optimizer "
             f"steps taken: {sorted(steps)}, expected {expected_steps}; scheduler steps: "
             f"{trainer.scheduler.last_epoch}, expected {ref_trainer.scheduler.last_epoch}).", hint)
+    _check_phase_diagnostics(out, ref_out, expected_steps)
 
     # The update must raise the log-probs of tokens with positive advantage, and the reward must move.
     with torch.no_grad():
@@ -2223,6 +2278,31 @@ def check_learning_phase(candidate) -> str:
     return (f"the update matches the reference ({rel:.1e} relative difference, {expected_steps} optimizer steps, "
             f"one scheduler step), the reference model is untouched, high-advantage tokens became likelier, and "
             f"{MOVE_PHASES} phases of training raised the mean reward from {before_reward:.3f} to {after_reward:.3f}.")
+
+
+#: The diagnostics a learning phase returns that do not depend on how the learner's compute_rlhf_objective
+#: logs a KL it does not weigh (with GAE the objective's KL coefficient is 0, and computing the full KL anyway
+#: is right too, so "kl" may differ).
+_PHASE_DIAGNOSTICS = ("objective", "clipped_surrogate", "value_loss", "entropy", "approx_kl", "clipfrac")
+
+
+def _check_phase_diagnostics(out: dict, expected: dict, n_minibatches: int) -> None:
+    """The returned diagnostics are the mean over every minibatch of the phase (the update already matched the
+    reference's, so the per-minibatch stats are the reference's to rounding): not the last minibatch's, not one
+    pass's."""
+    for key in _PHASE_DIAGNOSTICS:
+        if key not in expected:
+            continue
+        if key not in out:
+            raise CheckFailure(f"the returned diagnostics have no {key!r} (keys: {sorted(out)}): return the mean of "
+                               f"the stats dicts of every minibatch, as the given last line does.")
+        got, want = float(out[key]), float(expected[key])
+        if not abs(got - want) <= 1e-3 + 0.02 * abs(want):
+            raise failure(
+                f"the update is right, but the returned diagnostics are not: {key} = {got:.6g}, expected "
+                f"{want:.6g}, the mean over all {n_minibatches} minibatches of the phase.",
+                "The returned dict is the mean of every minibatch's stats: append each minibatch's dict to "
+                "all_stats inside the loop (not only the last one's, nor one pass's).")
 
 
 MOVE_PHASES = 4

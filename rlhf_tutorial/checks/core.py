@@ -609,6 +609,23 @@ def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
     return a == b
 
 
+def _hidden_difference(got: Any, expected: Any, atol: float, rtol: float, shown: int = 6) -> str:
+    """For two tensors of one shape whose first ``shown`` values (what ``fmt`` prints) agree, a line naming the
+    first entry that does not: otherwise the expected and got previews look the same."""
+    if not (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor) and got.shape == expected.shape):
+        return ""
+    a = got.detach().to(device="cpu", dtype=torch.float64).flatten()
+    b = expected.detach().to(device="cpu", dtype=torch.float64).flatten()
+    bad = (~torch.isclose(a, b, atol=atol, rtol=rtol)).nonzero()
+    if len(bad) == 0 or int(bad[0]) < shown:
+        return ""
+    flat = int(bad[0])
+    index = list(torch.unravel_index(torch.tensor(flat), tuple(expected.shape))) if expected.dim() else []
+    where = "[" + ", ".join(str(int(i)) for i in index) + "]"
+    return (f"\n  (the first {shown} values agree; the first that differs is at index {where}: expected "
+            f"{fmt(float(b[flat]))}, got {fmt(float(a[flat]))})")
+
+
 def seeded(seed: int) -> torch.Generator:
     """A CPU generator for building a checker's random cases (never touches the global RNG)."""
     return torch.Generator().manual_seed(seed)
@@ -815,6 +832,7 @@ def compare_to_reference(
             passed.append((case, got))
             continue
         message = f"Wrong values on {case.label}.\n  expected: {fmt(expected)}\n  got:      {fmt(got)}"
+        message += _hidden_difference(got, expected, atol, rtol)
         if mismatch:
             message += f"\n  (also, {mismatch})"
         hint = _known_mistake(got, case, mistakes, atol, rtol, expected, passed)

@@ -59,7 +59,7 @@ class CompareLoRAArgs:
     groups_per_phase: int = arg(8, "sentiment: groups (prompts) per phase")
     eval_samples: int = arg(64, "sentiment: samples of the final evaluation (reward, KL)")
     # arithmetic (SFT)
-    n_demonstrations: int = arg(2048, "arithmetic: demonstrations, one pass (the world has a few hundred distinct problems: repeats)")
+    n_demonstrations: int = arg(2048, "arithmetic: demonstrations, one pass (the world has 162 distinct one-step problems: repeats)")
     eval_problems: int = arg(32, "arithmetic: fresh problems for pass@1")
     pass_samples: int = arg(8, "arithmetic: samples per problem for pass@1")
 

@@ -906,11 +906,12 @@ def test_compute_rlhf_objective_written_differently():
 # ----------------------------------------------------------------------------------------------------
 def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards="switch", value_offset=0,
                     chunked=True, kl_coef="trainer", shaping=True, repetition_on_device=True, top_k=True,
-                    no_grad=True):
+                    no_grad=True, sample_temperature=True, prepend_bos=True):
     def rollout(trainer):
         args, p = trainer.args, trainer.prefix_len
         tokens, texts = rlhf.get_samples(trainer.model.base_model, args.prefix, args.batch_size, args.gen_len,
-                                         args.temperature, args.top_k if top_k else None, args.prepend_bos)
+                                         args.temperature if sample_temperature else 1.0,
+                                         args.top_k if top_k else None, args.prepend_bos if prepend_bos else True)
         task = trainer.reward_fn(texts)
         repetition = ngram_repetition(texts, args.repetition_n)
         repetition = repetition.to(task.device) if repetition_on_device else repetition
@@ -952,6 +953,10 @@ def rollout_variant(*, temperature=True, ref_from_policy=False, whiten_rewards="
         # the decision issue 38 found unchecked
         (rollout_variant(top_k=False), "args.top_k is ignored"),
         (rollout_variant(no_grad=False), "carries gradients"),
+        # the decisions a learner's attempt found unchecked (issue 38, learn38): the samples drawn at
+        # temperature 1 while the log-probs use args.temperature; args.prepend_bos not passed on (a BOS always)
+        (rollout_variant(sample_temperature=False), "not drawn at args.temperature"),
+        (rollout_variant(prepend_bos=False), "args.prepend_bos is ignored"),
     ],
 )
 def test_rollout_phase_mistakes(wrong, fragment):
@@ -1768,6 +1773,53 @@ def learn_clipping_after_step(trainer, memory):
     return {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]}
 
 
+def learn_stats_of_the_last_minibatch(trainer, memory):
+    """The update is right; the returned diagnostics are the last minibatch's, not the phase's mean."""
+    args = trainer.args
+    all_stats = []
+    for minibatch in memory.get_minibatches(args.num_minibatches, args.update_epochs, trainer.generator):
+        trainer.optimizer.zero_grad()
+        objective, stats = _objective(trainer, minibatch)
+        objective.backward()
+        nn.utils.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
+        trainer.optimizer.step()
+    all_stats.append(stats)
+    trainer.scheduler.step()
+    return {key: sum(s[key] for s in all_stats) / len(all_stats) for key in all_stats[0]}
+
+
+def mb_passes_interleaved(self, num_minibatches, update_epochs=1, generator=None):
+    """Fresh permutations for every pass, but the list alternates between passes (minibatch m of each pass, then
+    m + 1): what the trainer runs is then no pass at all."""
+    n = self.tokens.shape[0]
+    returns = self.advantages + self.values
+    cuts = [torch.randperm(n, generator=generator).chunk(num_minibatches) for _ in range(update_epochs)]
+    return [_mb(self, cuts[e][m], returns) for m in range(num_minibatches) for e in range(update_epochs)]
+
+
+def test_replay_memory_interleaved_passes_are_named_not_called_with_replacement():
+    result = run_check("ReplayMemory", memory_class(mb_passes_interleaved))
+    assert not result.passed
+    assert "passes are interleaved" in (result.hint or ""), (result.message, result.hint)
+    assert "without replacement" not in (result.hint or "")
+
+
+def advantages_last_reward_of_row_zero(values, rewards, prefix_len):
+    """Every row's last token gets row 0's reward: the previews (the first values) agree with the reference's."""
+    q = torch.cat([values[:, prefix_len:-1], rewards[:1, None].expand(values.shape[0], 1)], dim=-1)
+    return q - values[:, prefix_len - 1 : -1]
+
+
+def test_wrong_values_hidden_after_the_preview_are_pointed_at():
+    result = run_check("compute_advantages", advantages_last_reward_of_row_zero)
+    assert not result.passed
+    assert "the first that differs is at index [1, 3]" in result.message, result.message
+
+
+def test_learning_phase_diagnostics_of_one_minibatch_are_named():
+    assert_fails_with("learning_phase", learn_stats_of_the_last_minibatch, "mean over all 8 minibatches")
+
+
 def test_learning_phase_clipping_after_step_is_named():
     result = run_check("learning_phase", learn_clipping_after_step)
     assert not result.passed
@@ -1928,6 +1980,8 @@ VIOLATIONS = {
         "shaping": [rollout_variant(shaping=False)],
         "top_k": [rollout_variant(top_k=False)],
         "no_grad": [rollout_variant(no_grad=False)],
+        "sample_temperature": [rollout_variant(sample_temperature=False)],
+        "prepend_bos": [rollout_variant(prepend_bos=False)],
     },
     "learning_phase": {
         "zero_grad": [learn_accumulating_gradients],
@@ -1937,6 +1991,7 @@ VIOLATIONS = {
         "generator": [learn_unseeded_order],
         "objective_kl_coef": [learn_reward_kl_coef],
         "ascent": [learn_descending],
+        "diagnostics": [learn_stats_of_the_last_minibatch],
     },
 }
 if check_device().type == "simgpu":  # no inference tensors there: the clause is not stated (see CLAUSES)
