@@ -102,7 +102,7 @@ def calc_grpo_objective(
         k3[b, t]    = exp(ref - logprobs) - 1 - (ref - logprobs)         (approx_kl, "k3")
         obj[b, t]   = surr - beta * k3
 
-    Only tokens with ``mask`` True count (masked ones contribute nothing, whatever their values);
+    Only tokens with ``mask`` True count (masked ones contribute nothing, whatever their finite values);
     every row has at least one True (``completion_mask`` always keeps the first generated token).
     ``clip_eps_high`` defaults to ``clip_eps``. With n_b = mask[b].sum():
 
