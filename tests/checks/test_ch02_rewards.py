@@ -707,6 +707,7 @@ def step_ties_count_as_correct(model, optimizer, ct, cm, rt, rm):  # only a tied
     return {"loss": loss.item(), "accuracy": (d >= 0).float().mean().item(), "margin": d.mean().item()}
 
 
+@pytest.mark.cpu_only  # a wrong version is judged on the CPU pass, which make unit runs: no GPU pass follows
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
@@ -1226,6 +1227,7 @@ def test_reward_model_gradient_under_every_pooling(wrong):
     assert not result.passed and "grad" in result.message, result.message
 
 
+@pytest.mark.cpu_only  # a wrong version is judged on the CPU pass, which make unit runs: no GPU pass follows
 @pytest.mark.parametrize("wrong, fragment", [
     (step_summed_loss, "summed over the pairs"),
     (step_accuracy_count, "count of pairs"),

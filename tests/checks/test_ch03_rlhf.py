@@ -1104,6 +1104,7 @@ def learn_reward_kl_coef(trainer, memory):
     return {"objective": sum(stats) / len(stats)}
 
 
+@pytest.mark.cpu_only  # a wrong version is judged on the CPU pass, which make unit runs: no GPU pass follows
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
@@ -1120,6 +1121,7 @@ def test_learning_phase_mistakes(wrong, fragment):
     assert_fails_with("learning_phase", wrong, fragment)
 
 
+@pytest.mark.cpu_only  # a wrong version is judged on the CPU pass, which make unit runs: no GPU pass follows
 def test_learning_phase_descending_fails():
     """An update that descends the objective (a sign slip) is caught."""
 
