@@ -28,12 +28,13 @@ Regimes probed (where plausible implementations differ):
   ``"</calc>"`` is one token and ``"</"``, ``"calc>"`` two more): in one batch, rows with one call, two
   calls, no call, a malformed call, a call closed by two tokens, calls up to ``max_turns`` (the last
   one left unanswered), a call still open when the budget is spent, a result that does not fit, EOS
-  right after a tool text, a call right after a result; then ``max_turns=1``, no EOS token (a sampled 0
-  goes on), a short budget; then 64 rows sampled at temperatures 1.0 and 0.5 (the share of the likely
-  token at the free positions within a band around its probability; every log-prob recomputed from
-  the candidate's own tokens), the generator honoured (the same seed gives the same rows whatever the
-  global RNG), nothing returned with a graph, the tool's inputs recorded;
-- agent_reward: right and wrong answers with 0, 1 and 3 calls, a cost of 0 (the default), 0.1 and
+  right after a tool text, a call right after a result; then ``max_turns=1``, no EOS token (a
+  sampled EOS goes on, token 0 is no EOS, padding is 0), a short budget, a batch of 1; then 64 rows
+  sampled at temperatures 1.0 (a policy in bfloat16) and 0.5 (the share of the likely token at the free positions within a
+  band around its probability; every log-prob recomputed from the candidate's own tokens), the
+  generator honoured (the same seed gives the same rows whatever the global RNG), nothing returned
+  with a graph, the tool's inputs recorded;
+- agent_reward: right and wrong answers with 0, 1, 3 and 12 calls (a right answer below 0), a cost of 0 (the default), 0.1 and
   0.25, a batch of 1, an empty batch; float32.
 """
 
@@ -135,6 +136,7 @@ CLAUSES = {
         "logprobs_aligned": "logprobs[i, t] is the log-prob of tokens[i, t] given the tokens before it; 0.0 "
                             "wherever the mask is False",
         "temperature": "tokens are drawn from softmax(logits / temperature), and the log-probs are at that temperature",
+        "float32": "the log-probs are float32, computed in float32 even for a policy in bfloat16",
         "sampled": "tokens are drawn at random from that distribution, not taken by argmax",
         "generator": "the draws come from the given generator: the same seed gives the same rows, whatever the "
                      "global random state",
@@ -166,6 +168,9 @@ _CALL_TEXTS = [
     ("a newline after the closing tag", "<calc>2+3</calc>\n"),
     ("a space after the closing tag", "<calc>2+3</calc> "),
     ("a closing tag with no opening one", "2+3</calc>"),
+    ("a closing tag with no opening one, after a long expression", "1234567+8</calc>"),
+    ("a misspelt closing tag", "<calc>12+3</calx>"),
+    ("an unclosed call, then seven characters", "<calc>2+3 abcdefg"),
     ("an empty call", "<calc></calc>"),
     ("an all-space call", "<calc>   </calc>"),
     ("a nested opening tag (the last one opens the call)", "<calc>1+<calc>2*3</calc>"),
@@ -319,6 +324,8 @@ _CALC_CASES = [  # (label, expression)
     ("a result above the bound", "999999*999999+999999*999999"),
     ("a partial product above the bound, the result below it", "999999*999999*999999/999999/999999"),
     ("a partial sum above the bound, the result below it", "999999*999999+999999*999999-999999*999999"),
+    ("a partial sum of exactly 10**12, the result below it", "999999*999999+999999+999999+1-1"),
+    ("a partial product of exactly 10**12, the result below it", "100000*100000*100/100"),
     ("'**'", "2**10"),
     ("'//'", "8//2"),
     ("parentheses", "(1+2)*3"),
@@ -757,8 +764,14 @@ SCENARIOS = [
                                                          *env(" = 2"), "<calc>", "2", "+", "2", "</calc>",
                                                          *env(" = 4"), "<calc>", "4", "+", "4", "</calc>", "\n"]),
     ("a call still open when the budget is spent", ["Q", "5", "\n", "<calc>"] + ["9"] * 60),
-    ("a result that does not fit the budget", ["Q", "6", "\n"] + ["a"] * 29 + ["<calc>", "7", "*", "7", "</calc>",
-                                                                             *env(" = 49"), "<eos>"]),
+    ("a result one token too long for the budget", ["Q", "6", "\n"] + ["a"] * 27 + ["<calc>", "7", "*", "7", "</calc>",
+                                                                                  *env(" = 49"), "<eos>"]),
+    ("a result that fills the budget exactly", ["Q", "b", "\n"] + ["a"] * 26 + ["<calc>", "7", "*", "7", "</calc>",
+                                                                              *env(" = 49"), "<eos>"]),
+    ("a closing tag alone right after the prompt", ["Q", "d", "\n", "</calc>", *env(" = error: malformed call"),
+                                                    "\n", "2", "<eos>"]),
+    ("a prompt ending in '</', then 'calc>' (no call: the turn alone counts)", ["Q", "c", "</", "calc>", "\n",
+                                                                                "Answer:", "1", "<eos>"]),
     ("EOS right after a tool text", ["Q", "7", "\n", "<calc>", "1", "2", "-", "1", "2", "</calc>", *env(" = 0"),
                                      "<eos>"]),
     ("a call right after a result", ["Q", "8", "\n", "<calc>", "3", "/", "3", "</calc>", *env(" = 1"), "<calc>", "1",
@@ -920,7 +933,8 @@ def _check_logprobs(got: dict, want_logprobs, where: str, labels):
         hint = "A position the policy did not sample has a log-prob: it must be 0.0 wherever the mask is False."
     else:
         hint = ("The log-prob of a sampled token is log_softmax(logits / temperature) at that token, with the "
-                "temperature the token was sampled at.")
+                "temperature the token was sampled at, computed in float32 (a policy in bfloat16 gives logits "
+                "to convert first).")
     raise failure(f"{where}, row {i} ({labels[i]}): logprobs[{i}, {t}] is {float(logprobs[i, t]):.5g}, expected "
                   f"{float(want_logprobs[i, t]):.5g}.", hint)
 
@@ -939,10 +953,10 @@ def _free_share_band(temperature: float) -> tuple[float, float, float]:
     return p, p - half, p + half
 
 
-def _check_sampling(candidate, temperature: float) -> None:
-    where = f"64 rows at temperature {temperature} (four free digits each after a call)"
+def _check_sampling(candidate, temperature: float, dtype: torch.dtype = torch.float32) -> None:
+    where = f"64 rows at temperature {temperature} (four free digits each after a call), a policy in {dtype}"
     length = P + 24
-    policy = ScriptedPolicy([_FREE_PLAN], P, length).to(check_device())
+    policy = ScriptedPolicy([_FREE_PLAN], P, length).to(check_device(), dtype)
     prompts = torch.tensor([plan_tokens(_FREE_PLAN[:P])] * _FREE_ROWS, device=check_device())
     kwargs = {"max_turns": 3, "max_new_tokens": length - P, "eos_token_id": EOS, "temperature": temperature}
     torch.manual_seed(1)
@@ -1033,6 +1047,8 @@ def check_multi_turn_rollout(candidate) -> str:
          {"max_turns": 3, "max_new_tokens": BUDGET, "eos_token_id": None}),
         ("two scenarios, a budget of 12", prompts[[1, 7]], [labels[1], labels[7]],
          {"max_turns": 3, "max_new_tokens": 12, "eos_token_id": EOS}),
+        ("one scenario alone (a batch of 1)", prompts[[4]], [labels[4]],
+         {"max_turns": 3, "max_new_tokens": BUDGET, "eos_token_id": EOS}),
     ]
     for where, rows, row_labels, kwargs in runs:
         want, want_tools = _reference(policy, rows, generator=torch.Generator(check_device()).manual_seed(0), **kwargs)
@@ -1040,9 +1056,9 @@ def check_multi_turn_rollout(candidate) -> str:
                                     **kwargs)
         _compare_rollouts(got, want, row_labels, where, got_tools, want_tools)
         _check_logprobs(got, want["logprobs"], where, row_labels)
-    for temperature in (1.0, 0.5):
-        _check_sampling(candidate, temperature)
-    return (f"matches the reference on {len(SCENARIOS)} scripted scenarios (" + "; ".join(labels) + ") under four "
+    _check_sampling(candidate, 1.0, torch.bfloat16)
+    _check_sampling(candidate, 0.5)
+    return (f"matches the reference on {len(SCENARIOS)} scripted scenarios (" + "; ".join(labels) + ") under five "
             "settings, and samples 64 rows at temperatures 1.0 and 0.5 with the right distribution, log-probs "
             "and generator.")
 

@@ -52,8 +52,12 @@ def test_the_scripted_scenarios_are_what_the_reference_produces():
     assert found["two calls, the second closed by two tokens"][2] == 2
     assert found["calls up to max_turns = 3, the third unanswered"][:2] == (26, 27)  # ends after the 3rd call
     assert found["a call still open when the budget is spent"][0] == ch09.P + ch09.BUDGET
-    length, planned, calls = found["a result that does not fit the budget"]
-    assert calls == 0 and length == planned - 6  # the call's 5 tool tokens and the EOS never come
+    length, planned, calls = found["a result one token too long for the budget"]
+    assert calls == 0 and length == planned - 6 == ch09.P + ch09.BUDGET - 4  # its 5 tool tokens and EOS never come
+    length, planned, calls = found["a result that fills the budget exactly"]
+    assert calls == 1 and length == planned - 1 == ch09.P + ch09.BUDGET  # the tool text's last token ends the budget
+    assert found["a closing tag alone right after the prompt"][2] == 1
+    assert found["a prompt ending in '</', then 'calc>' (no call: the turn alone counts)"][2] == 0
     assert all(n == len(plan) for (n, _, _), (label, plan) in zip(found.values(), ch09.SCENARIOS)
                if "budget" not in label and "max_turns" not in label)
 
@@ -630,7 +634,8 @@ def _rollout_row_by_row(policy, prompts, tool, encode, decode, max_turns, max_ne
                 logits = policy(context)[0, -1].float()
             else:
                 with torch.no_grad():
-                    logits = policy(context)[0, -1].float()
+                    logits = policy(context)[0, -1]
+                    logits = logits if bug == "no_float" else logits.float()
             draw_t = 1.0 if bug == "sample_t1" else temperature
             probs = torch.softmax(logits / draw_t, dim=-1)
             if bug == "greedy":
@@ -839,6 +844,7 @@ VIOLATIONS = {
         "mask": [rollout_with("env_in_mask"), rollout_with("prompt_in_mask"), rollout_with("padding_in_mask")],
         "logprobs_aligned": [rollout_with("logprob_shift")],
         "temperature": [rollout_with("sample_t1"), rollout_with("logprob_t1")],
+        "float32": [rollout_with("no_float")],
         "sampled": [rollout_with("greedy")],
         "generator": [rollout_with("global_rng")],
         "no_graph": [rollout_with("with_grad")],
