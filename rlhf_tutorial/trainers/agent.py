@@ -82,10 +82,13 @@ class AgentArgs:
     call_cost: float = arg(0.0, "reward subtracted per answered call (agent_reward)")
     policy_mask: bool = arg(True, "train only on the policy's tokens; --no-policy-mask also on the environment's (the bug)")
     max_turns: int = arg(3, "turns per trajectory (a call in the last turn is left unanswered)")
-    max_new_tokens: int = arg(32, "positions after the prompt, sampled and environment tokens together")
+    max_new_tokens: int = arg(28, "positions after the prompt, sampled and environment tokens together")
     temperature: float = arg(1.0, "sampling temperature (the measurements' too)")
     eval_problems: int = arg(64, "fresh problems per difficulty for the measurements")
-    eval_samples: int = arg(4, "samples per problem for the measurements")
+    eval_samples: int = arg(2, "samples per problem for the measurements")
+    sft_texts: int = arg(0, "before RL, fine-tune on this many of the world's pretraining texts (tiny.calc.corpus; "
+                            "the GPT-2 world's base model has never seen the calculator); 0: none")
+    sft_learning_rate: float = arg(5e-5, "learning rate of that fine-tuning (one pass, batches of 16)")
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> AgentArgs:
@@ -95,12 +98,12 @@ class AgentArgs:
         return cls(**{**PRESETS[preset_key(world).split("-")[0]], "world": world, **overrides})
 
 
-#: Per-world settings. The GPT-2 preset fine-tunes GPT-2 (which has never seen the calculator's syntax)
-#: with a smaller learning rate and longer trajectories (its tokenizer does not split digits); untuned
-#: here (no GPT-2 weights offline).
+#: Per-world settings. The GPT-2 preset first fine-tunes GPT-2 on the world's pretraining text (it has
+#: never seen the calculator's syntax: ``sft_texts``), then runs RL with a smaller learning rate and
+#: longer trajectories (its tokenizer does not split digits); untuned here (no GPT-2 weights offline).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "gpt2": dict(learning_rate=2e-5, max_new_tokens=40, problems_per_difficulty=4, phases=60),
+    "gpt2": dict(learning_rate=2e-5, max_new_tokens=40, problems_per_difficulty=4, phases=60, sft_texts=4000),
 }
 
 
@@ -260,6 +263,22 @@ def trained_mask(rollout: agent.AgentRollout, policy_mask: bool) -> Tensor:
     return (positions >= rollout.prompt_len) & (positions < rollout.lengths[:, None])
 
 
+def pretrain(policy: HookedTransformer, args: AgentArgs, progress: bool = True) -> list[float]:
+    """Fine-tune ``policy`` in place on ``args.sft_texts`` texts of the world's pretraining corpus (the
+    tiny world's writers: a few solutions call the calculator), the prompt masked (chapter 07's SFT), so
+    that a base model that never saw the calculator's syntax has tool use as a rare behaviour. Returns
+    the losses."""
+    from rlhf_tutorial.tiny.build import sub_seed
+    from rlhf_tutorial.trainers.reasoning import SFTArgs, fine_tune
+
+    texts = calc.corpus(args.sft_texts, sub_seed(args.seed, "calc-sft"), calc.CalcWriter())
+    pairs = [(t[: t.index("\n") + 1], t[t.index("\n") + 1 :]) for t in texts]
+    sft_args = SFTArgs(world=args.world, batch_size=16, learning_rate=args.sft_learning_rate,
+                       max_grad_norm=args.max_grad_norm)
+    generator = torch.Generator().manual_seed(args.seed)
+    return fine_tune(policy, pairs, sft_args, 1, reasoning.sft_loss, generator, progress, desc="SFT on the corpus")
+
+
 @dataclass
 class AgentResult:
     """What ``train_agent`` returns."""
@@ -298,6 +317,8 @@ def train_agent(
 
         policy = load_agent_policy(args.world)
     start, cpu_start = time.perf_counter(), time.process_time()
+    if args.sft_texts > 0:
+        pretrain(policy, args, progress)
     before = evaluate(policy, args, fns) if evaluate_before_after else None
     reference = None
     if args.beta > 0:
