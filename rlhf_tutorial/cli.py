@@ -20,6 +20,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-tiny": ("rlhf_tutorial.tiny.build:main", "rebuild the offline tiny world from its seed"),
     "build-arith": ("rlhf_tutorial.tiny.build_arith:main", "chapter 07: rebuild the tiny arithmetic world from its seed"),
+    "build-calc": ("rlhf_tutorial.tiny.build_calc:main", "chapter 09: rebuild the tiny calculator (agent) world from its seed"),
     "world-info": ("rlhf_tutorial.worlds:info_main", "load a world and report what it contains"),
     "build-stand-in-hub": ("rlhf_tutorial.standin_hub:main",
                            "write stand-in GPT-2 repos (random weights) into a local HF cache, for tests"),
@@ -51,6 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                           "chapter 07: the notebook's run (base, SFT, rejection sampling, GRPO) compared by pass@k"),
     "compare-lora": ("rlhf_tutorial.trainers.lora_compare:compare_main",
                      "chapter 08: LoRA ranks vs full fine-tuning (GRPO on sentiment, SFT on arithmetic), a fine-tune's spectrum"),
+    "train-agent": ("rlhf_tutorial.trainers.agent:main", "chapter 09: GRPO on multi-turn trajectories with a calculator in the loop"),
     "export-hf": ("rlhf_tutorial.trainers.export:main", "export a policy (base or tuned) to a transformers GPT-2 folder"),
     "bench-trl": ("rlhf_tutorial.trainers.bench_trl:main", "race our GRPO, PPO or DPO trainer against TRL's on the same model and settings"),
     "scale-trl": ("rlhf_tutorial.trainers.scale_trl:main",

@@ -182,6 +182,15 @@ RUNS.update({
     "lora_ppo_r1": Run(("train-rlhf", "--world", "tiny", "--seed", "0", "--lora-rank", "1", "--learning-rate", "2e-3")),
 })
 
+# Chapter 09: GRPO on multi-turn trajectories with the calculator; with a cost per call; the no-mask bug; the
+# shipped calculator world rebuilt elsewhere (the shipped artifacts stay as they are).
+RUNS.update({
+    "agent_short": Run(("train-agent", "--world", "tiny", "--seed", "0")),
+    "agent_cost": Run(("train-agent", "--world", "tiny", "--seed", "0", "--call-cost", "0.1")),
+    "agent_nomask": Run(("train-agent", "--world", "tiny", "--seed", "0", "--no-policy-mask")),
+    "calc_build": Run(("build-calc", "--out", "/tmp/rlhf_tutorial_figures/artifacts_calc")),
+})
+
 #: Runs whose figures swing with the seed, by name: the run of the same settings at several seeds whose summary
 #: holds, under the same KEY, ``{"per_seed", "min", "max", "mean", "std"}`` (``compare-lora --seeds``). On another
 #: CPU a run rounds differently from its first step, which is as good as another seed: :func:`disagreements` then

@@ -52,6 +52,7 @@ WORLDS = ("tiny", "gpt2")
 ENV_VAR = "RLHF_TUTORIAL_WORLD"
 TINY_DIR_ENV_VAR = "RLHF_TUTORIAL_TINY_DIR"
 ARITH_DIR_ENV_VAR = "RLHF_TUTORIAL_ARITH_DIR"
+CALC_DIR_ENV_VAR = "RLHF_TUTORIAL_CALC_DIR"
 GPT2_POLICY = "gpt2"
 GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 GPT2_MODEL_ENV_VAR = "RLHF_TUTORIAL_GPT2"
@@ -441,6 +442,28 @@ def load_reasoning_policy(world: str | None = None, device: Any = None,
     if resolve_world(world) == "gpt2":
         return load_policy("gpt2", device, gpt2_model_name)
     return _load_tiny_policy(arith_dir(), _default_device(device))
+
+
+def calc_dir() -> Path:
+    """Folder of the tiny calculator world's artifacts (chapter 09; ``$RLHF_TUTORIAL_CALC_DIR`` or the
+    package's own ``tiny/artifacts_calc``)."""
+    folder = Path(os.environ.get(CALC_DIR_ENV_VAR) or Path(__file__).resolve().parent / "tiny" / "artifacts_calc")
+    if not (folder / "manifest.json").exists():
+        raise WorldUnavailable(
+            f"The calculator world's artifacts are missing from {folder}. Rebuild them with "
+            f"`python -m rlhf_tutorial build-calc` (or point {CALC_DIR_ENV_VAR} at a build)."
+        )
+    return folder
+
+
+def load_agent_policy(world: str | None = None, device: Any = None,
+                      gpt2_model_name: str | None = None) -> HookedTransformer:
+    """Chapter 09's base model: in the tiny world the shipped calculator-world model (``build-calc``: a
+    small GPT-2-shaped model pretrained on solutions of which a few call the calculator), in the GPT-2
+    world GPT-2 itself (:func:`load_policy`)."""
+    if resolve_world(world) == "gpt2":
+        return load_policy("gpt2", device, gpt2_model_name)
+    return _load_tiny_policy(calc_dir(), _default_device(device))
 
 
 def load_sentiment_classifier(world: str | None = None, device: Any = None):
