@@ -349,6 +349,8 @@ def train(
     evaluate_before_after: bool = True,
     progress: bool = True,
     lora_functions: dict[str, Callable] | None = None,
+    reference_kl: bool = True,
+    batched_prompts: bool = False,
     **overrides: Callable,
 ) -> GRPOResult:
     """Train the policy with GRPO; any function named in ``PLUGGABLE`` can be replaced by keyword.
@@ -362,7 +364,11 @@ def train(
     record. Wall time and peak memory (on the policy's device) cover everything after the models are
     loaded, evaluations included. With ``args.lora_rank > 0`` the policy is frozen and LoRA adapters are
     attached and trained instead (``trainers.lora.apply_lora``; ``lora_functions``: the learner's ``LoRA``,
-    ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``).
+    ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``). ``reference_kl=False``: with
+    ``kl_coef`` = 0 (outside REINFORCE++) the phases skip the reference's forward, whose log-probs would only
+    be reported (``grpo.reference_unused``: the same training, no ``kl`` / ``update_kl_ref`` in the records).
+    ``batched_prompts=True``: the harness's sampler draws the groups of all prompts of one token length in one
+    call (``grpo._fast_sample_prompts``: the same distribution, other draws; many prompts a phase sample faster).
     """
     alias = objective_alias(args)
     if alias and overrides.get("grpo_step", grpo.grpo_step) is not grpo.grpo_step:
@@ -400,7 +406,8 @@ def train(
     rollout = None
     eval_initial = eval_final = None
     start = time.perf_counter()
-    with PeakMemory(device_of(policy)) as memory, harness_speedups(args.fast):
+    with PeakMemory(device_of(policy)) as memory, harness_speedups(args.fast), \
+            grpo.harness(reference_kl=reference_kl, batched_prompts=batched_prompts):
         if evaluate_before_after:
             eval_initial = evaluate(policy, anchor, reward_fn, args, args.eval_samples, seed=args.seed + 1)
         bar = tqdm(range(args.num_phases), desc="GRPO phases", disable=not progress, file=sys.stderr)
@@ -425,6 +432,9 @@ def train(
                             if args.fast:  # free the step's gradients (grpo_step zeroes them before its backward
                                 # anyway): the next forward's activations then never sit beside them in memory
                                 optimizer.zero_grad(set_to_none=True)
+                if grpo.reference_unused(args):  # pi_old stood in for the reference: its KL is not the reference's
+                    for step in steps:
+                        step.pop("kl_ref", None)
                 add_stats(record, mean_stats(steps), prefix="update_")
             if args.ref_refresh_every and (phase + 1) % args.ref_refresh_every == 0:
                 reference.load_state_dict(policy.state_dict())
@@ -612,7 +622,8 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
         return at
 
     before = measure(policy)
-    result = train(args, policy=policy, evaluate_before_after=False, progress=progress)
+    # the summary reports no KL to the reference: with kl_coef = 0 its forward is skipped (the same training)
+    result = train(args, policy=policy, evaluate_before_after=False, progress=progress, reference_kl=False)
     after = measure(result.policy)
     history = result.history
     train_at = arith.TRAIN_DIFFICULTY
