@@ -622,8 +622,10 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
         return at
 
     before = measure(policy)
-    # the summary reports no KL to the reference: with kl_coef = 0 its forward is skipped (the same training)
-    result = train(args, policy=policy, evaluate_before_after=False, progress=progress, reference_kl=False)
+    # the summary reports no KL to the reference: with kl_coef = 0 its forward is skipped (the same training);
+    # the phase's 32 prompts are sampled together (one call per token length, not 32 calls of 8 rows)
+    result = train(args, policy=policy, evaluate_before_after=False, progress=progress, reference_kl=False,
+                   batched_prompts=True)
     after = measure(result.policy)
     history = result.history
     train_at = arith.TRAIN_DIFFICULTY
