@@ -187,8 +187,10 @@ PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
 #: gained 0.28 in 80 phases. 100 phases gained 0.36 at seed 0 on the AMD reference machine but 0.26 at seed 0
 #: and 0.34 at seed 1 on an Intel Xeon (AMX; issue 38): one seed or one CPU is one draw, and the gain was still
 #: climbing (seed 1 on the Xeon: +0.20 after 25 phases, +0.27 after 50), so the preset runs 200: on the Xeon
-#: +0.37, +0.40 and +0.50 at seeds 0, 1 and 2, and at seed 0 +0.39 with AVX2 kernels and +0.42 unvectorised
-#: (figures.json: grpo_arith_*; 240 to 300 s of CPU a run, 416 s unvectorised). The notebook and
+#: seeds 0, 1 and 2 at the AVX512, AVX2 and unvectorised kernel levels all gained between +0.36 and +0.47
+#: (figures.json: grpo_arith_*; issue 38: with the reference's forward skipped at beta = 0 and a phase's prompts
+#: sampled together, 120 to 145 s of CPU a run, 170 to 200 s unvectorised; before, 240 to 300 s and 409 to 445 s).
+#: The notebook and
 #: ``compare-reasoning`` set their own phases and groups, so this number is the CLI's alone.
 ARITHMETIC_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(groups_per_phase=32, group_size=8, max_new_tokens=24, num_phases=200, update_epochs=1,
