@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -405,6 +406,33 @@ _SAMPLE_GROUP_CODE = sample_group.__code__  # collect_rollout samples faster whe
 #: Wall time per section of a phase (``speed.SECTIONS``); ``train`` reads it after every phase.
 CLOCK = PhaseClock()
 
+#: Harness switches (``harness``): ``reference_kl`` False lets ``collect_rollout`` skip the reference's forward
+#: where nothing learns from it (``reference_unused``; ``trainers.grpo.train(reference_kl=False)``, for a run
+#: that reports no KL). A dict, not a global flag: ``trainers.plug.bind`` runs these functions in a
+#: copy of this module's namespace, which shares the dict.
+#: ``batched_prompts`` True: the harness's sampler draws the groups of every prompt of a token length in one
+#: call (``_fast_sample_prompts``) rather than one call per prompt.
+HARNESS = {"reference_kl": True, "batched_prompts": False}
+
+
+@contextmanager
+def harness(**settings: bool) -> Iterator[None]:
+    """Within the block, ``HARNESS`` has ``settings``."""
+    saved = dict(HARNESS)
+    HARNESS.update(settings)
+    try:
+        yield
+    finally:
+        HARNESS.update(saved)
+
+
+def reference_unused(args: GRPOArgs) -> bool:
+    """Whether this phase's reference log-probs would only be reported (``HARNESS["reference_kl"]`` off, ``kl_coef`` = 0
+    outside REINFORCE++): then pi_old's log-probs stand in for them. The objective weighs its KL term by
+    beta = 0, so the loss and the gradients are the same numbers (the term is 0 times a finite number either
+    way); the phase records no ``kl`` and its steps no ``kl_ref``."""
+    return not HARNESS["reference_kl"] and args.kl_coef == 0 and args.advantage_estimator != "reinforce_pp"
+
 
 def group_token_logprobs(
     model: HookedTransformer,
@@ -596,7 +624,9 @@ def collect_rollout(
         # One sample_group call per distinct prompt draws all its groups at once (n * G rows).
         sampled: dict[str, list[tuple[Tensor, Tensor, Tensor | None]]] = {}
         with CLOCK("sampling"):
-            for prompt in dict.fromkeys(prompts):
+            if fast and HARNESS["batched_prompts"]:
+                sampled = _fast_sample_prompts(policy, prompts, args, eos)
+            for prompt in dict.fromkeys(() if sampled else prompts):
                 n = prompts.count(prompt)
                 prompt_tokens = policy.to_tokens(prompt, prepend_bos=args.prepend_bos)[0]  # [prompt_len]
                 if fast:
@@ -658,8 +688,10 @@ def collect_rollout(
             old_logprobs = torch.cat([k[5] for k in kept])
         else:
             old_logprobs = group_token_logprobs(policy, tokens, prefix_lens, args.temperature, rows)
+    unused = reference_unused(args)
     with torch.no_grad(), CLOCK("ref_logprobs"):
-        ref_logprobs = group_token_logprobs(reference, tokens, prefix_lens, args.temperature, rows)
+        ref_logprobs = old_logprobs if unused else group_token_logprobs(reference, tokens, prefix_lens,
+                                                                       args.temperature, rows)
     mask = torch.cat([k[1] for k in kept])
     if advantages is None:  # REINFORCE++: the KL to the reference in the per-token rewards, whitened over the batch
         advantages = reinforce_pp_advantages(rewards.flatten().to(device), old_logprobs, ref_logprobs, mask,
@@ -692,8 +724,9 @@ def collect_rollout(
         texts=[t for k in kept for t in k[3]],
     )
     m = rollout.mask.float()
+    if not unused:
+        stats["kl"] = ((approx_kl(old_logprobs, ref_logprobs, "k3") * m).sum() / m.sum()).item()
     stats.update(
-        kl=((approx_kl(old_logprobs, ref_logprobs, "k3") * m).sum() / m.sum()).item(),
         # the policy's entropy per token, estimated on its own samples: mean of -log pi_old(token)
         entropy=(-(old_logprobs * m).sum() / m.sum()).item(),
         completion_len=m.sum(-1).mean().item(),
@@ -701,6 +734,29 @@ def collect_rollout(
         **mismatch,
     )
     return rollout, stats
+
+
+def _fast_sample_prompts(policy: HookedTransformer, prompts: list[str], args: GRPOArgs,
+                        eos: int) -> dict[str, list[tuple[Tensor, Tensor, Tensor]]]:
+    """``collect_rollout``'s groups drawn by ``speed.fast_sample`` with every prompt of the same token length in
+    one call (``HARNESS["batched_prompts"]``): the same distribution as one call per prompt, other random draws
+    (the stream is spent in another order), far fewer steps of a few rows. Per prompt, its groups as
+    ``(tokens [G s], mask [G g], log-probs [G g])``."""
+    size = args.group_size
+    distinct = list(dict.fromkeys(prompts))
+    by_len: dict[int, list[tuple[str, Tensor]]] = {}
+    for prompt in distinct:
+        prompt_tokens = policy.to_tokens(prompt, prepend_bos=args.prepend_bos)[0]  # [prompt_len]
+        by_len.setdefault(len(prompt_tokens), []).append((prompt, prompt_tokens))
+    sampled: dict[str, list[tuple[Tensor, Tensor, Tensor]]] = {}
+    for prompt_len, group in by_len.items():
+        counts = [prompts.count(prompt) * size for prompt, _ in group]
+        rows = torch.cat([t[None].expand(c, -1) for (_, t), c in zip(group, counts)])  # [sum(counts) prompt_len]
+        tokens, logprobs = fast_sample(policy, rows, args.max_new_tokens, eos, args.temperature, args.top_k)
+        mask = completion_mask(tokens[:, prompt_len:], eos)
+        for (prompt, _), t, m, lp in zip(group, tokens.split(counts), mask.split(counts), logprobs.split(counts)):
+            sampled[prompt] = list(zip(t.split(size), m.split(size), lp.split(size)))
+    return sampled
 
 
 def _frac_finished(rollout: GroupRollout, eos: int) -> float:

@@ -551,3 +551,55 @@ def test_token_advantage_objective_is_grpos_with_the_advantage_repeated_over_tok
         torch.testing.assert_close(got, want)
     no_kl = grpo.calc_reinforce_pp_objective(logprobs, old, ref, adv[:, None].expand(3, 5), mask, beta=0.3)
     torch.testing.assert_close(no_kl, grpo.calc_grpo_objective(logprobs, old, ref, adv, mask, beta=0.0))
+
+
+def _perturbed(model, seed=0):
+    """A copy of ``model`` with every weight moved a little: a reference the policy is not equal to."""
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.device))
+    return other
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_reference_kl_off_skips_the_reference_only_where_beta_is_zero_and_trains_the_same(tiny_policy, kl_coef):
+    # train(reference_kl=False): with beta = 0 nothing learns from the reference's log-probs, so skipping its forward
+    # must leave the training bit for bit as it was; with beta > 0 the switch must change nothing at all
+    reference = _perturbed(tiny_policy)  # a real KL to report: the policy is not its own reference
+    results = []
+    for reference_kl in (True, False):
+        result = grpo_trainer.train(small_args(kl_coef=kl_coef), policy=copy.deepcopy(tiny_policy),
+                                    reference=copy.deepcopy(reference), reward_fn=_reward_by_length, progress=False,
+                                    evaluate_before_after=False, reference_kl=reference_kl)
+        results.append(result)
+    on, off = results
+    assert all(torch.equal(a, b) for a, b in zip(on.policy.state_dict().values(), off.policy.state_dict().values()))
+    assert on.reward_per_phase == off.reward_per_phase
+    assert all(r["kl"] > 0 and r["kl_ref"] > 0 for r in on.history)
+    if kl_coef == 0:
+        assert not any("kl" in r or "kl_ref" in r for r in off.history)  # pi_old stood in: no KL to report
+        assert [r["objective"] for r in on.history] == [r["objective"] for r in off.history]
+    else:
+        assert [r["kl"] for r in on.history] == [r["kl"] for r in off.history]
+    assert grpo.HARNESS == {"reference_kl": True, "batched_prompts": False}  # restored after the run
+
+
+def test_batched_prompts_sample_each_group_from_its_own_prompt(tiny_policy):
+    prompts = ("I watched this film", "The plot was", "I watched this film and", "The plot")  # token lengths differ
+    args = small_args(prompts=prompts, groups_per_phase=6, group_size=3)  # prompts repeat within the phase
+    torch.manual_seed(0)
+    with grpo.harness(batched_prompts=True):
+        rollout, stats = grpo.collect_rollout(tiny_policy, tiny_policy, _reward_by_length, args)
+    assert stats["groups_sampled"] == 6 and rollout.rewards.shape == (6, 3)
+    assert rollout.prompts == [prompts[k % 4] for k in range(6)]
+    for tokens, prefix_len, prompt in zip(rollout.tokens, rollout.prefix_lens, rollout.prompts):
+        own = tiny_policy.to_tokens(prompt, prepend_bos=True)[0]
+        assert tokens.shape == (3, len(own) + args.max_new_tokens) and prefix_len == len(own)
+        assert (tokens[:, :prefix_len] == own).all()
+    assert all(text.startswith(p) for text, p in zip(rollout.texts, [p for p in rollout.prompts for _ in range(3)]))
+    with torch.no_grad():  # the sampler's log-probs are still pi_old's
+        forward = grpo.group_token_logprobs(tiny_policy, rollout.tokens, rollout.prefix_lens)
+    assert ((rollout.old_logprobs - forward).abs() * rollout.mask).max() < 1e-5
+    assert not grpo.HARNESS["batched_prompts"]

@@ -290,3 +290,18 @@ def test_rlhf_fast_sampler_replaces_only_the_reference_get_samples(policy):
                        get_samples=my_get_samples)
     mine.train(progress=False)
     assert calls
+
+
+def test_unvectorised_level_gelu_is_the_models_own_activation(policy, prompt, monkeypatch):
+    # at ATEN_CPU_CAPABILITY=default the fast forward computes the tanh GELU as TransformerLens's gelu_new does
+    from transformer_lens.utilities.activation_functions import gelu_new
+
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(0)) * 4
+    monkeypatch.setattr(speed, "_SCALAR_KERNELS", True)
+    assert torch.equal(speed._gelu_tanh(x), gelu_new(x))
+    assert (speed._gelu_tanh(x) - torch.nn.functional.gelu(x, approximate="tanh")).abs().max() < 1e-5
+    tokens = speed.fast_sample(policy, prompt.expand(4, -1), 10, None)[0]
+    ours = _fast_logits(policy, tokens)
+    assert (ours - policy(tokens)).abs().max() < 1e-4
+    monkeypatch.setattr(speed, "_SCALAR_KERNELS", False)
+    assert torch.equal(speed._gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"))

@@ -187,8 +187,10 @@ PRESETS.update(gpt2_size_presets(PRESETS["gpt2"], dict(
 #: gained 0.28 in 80 phases. 100 phases gained 0.36 at seed 0 on the AMD reference machine but 0.26 at seed 0
 #: and 0.34 at seed 1 on an Intel Xeon (AMX; issue 38): one seed or one CPU is one draw, and the gain was still
 #: climbing (seed 1 on the Xeon: +0.20 after 25 phases, +0.27 after 50), so the preset runs 200: on the Xeon
-#: +0.37, +0.40 and +0.50 at seeds 0, 1 and 2, and at seed 0 +0.39 with AVX2 kernels and +0.42 unvectorised
-#: (figures.json: grpo_arith_*; 240 to 300 s of CPU a run, 416 s unvectorised). The notebook and
+#: seeds 0, 1 and 2 at the AVX512, AVX2 and unvectorised kernel levels all gained between +0.36 and +0.47
+#: (figures.json: grpo_arith_*; issue 38: with the reference's forward skipped at beta = 0 and a phase's prompts
+#: sampled together, 120 to 145 s of CPU a run, 170 to 200 s unvectorised; before, 240 to 300 s and 409 to 445 s).
+#: The notebook and
 #: ``compare-reasoning`` set their own phases and groups, so this number is the CLI's alone.
 ARITHMETIC_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(groups_per_phase=32, group_size=8, max_new_tokens=24, num_phases=200, update_epochs=1,
@@ -349,6 +351,8 @@ def train(
     evaluate_before_after: bool = True,
     progress: bool = True,
     lora_functions: dict[str, Callable] | None = None,
+    reference_kl: bool = True,
+    batched_prompts: bool = False,
     **overrides: Callable,
 ) -> GRPOResult:
     """Train the policy with GRPO; any function named in ``PLUGGABLE`` can be replaced by keyword.
@@ -362,7 +366,11 @@ def train(
     record. Wall time and peak memory (on the policy's device) cover everything after the models are
     loaded, evaluations included. With ``args.lora_rank > 0`` the policy is frozen and LoRA adapters are
     attached and trained instead (``trainers.lora.apply_lora``; ``lora_functions``: the learner's ``LoRA``,
-    ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``).
+    ``lora_hooks``, ``merge_lora`` from ``trainers.lora.learner_functions``). ``reference_kl=False``: with
+    ``kl_coef`` = 0 (outside REINFORCE++) the phases skip the reference's forward, whose log-probs would only
+    be reported (``grpo.reference_unused``: the same training, no ``kl`` / ``update_kl_ref`` in the records).
+    ``batched_prompts=True``: the harness's sampler draws the groups of all prompts of one token length in one
+    call (``grpo._fast_sample_prompts``: the same distribution, other draws; many prompts a phase sample faster).
     """
     alias = objective_alias(args)
     if alias and overrides.get("grpo_step", grpo.grpo_step) is not grpo.grpo_step:
@@ -400,7 +408,8 @@ def train(
     rollout = None
     eval_initial = eval_final = None
     start = time.perf_counter()
-    with PeakMemory(device_of(policy)) as memory, harness_speedups(args.fast):
+    with PeakMemory(device_of(policy)) as memory, harness_speedups(args.fast), \
+            grpo.harness(reference_kl=reference_kl, batched_prompts=batched_prompts):
         if evaluate_before_after:
             eval_initial = evaluate(policy, anchor, reward_fn, args, args.eval_samples, seed=args.seed + 1)
         bar = tqdm(range(args.num_phases), desc="GRPO phases", disable=not progress, file=sys.stderr)
@@ -425,6 +434,9 @@ def train(
                             if args.fast:  # free the step's gradients (grpo_step zeroes them before its backward
                                 # anyway): the next forward's activations then never sit beside them in memory
                                 optimizer.zero_grad(set_to_none=True)
+                if grpo.reference_unused(args):  # pi_old stood in for the reference: its KL is not the reference's
+                    for step in steps:
+                        step.pop("kl_ref", None)
                 add_stats(record, mean_stats(steps), prefix="update_")
             if args.ref_refresh_every and (phase + 1) % args.ref_refresh_every == 0:
                 reference.load_state_dict(policy.state_dict())
@@ -612,7 +624,10 @@ def arithmetic_main(args: GRPOArgs, progress: bool = True) -> dict:
         return at
 
     before = measure(policy)
-    result = train(args, policy=policy, evaluate_before_after=False, progress=progress)
+    # the summary reports no KL to the reference: with kl_coef = 0 its forward is skipped (the same training);
+    # the phase's 32 prompts are sampled together (one call per token length, not 32 calls of 8 rows)
+    result = train(args, policy=policy, evaluate_before_after=False, progress=progress, reference_kl=False,
+                   batched_prompts=True)
     after = measure(result.policy)
     history = result.history
     train_at = arith.TRAIN_DIFFICULTY
