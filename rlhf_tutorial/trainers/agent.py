@@ -75,7 +75,7 @@ class AgentArgs:
     updates_per_phase: int = arg(2, "gradient steps on each phase's trajectories (minibatches of a shuffled pass)")
     learning_rate: float = arg(1e-3, "AdamW learning rate (constant; no weight decay)")
     max_grad_norm: float = arg(1.0, "clip the global gradient norm to this")
-    clip_eps: float = arg(0.2, "the objective's clip range")
+    clip_coef: float = arg(0.2, "epsilon (clip_eps): the ratio is clipped to [1 - clip_coef, 1 + clip_coef]")
     beta: float = arg(0.0, "KL penalty to the starting policy (k3 per token); 0 skips the reference model")
     loss_type: str = arg("grpo", "'grpo', 'dapo' or 'dr_grpo' (calc_grpo_objective)")
     advantage_scale: str = arg("group", "'group', 'batch' or 'none' (group_relative_advantages)")
@@ -367,7 +367,7 @@ def train_agent(
                     old = token_logprobs(policy, tokens, args.temperature)
                     ref = token_logprobs(reference, tokens, args.temperature) if reference is not None else old
                 new = token_logprobs(policy, tokens, args.temperature)
-                objective = fns["calc_grpo_objective"](new, old, ref, a.float(), m, clip_eps=args.clip_eps,
+                objective = fns["calc_grpo_objective"](new, old, ref, a.float(), m, clip_eps=args.clip_coef,
                                                        beta=args.beta, loss_type=args.loss_type)
                 loss = -objective * len(members) / len(chosen)  # the minibatch's mean over its rows
                 loss.backward()
