@@ -80,7 +80,7 @@ from rlhf_tutorial.agent import (
 # and append its text **as token ids**, so that the tokens trained on are exactly those sampled; go on
 # until an EOS, the last turn's call, or the token budget. Keep each sampled token's log-probability.
 
-# %% exercise rlhf_tutorial.agent:multi_turn_rollout | 40 min | difficulty 4 | importance 5
+# %% exercise rlhf_tutorial.agent:multi_turn_rollout | 40 min | difficulty 5 | importance 5
 
 # %% [markdown]
 # ## 5. The reward

@@ -61,6 +61,8 @@ def commands(tmp: Path) -> dict[str, tuple[str, ...]]:
         "bench-trl dpo": ("bench-trl", "--algo", "dpo", "--smoke", "--seeds", "0"),
         "scale-trl": ("scale-trl", *TINY, "--num-processes", "2", "--algo", "grpo", "--smoke"),
         "probes": ("probes",),
+        "train-agent": ("train-agent", *TINY, "--num-phases", "1", "--problems-per-difficulty", "2", "--group-size", "2",
+                        "--eval-problems", "2", "--eval-samples", "1", *QUIET),
     }
 
 
@@ -74,6 +76,7 @@ OTHER_DEVICE = {
 SKIPPED = {
     "build-tiny": "rebuilds the tiny world from its seed with its own settings (CPU-pinned config), minutes",
     "build-arith": "rebuilds chapter 07's world from its seed (CPU-pinned config), minutes",
+    "build-calc": "rebuilds chapter 09's calculator world from its seed (CPU-pinned config), minutes",
     "build-tuned": "the full-length RLHF build of the shipped tuned policy",
     "build-stand-in-hub": "run by make test-gpu itself (on the CPU) before the GPT-2-world suite",
     "bench-trl ppo": "needs TRL 1.12 beside the environment (make trl-ppo)",

@@ -154,7 +154,7 @@ def test_a_rebuild_measures_what_the_shipped_world_measured(tmp_path):
 
 
 # --- the trainer (smoke sizes) ------------------------------------------------------------------------------
-SMOKE = dict(phases=2, problems_per_difficulty=2, group_size=4, eval_problems=4, eval_samples=2)
+SMOKE = dict(num_phases=2, problems_per_difficulty=2, group_size=4, eval_problems=4, eval_samples=2)
 
 
 def test_train_agent_is_deterministic_and_runs_the_learners_functions(base_model):
@@ -245,7 +245,7 @@ def test_gpt2_preset_differs_and_keeps_every_field():
 def test_train_agent_runs_in_the_gpt2_world(gpt2_world):
     """The GPT-2 world's code path on the stand-in cache (random weights: it runs, nothing is learned):
     the fine-tuning on the corpus, GPT-2's tokenizer in the rollout, the preset where no flag is given."""
-    argv = ["--world", "gpt2", "--seed", "0", "--no-progress", "--sft-texts", "16", "--phases", "1",
+    argv = ["--world", "gpt2", "--seed", "0", "--no-progress", "--sft-texts", "16", "--num-phases", "1",
             "--problems-per-difficulty", "1", "--group-size", "2", "--eval-problems", "2", "--eval-samples", "1",
             "--max-new-tokens", "6", "--difficulties", "hard"]
     summary = run.main(argv)

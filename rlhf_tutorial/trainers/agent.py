@@ -69,7 +69,7 @@ class AgentArgs:
     world: str | None = arg(None, "'tiny' or 'gpt2'; None lets RLHF_TUTORIAL_WORLD decide")
     seed: int = arg(0, "seeds the problems, the sampling and the batch order")
     difficulties: str = arg("easy,medium,hard", "comma-separated difficulties trained on (tiny.calc.DIFFICULTIES)")
-    phases: int = arg(30, "rollout-then-update phases")
+    num_phases: int = arg(30, "rollout-then-update phases")
     problems_per_difficulty: int = arg(8, "fresh problems per training difficulty in a phase")
     group_size: int = arg(8, "trajectories per problem (G): the group the advantages are relative to")
     updates_per_phase: int = arg(2, "gradient steps on each phase's trajectories (minibatches of a shuffled pass)")
@@ -103,7 +103,7 @@ class AgentArgs:
 #: longer trajectories (its tokenizer does not split digits); untuned here (no GPT-2 weights offline).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "gpt2": dict(learning_rate=2e-5, max_new_tokens=40, problems_per_difficulty=4, phases=60, sft_texts=4000),
+    "gpt2": dict(learning_rate=2e-5, max_new_tokens=40, problems_per_difficulty=4, num_phases=60, sft_texts=4000),
 }
 
 
@@ -300,7 +300,7 @@ def train_agent(
     callback: Callable[[dict[str, float]], None] | None = None,
     **overrides: Callable,
 ) -> AgentResult:
-    """GRPO on multi-turn trajectories (the module docstring's phases), ``args.phases`` times.
+    """GRPO on multi-turn trajectories (the module docstring's phases), ``args.num_phases`` times.
     ``policy`` defaults to the world's base model (``worlds.load_agent_policy``), trained in place. Any
     function of ``PLUGGABLE`` can be replaced by keyword. ``callback`` gets each phase's record
     (reward, accuracy, calls and turns per trajectory, length, the fraction of groups with one reward)."""
@@ -331,8 +331,8 @@ def train_agent(
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=0.0)
     history: list[dict[str, float]] = []
-    bar = tqdm(total=args.phases, desc="agent GRPO", disable=not progress, file=sys.stderr, leave=False)
-    for phase in range(args.phases):
+    bar = tqdm(total=args.num_phases, desc="agent GRPO", disable=not progress, file=sys.stderr, leave=False)
+    for phase in range(args.num_phases):
         t0 = time.perf_counter()
         batches = []  # (tokens, mask, advantages, num_calls, correct, rewards)
         policy.eval()
