@@ -198,7 +198,8 @@ def test_the_mask_trains_only_the_policys_tokens_unless_the_bug_is_asked_for(bas
     problem_list = calc.problems(4, seed=0, difficulty="hard")
     # a policy that always calls: the base model steered by forcing the call's first tokens is overkill
     # here; the rollout of the base model with many samples has calls
-    rollouts = run.rollout_problems(base_model, problem_list, 16, args, fns, torch.Generator().manual_seed(0))
+    generator = torch.Generator(device=next(base_model.parameters()).device).manual_seed(0)
+    rollouts = run.rollout_problems(base_model, problem_list, 16, args, fns, generator)
     (_, rollout), = rollouts
     assert rollout.num_calls.sum() > 0
     masked, unmasked = run.trained_mask(rollout, True), run.trained_mask(rollout, False)

@@ -42,7 +42,7 @@ def test_the_scripted_scenarios_are_what_the_reference_produces():
     the reference samples from the scripted policy: each scenario tests what its label says."""
     policy, prompts = ch09._scenario_policy()
     out = agent.multi_turn_rollout(policy, prompts, agent.calculator, ch09.encode, ch09.decode, 3, ch09.BUDGET,
-                                   ch09.EOS, 1.0, torch.Generator().manual_seed(0))
+                                   ch09.EOS, 1.0, torch.Generator(device=prompts.device).manual_seed(0))
     found = {}
     for i, (label, plan) in enumerate(ch09.SCENARIOS):
         got = [ch09.VOCAB[x] for x in out.tokens[i, : int(out.lengths[i])].tolist()]
@@ -751,7 +751,7 @@ def test_multi_turn_rollout_names_the_mistakes():
 
 def reward_where(correct, num_calls, call_cost=0.0):
     """Correct, written differently."""
-    base = torch.where(correct, torch.ones(correct.shape), torch.zeros(correct.shape))
+    base = torch.where(correct, torch.ones(correct.shape, device=correct.device), torch.zeros(correct.shape, device=correct.device))
     return base - num_calls * torch.tensor(call_cost, dtype=torch.float32)
 
 
