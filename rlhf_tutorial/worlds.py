@@ -422,16 +422,22 @@ def _load_tiny_policy(root: Path, device: Any) -> HookedTransformer:
     return model.eval()
 
 
+def _artifacts_dir(env_var: str, folder_name: str, what: str, command: str) -> Path:
+    """``$env_var`` or the package's ``tiny/folder_name``; WorldUnavailable (naming ``command``) when it
+    holds no build."""
+    folder = Path(os.environ.get(env_var) or Path(__file__).resolve().parent / "tiny" / folder_name)
+    if not (folder / "manifest.json").exists():
+        raise WorldUnavailable(
+            f"The {what} world's artifacts are missing from {folder}. Rebuild them with "
+            f"`python -m rlhf_tutorial {command}` (or point {env_var} at a build)."
+        )
+    return folder
+
+
 def arith_dir() -> Path:
     """Folder of the tiny arithmetic world's artifacts (chapter 07; ``$RLHF_TUTORIAL_ARITH_DIR`` or the
     package's own ``tiny/artifacts_arith``)."""
-    folder = Path(os.environ.get(ARITH_DIR_ENV_VAR) or Path(__file__).resolve().parent / "tiny" / "artifacts_arith")
-    if not (folder / "manifest.json").exists():
-        raise WorldUnavailable(
-            f"The arithmetic world's artifacts are missing from {folder}. Rebuild them with "
-            f"`python -m rlhf_tutorial build-arith` (or point {ARITH_DIR_ENV_VAR} at a build)."
-        )
-    return folder
+    return _artifacts_dir(ARITH_DIR_ENV_VAR, "artifacts_arith", "arithmetic", "build-arith")
 
 
 def load_reasoning_policy(world: str | None = None, device: Any = None,
@@ -447,13 +453,7 @@ def load_reasoning_policy(world: str | None = None, device: Any = None,
 def calc_dir() -> Path:
     """Folder of the tiny calculator world's artifacts (chapter 09; ``$RLHF_TUTORIAL_CALC_DIR`` or the
     package's own ``tiny/artifacts_calc``)."""
-    folder = Path(os.environ.get(CALC_DIR_ENV_VAR) or Path(__file__).resolve().parent / "tiny" / "artifacts_calc")
-    if not (folder / "manifest.json").exists():
-        raise WorldUnavailable(
-            f"The calculator world's artifacts are missing from {folder}. Rebuild them with "
-            f"`python -m rlhf_tutorial build-calc` (or point {CALC_DIR_ENV_VAR} at a build)."
-        )
-    return folder
+    return _artifacts_dir(CALC_DIR_ENV_VAR, "artifacts_calc", "calculator", "build-calc")
 
 
 def load_agent_policy(world: str | None = None, device: Any = None,
