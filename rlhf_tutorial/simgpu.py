@@ -38,7 +38,6 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 NAME = "simgpu"
 _installed = False
@@ -46,9 +45,15 @@ _lock = threading.Lock()
 aten = torch.ops.aten
 
 
+_sim_device: torch.device | None = None
+
+
 def sim_device() -> torch.device:
     """The simulated GPU (``simgpu:0``); :func:`install` must have run."""
-    return torch.device(NAME, 0)
+    global _sim_device
+    if _sim_device is None:
+        _sim_device = torch.device(NAME, 0)
+    return _sim_device
 
 
 def _is_sim_device(dev: Any) -> bool:
@@ -90,10 +95,9 @@ class SimTensor(torch.Tensor, metaclass=_SimTensorType):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        # Reached when the dispatch mode is not active in this thread (autograd's worker threads):
-        # run under it.
-        with _DispatchMode():
-            return func(*args, **(kwargs or {}))
+        # Reached when the dispatch mode is not active in this thread (autograd's worker threads): the
+        # same rules, run directly (entering a mode for each operation of a backward pass cost as much again).
+        return _run(func, args, kwargs or {})
 
 
 class SimGenerator(torch.Generator):
@@ -112,12 +116,40 @@ class SimGenerator(torch.Generator):
         return sim_device() if self._sim else torch.device("cpu")
 
 
+# ATen's arguments and results are tensors, scalars, dtypes, devices and lists or tuples of them (kwargs: a
+# dict of those), so the three walks below look into lists, tuples and dicts only: torch's general pytree
+# functions did the same work at several times the cost (a third of the simulated GPU's overhead).
+def _tensors(x: Any, out: list) -> list:
+    """Append every tensor in ``x`` (a tensor, or lists / tuples / dicts of them) to ``out``."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for item in x:
+            _tensors(item, out)
+    elif isinstance(x, dict):
+        for item in x.values():
+            _tensors(item, out)
+    return out
+
+
 def _unwrap(x: Any) -> Any:
-    return x.elem if isinstance(x, SimTensor) else x
+    """``x`` with every simulated-GPU tensor replaced by the CPU tensor it wraps."""
+    if isinstance(x, SimTensor):
+        return x.elem
+    if isinstance(x, (list, tuple)):
+        return type(x)(map(_unwrap, x)) if any(isinstance(i, (SimTensor, list, tuple)) for i in x) else x
+    if isinstance(x, dict):
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
 
 
 def _wrap(x: Any) -> Any:
-    return SimTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) else x
+    """``x`` with every CPU tensor wrapped as a simulated-GPU tensor."""
+    if isinstance(x, torch.Tensor):
+        return x if isinstance(x, SimTensor) else SimTensor(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(map(_wrap, x))
+    return x
 
 
 _CROSS_DEVICE_OPS = {aten.copy_.default, aten._to_copy.default, aten.lift_fresh.default}
@@ -141,29 +173,47 @@ def _check_devices(func, args: tuple, kwargs: dict) -> bool:
     if func in _INDEX_OPS:
         self_ = args[0]
         if not isinstance(self_, SimTensor):
-            indices = [t for t in tree_flatten(args[1])[0] if isinstance(t, SimTensor)]
+            indices = [t for t in _tensors(args[1], []) if isinstance(t, SimTensor)]
             if indices:
                 raise RuntimeError(
                     "indices should be either on cpu or on the same device as the indexed tensor (cpu) "
                     "(simulated GPU: on a CUDA machine this line fails the same way)"
                 )
         # index tensors may stay on the CPU; values of index_put must be on self's device
-        rest = (args[0], *args[2:])
-        flat, _ = tree_flatten((rest, kwargs))
+        tensors = _tensors(kwargs, _tensors((args[0], *args[2:]), []))
     else:
-        flat, _ = tree_flatten((args, kwargs))
-    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-    on_sim = any(isinstance(t, SimTensor) for t in tensors)
-    if func not in _CROSS_DEVICE_OPS:
+        tensors = _tensors(kwargs, _tensors(args, []))
+    on_sim = [isinstance(t, SimTensor) for t in tensors]
+    if any(on_sim) and not all(on_sim) and func not in _CROSS_DEVICE_OPS:
         # a CPU tensor of zero dimensions may sit beside a CUDA tensor (not the reverse)
         names = {_device_name(t) for t in tensors if isinstance(t, SimTensor) or t.dim() > 0}
         if len(names) > 1:
             raise _mixed_device_error(func, names)
     dev = kwargs.get("device")
-    result_on_sim = _is_sim_device(dev) if dev is not None else on_sim
+    result_on_sim = _is_sim_device(dev) if dev is not None else any(on_sim)
     if func is aten._to_copy.default and dev is None:
         result_on_sim = isinstance(args[0], SimTensor)
     return result_on_sim
+
+
+def _run(func, args: tuple, kwargs: dict) -> Any:
+    """One ATen operation under the simulated GPU's rules: devices checked, computed on the wrapped CPU
+    tensors, the result wrapped again where it lives on the simulated GPU."""
+    result_on_sim = _check_devices(func, args, kwargs)
+    if "device" in kwargs and _is_sim_device(kwargs["device"]):
+        kwargs = dict(kwargs, device=torch.device("cpu"))
+    out = func(*_unwrap(args), **_unwrap(kwargs))
+    if func is aten.copy_.default:
+        return args[0]
+    if not result_on_sim:
+        return out
+    if isinstance(out, torch.Tensor) and args and isinstance(args[0], SimTensor) and out is args[0].elem:
+        if out.shape == args[0].shape and out.stride() == args[0].stride():
+            return args[0]  # in place: the same wrapper
+        # an in-place op that changed the metadata (squeeze_ in matmul's 1-D case): a wrapper cannot change
+        # its own sizes, so the result is a new one (a Python-level x.squeeze_() leaves x's shape stale)
+        return SimTensor(out)
+    return _wrap(out)
 
 
 class _DispatchMode(TorchDispatchMode):
@@ -173,22 +223,7 @@ class _DispatchMode(TorchDispatchMode):
         self._mode_key = torch._C._TorchDispatchModeKey.FAKE
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result_on_sim = _check_devices(func, args, kwargs)
-        if "device" in kwargs and _is_sim_device(kwargs["device"]):
-            kwargs = dict(kwargs, device=torch.device("cpu"))
-        out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
-        if func is aten.copy_.default:
-            return args[0]
-        if not result_on_sim:
-            return out
-        if isinstance(out, torch.Tensor) and args and isinstance(args[0], SimTensor) and out is args[0].elem:
-            if out.shape == args[0].shape and out.stride() == args[0].stride():
-                return args[0]  # in place: the same wrapper
-            # an in-place op that changed the metadata (squeeze_ in matmul's 1-D case): a wrapper cannot change
-            # its own sizes, so the result is a new one (a Python-level x.squeeze_() leaves x's shape stale)
-            return SimTensor(out)
-        return tree_map(_wrap, out)
+        return _run(func, args, kwargs or {})
 
 
 def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
