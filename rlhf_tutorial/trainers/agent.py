@@ -18,7 +18,7 @@ One phase of training:
 
 ``python -m rlhf_tutorial train-agent --world tiny --seed 0`` prints a JSON summary on its last line:
 ``accuracy_initial`` / ``accuracy_final`` and ``tool_calls_per_problem_initial`` / ``_final`` on the hard
-problems (the tool available), and ``by_difficulty`` (accuracy and calls per problem of every
+problems (the tool available; ``accuracy_gain`` their difference), and ``by_difficulty`` (accuracy and calls per problem of every
 difficulty, initial and final), measured on ``eval_problems`` fresh problems per difficulty with
 ``eval_samples`` samples each at temperature 1.
 """
@@ -447,6 +447,7 @@ def summary(args: AgentArgs, result: AgentResult, wall: float, cpu: float) -> di
         "policy_mask": args.policy_mask,
         "accuracy_initial": _round(before["hard"]["accuracy"]),
         "accuracy_final": _round(after["hard"]["accuracy"]),
+        "accuracy_gain": _round(after["hard"]["accuracy"] - before["hard"]["accuracy"]),
         "tool_calls_per_problem_initial": _round(before["hard"]["calls_per_problem"]),
         "tool_calls_per_problem_final": _round(after["hard"]["calls_per_problem"]),
         "by_difficulty": by,
