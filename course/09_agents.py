@@ -268,7 +268,8 @@ def report(result, name):
     figures.agree(name, {**{k: s[k] for k in ("accuracy_initial", "accuracy_final", "tool_calls_per_problem_final")},
                          **{f"by_difficulty.{d}.{k}_final": s["by_difficulty"][d][f"{k}_final"] for d in s["by_difficulty"]
                             for k in ("accuracy", "call_rate")}})
-    print(f"{len(result.history)} phases, {result.wall_seconds:.0f} s")
+    print(f"{len(result.history)} phases, {result.wall_seconds:.0f} s; samples of hard problems after training:",
+          result.eval_final["hard"]["samples"])
 
 
 result_args = {"agent_short": args}
@@ -295,11 +296,12 @@ trajectory_viewer(rollout, run.policy.tokenizer, rewards=rewards.tolist(), corre
 # %% [markdown]
 # ## 8. A cost per call: learning *when* to call
 #
-# With `call_cost` = 0 a call costs nothing, and on an easy problem, where the head is right anyway,
-# calling neither helps nor hurts: nothing teaches the policy to stop. A real tool has a price (time,
-# money, a context filling up). With a cost per answered call, a right answer with a call earns less than
-# a right answer without one, so within a group of an easy problem the calls get a negative advantage,
-# while on a hard problem a right answer with a call still beats a wrong one without.
+# With `call_cost` = 0 a call costs nothing: wherever it raises the chance of a right answer at all, GRPO
+# pushes it up, on easy problems as on hard ones. A real tool has a price (time, money, a context filling
+# up). With a cost $c$ per answered call, a call pays only where it raises the probability of a right
+# answer by more than $c$: on a problem the head gets right anyway, a right answer with a call earns
+# $1 - c$ against $1$ without, and the calls of such a group get a negative advantage; on a hard problem,
+# where the head is mostly wrong, a right answer with a call still beats a wrong one without.
 #
 # **Predict, then check.** The run below repeats section 7's with a cost of {{agent_cost.call_cost:g}} per call.
 # Which call rate should fall, which should stay high, and what happens to the accuracy on easy problems?
@@ -362,17 +364,26 @@ by_difficulty_figure({"base model": base_eval, "GRPO": run.eval_final, "GRPO, no
                      title="Masked and unmasked training, by difficulty")
 
 # %% [markdown]
-# What the recorded run shows (`train-agent --world tiny --seed 0 --no-policy-mask`, the same seed and
-# settings as section 7's). On hard problems the policy wrote
-# {{agent_nomask.by_difficulty.hard.self_results_per_problem_final:.2f}} results of its own per problem after training
-# ({{agent_nomask.by_difficulty.hard.self_results_per_problem_initial:.2f}} before; with the mask:
-# {{agent_short.by_difficulty.hard.self_results_per_problem_final:.2f}}), of which
-# {{agent_nomask.by_difficulty.hard.self_results_wrong_final:.0%}} were wrong; it called
+# What to read in it. In this world the environment's text after a call is ` = ` and the right result, and
+# the answer line that follows repeats that result. Training on those tokens raises, after ` = `, the
+# probability of the digits the calculator wrote: the same tokens a policy writes when it works a result
+# out itself (the symptom), and the ones it copies into its answer. The run measures which of the two
+# shows.
+#
+# The recorded run (`train-agent --world tiny --seed 0 --no-policy-mask`, the same seed and settings as
+# section 7's): on hard problems the base model wrote
+# {{agent_nomask.by_difficulty.hard.self_results_per_problem_initial:.2f}} results of its own per problem
+# ({{agent_nomask.by_difficulty.hard.self_results_wrong_initial:.0%}} of them wrong). After training without the
+# mask it wrote {{agent_nomask.by_difficulty.hard.self_results_per_problem_final:.2f}} per hard problem (with the
+# mask: {{agent_short.by_difficulty.hard.self_results_per_problem_final:.2f}}), called the tool
 # {{agent_nomask.tool_calls_per_problem_final:.2f}} times per hard problem (with the mask:
-# {{agent_short.tool_calls_per_problem_final:.2f}}) and was right on {{agent_nomask.accuracy_final:.2f}} of them (with the
-# mask: {{agent_short.accuracy_final:.2f}}). Compare the two runs' figures and samples above: whatever the
-# difference, it comes from one line, which tokens the objective counts. The mask is not a detail of
-# bookkeeping: it is the statement of which actions were the policy's.
+# {{agent_short.tool_calls_per_problem_final:.2f}}), and was right on {{agent_nomask.accuracy_final:.2f}} of them
+# (with the mask: {{agent_short.accuracy_final:.2f}}; medium problems: {{agent_nomask.by_difficulty.medium.accuracy_final:.2f}}
+# against {{agent_short.by_difficulty.medium.accuracy_final:.2f}}). Read the samples of both runs above before
+# concluding: one seed of each is one draw. Whatever the difference, it comes from one line, which tokens the
+# objective counts; with a tool whose text is not copied into the answer (a search result, a test
+# report), nothing in the environment's tokens helps the policy, and training on them only teaches it to
+# imitate the environment. The mask is the statement of which actions were the policy's.
 
 # %%
 progress("09")
