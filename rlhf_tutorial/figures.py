@@ -186,6 +186,8 @@ RUNS.update({
 # shipped calculator world rebuilt elsewhere (the shipped artifacts stay as they are).
 RUNS.update({
     "agent_short": Run(("train-agent", "--world", "tiny", "--seed", "0")),
+    # the same at seeds 1 and 2 (the text quotes the mean and spread: SPREADS["agent_short_seeds"])
+    **{f"agent_short_s{seed}": Run(("train-agent", "--world", "tiny", "--seed", str(seed))) for seed in (1, 2)},
     "agent_cost": Run(("train-agent", "--world", "tiny", "--seed", "0", "--call-cost", "0.1")),
     "agent_nomask": Run(("train-agent", "--world", "tiny", "--seed", "0", "--no-policy-mask")),
     "calc_build": Run(("build-calc", "--out", "/tmp/rlhf_tutorial_figures/artifacts_calc")),
@@ -219,6 +221,10 @@ SPREADS: dict[str, Spread] = {
     # chapter 07 quotes the mean and spread of GRPO's pass@1 gain on arithmetic
     "grpo_arith": Spread(("grpo_arith_s0", "grpo_arith_s1", "grpo_arith_s2"),
                          ("pass_at_1_initial", "pass_at_1_final", "pass_at_1_gain", "wall_seconds", "cpu_seconds")),
+    # chapter 09 quotes the mean and spread of train-agent's gain on the hard problems
+    "agent_short_seeds": Spread(("agent_short", "agent_short_s1", "agent_short_s2"),
+                          ("accuracy_initial", "accuracy_final", "accuracy_gain", "tool_calls_per_problem_initial",
+                           "tool_calls_per_problem_final", "wall_seconds", "cpu_seconds")),
     # and at the two other kernel levels (the README's table)
     **{f"grpo_arith_{level}": Spread(tuple(f"grpo_arith_{level}_s{seed}" for seed in (0, 1, 2)),
                                      ("pass_at_1_initial", "pass_at_1_final", "pass_at_1_gain", "wall_seconds",

@@ -20,6 +20,8 @@ only where they run the reference code:
   kept token, with the unembedding, softmax and pick as one autograd step whose backward is
   ``(onehot - softmax) / temperature``: the same values and gradients as chapter 03's
   ``get_logprobs`` on the model's own forward, to float rounding (tested).
+- ``fast_multi_turn_rollout``: chapter 09's multi-turn rollout (the reference ``agent.multi_turn_rollout``)
+  with that cache: the same decisions, the same draws from the same generator, one position fed per step.
 - ``sequence_logprobs``: chapter 06's sequence log-probs of masked completions (the DPO trainer's
   forward), by the same forward and fused unembedding, on the masked positions only.
 """
@@ -402,3 +404,86 @@ def fast_sample(
             break
         logits = torch.addmm(model.b_U, _residual(model, token[:, None], cache, packed)[:, -1], model.W_U)
     return out, logprobs
+
+
+@torch.no_grad()
+def fast_multi_turn_rollout(
+    policy: HookedTransformer,
+    prompts: Int[Tensor, "b prompt_len"],
+    tool: Callable[[str], str],
+    encode: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
+    max_turns: int,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    token_mask: Callable | None = None,
+):
+    """Chapter 09's reference ``agent.multi_turn_rollout`` (its contract, its ``AgentRollout``) with a
+    key/value cache of our own (``can_fast_sample`` models): each position is fed once, where the
+    reference runs a forward over the whole prefix per position. Every decision is the reference's, in
+    its order: at each position the rows that sample draw from ``softmax(logits / temperature)`` by one
+    ``torch.multinomial`` over all rows (the same call on the same generator, so with the same random
+    stream the same tokens wherever the two forwards' probabilities agree to float rounding), a row
+    with environment tokens queued writes the next one, a turn's decoded text ending with
+    ``CALL_CLOSE`` runs ``tool`` and queues ``encode`` of its text. ``token_mask``: the
+    ``policy_token_mask`` that builds the mask (default: the reference). tests/test_agent_fast.py
+    compares the two."""
+    from rlhf_tutorial import agent
+
+    token_mask = token_mask or agent.policy_token_mask
+    b, prompt_len = prompts.shape
+    s = prompt_len + max_new_tokens
+    if s > policy.cfg.n_ctx:
+        raise ValueError(f"prompt ({prompt_len}) + {max_new_tokens} new tokens exceed n_ctx = {policy.cfg.n_ctx}")
+    device = prompts.device
+    pad = eos_token_id if eos_token_id is not None else 0
+    tokens = torch.full((b, s), pad, dtype=torch.long, device=device)
+    tokens[:, :prompt_len] = prompts
+    logprobs = torch.zeros(b, s, device=device)
+    lengths = [s] * b
+    env_spans: list[list[tuple[int, int]]] = [[] for _ in range(b)]
+    queued: list[list[int]] = [[] for _ in range(b)]  # tool tokens still to write, per row
+    turn_tokens: list[list[int]] = [[] for _ in range(b)]  # the current turn's sampled tokens, per row
+    turn, done = [1] * b, [False] * b
+    cache = _Cache(policy, b, s)
+    packed = _packed_layers(policy)
+    resid = _residual(policy, tokens[:, :prompt_len], cache, packed)[:, -1]  # [b d]: predicts position prompt_len
+    for t in range(prompt_len, s):
+        column = [pad] * b
+        if any(not done[i] and not queued[i] for i in range(b)):
+            logits = torch.addmm(policy.b_U, resid, policy.W_U).float() / temperature  # [b v]
+            logp = logits.log_softmax(dim=-1)
+            drawn = torch.multinomial(logp.exp(), 1, generator=generator)  # [b 1]
+            drawn_lp = logp.gather(-1, drawn).squeeze(-1)  # [b]
+            drawn_list = drawn.squeeze(-1).tolist()
+        for i in range(b):
+            if done[i]:
+                continue
+            if queued[i]:  # the environment writes this position
+                column[i] = queued[i].pop(0)
+                if not queued[i]:
+                    turn_tokens[i] = []
+                continue
+            token = column[i] = drawn_list[i]
+            logprobs[i, t] = drawn_lp[i]
+            turn_tokens[i].append(token)
+            if token == eos_token_id:
+                done[i], lengths[i] = True, t + 1
+            elif decode(turn_tokens[i]).endswith(agent.CALL_CLOSE):
+                ids = list(encode(tool(decode(turn_tokens[i])))) if turn[i] < max_turns else []
+                if turn[i] >= max_turns or t + 1 + len(ids) > s:
+                    done[i], lengths[i] = True, t + 1
+                else:
+                    queued[i] = ids
+                    env_spans[i].append((t + 1, t + 1 + len(ids)))
+                    turn[i] += 1
+        tokens[:, t] = torch.tensor(column, dtype=torch.long, device=device)
+        if all(done) or t + 1 == s:
+            break
+        resid = _residual(policy, tokens[:, t : t + 1], cache, packed)[:, -1]
+    lengths_t = torch.tensor(lengths, dtype=torch.long, device=device)
+    mask = token_mask(tokens, prompt_len, env_spans, lengths_t)
+    num_calls = torch.tensor([len(spans) for spans in env_spans], dtype=torch.long, device=device)
+    return agent.AgentRollout(tokens, mask, logprobs, env_spans, lengths_t, num_calls, prompt_len)

@@ -18,13 +18,14 @@ One phase of training:
 
 ``python -m rlhf_tutorial train-agent --world tiny --seed 0`` prints a JSON summary on its last line:
 ``accuracy_initial`` / ``accuracy_final`` and ``tool_calls_per_problem_initial`` / ``_final`` on the hard
-problems (the tool available), and ``by_difficulty`` (accuracy and calls per problem of every
+problems (the tool available; ``accuracy_gain`` their difference), and ``by_difficulty`` (accuracy and calls per problem of every
 difficulty, initial and final), measured on ``eval_problems`` fresh problems per difficulty with
 ``eval_samples`` samples each at temperature 1.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -38,7 +39,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from rlhf_tutorial import agent, grpo, reasoning
+from rlhf_tutorial import agent, grpo, reasoning, speed
 from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.grpo import eos_id
 from rlhf_tutorial.tiny import calc
@@ -89,6 +90,9 @@ class AgentArgs:
     sft_texts: int = arg(0, "before RL, fine-tune on this many of the world's pretraining texts (tiny.calc.corpus; "
                             "the GPT-2 world's base model has never seen the calculator); 0: none")
     sft_learning_rate: float = arg(5e-5, "learning rate of that fine-tuning (one pass, batches of 16)")
+    # harness speed (what a learner's functions compute is unchanged)
+    fast: bool = arg(True, "harness speed-ups (speed.py): with the reference multi_turn_rollout, our own key/value-cache "
+                     "rollout (speed.fast_multi_turn_rollout: the same draws), and a hook-free forward for training")
 
     @classmethod
     def preset(cls, world: str, **overrides: Any) -> AgentArgs:
@@ -125,6 +129,17 @@ def tokenizer_fns(model: HookedTransformer) -> tuple[Callable[[str], list[int]],
     return encode, decode
 
 
+def fast_rollout(policy: HookedTransformer, rollout_fn: Callable, args: AgentArgs) -> bool:
+    """Whether the harness's rollout (``speed.fast_multi_turn_rollout``) runs in place of ``rollout_fn``:
+    ``args.fast``, the reference ``multi_turn_rollout`` bound (a learner's own always runs as it is) and a
+    model the cache can run (``speed.can_fast_sample``)."""
+    return (args.fast and getattr(rollout_fn, "__code__", None) is _ROLLOUT_CODE
+            and speed.can_fast_sample(policy))
+
+
+_ROLLOUT_CODE = agent.multi_turn_rollout.__code__
+
+
 def rollout_problems(
     policy: HookedTransformer,
     problem_list: Sequence[calc.CalcProblem],
@@ -135,7 +150,8 @@ def rollout_problems(
 ) -> list[tuple[list[int], agent.AgentRollout]]:
     """``n`` trajectories of every problem, rows ``[problem 0] * n + [problem 1] * n + ...``, rolled out
     together per prompt length (``multi_turn_rollout`` takes prompts of one length). Returns (indices of
-    the problems, rollout) per length."""
+    the problems, rollout) per length. With the reference ``multi_turn_rollout`` the harness's cached
+    rollout runs (``fast_rollout``: the same draws), with the bound ``policy_token_mask``."""
     encode, decode = tokenizer_fns(policy)
     device = device_of(policy)
     by_len: dict[int, list[int]] = {}
@@ -143,9 +159,12 @@ def rollout_problems(
     for i, t in enumerate(prompts):
         by_len.setdefault(len(t), []).append(i)
     out = []
+    rollout_fn = fns["multi_turn_rollout"]
+    if fast_rollout(policy, rollout_fn, args):
+        rollout_fn = functools.partial(speed.fast_multi_turn_rollout, token_mask=fns["policy_token_mask"])
     for _, idx in sorted(by_len.items()):
         rows = torch.stack([prompts[i] for i in idx]).repeat_interleave(n, dim=0).to(device)
-        rollout = fns["multi_turn_rollout"](
+        rollout = rollout_fn(
             policy, rows, fns["calculator"], encode, decode, args.max_turns, args.max_new_tokens,
             eos_token_id=eos_id(policy), temperature=args.temperature, generator=generator)
         out.append((idx, rollout))
@@ -246,9 +265,13 @@ def evaluate(
 # ----------------------------------------------------------------------------------------------------
 
 
-def token_logprobs(policy: HookedTransformer, tokens: Tensor, temperature: float) -> Tensor:
+def token_logprobs(policy: HookedTransformer, tokens: Tensor, temperature: float, fast: bool = False) -> Tensor:
     """[b s]: at position t >= 1 the log-probability of ``tokens[:, t]`` given the positions before, at the
-    sampling temperature (the rollout's convention); 0 at position 0."""
+    sampling temperature (the rollout's convention); 0 at position 0. ``fast``: by ``speed.token_logprobs``
+    (a hook-free forward; the same values and gradients to float rounding) where the model allows."""
+    if fast and speed.can_fast_sample(policy):
+        lp = speed.token_logprobs(policy, tokens, 1, temperature)  # [b s-1]
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
     logits = policy(tokens[:, :-1]).float() / temperature  # [b s-1 v]
     lp = logits.log_softmax(-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # [b s-1]
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
@@ -364,9 +387,10 @@ def train_agent(
                 rollout, mask, adv, _, _ = batch
                 tokens, m, a = rollout.tokens[members], mask[members], adv[members]
                 with torch.no_grad():
-                    old = token_logprobs(policy, tokens, args.temperature)
-                    ref = token_logprobs(reference, tokens, args.temperature) if reference is not None else old
-                new = token_logprobs(policy, tokens, args.temperature)
+                    old = token_logprobs(policy, tokens, args.temperature, args.fast)
+                    ref = (token_logprobs(reference, tokens, args.temperature, args.fast) if reference is not None
+                           else old)
+                new = token_logprobs(policy, tokens, args.temperature, args.fast)
                 objective = fns["calc_grpo_objective"](new, old, ref, a.float(), m, clip_eps=args.clip_coef,
                                                        beta=args.beta, loss_type=args.loss_type)
                 loss = -objective * len(members) / len(chosen)  # the minibatch's mean over its rows
@@ -423,6 +447,7 @@ def summary(args: AgentArgs, result: AgentResult, wall: float, cpu: float) -> di
         "policy_mask": args.policy_mask,
         "accuracy_initial": _round(before["hard"]["accuracy"]),
         "accuracy_final": _round(after["hard"]["accuracy"]),
+        "accuracy_gain": _round(after["hard"]["accuracy"] - before["hard"]["accuracy"]),
         "tool_calls_per_problem_initial": _round(before["hard"]["calls_per_problem"]),
         "tool_calls_per_problem_final": _round(after["hard"]["calls_per_problem"]),
         "by_difficulty": by,
