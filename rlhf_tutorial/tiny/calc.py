@@ -22,10 +22,13 @@ around the expression, so whether a solution calls the tool is decided by its fi
 The **pretraining text** is written by people (:class:`CalcWriter`) who reach for the calculator
 rarely (``tool_rate``, the same at every difficulty) and whose mental arithmetic fails more often the
 harder the problem (``head_error``: a carry forgotten, a result off by one or by ten, a wrong digit in a
-product); an answer read off the calculator is always right. A model trained on that text calls the
-tool now and then, copies its result, and in its head gets easy problems right and hard ones mostly
-wrong: tool use is a behaviour it has but rarely chooses, which RL can amplify, and choosing it on easy
-problems buys nothing, which a cost per call can teach.
+product); an answer read off the calculator is always right. Every solution, worked in the head or
+not, ends by copying the result it wrote (or the calculator wrote) into the answer line, so the model
+learns that copy from the whole corpus; with enough passes over it (``build-calc``'s defaults) it copies
+a 3- or 4-digit result reliably. A model trained on that text calls the tool now and then (about one
+solution in seven is written with it), copies its result, and in its head gets easy problems mostly
+right and hard ones almost always wrong: tool use is a behaviour it has but rarely chooses, which RL can
+amplify, and choosing it on easy problems buys nothing, which a cost per call can teach.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ def head_mistake(rng: random.Random, problem: CalcProblem) -> int:
 class CalcWriter:
     """How the writers of the pretraining text solve problems (each a probability)."""
 
-    tool_rate: float = 0.1  # a solution calls the calculator (at every difficulty)
+    tool_rate: float = 0.15  # a solution calls the calculator (at every difficulty)
     head_error: dict[str, float] = field(default_factory=lambda: {"easy": 0.05, "medium": 0.3, "hard": 0.75})
 
     def write(self, problem: CalcProblem, rng: random.Random) -> str:
