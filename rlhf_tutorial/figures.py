@@ -188,7 +188,7 @@ RUNS.update({
     "agent_short": Run(("train-agent", "--world", "tiny", "--seed", "0")),
     # the same at seeds 1 and 2 (the text quotes the mean and spread: SPREADS["agent_short_seeds"])
     **{f"agent_short_s{seed}": Run(("train-agent", "--world", "tiny", "--seed", str(seed))) for seed in (1, 2)},
-    "agent_cost": Run(("train-agent", "--world", "tiny", "--seed", "0", "--call-cost", "0.1")),
+    "agent_cost": Run(("train-agent", "--world", "tiny", "--seed", "0", "--call-cost", "0.3")),
     "agent_nomask": Run(("train-agent", "--world", "tiny", "--seed", "0", "--no-policy-mask")),
     "calc_build": Run(("build-calc", "--out", "/tmp/rlhf_tutorial_figures/artifacts_calc")),
 })

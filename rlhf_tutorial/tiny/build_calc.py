@@ -55,7 +55,7 @@ class CalcBuildArgs:
     threads: int = arg(1, "torch CPU threads (the result can depend on it: matmul reductions are split per thread)")
     n_train: int = arg(30_000, "pretraining texts (problem + a writer's solution)")
     n_val: int = arg(1_000, "held-out texts for the validation loss")
-    tool_rate: float = arg(0.15, "writers: chance that a solution calls the calculator (every difficulty)")
+    tool_rate: float = arg(0.2, "writers: chance that a solution calls the calculator (every difficulty)")
     head_error_easy: float = arg(0.05, "writers: chance that an easy problem worked in the head is wrong")
     head_error_medium: float = arg(0.3, "writers: the same for a medium problem")
     head_error_hard: float = arg(0.75, "writers: the same for a hard problem")
@@ -66,8 +66,8 @@ class CalcBuildArgs:
     n_heads: int = arg(4, "policy: attention heads per layer")
     d_mlp: int = arg(512, "policy: MLP hidden width")
     n_ctx: int = arg(64, "policy: context length (positions)")
-    policy_epochs: int = arg(4, "policy: passes over the corpus (2 leave the copy of a 4-digit result into the answer "
-                             "line unreliable: right about one time in three)")
+    policy_epochs: int = arg(5, "policy: passes over the corpus (2 leave the copy of a 4-digit result into the answer "
+                             "line unreliable: right about one time in three; see tiny.calc)")
     policy_batch: int = arg(32, "policy: texts per optimizer step")
     policy_lr: float = arg(3e-3, "policy: peak AdamW learning rate (warm-up then cosine to 0.1x)")
     # measurement

@@ -23,10 +23,14 @@ The **pretraining text** is written by people (:class:`CalcWriter`) who reach fo
 rarely (``tool_rate``, the same at every difficulty) and whose mental arithmetic fails more often the
 harder the problem (``head_error``: a carry forgotten, a result off by one or by ten, a wrong digit in a
 product); an answer read off the calculator is always right. Every solution, worked in the head or
-not, ends by copying the result it wrote (or the calculator wrote) into the answer line, so the model
-learns that copy from the whole corpus; with enough passes over it (``build-calc``'s defaults) it copies
-a 3- or 4-digit result reliably. A model trained on that text calls the tool now and then (about one
-solution in seven is written with it), copies its result, and in its head gets easy problems mostly
+not, copies the problem's expression and then copies the result it wrote (or the calculator wrote) into
+the answer line. Both copies must be reliable for a call to pay: with too few passes over the corpus
+the model miscopies a 4-digit result (two passes: right one time in three), and with too few calls in
+it the expression copied into the call (three positions later than in a solution worked in the head)
+goes wrong (one solution in seven with the tool: the base model's own calls on hard problems right one
+time in eight). ``build-calc``'s defaults (one solution in five with the tool, five passes) make both
+copies reliable. A model trained on that text calls the tool now and then (on about one problem in
+ten), copies its result, and in its head gets easy problems mostly
 right and hard ones almost always wrong: tool use is a behaviour it has but rarely chooses, which RL can
 amplify, and choosing it on easy problems buys nothing, which a cost per call can teach.
 """
@@ -146,7 +150,7 @@ def head_mistake(rng: random.Random, problem: CalcProblem) -> int:
 class CalcWriter:
     """How the writers of the pretraining text solve problems (each a probability)."""
 
-    tool_rate: float = 0.15  # a solution calls the calculator (at every difficulty)
+    tool_rate: float = 0.2  # a solution calls the calculator (at every difficulty)
     head_error: dict[str, float] = field(default_factory=lambda: {"easy": 0.05, "medium": 0.3, "hard": 0.75})
 
     def write(self, problem: CalcProblem, rng: random.Random) -> str:
