@@ -313,7 +313,7 @@ trajectory_viewer(rollout, run.policy.tokenizer, rewards=rewards.tolist(), corre
 # Which call rate should fall, which should stay high, and what happens to the accuracy on easy problems?
 
 # %%
-cost_args = AgentArgs.preset(world, seed=0, sft_texts=0, call_cost=0.1, **sizes)
+cost_args = AgentArgs.preset(world, seed=0, sft_texts=0, call_cost=0.3, **sizes)
 result_args["agent_cost"] = cost_args
 cost_dashboard = agent_dashboard(f"GRPO with a cost of {cost_args.call_cost:g} per call (live)")
 cost_run = train_agent(cost_args, policy=copy.deepcopy(base), progress=False, callback=cost_dashboard.update,
@@ -406,5 +406,5 @@ progress("09")
 # - **Turn-level credit.** Here every token of a trajectory shares its one advantage. With several turns,
 #   give each turn its own (a verifier of each call's result, or a value per turn as in chapter 03's PPO)
 #   and compare how fast the call rate on hard problems rises.
-# - **The cost, swept.** `train-agent --world tiny --call-cost 0.3`: at what cost does the policy stop
+# - **The cost, swept.** `train-agent --world tiny --call-cost 0.6`: at what cost does the policy stop
 #   calling on hard problems too, and is that where the cost outweighs the accuracy the tool buys?
