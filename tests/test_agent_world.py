@@ -109,7 +109,7 @@ def test_shipped_base_model_has_tool_use_as_a_rare_behaviour(base_model):
     args = run.AgentArgs(world="tiny", seed=7, eval_problems=48, eval_samples=4)
     result = run.evaluate(base_model, args)
     assert result == run.evaluate(base_model, args)
-    assert result["easy"]["accuracy"] >= 0.3  # the shipped build measured 0.44 (seed 0 of the measure split)
+    assert result["easy"]["accuracy"] >= 0.7  # the shipped build measured 0.95 (seed 0 of the measure split)
     assert result["easy"]["accuracy"] > result["hard"]["accuracy"] + 0.15
     assert result["hard"]["accuracy"] <= 0.35
     assert 0.02 <= result["hard"]["call_rate"] <= 0.35
