@@ -385,11 +385,16 @@ by_difficulty_figure({"base model": base_eval, "GRPO": run.eval_final, "GRPO, no
 # {{agent_nomask.tool_calls_per_problem_final:.2f}} times per hard problem (with the mask:
 # {{agent_short.tool_calls_per_problem_final:.2f}}), and was right on {{agent_nomask.accuracy_final:.2f}} of them
 # (with the mask: {{agent_short.accuracy_final:.2f}}; medium problems: {{agent_nomask.by_difficulty.medium.accuracy_final:.2f}}
-# against {{agent_short.by_difficulty.medium.accuracy_final:.2f}}). Read the samples of both runs above before
-# concluding: one seed of each is one draw. Whatever the difference, it comes from one line, which tokens the
-# objective counts; with a tool whose text is not copied into the answer (a search result, a test
-# report), nothing in the environment's tokens helps the policy, and training on them only teaches it to
-# imitate the environment. The mask is the statement of which actions were the policy's.
+# against {{agent_short.by_difficulty.medium.accuracy_final:.2f}}).
+#
+# So here the bug did not show its known symptom: the unmasked run learnt to call the tool as the masked
+# one did, wrote hardly any result of its own, and ended a little below it in accuracy. One seed of each
+# is one draw, so read the samples of both runs above before making more of the gap. Why so little harm:
+# the tokens it was wrongly trained on are the ones a right trajectory copies anyway (` = ` and the
+# result, which the answer line repeats), so pushing them up mostly pushed up what the policy would write
+# next. With a tool whose text the policy never repeats (a search result, a test report, an error), the
+# same line trains the policy to imitate the environment and nothing else. The mask is the statement of
+# which actions were the policy's; a run that happens to survive without it does not make it optional.
 
 # %%
 progress("09")
