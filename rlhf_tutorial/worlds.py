@@ -460,7 +460,9 @@ def load_agent_policy(world: str | None = None, device: Any = None,
                       gpt2_model_name: str | None = None) -> HookedTransformer:
     """Chapter 09's base model: in the tiny world the shipped calculator-world model (``build-calc``: a
     small GPT-2-shaped model pretrained on solutions of which a few call the calculator), in the GPT-2
-    world GPT-2 itself (:func:`load_policy`)."""
+    world GPT-2 itself (:func:`load_policy`), which has never seen the calculator's syntax: its preset
+    (``AgentArgs.preset("gpt2")``, ``sft_texts``) fine-tunes it on the world's pretraining text first, as
+    chapter 09's notebook does before measuring it."""
     if resolve_world(world) == "gpt2":
         return load_policy("gpt2", device, gpt2_model_name)
     return _load_tiny_policy(calc_dir(), _default_device(device))

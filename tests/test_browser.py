@@ -83,6 +83,7 @@ EXPLORERS = (
     "group_viewer",  # 04: a dropdown of groups
     "lens_explorer",  # 05: a dropdown of prompts, a lens toggle
     "steering_explorer",  # 05: the steering coefficient's slider
+    "trajectory_viewer",  # 09: a dropdown of trajectories
 )
 # Cells known to draw at least this many plotly figures (the generic checks ask every figure output to be
 # drawn; these also catch a cell that silently stopped making its figures).
@@ -97,6 +98,10 @@ EXPECTED = {
                                             "cost_figure(": 1},
     "solutions/07_reasoning.ipynb": {"dashboard = reasoning_dashboard(": 1, "grpo_reasoning_curves(": 1,
                                      "pass_at_k_figure(": 1, "held_out_figure(": 1, "best_of_n_figure(": 1},
+    "solutions/09_agents.ipynb": {"dashboard = agent_dashboard(": 1, "cost_dashboard = agent_dashboard(": 1,
+                                  "nomask_dashboard = agent_dashboard(": 1, "by_difficulty_figure({\"base model\": base_eval}": 1,
+                                  "title=\"Call rate and accuracy by difficulty": 1,
+                                  "title=\"Masked and unmasked training": 1},
 }
 
 
