@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlhf_tutorial import agent, speed
+from rlhf_tutorial.devices import device_of
 from rlhf_tutorial.grpo import eos_id
 from rlhf_tutorial.trainers import agent as run
 
@@ -22,14 +23,14 @@ def policy():
 def _rows(policy, texts: list[str], n: int) -> torch.Tensor:
     prompts = [policy.to_tokens(t, prepend_bos=True)[0] for t in texts]
     assert len({len(p) for p in prompts}) == 1
-    return torch.stack(prompts).repeat_interleave(n, dim=0)
+    return torch.stack(prompts).repeat_interleave(n, dim=0).to(device_of(policy))
 
 
 def _both(policy, rows, seed, tool=agent.calculator, max_turns=3, max_new_tokens=28, temperature=1.0, **kw):
     encode, decode = run.tokenizer_fns(policy)
     out = []
     for fn, extra in ((agent.multi_turn_rollout, {}), (speed.fast_multi_turn_rollout, kw)):
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator(device=device_of(policy)).manual_seed(seed)  # the course's rule: on the policy's device
         out.append(fn(policy, rows, tool, encode, decode, max_turns, max_new_tokens, eos_token_id=eos_id(policy),
                       temperature=temperature, generator=g, **extra))
     return out
