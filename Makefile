@@ -33,7 +33,7 @@ LOCK := requirements/lock.txt
 # slowest cell, chapter 03's RLHF run, takes 43 s on a busy 2-core machine (all 211 cells: 4 min 20 s).
 NBVAL_CELL_TIMEOUT ?= 300
 NBVAL_FLAGS = --nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) \
-	--timeout=$(shell echo $$(( $(NBVAL_CELL_TIMEOUT) + 60 ))) $(XDIST) $(if $(XDIST),--dist loadfile,)
+	--timeout=$(shell echo $$(( $(NBVAL_CELL_TIMEOUT) + 60 ))) $(XDIST) $(if $(XDIST),--dist loadfile --no-loadscope-reorder,)
 # HF_HOME of the stand-in GPT-2 cache (random weights: it tests the GPT-2 world's code path, not quality)
 STAND_IN_HF ?= .stand-in-hf
 # The tokenizer of that cache's gpt2 repos, for nbval-gpt2 and nbval-simgpu: `trained` (a ~1,800-token BPE of

@@ -66,8 +66,8 @@ from rlhf_tutorial.agent import (
 from rlhf_tutorial.devices import describe, device_of
 from rlhf_tutorial.tiny import calc
 from rlhf_tutorial.trainers.agent import (
-    AGENT_PLUGGABLE,
     AgentArgs,
+    agent_functions,
     evaluate,
     learner_functions,
     pretrain,
@@ -77,7 +77,6 @@ from rlhf_tutorial.trainers.agent import (
     tokenizer_fns,
     train_agent,
 )
-from rlhf_tutorial.trainers.plug import bind
 from rlhf_tutorial.widgets.agent import agent_dashboard, by_difficulty_figure, trajectory_viewer
 from rlhf_tutorial.worlds import is_smoke, is_tiny, load_agent_policy, resolve_world, smoke_sizes
 
@@ -176,7 +175,9 @@ print(policy_token_mask(torch.zeros(2, 10, dtype=torch.long), 3, [[(5, 7)], []],
 # kept), the environment's in blue. Most trajectories never call: the base model mostly works in its head.
 
 # %%
-fns = bind(agent, AGENT_PLUGGABLE, {k: f for k, f in learner_functions(globals()).items() if k in AGENT_PLUGGABLE})
+# your functions in the reference's place; the first rollout is yours, checked draw for draw against the
+# course's cached one (section 7 says more)
+fns, rollout_note = agent_functions(base, args, **learner_functions(globals()))
 
 
 def trajectories(policy, problem, n, seed):
@@ -222,6 +223,7 @@ by_difficulty_figure({"base model": base_eval}, keys=[("accuracy", "accuracy"), 
                                                      ("accuracy_without_call", "accuracy in the head"),
                                                      ("call_rate", "trajectories with a call")],
                      title=f"The base model by difficulty ({world} world)")
+print("rollout:", rollout_note["rollout"])
 
 # %% [markdown]
 # In the recorded run (`python -m rlhf_tutorial train-agent --world tiny --seed 0`, whose first measurement
@@ -248,6 +250,12 @@ by_difficulty_figure({"base model": base_eval}, keys=[("accuracy", "accuracy"), 
 # 3. climb the clipped objective (`calc_grpo_objective`) over the tokens your rollout's mask marks as the
 #    policy's.
 #
+# Your `multi_turn_rollout` samples the first batch (the base model's measurement on easy problems). Beside
+# it, from the same generator state, the trainer runs the course's key/value-cached version of the same
+# function; when the two agree draw for draw (tokens, masks, spans, calls, log-probs: they do when yours
+# passed its check), the cached one samples from then on: the same trajectories, several times faster.
+# When they differ, yours runs throughout, and the run says which ran.
+#
 # The dashboard follows the sampled trajectories per phase: the mean reward, the accuracy, the calls and
 # turns per trajectory, and the length. In the tiny world this is the recorded run itself
 # ({{agent_short.phases}} phases); each measurement checks that yours agrees.
@@ -268,8 +276,8 @@ def report(result, name):
     figures.agree(name, {**{k: s[k] for k in ("accuracy_initial", "accuracy_final", "tool_calls_per_problem_final")},
                          **{f"by_difficulty.{d}.{k}_final": s["by_difficulty"][d][f"{k}_final"] for d in s["by_difficulty"]
                             for k in ("accuracy", "call_rate")}})
-    print(f"{len(result.history)} phases, {result.wall_seconds:.0f} s; samples of hard problems after training:",
-          result.eval_final["hard"]["samples"])
+    print(f"{len(result.history)} phases, {result.wall_seconds:.0f} s; rollout: {result.rollout}")
+    print("samples of hard problems after training:", result.eval_final["hard"]["samples"])
 
 
 result_args = {"agent_short": args}
@@ -311,18 +319,14 @@ trajectory_viewer(rollout, run.policy.tokenizer, rewards=rewards.tolist(), corre
 #
 # **Predict, then check.** The run below repeats section 7's with a cost of {{agent_cost.call_cost:g}} per call.
 # Which call rate should fall, which should stay high, and what happens to the accuracy on easy problems?
-#
-# Your rollout trained section 7's policy. This run and section 9's change one knob each, so they bind your
-# other functions with the course's `multi_turn_rollout`: the trainer then samples with its key/value-cached
-# version of it (the same draws from the same generator, tested against it), several times faster.
+
 
 # %%
-fast_functions = {**learner_functions(globals()), "multi_turn_rollout": agent.multi_turn_rollout}
 cost_args = AgentArgs.preset(world, seed=0, sft_texts=0, call_cost=0.3, **sizes)
 result_args["agent_cost"] = cost_args
 cost_dashboard = agent_dashboard(f"GRPO with a cost of {cost_args.call_cost:g} per call (live)")
 cost_run = train_agent(cost_args, policy=copy.deepcopy(base), progress=False, callback=cost_dashboard.update,
-                       **fast_functions)
+                       **learner_functions(globals()))
 cost_dashboard.finish()
 report(cost_run, "agent_cost")
 
@@ -358,7 +362,7 @@ nomask_args = AgentArgs.preset(world, seed=0, sft_texts=0, policy_mask=False, **
 result_args["agent_nomask"] = nomask_args
 nomask_dashboard = agent_dashboard("GRPO without the policy-token mask (the bug, live)")
 nomask_run = train_agent(nomask_args, policy=copy.deepcopy(base), progress=False, callback=nomask_dashboard.update,
-                         **fast_functions)
+                         **learner_functions(globals()))
 nomask_dashboard.finish()
 report(nomask_run, "agent_nomask")
 for name, result in (("masked", run), ("no mask", nomask_run)):

@@ -96,3 +96,65 @@ def test_trainer_takes_the_fast_rollout_only_for_the_reference(policy):
     for d in ("hard", "easy"):
         for k in ("accuracy", "calls_per_problem", "length", "samples"):
             assert fast_eval[d][k] == slow_eval[d][k], (d, k)
+
+
+def _learner_copy():
+    """A learner's rollout that draws exactly as the reference does (another function object)."""
+    calls = []
+
+    def my_rollout(*a, **k):
+        calls.append(1)
+        return agent.multi_turn_rollout(*a, **k)
+
+    return my_rollout, calls
+
+
+def test_a_learners_rollout_that_matches_the_cached_one_hands_over_to_it(policy):
+    """The first call runs the learner's (its rollout is returned) and the cached one from the same state;
+    they agree, so later calls run the cached one, and the random stream goes on as if only one had run."""
+    args = run.AgentArgs(world="tiny")
+    mine, calls = _learner_copy()
+    fns, note = run.agent_functions(policy, args, multi_turn_rollout=mine)
+    assert note["rollout"] == "yours"
+    rows = _rows(policy, CALLING, 6)
+    encode, decode = run.tokenizer_fns(policy)
+    g, g_ref = (torch.Generator(device=device_of(policy)).manual_seed(7) for _ in range(2))
+    for _ in range(3):
+        got = fns["multi_turn_rollout"](policy, rows, agent.calculator, encode, decode, 3, 28,
+                                        eos_token_id=eos_id(policy), generator=g)
+        want = agent.multi_turn_rollout(policy, rows, agent.calculator, encode, decode, 3, 28,
+                                        eos_token_id=eos_id(policy), generator=g_ref)
+        _assert_same(want, got)
+    assert len(calls) == 1 and "matched" in note["rollout"]
+    assert torch.equal(g.get_state(), g_ref.get_state())
+
+
+def test_a_learners_rollout_with_other_draws_runs_throughout(policy):
+    """A rollout that draws differently (one extra draw first: still a valid sampler) is never replaced."""
+    calls = []
+
+    def other_draws(*a, generator=None, **k):
+        calls.append(1)
+        torch.rand(1, generator=generator, device=generator.device)
+        return agent.multi_turn_rollout(*a, generator=generator, **k)
+
+    args = run.AgentArgs(world="tiny", eval_problems=2, eval_samples=2)
+    fns, note = run.agent_functions(policy, args, multi_turn_rollout=other_draws)
+    run.evaluate(policy, args, fns, difficulties=("hard", "easy"))
+    assert len(calls) >= 2 and note["rollout"].startswith("yours throughout")
+    assert run.agent_functions(policy, run.AgentArgs(world="tiny", fast=False), multi_turn_rollout=other_draws
+                               )[0]["multi_turn_rollout"] is other_draws
+
+
+def test_training_with_a_matching_learners_rollout_is_the_reference_run(policy):
+    """The run's numbers are the same whichever of the two sampled: the hand-over changes only the time."""
+    import copy
+
+    args = run.AgentArgs(world="tiny", num_phases=2, problems_per_difficulty=2, group_size=4, eval_problems=3,
+                         eval_samples=2, difficulties="hard")
+    mine, calls = _learner_copy()
+    a = run.train_agent(args, policy=copy.deepcopy(policy), progress=False, multi_turn_rollout=mine)
+    b = run.train_agent(args, policy=copy.deepcopy(policy), progress=False)
+    assert len(calls) == 1 and "matched" in a.rollout and b.rollout == "the course's, cached"
+    assert run.summary(args, a, 0, 0)["reward_per_phase"] == run.summary(args, b, 0, 0)["reward_per_phase"]
+    assert a.eval_final == b.eval_final

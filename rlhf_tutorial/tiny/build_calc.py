@@ -147,6 +147,9 @@ def _build(args: CalcBuildArgs) -> dict:
         "val_loss": round(policy_stats["val_loss"], 4),
         "base_with_tool": measured,
         "n_files": len(manifest),
+        # the built files' digests (metadata.json's changes with the timings): the shipped manifest's on the
+        # shipping machine's kernels, which tests/test_agent_world.py compares with the recorded rebuild
+        "sha256": {name: digest for name, digest in manifest.items() if name != "metadata.json"},
         "size_bytes": (size := sum(p.stat().st_size for p in out.rglob("*") if p.is_file())),
         "size_mb": round(size / 1e6, 2),
         "build_seconds": metadata["build_seconds"],

@@ -14,7 +14,9 @@ One phase of training:
 2. score each trajectory with ``agent_reward`` (1 for a right ``Answer:`` line, minus ``call_cost`` per
    answered call) and turn the rewards into group advantages (``group_relative_advantages``);
 3. maximise ``calc_grpo_objective`` over the tokens the rollout's mask marks as the policy's
-   (``--no-policy-mask``: over every token after the prompt, the environment's too: the classic bug).
+   (``--no-policy-mask``: over every token after the prompt, the environment's too: the classic bug),
+   in ``updates_per_phase`` minibatch steps; the ratio's "old" log-probs are the sampling policy's,
+   computed once per phase before the first step, so the later steps' ratios move off 1 and clip.
 
 ``python -m rlhf_tutorial train-agent --world tiny --seed 0`` prints a JSON summary on its last line:
 ``accuracy_initial`` / ``accuracy_final`` and ``tool_calls_per_problem_initial`` / ``_final`` on the hard
@@ -138,6 +140,45 @@ def fast_rollout(policy: HookedTransformer, rollout_fn: Callable, args: AgentArg
 
 
 _ROLLOUT_CODE = agent.multi_turn_rollout.__code__
+
+
+def rollouts_agree(a: agent.AgentRollout, b: agent.AgentRollout, atol: float = 1e-4) -> bool:
+    """The same trajectories: tokens, masks, spans, lengths, calls and prompt length equal, log-probs
+    within ``atol`` (a cached forward rounds differently from a full one)."""
+    return (a.prompt_len == b.prompt_len and a.env_spans == b.env_spans
+            and all(torch.equal(x.cpu(), y.cpu()) for x, y in ((a.tokens, b.tokens), (a.mask, b.mask),
+                                                             (a.lengths, b.lengths), (a.num_calls, b.num_calls)))
+            and torch.allclose(a.logprobs.float().cpu(), b.logprobs.float().cpu(), rtol=0.0, atol=atol))
+
+
+def matched_rollout(yours: Callable, cached: Callable, note: dict[str, str]) -> Callable:
+    """A rollout function that runs ``yours`` on its first call and ``cached`` beside it, from the same
+    generator state. When the two agree draw for draw (``rollouts_agree``, and the generator left in the
+    same state), every later call runs ``cached``: the same trajectories, faster; otherwise ``yours``
+    runs throughout. The first call returns ``yours``'s rollout either way; ``note["rollout"]`` says which
+    ran."""
+    chosen: list[Callable] = []
+
+    def rollout(*a: Any, generator: torch.Generator, **kw: Any) -> agent.AgentRollout:
+        if chosen:
+            return chosen[0](*a, generator=generator, **kw)
+        start = generator.get_state()
+        mine = yours(*a, generator=generator, **kw)
+        after = generator.get_state()
+        generator.set_state(start)
+        try:
+            theirs = cached(*a, generator=generator, **kw)
+            same = torch.equal(generator.get_state(), after) and rollouts_agree(mine, theirs)
+        except Exception as e:  # noqa: BLE001 - the cache is only a speed-up: yours runs on
+            same, note["cached_error"] = False, f"{type(e).__name__}: {e}"
+        generator.set_state(after)
+        chosen.append(cached if same else yours)
+        note["rollout"] = ("yours on the first batch; it matched the cached rollout draw for draw, which ran "
+                           "from then on" if same else
+                           "yours throughout (it did not match the cached rollout draw for draw on the first batch)")
+        return mine
+
+    return rollout
 
 
 def rollout_problems(
@@ -312,6 +353,26 @@ class AgentResult:
     eval_final: dict[str, dict[str, Any]] | None
     wall_seconds: float
     cpu_seconds: float
+    rollout: str = "yours"  # which multi_turn_rollout sampled (matched_rollout)
+
+
+def agent_functions(policy: HookedTransformer, args: AgentArgs,
+                    **overrides: Callable) -> tuple[dict[str, Callable], dict[str, str]]:
+    """The functions a run calls, by name: the reference ones of ``PLUGGABLE`` with ``overrides`` in their
+    place (``trainers.plug.bind``); a learner's ``multi_turn_rollout`` is wrapped in ``matched_rollout``
+    (with ``args.fast`` and a model the cache can run). Returns them and a note whose ``"rollout"`` says
+    which rollout sampled (updated once the first call has run)."""
+    agent_over = {k: v for k, v in overrides.items() if k not in GRPO_PLUGGABLE}
+    grpo_over = {k: v for k, v in overrides.items() if k in GRPO_PLUGGABLE}
+    fns = {**bind(agent, AGENT_PLUGGABLE, agent_over), **bind(grpo, GRPO_PLUGGABLE, grpo_over)}
+    course_rollout = getattr(fns["multi_turn_rollout"], "__code__", None) is _ROLLOUT_CODE
+    note = {"rollout": ("the course's, cached" if fast_rollout(policy, fns["multi_turn_rollout"], args)
+                        else "the course's" if course_rollout else "yours")}
+    if args.fast and speed.can_fast_sample(policy) and not course_rollout:
+        fns["multi_turn_rollout"] = matched_rollout(
+            fns["multi_turn_rollout"],
+            functools.partial(speed.fast_multi_turn_rollout, token_mask=fns["policy_token_mask"]), note)
+    return fns, note
 
 
 def train_agent(
@@ -327,18 +388,16 @@ def train_agent(
     ``policy`` defaults to the world's base model (``worlds.load_agent_policy``), trained in place. Any
     function of ``PLUGGABLE`` can be replaced by keyword. ``callback`` gets each phase's record
     (reward, accuracy, calls and turns per trajectory, length, the fraction of groups with one reward)."""
-    agent_over = {k: v for k, v in overrides.items() if k not in GRPO_PLUGGABLE}
-    grpo_over = {k: v for k, v in overrides.items() if k in GRPO_PLUGGABLE}
-    fns = {**bind(agent, AGENT_PLUGGABLE, agent_over), **bind(grpo, GRPO_PLUGGABLE, grpo_over)}
-    difficulties = [d.strip() for d in args.difficulties.split(",") if d.strip()]
-    for d in difficulties:
-        if d not in calc.LEVELS:
-            raise ValueError(f"unknown difficulty {d!r}; known: {calc.DIFFICULTIES}")
     torch.manual_seed(args.seed)
     if policy is None:
         from rlhf_tutorial.worlds import load_agent_policy
 
         policy = load_agent_policy(args.world)
+    fns, note = agent_functions(policy, args, **overrides)
+    difficulties = [d.strip() for d in args.difficulties.split(",") if d.strip()]
+    for d in difficulties:
+        if d not in calc.LEVELS:
+            raise ValueError(f"unknown difficulty {d!r}; known: {calc.DIFFICULTIES}")
     start, cpu_start = time.perf_counter(), time.process_time()
     if args.sft_texts > 0:
         pretrain(policy, args, progress)
@@ -357,7 +416,7 @@ def train_agent(
     bar = tqdm(total=args.num_phases, desc="agent GRPO", disable=not progress, file=sys.stderr, leave=False)
     for phase in range(args.num_phases):
         t0 = time.perf_counter()
-        batches = []  # (tokens, mask, advantages, num_calls, correct, rewards)
+        batches = []  # (rollout, trained mask, advantages, correct, rewards, old log-probs, reference log-probs)
         policy.eval()
         with torch.no_grad():
             for d in difficulties:
@@ -368,7 +427,11 @@ def train_agent(
                     rewards = fns["agent_reward"](correct.to(device), rollout.num_calls, args.call_cost)
                     adv = fns["group_relative_advantages"](rewards.view(-1, args.group_size).float(),
                                                            args.advantage_scale).reshape(-1)
-                    batches.append((rollout, trained_mask(rollout, args.policy_mask), adv, correct, rewards))
+                    # the "old" policy of the ratio is the one that sampled: its log-probs once, before any step
+                    old = token_logprobs(policy, rollout.tokens, args.temperature, args.fast)  # [b s]
+                    ref = (token_logprobs(reference, rollout.tokens, args.temperature, args.fast)
+                           if reference is not None else old)
+                    batches.append((rollout, trained_mask(rollout, args.policy_mask), adv, correct, rewards, old, ref))
         rows = [(b, i) for b, batch in enumerate(batches) for i in range(batch[0].tokens.shape[0])]
         policy.train()
         losses = []
@@ -384,12 +447,9 @@ def train_agent(
                 members = [i for bb, i in chosen if bb == b]
                 if not members:
                     continue
-                rollout, mask, adv, _, _ = batch
+                rollout, mask, adv, _, _, old_all, ref_all = batch
                 tokens, m, a = rollout.tokens[members], mask[members], adv[members]
-                with torch.no_grad():
-                    old = token_logprobs(policy, tokens, args.temperature, args.fast)
-                    ref = (token_logprobs(reference, tokens, args.temperature, args.fast) if reference is not None
-                           else old)
+                old, ref = old_all[members], ref_all[members]
                 new = token_logprobs(policy, tokens, args.temperature, args.fast)
                 objective = fns["calc_grpo_objective"](new, old, ref, a.float(), m, clip_eps=args.clip_coef,
                                                        beta=args.beta, loss_type=args.loss_type)
@@ -421,7 +481,8 @@ def train_agent(
         bar.set_postfix(reward=f"{record['reward']:.2f}", calls=f"{record['calls_per_trajectory']:.2f}")
     bar.close()
     after = evaluate(policy, args, fns) if evaluate_before_after else None
-    return AgentResult(policy, history, before, after, time.perf_counter() - start, time.process_time() - cpu_start)
+    return AgentResult(policy, history, before, after, time.perf_counter() - start, time.process_time() - cpu_start,
+                       note["rollout"])
 
 
 # ----------------------------------------------------------------------------------------------------
