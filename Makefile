@@ -18,7 +18,8 @@ PYTEST_ARGS ?=
 # (tests/conftest.py; the notebooks set their own): the suite's small ops gain nothing from a second thread,
 # so each core takes its own tests instead (2 cores: unit 1,000 s -> 580 s). At most 4 (each holds its own
 # models and stand-in hub); 1 runs in this process as before. nbval hands out whole notebooks
-# (--dist loadfile): a notebook's cells share one kernel, in order.
+# (--dist loadfile): a notebook's cells share one kernel, in order; the slowest notebooks first, in the order
+# conftest.py gives (--no-loadscope-reorder: xdist would otherwise order them by their number of cells).
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 1)
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS),)
 # With several notebooks at once, each kernel gets one intra-op thread: two kernels of two threads each on

@@ -1,6 +1,8 @@
 """Chapter 09's visuals (rlhf_tutorial/widgets/agent.py): the trajectory viewer tells the policy's tokens
 from the environment's, the dashboard draws the trainer's phase records, the bars take a missing value."""
 
+import math
+
 import plotly.graph_objects as go
 import torch
 
@@ -58,8 +60,11 @@ def test_the_dashboard_draws_the_trainer_records():
     for phase in range(3):
         dash.update({"phase": phase, **{k: 0.1 * phase for k in AGENT_PANELS}, "loss": 1.0})
     dash.finish()
-    assert set(AGENT_PANELS) <= set(dash.live.history)
-    assert dash.live.history["calls_per_trajectory"][1] == [0.0, 0.1, 0.2]
+    assert set(AGENT_PANELS) <= set(dash.history)
+    assert dash.history["calls_per_trajectory"][1] == [0.0, 0.1, 0.2]
+    assert "loss" not in dash.history  # a record's entries outside the panels are not drawn
+    dash.update({"phase": 3})  # a metric missing from a record is a gap
+    assert math.isnan(dash.history["accuracy"][1][-1]) and dash.history["accuracy"][0][-1] == 3.0
 
 
 def test_bars_by_difficulty_leave_a_missing_value_out():

@@ -164,7 +164,7 @@ def start_lab(root: Path, settings: Path, workspaces: Path, runtime: Path) -> tu
     port, token = _free_port(), secrets.token_hex(16)
     env = {
         **os.environ,
-        "RLHF_TUTORIAL_WORLD": "tiny",
+        "RLHF_TUTORIAL_WORLD": os.environ.get("RLHF_TUTORIAL_WORLD", "tiny"),
         "RLHF_TUTORIAL_SMOKE": "1",
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",

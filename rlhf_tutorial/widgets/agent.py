@@ -157,24 +157,11 @@ AGENT_TITLES = {"reward": "mean reward", "accuracy": "accuracy (sampled trajecto
                 "length": "length (positions after the prompt)"}
 
 
-class AgentDashboard:
-    """The agent's training curves, live: pass ``update`` as ``train_agent(..., callback=dash.update)``,
-    then call ``finish()``."""
-
-    def __init__(self, title: str = "GRPO on trajectories", static: bool | None = None):
-        self.live = LiveDashboard(AGENT_PANELS, title=title, titles=AGENT_TITLES, cols=3, x_title="phase",
-                                  static=static, height_per_row=240)
-
-    def update(self, record: dict[str, Any]) -> None:
-        self.live.update(record["phase"], **{k: record.get(k) for k in AGENT_PANELS})
-
-    def finish(self) -> None:
-        self.live.finish()
-
-
-def agent_dashboard(title: str = "GRPO on trajectories", static: bool | None = None) -> AgentDashboard:
-    """Chapter 09's live curves (:class:`AgentDashboard`)."""
-    return AgentDashboard(title=title, static=static)
+def agent_dashboard(title: str = "GRPO on trajectories", static: bool | None = None) -> LiveDashboard:
+    """Chapter 09's live curves: reward, accuracy, calls and turns per trajectory, length, per phase. Pass its
+    ``update`` as ``train_agent(..., callback=dash.update)``, then call ``finish()``."""
+    return LiveDashboard(AGENT_PANELS, title=title, titles=AGENT_TITLES, cols=3, x_title="phase", static=static,
+                         height_per_row=240)
 
 
 def by_difficulty_figure(evals: Mapping[str, Mapping[str, Mapping[str, Any]]],

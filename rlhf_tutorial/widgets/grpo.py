@@ -126,35 +126,20 @@ GRPO_TITLES = {"reward": "mean reward", "frac_reward_zero_std": "frac_reward_zer
                "kl": "KL(policy || ref), k3 per token", "clip_active_frac": "clipped tokens (zero gradient)"}
 
 
-class GRPODashboard:
-    """The GRPO curves, live: pass ``update`` as ``train(..., callback=dash.update)``, then ``finish()``.
-
-    The same four panels as :func:`grpo_curves`, redrawn after every phase while the cell runs."""
-
-    def __init__(self, title: str = "GRPO", static: bool | None = None):
-        self.live = LiveDashboard(GRPO_PANELS, title=title, titles=GRPO_TITLES, cols=4, x_title="phase",
-                                  static=static, height_per_row=240)
-        # A fraction: its axis stays [0, 1] (a constant 0, as with the classifier's reward, would span -1 to 1).
-        self.live.fig.layout[f"yaxis{GRPO_PANELS.index('frac_reward_zero_std') + 1}"].range = [-0.02, 1.02]
-
-    def update(self, record: dict[str, Any]) -> None:
-        self.live.update(record["phase"], **{k: record.get(k) for k in GRPO_PANELS})
-
-    def finish(self) -> None:
-        self.live.finish()
-
-    def to_figure(self) -> go.Figure:
-        return self.live.to_figure()
-
-
-def grpo_dashboard(title: str = "GRPO", static: bool | None = None) -> GRPODashboard:
-    """Chapter 04's live training curves (reward, all-equal groups, KL, clip fraction per phase)."""
-    return GRPODashboard(title=title, static=static)
+def grpo_dashboard(title: str = "GRPO", static: bool | None = None) -> LiveDashboard:
+    """Chapter 04's live training curves (reward, all-equal groups, KL, clip fraction per phase): the same four
+    panels as :func:`grpo_curves`, redrawn after every phase while the cell runs. Pass its ``update`` as
+    ``train(..., callback=dash.update)``, then call ``finish()``."""
+    live = LiveDashboard(GRPO_PANELS, title=title, titles=GRPO_TITLES, cols=4, x_title="phase", static=static,
+                         height_per_row=240)
+    # A fraction: its axis stays [0, 1] (a constant 0, as with the classifier's reward, would span -1 to 1).
+    live.fig.layout[f"yaxis{GRPO_PANELS.index('frac_reward_zero_std') + 1}"].range = [-0.02, 1.02]
+    return live
 
 
 def grpo_curves(history: Sequence[dict[str, Any]], title: str = "GRPO") -> go.Figure:
     """Reward, fraction of all-equal groups, KL to the reference and clip fraction, per phase (static)."""
-    dash = GRPODashboard(title=title, static=True)
+    dash = grpo_dashboard(title=title, static=True)
     for record in history:
         dash.update(record)
     return dash.to_figure()

@@ -31,7 +31,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -320,8 +321,15 @@ class LiveDashboard:
     FEW_POINTS = 5
 
     # ------------------------------------------------------------------------------------------
-    def update(self, step: float, **metrics: float | None) -> None:
-        """Record ``metrics`` at x = ``step``; the live figure redraws at most every refresh_seconds."""
+    def update(self, step: float | Mapping[str, Any], **metrics: float | None) -> None:
+        """Record ``metrics`` at x = ``step``; the live figure redraws at most every refresh_seconds.
+
+        A trainer's per-phase record (a mapping) may be passed alone, so that ``update`` is the trainer's
+        ``callback``: x is its ``"phase"`` and the metrics are its entries for the panels' metrics (a missing
+        one is a gap)."""
+        if isinstance(step, Mapping):
+            record = step
+            step, metrics = record["phase"], {m: record.get(m) for panel in self.panels for m in panel}
         for name, value in metrics.items():
             value = float("nan") if value is None else float(value)
             xs, ys = self.history.setdefault(name, ([], []))

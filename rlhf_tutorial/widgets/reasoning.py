@@ -18,25 +18,12 @@ REASONING_TITLES = {"reward": "reward (pass rate of the sampled groups)", "frac_
                     "entropy": "entropy per token (nats)", "completion_len": "completion length (tokens)"}
 
 
-class ReasoningDashboard:
-    """GRPO's live curves for chapter 07: reward, the fraction of all-equal groups (what dynamic
-    sampling drops), the policy's entropy per token and the completion length, per phase. Pass
-    ``update`` as the trainer's ``callback``, then call ``finish()``."""
-
-    def __init__(self, title: str = "GRPO on arithmetic", static: bool | None = None):
-        self.live = LiveDashboard(REASONING_PANELS, title=title, titles=REASONING_TITLES, cols=4, x_title="phase",
-                                  static=static, height_per_row=240)
-
-    def update(self, record: dict[str, Any]) -> None:
-        self.live.update(record["phase"], **{k: record.get(k) for k in REASONING_PANELS})
-
-    def finish(self) -> None:
-        self.live.finish()
-
-
-def reasoning_dashboard(title: str = "GRPO on arithmetic", static: bool | None = None) -> ReasoningDashboard:
-    """Chapter 07's live GRPO curves (:class:`ReasoningDashboard`)."""
-    return ReasoningDashboard(title=title, static=static)
+def reasoning_dashboard(title: str = "GRPO on arithmetic", static: bool | None = None) -> LiveDashboard:
+    """Chapter 07's live GRPO curves: reward, the fraction of all-equal groups (what dynamic sampling drops),
+    the policy's entropy per token and the completion length, per phase. Pass its ``update`` as the trainer's
+    ``callback``, then call ``finish()``."""
+    return LiveDashboard(REASONING_PANELS, title=title, titles=REASONING_TITLES, cols=4, x_title="phase",
+                         static=static, height_per_row=240)
 
 
 def pass_at_k_figure(curves: Mapping[str, Mapping[int, float]], title: str = "pass@k") -> go.Figure:

@@ -109,7 +109,7 @@ class RLHFDashboard:
 
     def update(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        self.live.update(record["phase"], **{k: record.get(k) for k in PANELS})
+        self.live.update(record)
         if self._slider is not None:
             self._slider.max = len(self.records) - 1
             self._slider.disabled = False
