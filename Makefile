@@ -1,8 +1,9 @@
 # Two commands do all set-up on a fresh machine with Python >= 3.10 and make:
 #   make lab    creates .venv, installs, starts JupyterLab at the repository, showing chapters/
-#   make test   the same environment, then the whole suite (ruff, unit and checker tests, nbval, the unit
-#               suite and the GPT-2 notebooks again on a simulated GPU, and the browser test: JupyterLab
-#               driven by headless Chromium, installed by `make chromium`)
+#   make test   the same environment, then the whole suite (ruff, the checkers' mutation test, unit and
+#               checker tests, nbval, the unit suite and the GPT-2 notebooks again on a simulated GPU, and the
+#               browser test: JupyterLab driven by headless Chromium, installed by `make chromium`, running
+#               the GPT-2 world's notebooks on the CPU)
 #   make test-gpu  on a CUDA machine: the suites with the models on the GPU
 # Both install exactly the versions CI passed with (requirements/lock.txt); `make lock` refreshes them.
 PYTHON ?= python3
@@ -183,10 +184,18 @@ chromium:
 # first stub. Up to 4 notebooks at a time against one JupyterLab (RLHF_TUTORIAL_BROWSER_WORKERS sets it).
 # Screenshots and reports/browser/summary.json (seconds per notebook and per stage: page load, Run All and the
 # kernel's share of it, counting, interaction, save, reopen; the slowest cells) land in reports/browser/.
-browser: $(STAMP) chromium
-	HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=tiny $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
+# The GPT-2 world on the stand-in cache at smoke size, on the CPU: so the browser's Run All of every solution
+# notebook is also the GPT-2 world's run on a CPU (what nbval-gpt2 runs), and make test leaves nbval-gpt2 out:
+# the tiny world's notebooks run at full size under nbval, the GPT-2 world's on the simulated GPU under
+# nbval-simgpu and on the CPU here. BROWSER_WORLD=tiny runs the browser in the tiny world instead.
+BROWSER_WORLD ?= gpt2
+browser: $(STAMP) chromium stand-in-hub
+	HF_HOME=$(abspath $(STAND_IN_HF)) HF_HUB_OFFLINE=1 RLHF_TUTORIAL_WORLD=$(BROWSER_WORLD) \
+	  $(BIN)/python -m pytest tests/test_browser.py -m browser $(PYTEST_ARGS)
 
-test: lint mutate unit unit-simgpu nbval nbval-gpt2 nbval-simgpu browser
+# Every suite once: the solution notebooks run in the tiny world at full size (nbval), in the GPT-2 world on
+# the simulated GPU (nbval-simgpu) and on the CPU in the browser; `make nbval-gpt2` runs the last without one.
+test: lint mutate unit unit-simgpu nbval nbval-simgpu browser
 
 notebooks: $(STAMP)
 	$(BIN)/python -m rlhf_tutorial build-notebooks

@@ -20,7 +20,9 @@ For a **chapter** (exercise) notebook: Run All stops at the first exercise, with
 ``NotImplementedError`` that names it, and no later cell runs.
 
 Screenshots go to ``reports/browser/`` (test artifacts), with the saved solution notebooks. The runs use the
-tiny world with ``RLHF_TUTORIAL_SMOKE=1`` so that the training cells stay short.
+world of ``RLHF_TUTORIAL_WORLD`` (default tiny; ``make browser``: the GPT-2 world on the stand-in cache, so that
+its Run All is also the GPT-2 world's notebook run on a CPU) with ``RLHF_TUTORIAL_SMOKE=1`` so that the
+training cells stay short.
 
 Where the time goes: ``reports/browser/summary.json`` gives each job's seconds per stage (``timing``:
 browser start, page load with its kernel, Run All and the kernel's own share of it from JupyterLab's
