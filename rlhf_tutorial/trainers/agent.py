@@ -366,9 +366,9 @@ def agent_functions(policy: HookedTransformer, args: AgentArgs,
     grpo_over = {k: v for k, v in overrides.items() if k in GRPO_PLUGGABLE}
     fns = {**bind(agent, AGENT_PLUGGABLE, agent_over), **bind(grpo, GRPO_PLUGGABLE, grpo_over)}
     course_rollout = getattr(fns["multi_turn_rollout"], "__code__", None) is _ROLLOUT_CODE
-    note = {"rollout": ("the course's, cached" if fast_rollout(policy, fns["multi_turn_rollout"], args)
-                        else "the course's" if course_rollout else "yours")}
-    if args.fast and speed.can_fast_sample(policy) and not course_rollout:
+    cache = args.fast and speed.can_fast_sample(policy)  # fast_rollout's two other conditions
+    note = {"rollout": "yours" if not course_rollout else "the course's, cached" if cache else "the course's"}
+    if cache and not course_rollout:
         fns["multi_turn_rollout"] = matched_rollout(
             fns["multi_turn_rollout"],
             functools.partial(speed.fast_multi_turn_rollout, token_mask=fns["policy_token_mask"]), note)
@@ -388,16 +388,16 @@ def train_agent(
     ``policy`` defaults to the world's base model (``worlds.load_agent_policy``), trained in place. Any
     function of ``PLUGGABLE`` can be replaced by keyword. ``callback`` gets each phase's record
     (reward, accuracy, calls and turns per trajectory, length, the fraction of groups with one reward)."""
+    difficulties = [d.strip() for d in args.difficulties.split(",") if d.strip()]
+    for d in difficulties:
+        if d not in calc.LEVELS:
+            raise ValueError(f"unknown difficulty {d!r}; known: {calc.DIFFICULTIES}")
     torch.manual_seed(args.seed)
     if policy is None:
         from rlhf_tutorial.worlds import load_agent_policy
 
         policy = load_agent_policy(args.world)
     fns, note = agent_functions(policy, args, **overrides)
-    difficulties = [d.strip() for d in args.difficulties.split(",") if d.strip()]
-    for d in difficulties:
-        if d not in calc.LEVELS:
-            raise ValueError(f"unknown difficulty {d!r}; known: {calc.DIFFICULTIES}")
     start, cpu_start = time.perf_counter(), time.process_time()
     if args.sft_texts > 0:
         pretrain(policy, args, progress)

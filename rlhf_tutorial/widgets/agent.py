@@ -108,9 +108,9 @@ def trajectory_html(rollout: AgentRollout, row: int, tokenizer: Any, reward: flo
 
 def trajectory_text(rollout: AgentRollout, row: int, tokenizer: Any, reward: float | None = None) -> str:
     """One trajectory as plain text: the environment's text in [brackets], then the policy's log-prob per turn."""
-    pieces = _pieces(rollout, row, tokenizer)
-    parts = [f"[{''.join(p[1] for p in g)}]" if k == "env" else "".join(p[1] for p in g) for k, g in _turns(pieces)]
-    turns = [sum(p[2] for p in g) for k, g in _turns(pieces) if k == "policy"]
+    groups = _turns(_pieces(rollout, row, tokenizer))
+    parts = [f"[{''.join(p[1] for p in g)}]" if k == "env" else "".join(p[1] for p in g) for k, g in groups]
+    turns = [sum(p[2] for p in g) for k, g in groups if k == "policy"]
     return (f"trajectory {row}" + (f" (reward {reward:.2f})" if reward is not None else "") + f": {''.join(parts)!r}\n"
             "  log p per policy turn: " + ", ".join(f"{x:.2f}" for x in turns))
 
