@@ -6,7 +6,8 @@
 Standard library only. The lock is a pip constraints file: ``make install`` installs with ``-c`` on it, so
 every machine gets exactly these versions (``make lock`` refreshes it on purpose, then runs the suite).
 Left out of the lock, and of the check: :data:`UNLOCKED` (torch is pinned by the Makefile's
-``TORCH_SPEC``; pip is the venv's own; the course is installed editable) and the CUDA packages that come
+``TORCH_SPEC``; pip is the venv's own and uv the installer, pinned by scripts/install.py; the course is
+installed editable) and the CUDA packages that come
 with a CUDA build of torch (:data:`TORCH_CUDA_PREFIXES`, fixed by torch's own pin). The lock names the
 Python it was resolved with (``# python: 3.11``): another Python may need other packages (backports).
 """
@@ -18,13 +19,13 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-UNLOCKED = ("torch", "pip", "rlhf-tutorial")
+UNLOCKED = ("torch", "pip", "uv", "rlhf-tutorial")
 TORCH_CUDA_PREFIXES = ("nvidia-", "triton", "cuda-")
 HEADER = """\
 # What `make test` passed with: exact versions of everything in the venv (pip constraints).
 # `make install` installs with `-c` on this file; `make lock` refreshes it on purpose (a fresh venv
 # resolved without it, then the whole suite); `python scripts/lock.py check` compares a venv with it.
-# Not listed: torch (pinned by the Makefile's TORCH_SPEC), pip, the course itself, CUDA packages.
+# Not listed: torch (pinned by the Makefile's TORCH_SPEC), pip, uv, the course itself, CUDA packages.
 # python: {python}
 """
 

@@ -3,8 +3,9 @@
 Headless Chromium (Debian's ``chromium``, installed by ``make chromium``) driven by Playwright, against
 one JupyterLab server that serves a temporary copy of the repository's notebooks (rooted like ``make
 lab``). Every notebook in ``solutions/`` and ``chapters/`` is a job (a chapter added later comes in by
-itself); the jobs run a few at a time (``RLHF_TUTORIAL_BROWSER_WORKERS``, default up to 4), each in its
-own browser, and each test below reads its job's outcome.
+itself); the jobs run a few at a time (``RLHF_TUTORIAL_BROWSER_WORKERS``, default one per core, up to 4):
+each worker has its own browser and one JupyterLab page in it, where it opens one notebook after another
+as a learner does; each test below reads its job's outcome.
 
 For a **solution** notebook: it is run top to bottom (Run All) and the test asserts that
 
@@ -13,8 +14,9 @@ For a **solution** notebook: it is run top to bottom (Run All) and the test asse
   counted per cell), and the cells listed in ``EXPECTED`` draw at least their number of figures;
 - in every cell that shows controls (an explorer: ``EXPLORERS``), moving one (drag a slider, pick another
   option, press a button) changes what it shows; every explorer the notebook calls shows controls;
-- after saving, shutting the kernel down and reopening the file, every cell draws at least as many
-  figures as it did live (figures come back as their saved static images), and the saved file keeps them.
+- after saving, shutting the kernel down and reopening the file (once every run is done, in a fresh
+  browser profile whose page loads JupyterLab on it), every cell draws at least as many figures as it did
+  live (figures come back as their saved static images), and the saved file keeps them.
 
 For a **chapter** (exercise) notebook: Run All stops at the first exercise, with the stub's
 ``NotImplementedError`` that names it, and no later cell runs.
@@ -49,7 +51,6 @@ import threading
 import time
 import traceback
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,12 +214,17 @@ def stop_lab(proc: subprocess.Popen) -> None:
 
 # JavaScript helpers, run in the page (JupyterLab exposes its application as window.jupyterapp).
 JS_CURRENT = "() => window.jupyterapp.shell.currentWidget"
-JS_READY = """() => {
+# The notebook at ``path`` is the current document, its kernel connected and idle.
+JS_READY = """(path) => {
   const app = window.jupyterapp; if (!app) return false;
   const w = app.shell.currentWidget;
-  return !!(w && w.content && w.content.model && w.sessionContext && w.sessionContext.session
-            && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle');
+  return !!(w && w.content && w.content.model && w.context && w.context.path === path && w.sessionContext
+            && w.sessionContext.session && w.sessionContext.session.kernel
+            && w.sessionContext.session.kernel.status === 'idle');
 }"""
+# Close the current document without the "Save your work" dialog (its kernel is shut down separately).
+JS_DISCARD = """() => { const w = window.jupyterapp.shell.currentWidget;
+  if (w) { if (w.context) { w.context.model.dirty = false; } w.dispose(); } }"""
 JS_CELLS = """() => {
   const w = window.jupyterapp.shell.currentWidget;
   return Array.from(w.content.model.cells).map(c => ({
@@ -260,10 +266,14 @@ class Clock:
 SHUTDOWNS: list[threading.Thread] = []
 
 
-def _shut_down(page, lab: Lab) -> None:
-    """Shut the page's kernel down through the server's REST API, without waiting for it (a kernel takes
-    seconds to exit, and the page is done with it)."""
-    session = page.evaluate(f"() => {{ const s = ({JS_CURRENT})().sessionContext.session; return s && s.id; }}")
+def _session_id(page) -> str | None:
+    return page.evaluate(f"() => {{ const s = ({JS_CURRENT})().sessionContext.session; return s && s.id; }}")
+
+
+def _shut_down(lab: Lab, session: str | None) -> None:
+    """Shut a session's kernel down through the server's REST API, without waiting for it (a kernel takes
+    seconds to exit). Only once no page shows its notebook: an open notebook that sees its kernel go
+    starts another for itself."""
     if not session:
         return
 
@@ -309,10 +319,25 @@ def _start_session(lab: Lab, path: str) -> None:
         client.stop_channels()
 
 
-def _open(page, lab: Lab, path: str) -> None:
-    page.goto(lab.page_url(path))
-    page.wait_for_function(JS_READY, timeout=180_000)
+def _open(page, lab: Lab, path: str, in_app: bool = False) -> None:
+    """Load JupyterLab on ``path`` in ``page``; ``in_app``: open ``path`` in the JupyterLab the page already
+    shows, as a learner opens the next notebook (File > Open), which spares the app's load (about 5 s of
+    CPU: two thirds of a page load's)."""
+    if in_app:
+        page.evaluate("(p) => { window.jupyterapp.commands.execute('docmanager:open', {path: p}); }", path)
+    else:
+        page.goto(lab.page_url(path))
+    page.wait_for_function(JS_READY, arg=path, timeout=180_000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+
+
+def _close(page, lab: Lab) -> None:
+    """Close the current notebook, then shut its kernel down: the page shows JupyterLab with no notebook.
+    In that order: a notebook left open sees its kernel go and starts another for itself."""
+    session = _session_id(page)
+    page.evaluate(JS_DISCARD)
+    page.wait_for_function("() => !document.querySelector('.jp-Notebook')", timeout=60_000)
+    _shut_down(lab, session)
 
 
 def _run_all(page, path: str) -> None:
@@ -533,12 +558,10 @@ def _assert_saved_outputs(saved: Path, live: list[dict], shown: dict[int, int]) 
 # ----------------------------------------------------------------------------------------------------
 # The jobs
 # ----------------------------------------------------------------------------------------------------
-def run_solution(lab: Lab, context, path: str, errors: list[str], clock: Clock) -> dict:
-    """Run All, count, interact, save, reopen, count again; returns what was seen (for the report)."""
-    page = context.new_page()
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+def run_solution(lab: Lab, page, path: str, clock: Clock, in_app: bool) -> dict:
+    """Run All, count, interact, save, close; returns what was seen (for the report and the reopen)."""
     stem = Path(path).stem
-    _open(page, lab, path)
+    _open(page, lab, path, in_app)
     clock.lap("open")
     _run_all(page, path)
     clock.lap("run_all")
@@ -562,12 +585,10 @@ def run_solution(lab: Lab, context, path: str, errors: list[str], clock: Clock) 
                                          f"{len(moved)} cells with controls moved"
     clock.lap("interact")
 
-    # Save, stop the kernel, close the tab; then open the file again in a fresh page.
+    # Save, stop the kernel, close the notebook (the reopen opens the file in a fresh browser profile).
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function(f"() => !({JS_CURRENT})().context.model.dirty", timeout=60_000)
-    _shut_down(page, lab)
-    page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
-    page.close()
+    _close(page, lab)
     saved = ARTIFACTS / "saved" / Path(path).name
     saved.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(lab.root / path, saved)  # kept for inspection
@@ -623,17 +644,17 @@ def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict
     reopened = _count_figures(page, reopened_cells, path, "reopened", shown)
     assert set(reopened) >= set(shown), f"{path}: cells {sorted(set(shown) - set(reopened))} lost their outputs"
     _assert_no_broken_output(page, reopened_cells, path, "reopened")
-    _shut_down(page, lab)
+    session = _session_id(page)
+    page.close()
+    _shut_down(lab, session)
     clock.lap("reopen_count")
     return {"figures_reopened": sum(reopened.values()), "reopen_retried": retried}
 
 
-def run_chapter(lab: Lab, context, path: str, errors: list[str], clock: Clock) -> dict:
+def run_chapter(lab: Lab, page, path: str, clock: Clock, in_app: bool) -> dict:
     """Run All on the exercise notebook: it stops at the first exercise's stub, and names it."""
-    page = context.new_page()
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
     stem = Path(path).stem
-    _open(page, lab, path)
+    _open(page, lab, path, in_app)
     clock.lap("open")
     heading = page.locator(".jp-Notebook .jp-MarkdownCell", has_text="Exercise:").first
     if heading.count():
@@ -646,7 +667,7 @@ def run_chapter(lab: Lab, context, path: str, errors: list[str], clock: Clock) -
     first = first_exercises().get(stem)
     if failed:
         _shot(_cell(page, failed[0]), f"{stem}-chapter-stops-cell{failed[0]:03d}")
-    _shut_down(page, lab)
+    _close(page, lab)
     if first is None:  # a chapter without exercises runs through
         assert not failed, f"{path}: cell {failed[0]} raised, and the chapter has no exercise"
         return {"stopped_at": None}
@@ -661,32 +682,55 @@ def run_chapter(lab: Lab, context, path: str, errors: list[str], clock: Clock) -
     return {"stopped_at": index, "exercise": first}
 
 
-def run_job(lab: Lab, executable: str, path: str, shown: dict[int, int] | None = None
-            ) -> tuple[str | None, dict, float]:
-    """One notebook in its own browser (Playwright's sync API wants one instance per thread): the failure
-    (None when it passed), what was seen, and the seconds it took. With ``shown`` (a solution's figures
-    per cell, from its run): the reopen of the saved solution."""
-    from playwright.sync_api import sync_playwright
+VIEWPORT = {"width": 1400, "height": 1000}
 
+
+def run_job(lab: Lab, browser, app: dict, path: str, shown: dict[int, int] | None = None
+            ) -> tuple[str | None, dict, float]:
+    """One notebook in the worker's ``browser``: the failure (None when it passed), what was seen, and the
+    seconds it took.
+
+    A run (a solution's or a chapter's) opens its notebook in the worker's JupyterLab page, ``app["page"]``,
+    loading one first if there is none; a job that fails leaves that page behind (it may show a dialog or a
+    half-open notebook), and the next job loads a fresh one. With ``shown`` (a solution's figures per cell,
+    from its run): the reopen of the saved solution, in a fresh browser profile (a new context: no cache,
+    no storage) whose page loads JupyterLab on the file, as after a restart."""
     started, errors, seen, clock = time.time(), [], {}, Clock()
+
+    def on_error(exc) -> None:
+        errors.append(str(exc))
+
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            clock.lap("browser")
-            try:
-                if shown is not None:
+        try:
+            if shown is not None:
+                context = browser.new_context(viewport=VIEWPORT)
+                clock.lap("browser")
+                try:
                     seen = reopen_solution(lab, context, path, errors, shown, clock)
-                else:
+                finally:
+                    context.close()
+            else:
+                in_app = app.get("page") is not None
+                if not in_app:
+                    app["context"] = browser.new_context(viewport=VIEWPORT)
+                    app["page"] = app["context"].new_page()
+                page = app["page"]
+                page.on("pageerror", on_error)
+                clock.lap("browser")
+                try:
                     job = run_solution if path.startswith("solutions/") else run_chapter
-                    seen = job(lab, context, path, errors, clock)
-            finally:
-                context.close()
-                browser.close()
-                clock.lap("close")
-                seen["timing"] = clock.seconds
-                if clock.slowest:
-                    seen["slowest_cells"] = clock.slowest
+                    seen = job(lab, page, path, clock, in_app)
+                except BaseException:
+                    app.pop("page")
+                    app.pop("context").close()
+                    raise
+                finally:
+                    page.remove_listener("pageerror", on_error)
+        finally:
+            clock.lap("close")
+            seen["timing"] = clock.seconds
+            if clock.slowest:
+                seen["slowest_cells"] = clock.slowest
         if errors:
             return f"{path}: JavaScript errors in the page: {errors[:3]}", seen, time.time() - started
         return None, seen, time.time() - started
@@ -695,10 +739,46 @@ def run_job(lab: Lab, executable: str, path: str, shown: dict[int, int] | None =
         return message, seen, time.time() - started
 
 
+def run_jobs(lab: Lab, executable: str, jobs: list[str], workers: int, shown: dict[str, dict[int, int]] | None = None
+             ) -> dict[str, tuple[str | None, dict, float]]:
+    """Every job of ``jobs``, in order, ``workers`` at a time: each worker is a thread with its own browser
+    (Playwright's sync API wants one instance per thread) that takes the next job when it is done with one.
+    ``shown``: the reopens of these solutions (see :func:`run_job`)."""
+    from playwright.sync_api import sync_playwright
+
+    pending, lock, results = list(jobs), threading.Lock(), {}
+
+    def next_job() -> str | None:
+        with lock:
+            return pending.pop(0) if pending else None
+
+    def worker() -> None:
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+                app: dict = {}
+                try:
+                    while (path := next_job()) is not None:
+                        results[path] = run_job(lab, browser, app, path, None if shown is None else shown[path])
+                finally:
+                    browser.close()
+        except BaseException:  # noqa: BLE001 - no browser: every job this worker would have run says why
+            message = traceback.format_exc(limit=4)
+            while (path := next_job()) is not None:
+                results[path] = (f"{path}: the browser failed: {message}", {}, 0.0)
+
+    threads = [threading.Thread(target=worker) for _ in range(min(workers, len(jobs)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {path: results[path] for path in jobs}
+
+
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory) -> dict[str, tuple[str | None, dict, float]]:
     """The outcome of every notebook whose test is selected (``-k 05`` runs chapter 05's two); the jobs run
-    ``WORKERS`` at a time against one JupyterLab, the slowest first."""
+    ``WORKERS`` at a time against one JupyterLab, the slowest first, then the reopens."""
     selected = {item.callspec.params["path"] for item in request.session.items
                 if item.module is sys.modules[__name__] and hasattr(item, "callspec")}
     executable = chromium_executable()
@@ -712,20 +792,21 @@ def outcomes(request, tmp_path_factory) -> dict[str, tuple[str | None, dict, flo
     try:
         # the solutions first, the longest first (by size: a rough proxy), then the short chapter runs
         jobs = [p for p in sorted(SOLUTIONS, key=lambda p: -(ROOT / p).stat().st_size) + CHAPTERS if p in selected]
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            results = dict(zip(jobs, pool.map(lambda p: run_job(lab, executable, p), jobs)))
-        # The reopens come after every run, one at a time: with kernels training beside it, a loaded machine
-        # slows the page's restore of the saved widget state enough for jupyterlab-manager 5's race (a
-        # widget rendered more than 2 s before its model is restored shows "model not found"; seen for
-        # chapter 01's progress bar with two jobs on a busy 2-core machine, never with one).
+        results = run_jobs(lab, executable, jobs, WORKERS)
+        # The reopens come after every run, one at a time: with kernels training beside it, or another page
+        # loading, a loaded machine slows the page's restore of the saved widget state enough for
+        # jupyterlab-manager 5's race (a widget rendered more than 2 s before its model is restored shows
+        # "model not found"; seen for chapter 01's progress bar with two jobs on a busy 2-core machine, on
+        # all three of reopen_solution's attempts with two reopens at once; never with one).
         for thread in SHUTDOWNS:  # a reopen asks for a new session of its file: the run's must be gone
             thread.join(timeout=60)
-        for path, (failure, seen, seconds) in list(results.items()):
-            if path.startswith("solutions/") and failure is None:
-                failure, more, extra = run_job(lab, executable, path, shown=seen.pop("shown"))
-                timing = {**seen.pop("timing", {}), **{f"reopen_{k}" if not k.startswith("reopen") else k: v
-                                                      for k, v in more.pop("timing", {}).items()}}
-                results[path] = (failure, {**seen, **more, "timing": timing}, seconds + extra)
+        ran = [p for p in jobs if p.startswith("solutions/") and results[p][0] is None]
+        reopened = run_jobs(lab, executable, ran, 1, shown={p: results[p][1].pop("shown") for p in ran})
+        for path, (failure, more, extra) in reopened.items():
+            seen, seconds = results[path][1], results[path][2]
+            timing = {**seen.pop("timing", {}), **{f"reopen_{k}" if not k.startswith("reopen") else k: v
+                                                  for k, v in more.pop("timing", {}).items()}}
+            results[path] = (failure, {**seen, **more, "timing": timing}, seconds + extra)
     finally:
         for thread in SHUTDOWNS:
             thread.join(timeout=60)

@@ -1,5 +1,5 @@
-"""How torch and the course get installed: scripts/install_torch.py (run by make), and the Colab path
-(torch already there, the course installed as a wheel on top of it)."""
+"""How torch and the course get installed: scripts/install_torch.py then scripts/install.py (run by make),
+and the Colab path (torch already there, the course installed as a wheel on top of it)."""
 
 import http.server
 import importlib.util
@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("install_torch", ROOT / "scripts" / "install_torch.py")
 install_torch = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(install_torch)
+_spec = importlib.util.spec_from_file_location("install", ROOT / "scripts" / "install.py")
+install = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(install)
 
 
 def test_plan_per_machine():
@@ -44,6 +47,32 @@ def test_a_failed_cpu_index_install_falls_back_to_the_default_index(monkeypatch)
                         lambda cmd: ran.append(cmd) or subprocess.CompletedProcess(cmd, 1 if len(ran) == 1 else 0))
     assert install_torch.main(["--spec", "torch==2.13.0"]) == 0
     assert len(ran) == 2 and "--index-url" in ran[0] and "--index-url" not in ran[1]
+
+
+def test_the_course_installs_with_uv_keeping_torch_and_falls_back_to_pip():
+    uv, pip = install.commands(["-c", "lock.txt", "-e", ".[dev]"], "uv", "/tmp/keep-torch.txt")
+    assert uv[1:5] == ["-m", "uv", "pip", "install"] and uv[uv.index("--python") + 1] == sys.executable
+    assert uv[uv.index("/tmp/keep-torch.txt") - 1] == "-c", "uv is held to the installed torch"
+    assert uv[-4:] == pip[-4:] == ["-c", "lock.txt", "-e", ".[dev]"], "both get the same arguments"
+    assert pip[1:4] == ["-m", "pip", "install"] and "--no-compile" in pip
+    assert install.commands(["x"], "pip", None) == [[sys.executable, "-m", "pip", "install", "--progress-bar",
+                                                     "on", "--no-compile", "x"]]
+    assert "-c" not in install.commands(["x"], "uv", None)[0], "no torch installed: nothing to hold"
+
+
+def test_a_failed_uv_install_runs_pip_and_a_bad_installer_is_refused(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setenv("RLHF_TUTORIAL_INSTALLER", "uv")
+    monkeypatch.setattr(install, "ensure_uv", lambda: True)
+    monkeypatch.setattr(install.subprocess, "run",  # uv fails, pip succeeds
+                        lambda cmd: ran.append(cmd) or subprocess.CompletedProcess(cmd, int(cmd[2] == "uv")))
+    assert install.main(["-e", "."]) == 0
+    assert [c[2] for c in ran] == ["uv", "pip"] and "pip" in capsys.readouterr().out
+    ran.clear()
+    monkeypatch.setattr(install, "ensure_uv", lambda: False)  # uv cannot be had: pip alone
+    assert install.main(["-e", "."]) == 0 and [c[2] for c in ran] == ["pip"]
+    monkeypatch.setenv("RLHF_TUTORIAL_INSTALLER", "conda")
+    assert install.main(["-e", "."]) == 2 and "uv or pip" in capsys.readouterr().err
 
 
 class _Index(http.server.BaseHTTPRequestHandler):
