@@ -13,7 +13,9 @@
   index set there, or uv cannot be installed, or it fails for any reason, the same arguments go to pip,
   which does read it. ``RLHF_TUTORIAL_INSTALLER=pip`` asks for pip from the start.
 
-Bytecode is compiled on first import, not at install time (pip's ``--no-compile``; uv's default).
+Bytecode is compiled at install time (uv's ``--compile-bytecode``, on every core; pip compiles as it
+installs): where ``PYTHONDONTWRITEBYTECODE`` is set, as on this project's CI machines, no import writes it,
+and without it every process would compile its modules from source again.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ def ensure_uv(spec: str = UV_SPEC) -> bool:
 
 def commands(args: list[str], installer: str, torch_pin: str | None) -> list[list[str]]:
     """The install commands to try, in order (the next only if the previous failed)."""
-    pip = [sys.executable, "-m", "pip", "install", "--progress-bar", "on", "--no-compile", *args]
+    pip = [sys.executable, "-m", "pip", "install", "--progress-bar", "on", *args]
     if installer == "pip":
         return [pip]
     keep_torch = ["-c", torch_pin] if torch_pin else []
-    return [[sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable, *keep_torch, *args], pip]
+    uv = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable, "--compile-bytecode"]
+    return [[*uv, *keep_torch, *args], pip]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,9 +44,12 @@ def test_a_failed_cpu_index_install_falls_back_to_the_default_index(monkeypatch)
     monkeypatch.setattr(install_torch, "has_nvidia_gpu", lambda: False)
     monkeypatch.setattr(install_torch, "index_answers", lambda: True)
     monkeypatch.setattr(install_torch.subprocess, "run",
-                        lambda cmd: ran.append(cmd) or subprocess.CompletedProcess(cmd, 1 if len(ran) == 1 else 0))
+                        lambda cmd, **_: ran.append(cmd) or subprocess.CompletedProcess(cmd, int(len(ran) == 1)))
     assert install_torch.main(["--spec", "torch==2.13.0"]) == 0
-    assert len(ran) == 2 and "--index-url" in ran[0] and "--index-url" not in ran[1]
+    assert len(ran) == 3 and "--index-url" in ran[0] and "--index-url" not in ran[1]
+    assert all("--no-compile" in c for c in ran[:2]) and ran[2][1:3] == ["-m", "compileall"], \
+        "pip unpacks, then the bytecode is compiled on every core (-j 0)"
+    assert ran[2][ran[2].index("-j") + 1] == "0"
 
 
 def test_the_course_installs_with_uv_keeping_torch_and_falls_back_to_pip():
@@ -54,9 +57,10 @@ def test_the_course_installs_with_uv_keeping_torch_and_falls_back_to_pip():
     assert uv[1:5] == ["-m", "uv", "pip", "install"] and uv[uv.index("--python") + 1] == sys.executable
     assert uv[uv.index("/tmp/keep-torch.txt") - 1] == "-c", "uv is held to the installed torch"
     assert uv[-4:] == pip[-4:] == ["-c", "lock.txt", "-e", ".[dev]"], "both get the same arguments"
-    assert pip[1:4] == ["-m", "pip", "install"] and "--no-compile" in pip
+    assert "--compile-bytecode" in uv and "--no-compile" not in pip, "both leave the bytecode compiled"
+    assert pip[1:4] == ["-m", "pip", "install"]
     assert install.commands(["x"], "pip", None) == [[sys.executable, "-m", "pip", "install", "--progress-bar",
-                                                     "on", "--no-compile", "x"]]
+                                                     "on", "x"]]
     assert "-c" not in install.commands(["x"], "uv", None)[0], "no torch installed: nothing to hold"
 
 
