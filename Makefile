@@ -63,6 +63,10 @@ $(STAMP): pyproject.toml $(LOCK)
 	@echo "[install] the course and its dependencies, the locked versions"
 	$(BIN)/python scripts/install.py -c $(LOCK) -e ".[dev]"
 	$(BIN)/python scripts/lock.py check $(LOCK)
+	# The course's own bytecode as well (an editable install: its modules are these sources), which every
+	# process would otherwise compile again where PYTHONDONTWRITEBYTECODE is set (CI); a module edited
+	# later is compiled afresh on import, as Python checks each .pyc against its source.
+	$(BIN)/python -m compileall -q -j 0 rlhf_tutorial >/dev/null
 	@touch $(STAMP)
 
 install: $(STAMP)
