@@ -14,9 +14,9 @@ For a **solution** notebook: it is run top to bottom (Run All) and the test asse
   counted per cell), and the cells listed in ``EXPECTED`` draw at least their number of figures;
 - in every cell that shows controls (an explorer: ``EXPLORERS``), moving one (drag a slider, pick another
   option, press a button) changes what it shows; every explorer the notebook calls shows controls;
-- after saving, shutting the kernel down and reopening the file (once every run is done, in a fresh
-  browser profile whose page loads JupyterLab on it), every cell draws at least as many figures as it did
-  live (figures come back as their saved static images), and the saved file keeps them.
+- after saving, shutting the kernel down and reopening the file with a fresh kernel (once every run is
+  done, in a new browser whose first reopen loads JupyterLab on its file), every cell draws at least as
+  many figures as it did live (figures come back as their saved static images), and the saved file keeps them.
 
 For a **chapter** (exercise) notebook: Run All stops at the first exercise, with the stub's
 ``NotImplementedError`` that names it, and no later cell runs.
@@ -335,9 +335,14 @@ def _close(page, lab: Lab) -> None:
     """Close the current notebook, then shut its kernel down: the page shows JupyterLab with no notebook.
     In that order: a notebook left open sees its kernel go and starts another for itself."""
     session = _session_id(page)
+    _discard(page)
+    _shut_down(lab, session)
+
+
+def _discard(page) -> None:
+    """Close the current notebook, its kernel left running."""
     page.evaluate(JS_DISCARD)
     page.wait_for_function("() => !document.querySelector('.jp-Notebook')", timeout=60_000)
-    _shut_down(lab, session)
 
 
 def _run_all(page, path: str) -> None:
@@ -585,7 +590,7 @@ def run_solution(lab: Lab, page, path: str, clock: Clock, in_app: bool) -> dict:
                                          f"{len(moved)} cells with controls moved"
     clock.lap("interact")
 
-    # Save, stop the kernel, close the notebook (the reopen opens the file in a fresh browser profile).
+    # Save, close the notebook, stop the kernel (the reopen, later, opens the file with a fresh kernel).
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function(f"() => !({JS_CURRENT})().context.model.dirty", timeout=60_000)
     _close(page, lab)
@@ -611,7 +616,7 @@ def _wait_widgets_settled(page, path: str) -> None:
         raise AssertionError(f"{path}: the reopened notebook's widgets were still loading after 60 s") from exc
 
 
-def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict[int, int], clock: Clock) -> dict:
+def reopen_solution(lab: Lab, page, path: str, shown: dict[int, int], clock: Clock, in_app: bool) -> dict:
     """Open the saved notebook again: every cell draws at least the figures it drew live."""
     stem = Path(path).stem
 
@@ -622,19 +627,17 @@ def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict
     # jupyterlab-manager 5 has a race there: when the kernel connects while the page restores the saved
     # state, a widget whose model is not created within 2 s of the restore's end shows "Error displaying
     # widget: model not found" (seen for chapter 01's progress bar with two jobs on a loaded 2-core
-    # machine; not with one; once for chapter 05 on both attempts). Such a page is loaded again, up to
-    # two more times, and the summary says so.
+    # machine; not with one; once for chapter 05 on both attempts). Such a notebook is closed (its kernel
+    # kept) and opened again, up to two more times, and the summary says so.
     _start_session(lab, path)
     clock.lap("reopen_kernel")
     retried = False
     for attempt in (1, 2, 3):
-        page = context.new_page()
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        _open(page, lab, path)
+        _open(page, lab, path, in_app or attempt > 1)
         _wait_widgets_settled(page, path)
         if attempt < 3 and "model not found" in page.locator(".jp-Notebook").inner_text():
             _shot(page.locator(".jp-Notebook"), f"{stem}-reopened-model-not-found-{attempt}")
-            page.close()
+            _discard(page)
             retried = True
             continue
         break
@@ -644,9 +647,7 @@ def reopen_solution(lab: Lab, context, path: str, errors: list[str], shown: dict
     reopened = _count_figures(page, reopened_cells, path, "reopened", shown)
     assert set(reopened) >= set(shown), f"{path}: cells {sorted(set(shown) - set(reopened))} lost their outputs"
     _assert_no_broken_output(page, reopened_cells, path, "reopened")
-    session = _session_id(page)
-    page.close()
-    _shut_down(lab, session)
+    _close(page, lab)
     clock.lap("reopen_count")
     return {"figures_reopened": sum(reopened.values()), "reopen_retried": retried}
 
@@ -690,11 +691,11 @@ def run_job(lab: Lab, browser, app: dict, path: str, shown: dict[int, int] | Non
     """One notebook in the worker's ``browser``: the failure (None when it passed), what was seen, and the
     seconds it took.
 
-    A run (a solution's or a chapter's) opens its notebook in the worker's JupyterLab page, ``app["page"]``,
-    loading one first if there is none; a job that fails leaves that page behind (it may show a dialog or a
-    half-open notebook), and the next job loads a fresh one. With ``shown`` (a solution's figures per cell,
-    from its run): the reopen of the saved solution, in a fresh browser profile (a new context: no cache,
-    no storage) whose page loads JupyterLab on the file, as after a restart."""
+    A job opens its notebook in the worker's JupyterLab page, ``app["page"]``, loading one first if there is
+    none (the workers of the reopens are new: their first reopen loads JupyterLab on the saved file); a job
+    that fails leaves that page behind (it may show a dialog or a half-open notebook), and the next job
+    loads a fresh one. With ``shown`` (a solution's figures per cell, from its run): the reopen of the saved
+    solution."""
     started, errors, seen, clock = time.time(), [], {}, Clock()
 
     def on_error(exc) -> None:
@@ -702,30 +703,25 @@ def run_job(lab: Lab, browser, app: dict, path: str, shown: dict[int, int] | Non
 
     try:
         try:
-            if shown is not None:
-                context = browser.new_context(viewport=VIEWPORT)
-                clock.lap("browser")
-                try:
-                    seen = reopen_solution(lab, context, path, errors, shown, clock)
-                finally:
-                    context.close()
-            else:
-                in_app = app.get("page") is not None
-                if not in_app:
-                    app["context"] = browser.new_context(viewport=VIEWPORT)
-                    app["page"] = app["context"].new_page()
-                page = app["page"]
-                page.on("pageerror", on_error)
-                clock.lap("browser")
-                try:
+            in_app = app.get("page") is not None
+            if not in_app:
+                app["context"] = browser.new_context(viewport=VIEWPORT)
+                app["page"] = app["context"].new_page()
+            page = app["page"]
+            page.on("pageerror", on_error)
+            clock.lap("browser")
+            try:
+                if shown is not None:
+                    seen = reopen_solution(lab, page, path, shown, clock, in_app)
+                else:
                     job = run_solution if path.startswith("solutions/") else run_chapter
                     seen = job(lab, page, path, clock, in_app)
-                except BaseException:
-                    app.pop("page")
-                    app.pop("context").close()
-                    raise
-                finally:
-                    page.remove_listener("pageerror", on_error)
+            except BaseException:
+                app.pop("page")
+                app.pop("context").close()
+                raise
+            finally:
+                page.remove_listener("pageerror", on_error)
         finally:
             clock.lap("close")
             seen["timing"] = clock.seconds
