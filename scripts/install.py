@@ -5,7 +5,8 @@
 
 * uv (``UV_SPEC``, pinned) is put into the venv with pip unless it is there at that version, then
   ``python -m uv pip install --python <this Python> <arguments>`` installs. uv resolves and unpacks the
-  course's ~160 packages in parallel: about 10 s on a 2-core machine, where pip takes about 2 min.
+  course's ~160 packages in parallel: about 30 s on a 2-core machine, bytecode compiled, where pip takes
+  about 2 min.
 * The torch already installed stays exactly as it is: uv is given the constraint ``torch==<installed
   version>`` (scripts/install_torch.py installed the right build first), so no resolution can swap it for
   another build (on Linux, PyPI's default is the CUDA one: several GB).

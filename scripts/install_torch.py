@@ -65,7 +65,8 @@ def index_answers(url: str = CPU_INDEX, timeout: float = PROBE_TIMEOUT_S) -> boo
 
 def plan(spec: str, gpu: bool, cpu_index_ok: bool) -> tuple[str, list[list[str]]]:
     """Why, and the pip commands to try in order (the next only if the previous failed)."""
-    # --no-compile: pip compiles the bytecode one file at a time (~25 s of its ~35 s); compile_bytecode does
+    # --no-compile: pip compiles the bytecode one file at a time (~25 s of its ~35 s); compile_bytecode then
+    # compiles it on every core
     pip = [sys.executable, "-m", "pip", "install", "--progress-bar", "on", "--no-compile", spec]
     if gpu:
         return "an NVIDIA GPU is present: the default index (CUDA build on Linux)", [pip]

@@ -7,9 +7,9 @@ Standard library only. The lock is a pip constraints file: ``make install`` inst
 every machine gets exactly these versions (``make lock`` refreshes it on purpose, then runs the suite).
 Left out of the lock, and of the check: :data:`UNLOCKED` (torch is pinned by the Makefile's
 ``TORCH_SPEC``; pip is the venv's own and uv the installer, pinned by scripts/install.py; the course is
-installed editable) and the CUDA packages that come
-with a CUDA build of torch (:data:`TORCH_CUDA_PREFIXES`, fixed by torch's own pin). The lock names the
-Python it was resolved with (``# python: 3.11``): another Python may need other packages (backports).
+installed editable) and the CUDA packages that come with a CUDA build of torch (:data:`TORCH_CUDA_PREFIXES`,
+fixed by torch's own pin). The lock names the Python it was resolved with (``# python: 3.11``): another
+Python may need other packages (backports).
 """
 
 from __future__ import annotations
